@@ -1,0 +1,29 @@
+# The two set-up commands of the README: `make demo` and `make test`, each from a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+# torch is installed first and pinned, so that no later step can pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/gradwire demo --out runs/demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/compressors.py
+	$(PY) benchmarks/simulator.py
+
+clean:
+	rm -rf $(VENV) runs build src/*.egg-info

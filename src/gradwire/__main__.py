@@ -1,0 +1,5 @@
+import sys
+
+from gradwire.cli import main
+
+sys.exit(main())

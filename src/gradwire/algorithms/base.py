@@ -1,0 +1,159 @@
+"""The algorithm contract, and the pieces that algorithms share.
+
+An algorithm owns the model parameters (one flat vector, or one per worker where the algorithm
+keeps replicas), asks :class:`Context` for gradients and compute times, and speaks to other
+workers only through ``ctx.transport``. It never imports torch.distributed: the same class runs
+on the simulated cluster and on the torch backend.
+
+``step(ctx, step)`` performs one step of the algorithm (one aggregation round) and returns a dict
+of per-step figures for the metrics (``loss``: mean minibatch loss of the workers that computed).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gradwire.compress import ErrorFeedback, Packet
+from gradwire.compress import build as build_compressor
+from gradwire.run.worker import GradientOracle, hash_seed
+from gradwire.spec import Registry
+from gradwire.transports.base import Transport
+
+ALGORITHMS = Registry("algorithm")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 0.1              # step size γ
+    momentum: float = 0.0        # heavy-ball momentum β
+    weight_decay: float = 0.0    # extra L2 decay added to the aggregated gradient
+    l1: float = 0.0              # the task's L1 weight: a proximal step x <- soft(x, lr*l1)
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    compressor: str = "none"     # compressor spec (gradwire.compress)
+    error_feedback: bool = False # keep per-worker residuals (Seide 2014; Karimireddy 2019)
+
+
+@dataclass
+class Context:
+    """What an algorithm may use: workers, transport, gradients, compute times, the clock."""
+
+    world_size: int
+    local_ranks: tuple[int, ...]
+    transport: Transport
+    oracle: GradientOracle
+    stragglers: object           # gradwire.run.stragglers.Stragglers
+    clock: object                # SimClock (or a wall clock on the torch backend)
+    seed: int
+
+    def gradient(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
+        return self.oracle(rank, params)
+
+    def compute_times(self, step: int) -> np.ndarray:
+        """Every worker's compute time for its ``step``-th step (seconds)."""
+        return self.stragglers.times(self.world_size, step)
+
+    def compute_time(self, rank: int, count: int) -> float:
+        return self.stragglers.time(rank, count)
+
+    def wait_compute(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    def generator(self, rank: int, purpose: str) -> torch.Generator:
+        return torch.Generator().manual_seed(hash_seed(self.seed, purpose, rank))
+
+
+def soft_threshold_(x: torch.Tensor, tau: float) -> torch.Tensor:
+    """In place: prox of tau·||x||_1 (soft thresholding)."""
+    if tau > 0:
+        mag = x.abs().sub_(tau).clamp_(min=0)
+        x.copy_(x.sign().mul_(mag))
+    return x
+
+
+class Codec:
+    """Per-worker compression: one compressor, an optional error-feedback memory and a seeded
+    generator per local worker, and the collective that carries the payloads."""
+
+    def __init__(self, ctx: Context, cfg: CodecConfig, *, default: str = "none"):
+        spec = cfg.compressor if cfg.compressor != "none" else default
+        self.compressor = build_compressor(spec)
+        self.identity = spec == "none"
+        self.ef = {r: ErrorFeedback(self.compressor) for r in ctx.local_ranks} if cfg.error_feedback else None
+        self.gen = {r: ctx.generator(r, "compress") for r in ctx.local_ranks}
+
+    def encode(self, rank: int, x: torch.Tensor) -> Packet:
+        if self.ef is not None:
+            return self.ef[rank].encode(x, key="grad", generator=self.gen[rank])
+        return self.compressor.encode(x, generator=self.gen[rank])
+
+    def decode(self, buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return self.compressor.decode(Packet(buffer, like.shape, like.dtype))
+
+    def mean(self, transport: Transport, tensors: dict[int, torch.Tensor], ranks=None) -> torch.Tensor:
+        """Mean over the participants of their compressed tensors: a dense allreduce when the
+        payload is summable (uncompressed or a cast), else an allgather of the byte buffers,
+        each decoded and summed in rank order."""
+        like = next(iter(tensors.values()))
+        if self.identity and self.ef is None:
+            return transport.allreduce_mean(tensors, ranks)
+        packets = {r: self.encode(r, t) for r, t in tensors.items()}
+        if self.compressor.summable:
+            wire = {r: self.decode(p.buffer, like).to(self.compressor.wire_dtype(like.dtype)) for r, p in packets.items()}
+            return transport.allreduce_mean(wire, ranks).to(like.dtype)
+        gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks)
+        order = sorted(gathered)
+        total = self.decode(gathered[order[0]], like)
+        for r in order[1:]:
+            total += self.decode(gathered[r], like)
+        return total.div_(len(order))
+
+    def state_dict(self) -> dict:
+        out = {"generators": {str(r): g.get_state() for r, g in self.gen.items()}}
+        if self.ef is not None:
+            out["error_feedback"] = {str(r): ef.state_dict() for r, ef in self.ef.items()}
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        for r, g in self.gen.items():
+            g.set_state(state["generators"][str(r)])
+        if self.ef is not None:
+            for r, ef in self.ef.items():
+                ef.load_state_dict(state["error_feedback"][str(r)])
+
+
+class Algorithm(ABC):
+    """Base class; subclasses are registered in ALGORITHMS with their spec parameters."""
+
+    name = "?"
+    evaluates = "model"  # which parameters evaluation uses (recorded in the metrics)
+
+    def setup(self, ctx: Context, params: torch.Tensor, optim: OptimConfig, codec: CodecConfig) -> None:
+        self.optim = optim
+
+    @abstractmethod
+    def step(self, ctx: Context, step: int) -> dict: ...
+
+    @abstractmethod
+    def eval_params(self) -> torch.Tensor: ...
+
+    @abstractmethod
+    def state_dict(self) -> dict: ...
+
+    @abstractmethod
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def spec(self) -> str:
+        return self.name
+
+
+def fastest(times: np.ndarray, n: int) -> list[int]:
+    """The n workers that finish first (ties broken by rank), in rank order."""
+    order = sorted(range(len(times)), key=lambda r: (float(times[r]), r))
+    return sorted(order[:n])

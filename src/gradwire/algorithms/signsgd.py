@@ -1,0 +1,78 @@
+"""signSGD with majority vote (Bernstein, Zhao, Azizzadenesheli, Anandkumar 2019, "signSGD with
+majority vote is communication efficient and fault tolerant", Algorithm 1; Signum when
+momentum > 0).
+
+Each worker sends the sign of its (momentum) gradient, 1 bit per element; rank 0, acting as the
+parameter server, takes the element-wise majority and broadcasts its sign, again 1 bit per
+element. Ties (possible with an even number of workers) vote +1, as the 1-bit wire format has no
+zero. Every worker applies x <- x - γ·vote.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, soft_threshold_
+from gradwire.compress import Packet
+from gradwire.compress import build as build_compressor
+from gradwire.spec import require
+
+
+@ALGORITHMS.register("signsgd", help="signSGD with majority vote through rank 0 (Bernstein 2019); Signum with momentum",
+                     params={"momentum": "worker-side momentum β (Signum); 0 = plain signSGD"})
+class SignSGD(Algorithm):
+    name = "signsgd"
+
+    def __init__(self, *, momentum: float = 0.0):
+        require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")
+        self.momentum = momentum
+
+    def setup(self, ctx, params, optim, codec):
+        super().setup(ctx, params, optim, codec)
+        require(codec.compressor in ("none", "sign") and not codec.error_feedback,
+                "signsgd sends signs by definition: leave --compressor and --error-feedback unset")
+        self.sign = build_compressor("sign")
+        self.x = params.clone()
+        self.m = {r: torch.zeros_like(params) for r in ctx.local_ranks} if self.momentum else None
+
+    def step(self, ctx, step):
+        times = ctx.compute_times(step)
+        ctx.wait_compute(max(times))
+        losses, buffers = {}, {}
+        for r in ctx.local_ranks:
+            losses[r], g = ctx.gradient(r, self.x)
+            if self.m is not None:  # Signum: m <- β m + (1-β) g
+                g = self.m[r].mul_(self.momentum).add_(g, alpha=1 - self.momentum)
+            buffers[r] = self.sign.encode(g).buffer
+        at_server = ctx.transport.gather(buffers, dst=0)
+        vote_buffer = None
+        if at_server is not None:
+            votes = torch.zeros_like(self.x)
+            for r in sorted(at_server):
+                votes += self.sign.decode(Packet(at_server[r], self.x.shape, self.x.dtype))
+            vote_buffer = self.sign.encode(votes.add_(0.5)).buffer  # +0.5 sends ties as +1
+        vote_buffer = ctx.transport.broadcast(vote_buffer, src=0)
+        vote = self.sign.decode(Packet(vote_buffer, self.x.shape, self.x.dtype))
+        if self.optim.weight_decay:
+            vote.add_(self.x, alpha=self.optim.weight_decay)
+        self.x.sub_(vote, alpha=self.optim.lr)
+        soft_threshold_(self.x, self.optim.lr * self.optim.l1)
+        return {"loss": sum(losses.values()) / len(losses), "gradients": ctx.world_size}
+
+    def eval_params(self):
+        return self.x
+
+    def spec(self):
+        return f"signsgd:momentum={self.momentum:g}"
+
+    def state_dict(self):
+        out = {"x": self.x}
+        if self.m is not None:
+            out["m"] = {str(r): t for r, t in self.m.items()}
+        return out
+
+    def load_state_dict(self, state):
+        self.x.copy_(state["x"])
+        if self.m is not None:
+            for r, t in self.m.items():
+                t.copy_(state["m"][str(r)])

@@ -1,0 +1,197 @@
+"""gradwire's command line: ``run``, ``compare`` and ``list``.
+
+Every ``run`` flag is a key of the run config (see ``gradwire run --help``); a YAML or TOML file
+given with ``--config`` holds the same keys and flags override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from gradwire.errors import ConfigError, DivergenceError
+from gradwire.run import config as config_mod
+from gradwire.run.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
+
+EPILOG_RUN = """examples:
+  gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
+  gradwire run --task mnist1d-mlp --compressor qsgd:levels=4 --error-feedback --network ring:mbps=100
+  gradwire run --task synthetic-logreg:l1=0.001 --algorithm diana --batch-size full --dtype float64
+  gradwire run --config run.yaml --steps 2000      (flags override the file)
+Spec strings are name or name:key=value,...; `gradwire list` shows every name and parameter."""
+
+EPILOG_COMPARE = """each --variant is a quoted list of run flags applied on top of the common ones, e.g.
+  gradwire compare --task mnist1d-mlp --steps 300 --out runs/cmp \\
+      --variant "--algorithm sync" --variant "--algorithm sync:backups=2" \\
+      --variant "--name qsgd-ef --compressor qsgd:levels=4 --error-feedback"
+A config file may hold the common keys and a list `variants:` of mappings of keys."""
+
+
+def _field_help() -> dict[str, str]:
+    """The comment beside each RunConfig field is its --help text (one source of truth)."""
+    out = {}
+    for line in inspect.getsource(config_mod.RunConfig).splitlines():
+        m = re.match(r"\s+(\w+):.*?#\s*(.*)$", line)
+        if m and m.group(1) in KEYS:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    helps = _field_help()
+    p.add_argument("--config", help="YAML or TOML file with any of the keys below")
+    for key, f in KEYS.items():
+        flag = "--" + key.replace("_", "-")
+        text = f"{helps.get(key, '')} (default: {f.default})"
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
+        else:
+            p.add_argument(flag, dest=key, default=argparse.SUPPRESS, metavar=key.upper(), help=text)
+
+
+def _config_from(ns: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
+    cfg = base or RunConfig()
+    if getattr(ns, "config", None):
+        cfg = from_mapping({k: v for k, v in read_config_file(ns.config).items() if k != "variants"}, cfg)
+    given = {k: coerce(k, v) for k, v in vars(ns).items() if k in KEYS}
+    return cfg.replace(**given)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80] or "run"
+
+
+def cmd_run(ns) -> int:
+    from gradwire.run.loop import run
+
+    cfg = _config_from(ns).validate()
+    summary = run(cfg)
+    final = summary["final"]
+    parts = [f"{k}={final[k]:.4g}" for k in ("train_loss", "test_acc", "suboptimality") if final.get(k) is not None]
+    print(f"{summary['label']}: {summary['steps']} steps, {' '.join(parts)}, {summary['bytes_sent'] / 1e6:.3f} MB sent, "
+          f"{summary['sim_time_s']:.2f} s simulated, {summary['wall_time_s']:.1f} s wall -> {cfg.out}")
+    return 0
+
+
+def variants_of(ns, parser) -> tuple[RunConfig, list[RunConfig]]:
+    common = _config_from(ns)
+    specs: list[RunConfig] = []
+    file_variants = read_config_file(ns.config).get("variants", []) if getattr(ns, "config", None) else []
+    for v in file_variants:
+        if not isinstance(v, dict):
+            raise ConfigError(f"each entry of 'variants' in {ns.config} must be a mapping of config keys")
+        specs.append(from_mapping(v, common))
+    for text in ns.variant or []:
+        sub = parser.parse_args(shlex.split(text))
+        specs.append(_config_from(sub, common))
+    if not specs:
+        raise ConfigError("compare needs at least one --variant (or a 'variants' list in the config file)")
+    labels = [c.label() for c in specs]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ConfigError(f"variants share the label(s) {dupes}; give each a distinct --name")
+    root = Path(common.out)
+    specs = [c.replace(out=str(root / _slug(c.label()))) for c in specs]
+    for c in specs:
+        c.validate()
+    return common, specs
+
+
+def cmd_compare(ns, variant_parser) -> int:
+    from gradwire.report.compare import write_report
+    from gradwire.run.loop import run
+
+    common, specs = variants_of(ns, variant_parser)
+    root = Path(common.out)
+    root.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for i, c in enumerate(specs, 1):
+        print(f"[{i}/{len(specs)}] {c.label()}", flush=True)
+        try:
+            summaries.append(run(c))
+        except DivergenceError as e:
+            print(f"  diverged: {e}", flush=True)
+            import json
+
+            summaries.append(json.loads((Path(c.out) / "summary.json").read_text()))
+        s = summaries[-1]
+        acc = (s.get("final") or {}).get("test_acc")
+        print(f"  {s['status']}: test_acc={acc if acc is None else round(acc, 4)}, "
+              f"{s['bytes_sent'] / 1e6:.2f} MB, {s['sim_time_s']:.1f} s simulated, {s['wall_time_s']:.1f} s wall",
+              flush=True)
+    title = f"{common.task}, {common.workers} workers, {common.stragglers} stragglers, {common.network}"
+    files = write_report(root, summaries, [Path(c.out) for c in specs], title)
+    print((root / "comparison.md").read_text())
+    print(f"report: {files['markdown']}  plot: {files['plot']}")
+    return 0
+
+
+def cmd_list(ns) -> int:
+    from gradwire.algorithms import ALGORITHMS
+    from gradwire.compress import REGISTRY as COMPRESSORS
+    from gradwire.run.stragglers import STRAGGLERS
+    from gradwire.tasks import PARTITIONS, TASKS
+    from gradwire.transports.network import NETWORKS
+
+    groups = {"tasks": TASKS, "partitions": PARTITIONS, "stragglers": STRAGGLERS, "networks": NETWORKS,
+              "algorithms": ALGORITHMS, "compressors": COMPRESSORS}
+    for name, reg in groups.items():
+        if ns.what in (None, name):
+            print(f"{name} (spec: name or name:key=value,...):\n{reg.describe()}\n")
+    return 0
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    parser = _Parser(prog="gradwire", description="Communication-efficient, straggler-tolerant distributed "
+                     "training: compare algorithms and compressors on a simulated cluster.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p_run = sub.add_parser("run", help="train once and write a run folder", epilog=EPILOG_RUN,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Train a task on N workers with one algorithm; writes config.json, "
+                           "metrics.jsonl, summary.json and curves.png into --out.")
+    _add_run_flags(p_run)
+    p_cmp = sub.add_parser("compare", help="run several variants and write a side-by-side report",
+                           epilog=EPILOG_COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Run variants on the same task, seed and partition; writes "
+                           "comparison.md, comparison.csv and comparison.png into --out.")
+    _add_run_flags(p_cmp)
+    p_cmp.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable")
+    p_list = sub.add_parser("list", help="show every task, partition, straggler model, network, algorithm, compressor")
+    p_list.add_argument("what", nargs="?", choices=["tasks", "partitions", "stragglers", "networks",
+                                                    "algorithms", "compressors"])
+    variant_parser = _Parser(prog="gradwire compare --variant", add_help=False)
+    _add_run_flags(variant_parser)
+    return parser, variant_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, variant_parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "run":
+            return cmd_run(ns)
+        if ns.command == "compare":
+            return cmd_compare(ns, variant_parser)
+        return cmd_list(ns)
+    except ConfigError as e:
+        print(f"gradwire {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+    except DivergenceError as e:
+        print(f"gradwire {ns.command}: diverged: {e} (metrics so far are in the run folder)", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(f"gradwire {ns.command}: interrupted (metrics so far are in the run folder)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Packing small integer symbols into bytes with vectorised torch ops.
+
+Every packer writes one little-endian bit stream: symbol ``i`` of width ``b`` bits occupies stream
+bits ``[b*i, b*i + b)``, and stream bit ``k`` is bit ``k % 8`` of byte ``k // 8``. A stream of ``n``
+symbols takes ``ceil(n*b/8)`` bytes; unused high bits of the last byte are zero.
+
+Trits (symbols 0, 1, 2) can instead be packed five to a byte in base 3,
+``byte = t0 + 3*t1 + 9*t2 + 27*t3 + 81*t4`` (at most 242), i.e. ``ceil(n/5)`` bytes: 1.6 bits per
+trit instead of 2. A short last group is padded with zero trits.
+
+The word-level tricks view eight uint8 symbols as one int64, so they assume a little-endian host.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+if sys.byteorder != "little":  # pragma: no cover - every platform torch ships wheels for
+    raise ImportError("gradwire.compress.bitpack assumes a little-endian host")
+
+_M64 = (1 << 64) - 1
+
+
+def _lanes(width: int, lo: int, hi: int) -> int:
+    """An int64 constant with bits ``[lo, hi)`` set in every ``width``-bit lane (as a signed value)."""
+    mask = 0
+    for k in range(64 // width):
+        mask |= (((1 << hi) - 1) ^ ((1 << lo) - 1)) << (k * width)
+    mask &= _M64
+    return mask - (1 << 64) if mask >= 1 << 63 else mask
+
+
+# For b-bit symbols, packing merges neighbouring lanes three times (8 -> 16 -> 32 -> 64-bit lanes),
+# each time moving the upper half's `used` bits right next to the lower half's. Masking both halves
+# keeps stray bits of widths above 4 from landing on their neighbours (a "SWAR" shuffle).
+_STAGES = {
+    b: [(lane, used, _lanes(2 * lane, 0, used), _lanes(2 * lane, used, 2 * used), _lanes(2 * lane, lane, lane + used))
+        for lane, used in ((8, b), (16, 2 * b), (32, 4 * b))]
+    for b in range(1, 8)
+}
+
+
+def packed_bytes(n: int, bits: int) -> int:
+    """Bytes of a stream of ``n`` symbols of ``bits`` bits each."""
+    return (n * bits + 7) // 8
+
+
+def pack_bits(symbols: torch.Tensor, bits: int, out: torch.Tensor) -> None:
+    """Pack ``symbols`` (uint8, length a multiple of 8, each < 2**bits) into ``out`` (len*bits/8 bytes).
+
+    ``symbols`` is used as scratch and overwritten.
+    """
+    if bits == 8:
+        out.copy_(symbols)
+        return
+    w = symbols.view(torch.int64)
+    tmp = torch.empty_like(w)
+    for lane, used, low, high, _ in _STAGES[bits]:
+        torch.bitwise_right_shift(w, lane - used, out=tmp)
+        tmp.bitwise_and_(high)
+        w.bitwise_and_(low).bitwise_or_(tmp)
+    # each word now holds its 8 symbols in its low `bits` bytes
+    out.view(-1, bits).copy_(w.view(torch.uint8).view(-1, 8)[:, :bits])
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, out: torch.Tensor) -> None:
+    """Inverse of :func:`pack_bits`: ``out`` (uint8, length a multiple of 8) receives the symbols."""
+    if bits == 8:
+        out.copy_(packed)
+        return
+    words = out.view(-1, 8)
+    words[:, bits:] = 0
+    words[:, :bits] = packed.view(-1, bits)
+    w = out.view(torch.int64)
+    tmp = torch.empty_like(w)
+    for lane, used, low, _, upper in reversed(_STAGES[bits]):
+        torch.bitwise_left_shift(w, lane - used, out=tmp)
+        tmp.bitwise_and_(upper)
+        w.bitwise_and_(low).bitwise_or_(tmp)
+
+
+def pack_trits(trits: torch.Tensor, out: torch.Tensor) -> None:
+    """Base-3 pack ``trits`` (uint8 in {0,1,2}, length a multiple of 5) into ``out`` (len/5 bytes)."""
+    t = trits.view(-1, 5)
+    torch.mul(t[:, 4], 3, out=out)  # Horner's rule in uint8: the largest partial value is 242
+    for j in (3, 2, 1):
+        out.add_(t[:, j]).mul_(3)
+    out.add_(t[:, 0])
+
+
+def _trit_table() -> torch.Tensor:
+    """byte -> its five trits, stored in the low five bytes of an int64 (so one gather per byte)."""
+    table = torch.zeros(256, 8, dtype=torch.uint8)
+    for value in range(243):
+        for j in range(5):
+            table[value, j] = (value // 3**j) % 3
+    return table.view(torch.int64).view(-1)
+
+
+_TRITS = _trit_table()
+
+
+def unpack_trits(packed: torch.Tensor, out: torch.Tensor) -> None:
+    """Inverse of :func:`pack_trits`; bytes above 242 must have been rejected by the caller."""
+    words = _TRITS[packed.long()]
+    out.view(-1, 5).copy_(words.view(torch.uint8).view(-1, 8)[:, :5])
+
+
+def pack(symbols: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack a whole 1-D uint8 tensor of ``bits``-bit symbols into ``packed_bytes(n, bits)`` bytes."""
+    n = symbols.numel()
+    padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8)
+    padded[:n] = symbols
+    out = torch.empty(padded.numel() // 8 * bits, dtype=torch.uint8)
+    pack_bits(padded, bits, out)
+    return out[: packed_bytes(n, bits)]
+
+
+def unpack(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack`; returns ``n`` uint8 symbols (the padding symbols are dropped)."""
+    groups = (n + 7) // 8
+    source = torch.zeros(groups * bits, dtype=torch.uint8)
+    source[: packed.numel()] = packed
+    out = torch.empty(groups * 8, dtype=torch.uint8)
+    unpack_bits(source, bits, out)
+    return out[:n]
+
+
+def pack_uint(values: torch.Tensor, width: int) -> torch.Tensor:
+    """Pack non-negative int64 ``values`` (each < 2**width, width 0..63) as ``width``-bit fields.
+
+    Used for the sparse compressors' indices, where ``count * width`` is below the tensor size, so
+    the bit-plane scratch of ``count * width`` bytes stays small.
+    """
+    k = values.numel()
+    planes = torch.empty(k, width, dtype=torch.uint8)
+    for j in range(width):
+        planes[:, j] = torch.bitwise_right_shift(values, j).bitwise_and_(1)
+    return pack(planes.view(-1), 1)
+
+
+def unpack_uint(packed: torch.Tensor, count: int, width: int) -> torch.Tensor:
+    """Inverse of :func:`pack_uint`: ``count`` int64 values."""
+    planes = unpack(packed, count * width, 1).view(count, width)
+    values = torch.zeros(count, dtype=torch.int64)
+    for j in range(width):
+        values.bitwise_or_(planes[:, j].long().bitwise_left_shift_(j))
+    return values

@@ -1,0 +1,183 @@
+"""Unbiased stochastic rounding onto a symmetric grid, bucket by bucket: the core shared by QSGD
+(Alistarh et al. 2017), TernGrad (Wen et al. 2017) and DIANA's p-norm quantizer (Mishchenko et
+al. 2019).
+
+Bucket ``b`` has a scale ``r_b`` (a norm, float32 on the wire) and the grid ``{-s, ..., s} * r_b/s``.
+Element ``x`` travels as the symbol ``q = floor(x*s/r_b + s + u)`` in ``0..2s``, ``u`` uniform in
+[0, 1), and decodes to ``(q - s) * r_b/s``. As P(q = floor(y) + 1) = frac(y) for ``y = x*s/r_b + s``,
+E[q] = y and the decoded value is unbiased. Stochastic rounding of a signed value to the integer
+grid has the same law as the papers' ``sign(x) * round(|x|)``, so neither abs nor sign is computed.
+
+Randomness: ``u`` takes the 2^16 values ``(k + 1/2) / 2^16``, drawn as int16 from int64 random
+words (four per word: the cheapest random bytes torch's CPU generator makes). Then
+``|P(round up) - frac(y)| <= 2^-17``; float32 arithmetic adds at most an ulp of ``y`` (2^-16 for
+s = 127, 2^-20 for s <= 7). The bias is therefore below 2^-16 of one grid step per element, far
+under the sampling noise of any test or training run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradwire.compress import bitpack
+from gradwire.compress.base import Compressor, CorruptPayload, Packet, raise_non_finite
+from gradwire.compress.wire import (
+    CHUNK, check_scales, flat, make_packet, payload, read, spans, to_f32_up, work_dtype, write,
+)
+
+_INF = float("inf")
+
+
+def bucket_norms(x: torch.Tensor, bucket: int, p: float, dtype: torch.dtype) -> torch.Tensor:
+    """The ``p``-norm (1, 2 or inf) of each bucket of the 1-D ``x``, computed in ``dtype``."""
+    n = x.numel()
+    full = n // bucket * bucket
+    parts = [x[:full].view(-1, bucket)] if full else []
+    if full < n:
+        parts.append(x[full:].view(1, -1))
+    out = []
+    for rows in parts:
+        if p == _INF:  # amax and amin are each one cheap pass; abs() would write a full temporary
+            out.append(torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg()).to(dtype))
+        else:
+            out.append(torch.linalg.vector_norm(rows, p, dim=1, dtype=dtype))
+    return torch.cat(out) if out else torch.zeros(0, dtype=dtype)
+
+
+def wire_scales(x: torch.Tensor, norms: torch.Tensor, bucket: int, p: float, name: str) -> torch.Tensor:
+    """Float32 wire scales from norms, rejecting non-finite input. A norm is non-finite iff an input
+    is, except when a float32 sum of squares overflows: then it is recomputed in float64."""
+    if norms.numel() and not bool(torch.isfinite(norms).all()):
+        if not bool(torch.isfinite(x).all()):
+            raise_non_finite(x, name)
+        norms = bucket_norms(x, bucket, p, torch.float64)
+    scales = to_f32_up(norms)
+    if scales.numel() and not bool(torch.isfinite(scales).all()):
+        raise ValueError(f"{name}: a bucket's scale exceeds the float32 range; the wire cannot carry it")
+    return scales
+
+
+def encode_grid(x: torch.Tensor, bucket: int, scales: torch.Tensor, levels: int, bits: int | None,
+                out: torch.Tensor, generator: torch.Generator | None) -> None:
+    """Write the symbols of ``x`` into ``out`` (``bits`` bits each, or base-3 trits if ``bits`` is
+    None), chunk by chunk. ``out`` must hold the stream of ``n`` rounded up to a whole group."""
+    n = x.numel()
+    work = work_dtype(x.dtype)
+    s = scales.to(work)
+    mult = torch.where(s > 0, levels / s, torch.zeros_like(s))
+    group = 8 if bits else 5
+    size = min(CHUNK, -(-n // group) * group)
+    t, u = torch.empty(size, dtype=work), torch.empty(size, dtype=work)
+    words = torch.empty((size + 3) // 4, dtype=torch.int64)
+    sym = torch.empty(size, dtype=torch.uint8)
+    # u = (r + 2^15 + 1/2) / 2^16 for the random int16 r, so y + s + u = y + r/2^16 + offset
+    offset = levels + 0.5 + 2.0**-17
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
+        m, padded = hi - lo, -(-(hi - lo) // group) * group
+        for a, b, first, rows in spans(lo, hi, bucket):
+            dst, scale = t[a - lo: b - lo].view(rows, -1), mult[first: first + rows].unsqueeze(1)
+            if x.dtype == work:
+                torch.mul(x[a:b].view(rows, -1), scale, out=dst)
+            else:
+                dst.copy_(x[a:b].view(rows, -1)).mul_(scale)
+        r = words[: (m + 3) // 4].random_(-(2**63), None, generator=generator)
+        tm, um = t[:m], u[:m]
+        um.copy_(r.view(torch.int16)[:m])
+        # clamp: guards the uint8 cast against the rounding of norms (and is TernGrad's clipping)
+        tm.add_(um, alpha=2.0**-16).add_(offset).clamp_(0, 2 * levels)
+        sym[m:padded] = 0
+        sym[:m].copy_(tm)  # float -> uint8 truncates, i.e. floors the non-negative values
+        if bits:
+            bitpack.pack_bits(sym[:padded], bits, out[lo * bits // 8: (lo + padded) * bits // 8])
+        else:
+            bitpack.pack_trits(sym[:padded], out[lo // 5: (lo + padded) // 5])
+
+
+def decode_grid(stream: torch.Tensor, n: int, bucket: int, scales: torch.Tensor, levels: int,
+                bits: int | None, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """Inverse of :func:`encode_grid`; ``stream`` holds exactly the stream bytes of ``n`` symbols."""
+    work = work_dtype(dtype)
+    step = scales.to(work) / levels
+    out = torch.empty(n, dtype=dtype)
+    group = 8 if bits else 5
+    size = min(CHUNK, -(-n // group) * group)
+    sym, f = torch.empty(size, dtype=torch.uint8), torch.empty(size, dtype=work)
+    check_symbols = bool(bits) and 2 * levels < (1 << bits) - 1
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
+        m, padded = hi - lo, -(-(hi - lo) // group) * group
+        first_byte = lo * bits // 8 if bits else lo // 5
+        need = padded * bits // 8 if bits else padded // 5
+        src = stream[first_byte: first_byte + need]
+        if src.numel() < need:  # the last group is cut short on the wire: pad it with zeros
+            src = torch.cat([src, src.new_zeros(need - src.numel())])
+        if bits:
+            bitpack.unpack_bits(src, bits, sym[:padded])
+        else:
+            if int(src.amax()) > 242:
+                raise CorruptPayload(f"{name}: byte above 242 in a base-3 stream of trits")
+            bitpack.unpack_trits(src, sym[:padded])
+        if check_symbols and int(sym[:m].amax()) > 2 * levels:
+            raise CorruptPayload(f"{name}: symbol above {2 * levels} in the payload")
+        fm = f[:m]
+        fm.copy_(sym[:m]).sub_(levels)  # exact small integers, so the middle symbol decodes to 0
+        for a, b, first, rows in spans(lo, hi, bucket):
+            src_rows, scale = f[a - lo: b - lo].view(rows, -1), step[first: first + rows].unsqueeze(1)
+            if dtype == work:
+                torch.mul(src_rows, scale, out=out[a:b].view(rows, -1))
+            else:
+                src_rows.mul_(scale)
+        if dtype != work:
+            out[lo:hi].copy_(fm)
+    return out
+
+
+class GridCompressor(Compressor):
+    """A compressor sending one float32 scale per bucket, then the stream of grid symbols.
+
+    Wire format: ``[num_buckets x float32 scale][symbol stream]``. Subclasses set ``levels`` and
+    ``bits`` (None: base-3 trits) and define ``_bucket(n)`` and ``_scales(flat_x)``.
+    """
+
+    unbiased = True
+    stochastic = True
+    levels: int = 1
+    bits: int | None = None
+
+    def _bucket(self, n: int) -> int:
+        raise NotImplementedError
+
+    def _scales(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _num_buckets(self, n: int) -> int:
+        return -(-n // self._bucket(n))
+
+    def _stream_bytes(self, n: int) -> int:
+        return bitpack.packed_bytes(n, self.bits) if self.bits else -(-n // 5)
+
+    def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return 4 * self._num_buckets(numel) + self._stream_bytes(numel)
+
+    def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
+        xf = flat(x)
+        n = xf.numel()
+        scales = self._scales(xf)
+        head = 4 * scales.numel()
+        group = 8 if self.bits else 5
+        out = torch.empty(head + self._stream_bytes(-(-n // group) * group), dtype=torch.uint8)
+        write(out[:head], scales)
+        encode_grid(xf, self._bucket(n), scales, self.levels, self.bits, out[head:], generator)
+        return make_packet(out[: head + self._stream_bytes(n)], x)
+
+    def decode(self, packet: Packet) -> torch.Tensor:
+        n = packet.numel
+        buf = payload(packet, self.nbytes(n), self.name)
+        head = 4 * self._num_buckets(n)
+        scales = read(buf[:head], torch.float32)
+        check_scales(scales, self.name)
+        out = decode_grid(buf[head:], n, self._bucket(n), scales, self.levels, self.bits, packet.dtype,
+                          self.name)
+        return out.reshape(packet.shape)
+

@@ -1,0 +1,91 @@
+"""Helpers shared by the codecs: flattening the input, reading the wire, float32 scalars."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from gradwire.compress.base import CorruptPayload, Packet, check_input, expect_size
+
+# Elements per pass of the chunked codecs. Working chunk by chunk keeps every float scratch
+# buffer in the L2 cache and reused, instead of allocating (and page-faulting) tensors of the full
+# size: on the reference machine a fresh 100 MB tensor costs about as much as the arithmetic of
+# a whole codec. A multiple of 40, so that chunks hold whole groups of 8 bit-packed symbols and of 5
+# base-3 trits.
+CHUNK = 40 * 2048
+
+_F32_MAX = torch.finfo(torch.float32).max
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Codecs compute in float32, and in float64 for float64 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def flat(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a contiguous 1-D tensor (a view when it already is contiguous)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+    check_input(x)
+    return x.detach().reshape(-1).contiguous()
+
+
+def make_packet(buffer: torch.Tensor, x: torch.Tensor) -> Packet:
+    return Packet(buffer, x.shape, x.dtype)
+
+
+def payload(packet: Packet, expected: int, name: str) -> torch.Tensor:
+    """The packet's buffer after checking its type and exact size (``CorruptPayload`` otherwise)."""
+    buf = packet.buffer
+    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
+        raise CorruptPayload(f"{name}: the wire buffer must be a 1-D torch.uint8 tensor")
+    check_input(torch.empty(0, dtype=packet.dtype), "packet")
+    expect_size(packet, expected, name)
+    return buf.contiguous()
+
+
+def read(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Reinterpret the bytes ``buf`` as ``dtype``; copies first if the bytes are not aligned for it."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    if buf.storage_offset() % size:
+        buf = buf.clone()
+    return buf.view(dtype)
+
+
+def write(dst: torch.Tensor, values: torch.Tensor) -> None:
+    """Copy ``values`` bit for bit into the bytes ``dst`` (any alignment)."""
+    dst.copy_(values.contiguous().reshape(-1).view(torch.uint8))
+
+
+def to_f32_up(value: torch.Tensor) -> torch.Tensor:
+    """Round non-negative scalars to float32 upwards, so a scale on the wire never falls below the
+    value it bounds (float64 inputs); fp32 values pass unchanged."""
+    out = value.to(torch.float32)
+    if value.dtype == torch.float64:
+        low = out.double() < value
+        out = torch.where(low, torch.nextafter(out, torch.tensor(float("inf"))), out)
+    return out
+
+
+def check_scales(scales: torch.Tensor, name: str) -> None:
+    """Scales read from the wire must be finite and non-negative."""
+    if scales.numel() and not bool(((scales >= 0) & (scales <= _F32_MAX)).all()):
+        raise CorruptPayload(f"{name}: the payload holds a negative or non-finite scale")
+
+
+def spans(lo: int, hi: int, bucket: int) -> Iterator[tuple[int, int, int, int]]:
+    """Split ``[lo, hi)`` along a grid of buckets of ``bucket`` elements into pieces that each are a
+    whole number of rows of one shape: yields ``(start, stop, first_bucket, rows)``. A piece is
+    either a run of full buckets or a part of one bucket (``rows == 1``)."""
+    start = lo
+    if start % bucket:
+        stop = min(hi, (start // bucket + 1) * bucket)
+        yield start, stop, start // bucket, 1
+        start = stop
+    full = (hi - start) // bucket
+    if full:
+        yield start, start + full * bucket, start // bucket, full
+        start += full * bucket
+    if start < hi:
+        yield start, hi, start // bucket, 1

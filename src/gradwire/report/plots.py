@@ -1,0 +1,48 @@
+"""Paper-style curves: loss and accuracy (or suboptimality) against steps, bytes and simulated time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+AXES = [("step", "steps", 1.0), ("bytes_sent", "MB sent (all messages)", 1e-6), ("sim_time_s", "simulated time (s)", 1.0)]
+
+
+def _rows(records_by_label: dict[str, list[dict]]) -> list[tuple[str, str, bool]]:
+    first = next(iter(records_by_label.values()))[0]
+    rows = [("train_loss", "training objective", True)]
+    if "suboptimality" in first:
+        rows.append(("suboptimality", "f(x) - f*", True))
+    rows.append(("test_acc", "test accuracy", False))
+    return rows
+
+
+def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = "") -> Path:
+    """One PNG with a grid: a row per quantity, a column per x-axis, a line per run."""
+    rows = _rows(records_by_label)
+    fig, axes = plt.subplots(len(rows), len(AXES), figsize=(4.2 * len(AXES), 3.0 * len(rows)), squeeze=False)
+    for i, (key, ylabel, log) in enumerate(rows):
+        for j, (xkey, xlabel, scale) in enumerate(AXES):
+            ax = axes[i][j]
+            for label, recs in records_by_label.items():
+                pts = [(rec[xkey] * scale, rec[key]) for rec in recs if rec.get(key) is not None]
+                if log:
+                    pts = [(x, y) for x, y in pts if y > 0]
+                if pts:
+                    ax.plot(*zip(*pts), label=label, marker="." if len(pts) < 30 else None)
+            if log:
+                ax.set_yscale("log")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

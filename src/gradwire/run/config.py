@@ -1,0 +1,161 @@
+"""The run configuration: one typed record, validated at the edge, written into every run folder.
+
+Every key can come from a YAML or TOML file (``--config``) and from a flag of the same name
+(dashes for underscores); flags override the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from gradwire.errors import ConfigError
+
+
+@dataclass
+class RunConfig:
+    task: str = "mnist1d-mlp"                 # task spec: data + model (gradwire list tasks)
+    workers: int = 8                          # number of workers (world_size)
+    algorithm: str = "sync"                   # algorithm spec, e.g. sync:backups=2, async, diana
+    compressor: str = "none"                  # compressor spec for the workers' payloads
+    error_feedback: bool = False              # keep per-worker compression residuals
+    partition: str = "iid"                    # how the training data is split among workers
+    stragglers: str = "none"                  # per-worker compute-time model (simulated seconds)
+    network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
+    backend: str = "sim"                      # sim: in-process simulated cluster
+    steps: int = 500                          # algorithm steps (aggregation rounds)
+    batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
+    lr: float = 0.05                          # step size γ
+    momentum: float = 0.0                     # heavy-ball momentum β
+    weight_decay: float = 0.0                 # extra L2 decay on the update
+    dtype: str = "float32"                    # float32 or float64, end to end
+    eval_every: int = 50                      # evaluate every E steps (and at the last)
+    seed: int = 0                             # one seed for model init, data order, stragglers, compression
+    out: str = "runs/run"                     # run folder
+    name: str = ""                            # label in reports (default: algorithm + compressor)
+    data_dir: str = "data-cache"              # where generated datasets are cached
+
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        text = self.algorithm
+        if self.compressor != "none":
+            text += f" + {self.compressor}" + (" + EF" if self.error_feedback else "")
+        return text
+
+    def validate(self) -> RunConfig:
+        """Check every value and spec before anything runs; raise ConfigError naming the bad one."""
+        from gradwire.algorithms import ALGORITHMS
+        from gradwire.compress import REGISTRY as COMPRESSORS
+        from gradwire.run.stragglers import STRAGGLERS
+        from gradwire.tasks import PARTITIONS, TASKS
+        from gradwire.transports.network import NETWORKS
+
+        _positive(self.workers, "workers")
+        _positive(self.steps, "steps")
+        _positive(self.eval_every, "eval_every")
+        if isinstance(self.batch_size, str):
+            if self.batch_size != "full":
+                raise ConfigError(f"batch_size={self.batch_size!r}: expected a positive integer or 'full'")
+        else:
+            _positive(self.batch_size, "batch_size")
+        if not self.lr > 0:
+            raise ConfigError(f"lr={self.lr} must be > 0")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum={self.momentum} must be in [0, 1)")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay={self.weight_decay} must be >= 0")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"dtype={self.dtype!r}: valid choices are float32, float64")
+        if self.backend != "sim":
+            raise ConfigError(f"backend={self.backend!r}: valid choices are sim")
+        for registry, spec in ((TASKS, self.task), (ALGORITHMS, self.algorithm), (COMPRESSORS, self.compressor),
+                               (PARTITIONS, self.partition), (NETWORKS, self.network)):
+            registry.resolve(spec)
+        STRAGGLERS.build(self.stragglers)
+        COMPRESSORS.build(self.compressor)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+KEYS = {f.name: f for f in fields(RunConfig)}
+
+
+def coerce(key: str, value: Any) -> Any:
+    """Convert a value from a file or flag to the field's type, naming the key on failure."""
+    key = key.replace("-", "_")
+    if key not in KEYS:
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(KEYS)}")
+    default = KEYS[key].default
+    try:
+        if key == "batch_size":
+            return "full" if str(value) == "full" else _int(value)
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "1", "yes"):
+                return True
+            if str(value).lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return _int(value)
+        if isinstance(default, float):
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        kind = "integer or 'full'" if key == "batch_size" else type(default).__name__
+        raise ConfigError(f"config key {key}={value!r} is not a valid {kind}") from None
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError
+    return int(value)
+
+
+def _positive(value: int, key: str) -> None:
+    if value < 1:
+        raise ConfigError(f"{key}={value} must be a positive integer")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Keys of a YAML (.yaml/.yml) or TOML (.toml) file; JSON is YAML too."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as e:  # the parsers' own errors name the line
+        raise ConfigError(f"cannot parse config file {str(path)!r}: {e}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys to values")
+    return data
+
+
+def from_mapping(data: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
+    cfg = base or RunConfig()
+    return cfg.replace(**{k.replace("-", "_"): coerce(k, v) for k, v in data.items()})
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically: a crash never leaves a half-written file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)

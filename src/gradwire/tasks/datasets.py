@@ -1,0 +1,145 @@
+"""Small real classification tasks that need no download: MNIST-1D and scikit-learn's digits.
+
+MNIST-1D (Greydanus, 2020, "Scaling down deep learning", arXiv:2011.14439) is *generated* by the
+``mnist1d`` package from its default arguments (seed 42 of its own), so it is the standard data set
+whatever the run seed; we never call its downloader. Generation takes about a second, so the arrays
+are cached as ``.npz`` under ``data_dir``, keyed on the generator arguments and package version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import tempfile
+from functools import partial
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gradwire.tasks.base import TASKS, Task, TaskContext, cross_entropy
+from gradwire.tasks.models import mlp, mnist1d_cnn
+
+_MNIST1D_KEYS = ("x", "y", "x_test", "y_test")
+
+
+@contextlib.contextmanager
+def _global_rng_untouched():
+    """mnist1d's ``make_dataset`` reseeds Python's and NumPy's global RNGs; undo that on exit."""
+    # legacy global-RNG calls on purpose: they are what mnist1d touches
+    np_state, py_state = np.random.get_state(), random.getstate()  # noqa: NPY002
+    try:
+        yield
+    finally:
+        np.random.set_state(np_state)  # noqa: NPY002
+        random.setstate(py_state)
+
+
+def _generate_mnist1d() -> dict[str, np.ndarray]:
+    from mnist1d.data import get_dataset_args, make_dataset  # lazy: imports matplotlib
+
+    with _global_rng_untouched():
+        data = make_dataset(get_dataset_args())
+    return {k: np.asarray(data[k]) for k in _MNIST1D_KEYS}
+
+
+def mnist1d_cache_path(data_dir: str | Path) -> Path:
+    """Cache file for the default MNIST-1D arguments; a new mnist1d version gets a new file."""
+    from mnist1d.data import get_dataset_args
+
+    args = get_dataset_args(as_dict=True)
+    args.pop("url", None)  # where the pickle could be downloaded from: not part of the data
+    key = json.dumps({"args": args, "version": metadata.version("mnist1d")}, sort_keys=True)
+    return Path(data_dir) / f"mnist1d-{hashlib.sha256(key.encode()).hexdigest()[:12]}.npz"
+
+
+def load_mnist1d(data_dir: str | Path) -> dict[str, np.ndarray]:
+    """The MNIST-1D arrays (x, y, x_test, y_test), generated once and then read from the cache."""
+    path = mnist1d_cache_path(data_dir)
+    if path.exists():
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                data = {k: f[k] for k in _MNIST1D_KEYS}
+            if len(data["x"]) == len(data["y"]) and len(data["x_test"]) == len(data["y_test"]):
+                return data
+        except (OSError, KeyError, ValueError):
+            pass  # unreadable cache: regenerate and overwrite it
+    data = _generate_mnist1d()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write a temporary file and rename it: concurrent builders (one per process under
+    # torch.distributed) never see a half-written cache, and the last rename wins harmlessly.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".mnist1d-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return data
+
+
+def _classification_task(name: str, data: dict[str, np.ndarray], model_fn, dtype: torch.dtype) -> Task:
+    def x(a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=torch.float64).to(dtype).contiguous()
+
+    def y(a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a.astype(np.int64))
+
+    return Task(
+        name=name, x_train=x(data["x"]), y_train=y(data["y"]), x_test=x(data["x_test"]),
+        y_test=y(data["y_test"]), num_classes=10, model_fn=model_fn, loss_fn=cross_entropy,
+    )
+
+
+@TASKS.register("mnist1d-logreg", help="MNIST-1D, logistic regression Linear(40,10) (paper: 32% test acc.)")
+def mnist1d_logreg(*, _ctx: TaskContext) -> Task:
+    """MNIST-1D (4000 train / 1000 test, 40 features) with a linear model; Greydanus (2020) report
+    32% test accuracy for logistic regression."""
+    model_fn = partial(mlp, sizes=(40, 10), dtype=_ctx.dtype)
+    return _classification_task("mnist1d-logreg", load_mnist1d(_ctx.data_dir), model_fn, _ctx.dtype)
+
+
+@TASKS.register("mnist1d-mlp", help="MNIST-1D, MLP 40-100-100-10 ReLU (paper: 68% test acc.)")
+def mnist1d_mlp(*, _ctx: TaskContext) -> Task:
+    """MNIST-1D with the paper's MLP (two hidden layers of 100, ReLU); Greydanus (2020): 68%."""
+    model_fn = partial(mlp, sizes=(40, 100, 100, 10), dtype=_ctx.dtype)
+    return _classification_task("mnist1d-mlp", load_mnist1d(_ctx.data_dir), model_fn, _ctx.dtype)
+
+
+@TASKS.register("mnist1d-cnn", help="MNIST-1D, 3-layer Conv1d net of the paper (paper: 94% test acc.)")
+def mnist1d_cnn_task(*, _ctx: TaskContext) -> Task:
+    """MNIST-1D with the paper's CNN (see :func:`~gradwire.tasks.models.mnist1d_cnn`); Greydanus
+    (2020): 94% test accuracy, the gap to the MLP being the point of the data set (spatial bias)."""
+    model_fn = partial(mnist1d_cnn, dtype=_ctx.dtype)
+    return _classification_task("mnist1d-cnn", load_mnist1d(_ctx.data_dir), model_fn, _ctx.dtype)
+
+
+def load_digits_split() -> dict[str, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (1797 images, offline), pixels scaled from 0..16 to [0, 1],
+    split 80/20, stratified by label, with the fixed seed 0 (the same split for every run)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x, x_test, y, y_test = train_test_split(
+        digits.data / 16.0, digits.target, test_size=0.2, random_state=0, stratify=digits.target
+    )
+    return {"x": x, "y": y, "x_test": x_test, "y_test": y_test}
+
+
+@TASKS.register("digits-logreg", help="sklearn 8x8 digits (64 features), logistic regression Linear(64,10)")
+def digits_logreg(*, _ctx: TaskContext) -> Task:
+    model_fn = partial(mlp, sizes=(64, 10), dtype=_ctx.dtype)
+    return _classification_task("digits-logreg", load_digits_split(), model_fn, _ctx.dtype)
+
+
+@TASKS.register("digits-mlp", help="sklearn 8x8 digits (64 features), MLP 64-64-10 ReLU")
+def digits_mlp(*, _ctx: TaskContext) -> Task:
+    model_fn = partial(mlp, sizes=(64, 64, 10), dtype=_ctx.dtype)
+    return _classification_task("digits-mlp", load_digits_split(), model_fn, _ctx.dtype)

@@ -1,0 +1,80 @@
+"""The tasks' models, initialised from an explicit generator only.
+
+Constraints from the run loop, which calls models with ``torch.func.functional_call`` on a flat
+parameter vector: no buffers (so no BatchNorm) and no dropout, so a forward pass is a pure,
+deterministic function of (parameters, input).
+
+Layers are created on the ``meta`` device and then materialised, so building a model never draws
+from (or advances) torch's global RNG; :func:`init_from` then fills every weight and bias with
+PyTorch's default distribution for Linear/Conv layers (kaiming_uniform with a=sqrt(5), i.e.
+U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for the bias), drawn from the generator.
+All builders are module-level functions so that ``functools.partial`` of them pickles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class AddChannel(nn.Module):
+    """(B, L) -> (B, 1, L): a sequence of scalars as a one-channel signal for Conv1d."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.unsqueeze(1)
+
+
+def init_from(model: nn.Module, generator: torch.Generator) -> nn.Module:
+    """Draw every Linear/Conv1d weight and bias from ``generator`` in module order."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Conv1d)):
+                bound = 1.0 / math.sqrt(m.weight[0].numel())  # fan_in = in_features * kernel_size
+                m.weight.uniform_(-bound, bound, generator=generator)
+                if m.bias is not None:
+                    m.bias.uniform_(-bound, bound, generator=generator)
+    return model
+
+
+def _materialise(model: nn.Module, generator: torch.Generator) -> nn.Module:
+    return init_from(model.to_empty(device="cpu"), generator)
+
+
+def mlp(
+    generator: torch.Generator, *, sizes: tuple[int, ...], dtype: torch.dtype, bias: bool = True
+) -> nn.Module:
+    """Linear layers of ``sizes`` (input, hidden..., output) with ReLU in between.
+
+    ``sizes=(d, k)`` is (multinomial) logistic regression.
+    """
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        if i:
+            layers.append(nn.ReLU())
+        layers.append(nn.Linear(a, b, bias=bias, device="meta", dtype=dtype))
+    return _materialise(nn.Sequential(*layers), generator)
+
+
+def mnist1d_cnn(generator: torch.Generator, *, dtype: torch.dtype, channels: int = 25, length: int = 40,
+                num_classes: int = 10) -> nn.Module:
+    """The CNN of the MNIST-1D paper (Greydanus, 2020, "Scaling down deep learning"): three strided
+    Conv1d + ReLU layers (40 -> 19 -> 10 -> 5 positions) and a linear read-out of 25*5 = 125 features.
+    """
+
+    def conv(cin: int, k: int) -> nn.Conv1d:
+        return nn.Conv1d(cin, channels, k, stride=2, padding=1, device="meta", dtype=dtype)
+
+    out_len = length
+    for k in (5, 3, 3):
+        out_len = (out_len + 2 - k) // 2 + 1
+    model = nn.Sequential(
+        AddChannel(),
+        conv(1, 5), nn.ReLU(),
+        conv(channels, 3), nn.ReLU(),
+        conv(channels, 3), nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(channels * out_len, num_classes, device="meta", dtype=dtype),
+    )
+    return _materialise(model, generator)

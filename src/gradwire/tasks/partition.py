@@ -1,0 +1,128 @@
+"""How a data set is split between workers: iid, label skew, volume skew, or both.
+
+Every partition returns one sorted int64 index tensor per worker; together they are disjoint and
+cover every sample, and no worker is left empty (ConfigError naming the worker otherwise).
+Randomness comes from ``numpy.random.default_rng(seed)`` only, so a partition is a function of
+(spec, labels, num_workers, seed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gradwire.errors import ConfigError
+from gradwire.spec import Registry, require
+
+PARTITIONS = Registry("partition")
+
+
+@dataclass(frozen=True)
+class PartitionContext:
+    labels: np.ndarray  # (n,) class label of every sample
+    num_workers: int
+    seed: int
+
+
+def round_sizes(weights: np.ndarray, total: int) -> np.ndarray:
+    """Integers summing to ``total`` nearest to ``total * weights / sum(weights)`` (largest remainder:
+    each size is the ideal one rounded down or up, so ratios are exact up to one sample)."""
+    ideal = total * np.asarray(weights, np.float64) / np.sum(weights)
+    sizes = np.floor(ideal).astype(np.int64)
+    order = np.argsort(-(ideal - sizes), kind="stable")
+    sizes[order[: total - sizes.sum()]] += 1
+    return sizes
+
+
+def geometric_volumes(num_workers: int, skew: float) -> np.ndarray:
+    """Relative volumes skew**(k / (K-1)), k = 0..K-1: geometric, largest/smallest = skew."""
+    if num_workers == 1:
+        return np.ones(1)
+    return skew ** (np.arange(num_workers) / (num_workers - 1))
+
+
+def _finish(parts: list[np.ndarray], n: int, remedy: str) -> list[torch.Tensor]:
+    for k, part in enumerate(parts):
+        if len(part) == 0:
+            raise ValueError(f"worker {k} of {len(parts)} would get no data (of {n} samples); {remedy}")
+    return [torch.from_numpy(np.sort(part).astype(np.int64)) for part in parts]
+
+
+def _split(indices: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    return np.split(indices, np.cumsum(sizes)[:-1])
+
+
+@PARTITIONS.register("iid", help="uniformly random split into nearly equal parts (sizes differ by <= 1)")
+def iid(*, _ctx: PartitionContext) -> list[torch.Tensor]:
+    n, k = len(_ctx.labels), _ctx.num_workers
+    perm = np.random.default_rng(_ctx.seed).permutation(n)
+    return _finish(np.array_split(perm, k), n, "use fewer workers")
+
+
+@PARTITIONS.register(
+    "volumes",
+    help="iid labels, geometric data volumes with largest/smallest = skew",
+    params={"skew": "ratio of the largest to the smallest worker's sample count (>= 1; 1 = equal)"},
+)
+def volumes(*, skew: float = 10.0, _ctx: PartitionContext) -> list[torch.Tensor]:
+    """Quantity skew: worker k gets a share proportional to skew**(k/(K-1)), rounded to integers
+    that sum to the data set size (so largest/smallest = skew up to one sample of rounding)."""
+    require(skew >= 1 and math.isfinite(skew), f"skew must be >= 1, got {skew}")
+    n, k = len(_ctx.labels), _ctx.num_workers
+    perm = np.random.default_rng(_ctx.seed).permutation(n)
+    sizes = round_sizes(geometric_volumes(k, skew), n)
+    return _finish(_split(perm, sizes), n, "use fewer workers or a smaller skew")
+
+
+@PARTITIONS.register(
+    "dirichlet",
+    help="label skew: each class split over workers in Dir(alpha) proportions; optional volume skew",
+    params={
+        "alpha": "Dirichlet concentration (> 0): small = each worker sees few classes, large = iid",
+        "skew": "target largest/smallest volume ratio (>= 1), as in 'volumes'; 1 = no volume skew",
+    },
+)
+def dirichlet(*, alpha: float = 0.5, skew: float = 1.0, _ctx: PartitionContext) -> list[torch.Tensor]:
+    """Label-skewed split. For each class c, draw q_c ~ Dir(alpha * 1_K) and give worker k a share
+    of class c's samples proportional to q_c[k] * v_k, with v the geometric volumes of 'volumes'.
+
+    With skew = 1 this is the per-class Dirichlet split of Yurochkin et al. (2019, "Bayesian
+    nonparametric federated learning of neural networks") and Wang et al. (2020, FedMA), the usual
+    implementation of the label skew studied by Hsu et al. (2019, "Measuring the effects of
+    non-identical data distribution", who draw a class distribution per client instead). As
+    alpha -> inf, q_c -> uniform and worker k gets exactly the share v_k / sum(v) of every class:
+    the 'volumes' partition; for finite alpha the volumes are a target, met only on average.
+    """
+    require(alpha > 0 and math.isfinite(alpha), f"alpha must be > 0, got {alpha}")
+    require(skew >= 1 and math.isfinite(skew), f"skew must be >= 1, got {skew}")
+    labels, k = _ctx.labels, _ctx.num_workers
+    rng = np.random.default_rng(_ctx.seed)
+    vol = geometric_volumes(k, skew)
+    parts: list[list[np.ndarray]] = [[] for _ in range(k)]
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        share = rng.dirichlet(np.full(k, alpha)) * vol
+        if not np.isfinite(share).all() or share.sum() <= 0:  # all gammas underflowed (tiny alpha)
+            share = np.eye(k)[rng.integers(k)] * vol
+        for part, chunk in zip(parts, _split(members, round_sizes(share, len(members))), strict=True):
+            part.append(chunk)
+    remedy = "use fewer workers, a larger alpha" + (" or a smaller skew" if skew > 1 else "")
+    return _finish([np.concatenate(p) for p in parts], len(labels), remedy)
+
+
+def build_partition(spec: str, *, labels: torch.Tensor, num_workers: int, seed: int) -> list[torch.Tensor]:
+    """Split the samples with class ``labels`` between ``num_workers`` workers as ``spec`` says.
+
+    Returns one int64 index tensor per worker (sorted, disjoint, covering all samples). Raises
+    ConfigError for bad parameters or when a worker would get no data.
+    """
+    if num_workers < 1:
+        raise ConfigError(f"num_workers must be >= 1, got {num_workers}")
+    labels_np = torch.as_tensor(labels).detach().cpu().numpy()
+    if labels_np.ndim != 1:
+        raise ConfigError(f"partition needs a 1-D tensor of labels, got shape {tuple(labels_np.shape)}")
+    ctx = PartitionContext(labels=labels_np, num_workers=num_workers, seed=seed)
+    return PARTITIONS.build(spec, _ctx=ctx)

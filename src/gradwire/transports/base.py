@@ -1,0 +1,55 @@
+"""The transport contract: the only way an algorithm talks to other workers.
+
+A process hosts one or more workers (``local_ranks``): the simulator hosts all of them, a
+torch.distributed process hosts one. Every collective takes one contribution per *local
+participating* worker, keyed by rank, and returns what those workers receive, which is the same
+for all of them (so the simulator keeps one copy, not one per worker). ``ranks`` names the
+participants (all workers when omitted): with backup workers only the first N take part.
+
+Every call counts the bytes that cross the wire (``bytes_sent``, every message both ways) and
+``comm_time_s``; a simulated transport also advances the simulated clock. Payloads are real
+buffers (``torch.uint8`` for compressed data, dense tensors for summable ones): no Python object
+is ever sent.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+
+class Transport(ABC):
+    world_size: int
+    local_ranks: tuple[int, ...]
+
+    def __init__(self) -> None:
+        self.bytes_sent = 0
+        self.comm_time_s = 0.0
+        self.calls = 0
+
+    def participants(self, ranks: Sequence[int] | None) -> list[int]:
+        return list(range(self.world_size)) if ranks is None else sorted(ranks)
+
+    @abstractmethod
+    def allreduce_mean(self, tensors: dict[int, torch.Tensor], ranks: Sequence[int] | None = None) -> torch.Tensor:
+        """Mean over the participants of a dense tensor (summed in rank order, then divided)."""
+
+    @abstractmethod
+    def allgather(self, buffers: dict[int, torch.Tensor], ranks: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
+        """Every participant's uint8 buffer (sizes may differ), keyed by rank."""
+
+    @abstractmethod
+    def gather(self, buffers: dict[int, torch.Tensor], dst: int,
+               ranks: Sequence[int] | None = None) -> dict[int, torch.Tensor] | None:
+        """Participants' buffers at ``dst`` (None in processes that do not host ``dst``)."""
+
+    @abstractmethod
+    def broadcast(self, buffer: torch.Tensor | None, src: int, ranks: Sequence[int] | None = None) -> torch.Tensor:
+        """``src``'s buffer at every participant (``buffer`` is ignored where src is not local)."""
+
+    @abstractmethod
+    def post(self, nbytes: int, src: int, dst: int) -> float:
+        """A point-to-point message that does not block the caller: counts its bytes and returns
+        its duration in seconds (used by event-driven algorithms such as asynchronous SGD)."""

@@ -1,0 +1,107 @@
+"""Network cost models for the simulated cluster: what a collective sends, and how long it takes.
+
+Every message of n bytes costs ``latency_s + n / bandwidth`` on the link it crosses; the topology
+decides who sends what and which transfers share a link. Formulas (N participants, B bytes per
+worker for a dense allreduce, n_i bytes from worker i otherwise):
+
+=============  ===================================  =============================================
+collective     ``ps`` (all traffic via one server   ``ring`` (neighbour links, all in parallel)
+               link, which serialises it)
+=============  ===================================  =============================================
+allreduce      bytes 2·N·B;                         bytes 2·(N-1)·B;
+               time 2·(lat + N·B/bw)                time 2·(N-1)·(lat + B/(N·bw))  (Patarasuk 2009)
+allgather      bytes N·Σn; time 2·lat + N·Σn/bw     bytes (N-1)·Σn; time (N-1)·(lat + max n/bw)
+gather (to r)  bytes Σ_{i≠r} n_i; time lat + that/bw  (same: the root's link takes it all)
+broadcast      bytes (N-1)·n; time lat + (N-1)·n/bw  bytes (N-1)·n; time (N-1)·lat + n/bw (pipelined)
+send           bytes n; time lat + n/bw             (same)
+=============  ===================================  =============================================
+
+The ring allgather is priced by the largest buffer, as a padded allgather (what gloo and NCCL
+do with variable sizes) would be. Bytes count every message both ways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradwire.spec import Registry, require
+
+NETWORKS = Registry("network")
+
+
+@dataclass(frozen=True)
+class Cost:
+    bytes: int
+    time_s: float
+
+
+class Network:
+    name = "?"
+
+    def __init__(self, *, mbps: float, latency_ms: float):
+        require(mbps > 0, f"mbps must be > 0, got {mbps}")
+        require(latency_ms >= 0, f"latency_ms must be >= 0, got {latency_ms}")
+        self.mbps, self.latency_ms = mbps, latency_ms
+        self.bytes_per_s = mbps * 1e6 / 8
+        self.latency_s = latency_ms / 1e3
+
+    def send(self, n: int) -> Cost:
+        return Cost(n, self.latency_s + n / self.bytes_per_s)
+
+    def gather(self, sizes: list[int], root_index: int) -> Cost:
+        total = sum(sizes) - sizes[root_index]
+        return Cost(total, self.latency_s + total / self.bytes_per_s)
+
+    def spec(self) -> str:
+        return f"{self.name}:mbps={self.mbps:g},latency_ms={self.latency_ms:g}"
+
+
+@NETWORKS.register("ps", help="star through a parameter server whose link serialises all traffic",
+                   params={"mbps": "server link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
+class PSNetwork(Network):
+    name = "ps"
+
+    def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
+        super().__init__(mbps=mbps, latency_ms=latency_ms)
+
+    def allreduce(self, nbytes: int, n: int) -> Cost:
+        if n <= 1:
+            return Cost(0, 0.0)
+        return Cost(2 * n * nbytes, 2 * (self.latency_s + n * nbytes / self.bytes_per_s))
+
+    def allgather(self, sizes: list[int]) -> Cost:
+        n, total = len(sizes), sum(sizes)
+        if n <= 1:
+            return Cost(0, 0.0)
+        return Cost(n * total, 2 * self.latency_s + n * total / self.bytes_per_s)
+
+    def broadcast(self, nbytes: int, n: int) -> Cost:
+        if n <= 1:
+            return Cost(0, 0.0)
+        return Cost((n - 1) * nbytes, self.latency_s + (n - 1) * nbytes / self.bytes_per_s)
+
+
+@NETWORKS.register("ring", help="ring collectives over neighbour links that transmit in parallel",
+                   params={"mbps": "per-link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
+class RingNetwork(Network):
+    name = "ring"
+
+    def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
+        super().__init__(mbps=mbps, latency_ms=latency_ms)
+
+    def allreduce(self, nbytes: int, n: int) -> Cost:
+        if n <= 1:
+            return Cost(0, 0.0)
+        steps = 2 * (n - 1)
+        return Cost(steps * nbytes, steps * (self.latency_s + nbytes / (n * self.bytes_per_s)))
+
+    def allgather(self, sizes: list[int]) -> Cost:
+        n = len(sizes)
+        if n <= 1:
+            return Cost(0, 0.0)
+        return Cost((n - 1) * sum(sizes), (n - 1) * (self.latency_s + max(sizes) / self.bytes_per_s))
+
+    def broadcast(self, nbytes: int, n: int) -> Cost:
+        if n <= 1:
+            return Cost(0, 0.0)
+        return Cost((n - 1) * nbytes, (n - 1) * self.latency_s + nbytes / self.bytes_per_s)

@@ -1,0 +1,82 @@
+"""The simulated transport: all workers in one process, costs from a network model.
+
+Collectives compute their exact result (the mean is summed in rank order, as a fixed-order
+reduction would) and advance the simulated clock by the network model's time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from gradwire.transports.base import Transport
+from gradwire.transports.network import Cost, Network
+
+
+class SimClock:
+    """Simulated seconds since the start of the run."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += float(seconds)
+
+    def state_dict(self) -> dict:
+        return {"now": self.now}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.now = float(state["now"])
+
+
+class SimTransport(Transport):
+    def __init__(self, world_size: int, network: Network, clock: SimClock):
+        super().__init__()
+        self.world_size = world_size
+        self.local_ranks = tuple(range(world_size))
+        self.network, self.clock = network, clock
+
+    def _charge(self, cost: Cost, *, advance: bool = True) -> float:
+        self.bytes_sent += int(cost.bytes)
+        self.comm_time_s += cost.time_s
+        self.calls += 1
+        if advance:
+            self.clock.advance(cost.time_s)
+        return cost.time_s
+
+    def _check(self, contributions: dict, ranks: list[int]) -> None:
+        if sorted(contributions) != ranks:
+            raise ValueError(f"collective expected contributions from ranks {ranks}, got {sorted(contributions)}")
+
+    def allreduce_mean(self, tensors, ranks=None):
+        ranks = self.participants(ranks)
+        self._check(tensors, ranks)
+        first = tensors[ranks[0]]
+        acc_dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
+        total = first.to(acc_dtype, copy=True)
+        for r in ranks[1:]:
+            total += tensors[r]
+        self._charge(self.network.allreduce(first.numel() * first.element_size(), len(ranks)))
+        return total.div_(len(ranks))
+
+    def allgather(self, buffers, ranks=None):
+        ranks = self.participants(ranks)
+        self._check(buffers, ranks)
+        self._charge(self.network.allgather([int(buffers[r].numel()) for r in ranks]))
+        return {r: buffers[r] for r in ranks}
+
+    def gather(self, buffers, dst, ranks=None):
+        ranks = self.participants(ranks)
+        self._check(buffers, ranks)
+        sizes = [int(buffers[r].numel() * buffers[r].element_size()) for r in ranks]
+        self._charge(self.network.gather(sizes, ranks.index(dst)))
+        return {r: buffers[r] for r in ranks}
+
+    def broadcast(self, buffer, src, ranks=None):
+        ranks = self.participants(ranks)
+        self._charge(self.network.broadcast(int(buffer.numel() * buffer.element_size()), len(ranks)))
+        return buffer
+
+    def post(self, nbytes, src, dst):
+        return self._charge(self.network.send(int(nbytes)), advance=False)

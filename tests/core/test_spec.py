@@ -1,0 +1,71 @@
+import pytest
+
+from gradwire.errors import ConfigError
+from gradwire.spec import Registry, parse_spec, require
+
+REG = Registry("widget")
+
+
+@REG.register("box", help="a box", params={"size": "edge length", "soft": "squishy?"})
+class Box:
+    def __init__(self, *, size: int = 3, soft: bool = False, scale: float = 1.0, label: str = "x"):
+        require(size > 0, f"size must be > 0, got {size}")
+        self.size, self.soft, self.scale, self.label = size, soft, scale, label
+
+
+@REG.register("needs", help="has a required key")
+def needs(*, depth: float):
+    return depth
+
+
+def test_parse_spec_forms():
+    assert parse_spec("qsgd") == ("qsgd", {})
+    assert parse_spec(" qsgd:levels=4, bucket=512 ") == ("qsgd", {"levels": "4", "bucket": "512"})
+
+
+@pytest.mark.parametrize("bad", ["", ":a=1", "x:a", "x:a=", "x:=1", "x:a=1,a=2"])
+def test_parse_spec_rejects_malformed(bad):
+    with pytest.raises(ConfigError):
+        parse_spec(bad)
+
+
+def test_build_converts_types():
+    b = REG.build("box:size=5,soft=true,scale=inf,label=hello")
+    assert (b.size, b.soft, b.scale, b.label) == (5, True, float("inf"), "hello")
+    assert REG.build("box").size == 3
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(ConfigError, match=r"unknown widget 'bx'; valid widgets: box, needs"):
+        REG.build("bx")
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ConfigError, match=r"no parameter 'sise'; valid parameters: size, soft, scale, label"):
+        REG.build("box:sise=3")
+
+
+def test_bad_value_names_key_and_type():
+    with pytest.raises(ConfigError, match=r"size='three' is not a valid int"):
+        REG.build("box:size=three")
+    with pytest.raises(ConfigError, match="soft='maybe' is not a valid bool"):
+        REG.build("box:soft=maybe")
+    with pytest.raises(ConfigError, match="scale='nan'"):
+        REG.build("box:scale=nan")
+
+
+def test_range_check_becomes_config_error_with_spec():
+    with pytest.raises(ConfigError, match=r"'box:size=0': size must be > 0, got 0"):
+        REG.build("box:size=0")
+
+
+def test_required_key():
+    with pytest.raises(ConfigError, match="needs depth"):
+        REG.build("needs")
+    assert REG.build("needs:depth=2.5") == 2.5
+
+
+def test_describe_lists_params_with_defaults_and_help():
+    text = REG.describe()
+    assert "size (int, default 3): edge length" in text
+    assert "depth (float, required)" in text

@@ -1,0 +1,86 @@
+"""The command line: clear one-line errors, a run folder, divergence handling."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gradwire.cli import main
+
+
+def gw(*args, cwd=None):
+    p = subprocess.run([sys.executable, "-m", "gradwire", *args], capture_output=True, text=True, cwd=cwd,
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run", "--algorithm", "sinc"], "unknown algorithm 'sinc'; valid algorithms: async, diana, dqgd, signsgd, sync"),
+    (["run", "--compressor", "qsgd:level=4"], "compressor 'qsgd' has no parameter 'level'"),
+    (["run", "--workers", "zero"], "workers='zero' is not a valid int"),
+    (["run", "--batch-size", "-3"], "batch_size=-3 must be a positive integer"),
+    (["run", "--dtype", "float16"], "valid choices are float32, float64"),
+    (["run", "--algorithm", "sync:backups=8", "--workers", "8", "--steps", "1"], "backups=8 leaves no worker"),
+    (["run", "--config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+])
+def test_bad_input_one_line_no_traceback(tmp_path, args, needle):
+    code, out, err = gw(*args, "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path / "d"))
+    assert code == 2
+    assert needle in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_config_key_in_file(tmp_path):
+    (tmp_path / "c.yaml").write_text("task: digits-logreg\nlearning_rate: 0.1\n")
+    code, _, err = gw("run", "--config", str(tmp_path / "c.yaml"))
+    assert code == 2 and "unknown config key 'learning_rate'" in err and "valid keys:" in err
+
+
+def test_run_writes_folder_and_flags_override_file(tmp_path, data_dir):
+    (tmp_path / "c.toml").write_text('task = "digits-logreg"\nsteps = 999\nworkers = 3\n')
+    out = tmp_path / "run"
+    code = main(["run", "--config", str(tmp_path / "c.toml"), "--steps", "6", "--eval-every", "3",
+                 "--out", str(out), "--data-dir", str(data_dir)])
+    assert code == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["steps"] == 6 and cfg["workers"] == 3 and cfg["task"] == "digits-logreg"
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [0, 3, 6]
+    for key in ("sim_time_s", "wall_time_s", "bytes_sent", "train_loss", "test_loss", "test_acc"):
+        assert key in recs[-1]
+    assert recs[-1]["bytes_sent"] > recs[1]["bytes_sent"] > 0
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished"
+    assert (out / "curves.png").stat().st_size > 10_000
+
+
+def test_divergence_names_step_and_worker_and_keeps_metrics(tmp_path, data_dir):
+    out = tmp_path / "div"
+    code, _, err = gw("run", "--task", "digits-mlp", "--workers", "2", "--lr", "1e6", "--steps", "50",
+                      "--eval-every", "1", "--out", str(out), "--data-dir", str(data_dir))
+    assert code == 3
+    assert "non-finite" in err and "at step" in err and "on worker" in err and "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["steps"] >= 1
+    assert len((out / "metrics.jsonl").read_text().splitlines()) >= 1
+
+
+def test_list_shows_every_axis():
+    code, out, _ = gw("list")
+    assert code == 0
+    for word in ("mnist1d-cnn", "dirichlet", "lognormal", "ring", "diana", "qsgd", "levels"):
+        assert word in out
+
+
+def test_compare_writes_table_and_plot(tmp_path, data_dir):
+    out = tmp_path / "cmp"
+    code = main(["compare", "--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2",
+                 "--out", str(out), "--data-dir", str(data_dir), "--variant", "--algorithm sync",
+                 "--variant", "--name q4 --compressor qsgd:levels=4 --error-feedback"])
+    assert code == 0
+    md = (out / "comparison.md").read_text()
+    assert "| sync |" in md and "| q4 |" in md
+    csv_lines = (out / "comparison.csv").read_text().splitlines()
+    assert len(csv_lines) == 3 and csv_lines[0].startswith("label,status")
+    assert (out / "comparison.png").exists() and (out / "q4" / "metrics.jsonl").exists()
