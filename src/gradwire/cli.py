@@ -75,6 +75,9 @@ def cmd_run(ns) -> int:
 
     cfg = _config_from(ns).validate()
     summary = run(cfg)
+    info_path = Path(cfg.out) / "algorithm.json"
+    if info_path.exists():
+        print(f"{cfg.algorithm} set-up: {info_path.read_text().strip()}")
     final = summary["final"]
     parts = [f"{k}={final[k]:.4g}" for k in ("train_loss", "test_acc", "suboptimality") if final.get(k) is not None]
     print(f"{summary['label']}: {summary['steps']} steps, {' '.join(parts)}, {summary['bytes_sent'] / 1e6:.3f} MB sent, "

@@ -57,7 +57,7 @@ def test_run_writes_folder_and_flags_override_file(tmp_path, data_dir):
 
 def test_divergence_names_step_and_worker_and_keeps_metrics(tmp_path, data_dir):
     out = tmp_path / "div"
-    code, _, err = gw("run", "--task", "digits-mlp", "--workers", "2", "--lr", "1e6", "--steps", "50",
+    code, _, err = gw("run", "--task", "digits-mlp", "--workers", "2", "--lr", "1e10", "--steps", "50",
                       "--eval-every", "1", "--out", str(out), "--data-dir", str(data_dir))
     assert code == 3
     assert "non-finite" in err and "at step" in err and "on worker" in err and "Traceback" not in err

@@ -51,6 +51,7 @@ class Context:
     stragglers: object           # gradwire.run.stragglers.Stragglers
     clock: object                # SimClock (or a wall clock on the torch backend)
     seed: int
+    shard_sizes: tuple[int, ...] = ()  # training samples held by each worker (data-aware algorithms)
 
     def gradient(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
         return self.oracle(rank, params)
@@ -139,6 +140,11 @@ class Algorithm(ABC):
 
     @abstractmethod
     def step(self, ctx: Context, step: int) -> dict: ...
+
+    def setup_info(self) -> dict:
+        """Choices made at setup worth showing the user (e.g. per-worker ratios); written to
+        ``algorithm.json`` in the run folder and printed by ``gradwire run``."""
+        return {}
 
     @abstractmethod
     def eval_params(self) -> torch.Tensor: ...

@@ -37,6 +37,7 @@ class RunConfig:
     out: str = "runs/run"                     # run folder
     name: str = ""                            # label in reports (default: algorithm + compressor)
     data_dir: str = "data-cache"              # where generated datasets are cached
+    threads: int = 1                          # torch intra-op threads (the simulator runs many tiny ops)
 
     def label(self) -> str:
         if self.name:
@@ -57,6 +58,7 @@ class RunConfig:
         _positive(self.workers, "workers")
         _positive(self.steps, "steps")
         _positive(self.eval_every, "eval_every")
+        _positive(self.threads, "threads")
         if isinstance(self.batch_size, str):
             if self.batch_size != "full":
                 raise ConfigError(f"batch_size={self.batch_size!r}: expected a positive integer or 'full'")

@@ -1,6 +1,7 @@
 """The run loop: build everything from a RunConfig, train, evaluate, write the run folder.
 
-Run folder: ``config.json`` (fully resolved, written first), ``metrics.jsonl`` (one object per
+Run folder: ``config.json`` (fully resolved, written first), ``steps.jsonl`` (every step's loss and
+algorithm figures), ``metrics.jsonl`` (one object per
 evaluation, flushed as it is written, so a crash loses nothing already measured),
 ``summary.json`` (written last, also after a divergence) and PNG plots.
 """
@@ -35,6 +36,7 @@ class Run:
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg.validate()
+        torch.set_num_threads(cfg.threads)
         dtype = {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
         self.task = build_task(cfg.task, num_workers=cfg.workers, seed=cfg.seed, dtype=dtype, data_dir=cfg.data_dir)
         shards = self.task.worker_indices
@@ -56,7 +58,7 @@ class Run:
         self.transport = SimTransport(cfg.workers, NETWORKS.build(cfg.network), self.clock)
         self.ctx = Context(world_size=cfg.workers, local_ranks=self.transport.local_ranks, transport=self.transport,
                            oracle=self.oracle, stragglers=STRAGGLERS.build(cfg.stragglers, seed=cfg.seed),
-                           clock=self.clock, seed=cfg.seed)
+                           clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes))
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, l1=self.task.l1)
         try:
@@ -86,6 +88,9 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                                 "num_parameters": r.model.numel, "evaluates": r.algorithm.evaluates,
                                 "torch_version": torch.__version__}
     write_json(out / "config.json", resolved)
+    info = r.algorithm.setup_info()
+    if info:
+        write_json(out / "algorithm.json", info)
     records: list[dict] = []
     status, error = "finished", None
     progress = _progress_enabled() if progress is None else progress
@@ -93,7 +98,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
 
     bar = tqdm(total=cfg.steps, desc=cfg.label(), disable=not progress, leave=False, dynamic_ncols=True)
     gradients, window = 0, []
-    with open(out / "metrics.jsonl", "w") as metrics:
+    with open(out / "metrics.jsonl", "w") as metrics, open(out / "steps.jsonl", "w") as steps_log:
         def record(extra: dict) -> None:
             rec = {"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started,
                    "bytes_sent": r.transport.bytes_sent, "gradients": gradients,
@@ -106,6 +111,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
         try:
             while r.step < cfg.steps:
                 info = r.train_step()
+                steps_log.write(json.dumps({"step": r.step, "sim_time_s": r.clock.now,
+                                            "bytes_sent": r.transport.bytes_sent} | info) + "\n")
                 gradients += int(info.get("gradients", 0))
                 window.append(info["loss"])
                 bar.update(1)

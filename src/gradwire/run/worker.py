@@ -1,9 +1,10 @@
 """What one worker computes: a minibatch gradient of the task's loss at given flat parameters.
 
 Algorithms hold parameters as one flat vector (so compressors, memories and collectives work on
-one buffer). :class:`FlatModel` evaluates the task's module at any flat vector with
-``torch.func.functional_call`` on views of it: no copy into the module, and the gradient comes
-back flat. Several workers (or replicas) share one FlatModel.
+one buffer). :class:`FlatModel` re-seats the module's parameters as views into one flat buffer,
+and their ``.grad`` as views into one flat gradient buffer, so evaluating a worker at any flat
+vector is one copy in, a plain forward/backward, and the gradient is already flat: no per-call
+parameter swapping and no concatenation. Several workers (or replicas) share one FlatModel.
 """
 
 from __future__ import annotations
@@ -12,27 +13,34 @@ import math
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from gradwire.errors import DivergenceError
 
 
 class FlatModel:
-    """A stateless view of ``module`` as a function of one flat parameter vector."""
+    """``module`` as a function of one flat parameter vector."""
 
     def __init__(self, module: nn.Module):
         if list(module.buffers()):
             raise ValueError("gradwire models must not have buffers (e.g. BatchNorm statistics)")
         self.module = module
+        params = list(module.parameters())
         self.names = [n for n, _ in module.named_parameters()]
-        self.shapes = [p.shape for _, p in module.named_parameters()]
-        self.numels = [p.numel() for _, p in module.named_parameters()]
+        self.shapes = [p.shape for p in params]
+        self.numels = [p.numel() for p in params]
         self.numel = sum(self.numels)
-        self.dtype = next(module.parameters()).dtype
+        self.dtype = params[0].dtype
+        self.flat = torch.cat([p.detach().reshape(-1) for p in params])
+        self.flat_grad = torch.zeros_like(self.flat)
+        offset = 0
+        for p, n, shape in zip(params, self.numels, self.shapes):
+            p.data = self.flat[offset : offset + n].view(shape)
+            p.grad = self.flat_grad[offset : offset + n].view(shape)
+            offset += n
 
     def flatten(self) -> torch.Tensor:
         """The module's current parameters as a new flat vector."""
-        return torch.cat([p.detach().reshape(-1) for p in self.module.parameters()])
+        return self.flat.clone()
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         out, offset = {}, 0
@@ -41,15 +49,28 @@ class FlatModel:
             offset += n
         return out
 
-    def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.module, self.views(flat), (x,))
-
-    def load_into_module(self, flat: torch.Tensor) -> nn.Module:
-        """Copy ``flat`` into the module's own parameters (for users who want the nn.Module)."""
-        with torch.no_grad():
-            for p, v in zip(self.module.parameters(), self.views(flat).values()):
-                p.copy_(v)
+    def load(self, flat: torch.Tensor) -> nn.Module:
+        """Seat ``flat`` as the module's parameters (a copy, skipped when it is the buffer itself)."""
+        if flat.data_ptr() != self.flat.data_ptr():
+            self.flat.copy_(flat)
         return self.module
+
+    load_into_module = load
+
+    def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.load(flat)(x)
+
+    def loss_and_grad(self, flat: torch.Tensor, loss_fn, x, y, l2: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss at ``flat`` and its gradient as a new flat tensor."""
+        module = self.load(flat)
+        self.flat_grad.zero_()  # backward accumulates into the .grad views, i.e. into flat_grad
+        loss = loss_fn(module(x), y)
+        loss.backward()
+        grad = self.flat_grad.clone()
+        if l2:
+            loss = loss.detach() + 0.5 * l2 * self.flat.square().sum()
+            grad.add_(self.flat, alpha=l2)
+        return loss.detach(), grad
 
 
 class WorkerData:
@@ -99,13 +120,10 @@ class GradientOracle:
 
     def __call__(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
         x, y = self.workers[rank].next_batch()
-        leaf = params.detach().requires_grad_(True)
-        loss = self.loss_fn(self.model.forward(leaf, x), y)
-        if self.l2:
-            loss = loss + 0.5 * self.l2 * leaf.square().sum()
-        (grad,) = torch.autograd.grad(loss, leaf)
+        loss, grad = self.model.loss_and_grad(params, self.loss_fn, x, y, self.l2)
         value = float(loss)
-        if not math.isfinite(value) or not bool(torch.isfinite(grad).all()):
+        # one reduction instead of an isfinite() mask: a sum is finite only if every term is
+        if not math.isfinite(value) or not math.isfinite(float(grad.sum())):
             raise DivergenceError(
                 f"non-finite {'loss' if not math.isfinite(value) else 'gradient'} at step {self.step} "
                 f"on worker {rank} (loss={value}); lower --lr or check the data",
