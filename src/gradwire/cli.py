@@ -80,7 +80,8 @@ def cmd_run(ns) -> int:
         print(f"{cfg.algorithm} set-up: {info_path.read_text().strip()}")
     final = summary["final"]
     parts = [f"{k}={final[k]:.4g}" for k in ("train_loss", "test_acc", "suboptimality") if final.get(k) is not None]
-    print(f"{summary['label']}: {summary['steps']} steps, {' '.join(parts)}, {summary['bytes_sent'] / 1e6:.3f} MB sent, "
+    mb = summary["bytes_sent"] / 1e6
+    print(f"{summary['label']}: {summary['steps']} steps, {' '.join(parts)}, {mb:.3f} MB sent, "
           f"{summary['sim_time_s']:.2f} s simulated, {summary['wall_time_s']:.1f} s wall -> {cfg.out}")
     return 0
 

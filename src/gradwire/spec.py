@@ -140,7 +140,8 @@ class Registry:
                 valid = ", ".join(entry.params) or "none"
                 raise ConfigError(f"{self.kind} {name!r} has no parameter {key!r}; valid parameters: {valid}")
             kwargs[key] = convert(value, entry.params[key].kind, what=f"{self.kind} {name!r}: {key}")
-        missing = [p.name for p in entry.params.values() if p.default is inspect.Parameter.empty and p.name not in kwargs]
+        empty = inspect.Parameter.empty
+        missing = [p.name for p in entry.params.values() if p.default is empty and p.name not in kwargs]
         if missing:
             raise ConfigError(f"{self.kind} {name!r} needs {', '.join(missing)} (spec {spec!r})")
         return entry, kwargs

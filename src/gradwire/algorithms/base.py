@@ -11,8 +11,9 @@ of per-step figures for the metrics (``loss``: mean minibatch loss of the worker
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -52,8 +53,14 @@ class Context:
     clock: object                # SimClock (or a wall clock on the torch backend)
     seed: int
     shard_sizes: tuple[int, ...] = ()  # training samples held by each worker (data-aware algorithms)
+    inject_delays: bool = False  # real backends: sleep each straggler draw before computing
+    gradient_counts: dict = field(default_factory=dict)
 
     def gradient(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
+        if self.inject_delays:  # the torch backend makes the straggler model real
+            count = self.gradient_counts.get(rank, 0)
+            self.gradient_counts[rank] = count + 1
+            time.sleep(self.stragglers.time(rank, count))
         return self.oracle(rank, params)
 
     def compute_times(self, step: int) -> np.ndarray:
@@ -106,9 +113,11 @@ class Codec:
             return transport.allreduce_mean(tensors, ranks)
         packets = {r: self.encode(r, t) for r, t in tensors.items()}
         if self.compressor.summable:
-            wire = {r: self.decode(p.buffer, like).to(self.compressor.wire_dtype(like.dtype)) for r, p in packets.items()}
+            wire_dtype = self.compressor.wire_dtype(like.dtype)
+            wire = {r: self.decode(p.buffer, like).to(wire_dtype) for r, p in packets.items()}
             return transport.allreduce_mean(wire, ranks).to(like.dtype)
-        gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks)
+        gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks,
+                                       size=self.compressor.nbytes(like.numel(), like.dtype))
         order = sorted(gathered)
         total = self.decode(gathered[order[0]], like)
         for r in order[1:]:

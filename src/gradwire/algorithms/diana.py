@@ -53,7 +53,8 @@ class DIANA(Algorithm):
             packets[r] = self.codec.encode(r, g.sub_(self.h_i[r]))
             mine[r] = self.codec.decode(packets[r].buffer, g)
             self.h_i[r].add_(mine[r], alpha=self.alpha)
-        gathered = ctx.transport.allgather({r: p.buffer for r, p in packets.items()})
+        gathered = ctx.transport.allgather({r: p.buffer for r, p in packets.items()},
+                                           size=self.codec.compressor.nbytes(self.x.numel(), self.x.dtype))
         delta = torch.zeros_like(self.x)
         for r in sorted(gathered):
             delta += mine[r] if r in mine else self.codec.decode(gathered[r], self.x)

@@ -44,14 +44,15 @@ class SignSGD(Algorithm):
             if self.m is not None:  # Signum: m <- β m + (1-β) g
                 g = self.m[r].mul_(self.momentum).add_(g, alpha=1 - self.momentum)
             buffers[r] = self.sign.encode(g).buffer
-        at_server = ctx.transport.gather(buffers, dst=0)
+        size = self.sign.nbytes(self.x.numel(), self.x.dtype)
+        at_server = ctx.transport.gather(buffers, dst=0, size=size)
         vote_buffer = None
         if at_server is not None:
             votes = torch.zeros_like(self.x)
             for r in sorted(at_server):
                 votes += self.sign.decode(Packet(at_server[r], self.x.shape, self.x.dtype))
             vote_buffer = self.sign.encode(votes.add_(0.5)).buffer  # +0.5 sends ties as +1
-        vote_buffer = ctx.transport.broadcast(vote_buffer, src=0)
+        vote_buffer = ctx.transport.broadcast(vote_buffer, src=0, size=size)
         vote = self.sign.decode(Packet(vote_buffer, self.x.shape, self.x.dtype))
         if self.optim.weight_decay:
             vote.add_(self.x, alpha=self.optim.weight_decay)

@@ -11,7 +11,6 @@ every worker starts each step together. With a compressor, each worker's gradien
 
 from __future__ import annotations
 
-
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, fastest
 from gradwire.algorithms.optim import HeavyBall
 from gradwire.spec import require

@@ -36,8 +36,11 @@ def _lanes(width: int, lo: int, hi: int) -> int:
 # each time moving the upper half's `used` bits right next to the lower half's. Masking both halves
 # keeps stray bits of widths above 4 from landing on their neighbours (a "SWAR" shuffle).
 _STAGES = {
-    b: [(lane, used, _lanes(2 * lane, 0, used), _lanes(2 * lane, used, 2 * used), _lanes(2 * lane, lane, lane + used))
-        for lane, used in ((8, b), (16, 2 * b), (32, 4 * b))]
+    b: [
+        (lane, used, _lanes(2 * lane, 0, used), _lanes(2 * lane, used, 2 * used),
+         _lanes(2 * lane, lane, lane + used))
+        for lane, used in ((8, b), (16, 2 * b), (32, 4 * b))
+    ]
     for b in range(1, 8)
 }
 
@@ -108,23 +111,33 @@ def unpack_trits(packed: torch.Tensor, out: torch.Tensor) -> None:
     out.view(-1, 5).copy_(words.view(torch.uint8).view(-1, 8)[:, :5])
 
 
+_GROUPS = 1 << 13  # groups of 8 symbols per pass of the whole-tensor packers (scratch stays in cache)
+
+
 def pack(symbols: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack a whole 1-D uint8 tensor of ``bits``-bit symbols into ``packed_bytes(n, bits)`` bytes."""
     n = symbols.numel()
-    padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8)
-    padded[:n] = symbols
-    out = torch.empty(padded.numel() // 8 * bits, dtype=torch.uint8)
-    pack_bits(padded, bits, out)
+    out = torch.empty((n + 7) // 8 * bits, dtype=torch.uint8)
+    scratch = torch.empty(min(_GROUPS, (n + 7) // 8) * 8, dtype=torch.uint8)
+    for lo in range(0, n, 8 * _GROUPS):
+        hi = min(n, lo + 8 * _GROUPS)
+        padded = (hi - lo + 7) // 8 * 8
+        scratch[hi - lo: padded] = 0
+        scratch[: hi - lo] = symbols[lo:hi]  # pack_bits works in place: never on the caller's tensor
+        pack_bits(scratch[:padded], bits, out[lo // 8 * bits: (lo + padded) // 8 * bits])
     return out[: packed_bytes(n, bits)]
 
 
 def unpack(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
     """Inverse of :func:`pack`; returns ``n`` uint8 symbols (the padding symbols are dropped)."""
     groups = (n + 7) // 8
-    source = torch.zeros(groups * bits, dtype=torch.uint8)
-    source[: packed.numel()] = packed
     out = torch.empty(groups * 8, dtype=torch.uint8)
-    unpack_bits(source, bits, out)
+    for g in range(0, groups, _GROUPS):
+        h = min(groups, g + _GROUPS)
+        src = packed[g * bits: h * bits]
+        if src.numel() < (h - g) * bits:  # the stream's last group is cut short: pad with zeros
+            src = torch.cat([src, src.new_zeros((h - g) * bits - src.numel())])
+        unpack_bits(src, bits, out[g * 8: h * 8])
     return out[:n]
 
 
@@ -135,16 +148,25 @@ def pack_uint(values: torch.Tensor, width: int) -> torch.Tensor:
     the bit-plane scratch of ``count * width`` bytes stays small.
     """
     k = values.numel()
-    planes = torch.empty(k, width, dtype=torch.uint8)
-    for j in range(width):
-        planes[:, j] = torch.bitwise_right_shift(values, j).bitwise_and_(1)
-    return pack(planes.view(-1), 1)
+    if k * width == 0:
+        return torch.zeros(0, dtype=torch.uint8)
+    planes = torch.empty(k * width, dtype=torch.uint8)  # bit j of value i at i*width + j
+    shifts = torch.arange(width, dtype=torch.int64)
+    step = max(1, (1 << 16) // max(width, 1))
+    for lo in range(0, k, step):
+        v = values[lo: lo + step].unsqueeze(1)
+        planes[lo * width: (lo + step) * width].view(-1, width).copy_((v >> shifts).bitwise_and_(1))
+    return pack(planes, 1)
 
 
 def unpack_uint(packed: torch.Tensor, count: int, width: int) -> torch.Tensor:
     """Inverse of :func:`pack_uint`: ``count`` int64 values."""
-    planes = unpack(packed, count * width, 1).view(count, width)
     values = torch.zeros(count, dtype=torch.int64)
-    for j in range(width):
-        values.bitwise_or_(planes[:, j].long().bitwise_left_shift_(j))
+    if count * width == 0:
+        return values
+    planes = unpack(packed, count * width, 1).view(count, width)
+    shifts = torch.arange(width, dtype=torch.int64)
+    step = max(1, (1 << 16) // max(width, 1))
+    for lo in range(0, count, step):
+        values[lo: lo + step] = (planes[lo: lo + step].long() << shifts).sum(1)  # distinct bits: sum = or
     return values

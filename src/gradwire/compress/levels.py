@@ -20,17 +20,33 @@ from __future__ import annotations
 import torch
 
 from gradwire.compress import bitpack
-from gradwire.compress.base import Compressor, CorruptPayload, Packet, raise_non_finite
+from gradwire.compress.base import Compressor, Packet, raise_non_finite
+from gradwire.compress.stream import SymbolStream
 from gradwire.compress.wire import (
-    CHUNK, check_scales, flat, make_packet, payload, read, spans, to_f32_up, work_dtype, write,
+    CHUNK,
+    check_scales,
+    flat,
+    make_packet,
+    payload,
+    read,
+    reduce_f64,
+    spans,
+    to_f32_up,
+    work_dtype,
+    write,
 )
 
 _INF = float("inf")
+_LONG_ROW = 65536  # torch's float32 row norms stay within 2e-6 up to this length
 
 
 def bucket_norms(x: torch.Tensor, bucket: int, p: float, dtype: torch.dtype) -> torch.Tensor:
     """The ``p``-norm (1, 2 or inf) of each bucket of the 1-D ``x``, computed in ``dtype``."""
     n = x.numel()
+    if p != _INF and bucket > _LONG_ROW:  # few long buckets: accumulate each in float64 by rows
+        kind = "l1" if p == 1 else "l2sq"
+        sums = [reduce_f64(x[a: a + bucket], kind, dtype) for a in range(0, n, bucket)]
+        return torch.tensor(sums, dtype=torch.float64).pow_(1 / p).to(dtype)
     full = n // bucket * bucket
     parts = [x[:full].view(-1, bucket)] if full else []
     if full < n:
@@ -65,16 +81,19 @@ def encode_grid(x: torch.Tensor, bucket: int, scales: torch.Tensor, levels: int,
     work = work_dtype(x.dtype)
     s = scales.to(work)
     mult = torch.where(s > 0, levels / s, torch.zeros_like(s))
-    group = 8 if bits else 5
-    size = min(CHUNK, -(-n // group) * group)
+    if not bool(torch.isfinite(mult).all()):  # s/levels overflows for subnormal scales: use float64
+        work, s = torch.float64, scales.double()
+        mult = torch.where(s > 0, levels / s, torch.zeros_like(s))
+    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work)
+    size = min(CHUNK, -(-n // stream.group) * stream.group)
     t, u = torch.empty(size, dtype=work), torch.empty(size, dtype=work)
     words = torch.empty((size + 3) // 4, dtype=torch.int64)
-    sym = torch.empty(size, dtype=torch.uint8)
+    sym = torch.empty(0 if stream.per_byte else size, dtype=torch.uint8)
     # u = (r + 2^15 + 1/2) / 2^16 for the random int16 r, so y + s + u = y + r/2^16 + offset
     offset = levels + 0.5 + 2.0**-17
     for lo in range(0, n, CHUNK):
         hi = min(n, lo + CHUNK)
-        m, padded = hi - lo, -(-(hi - lo) // group) * group
+        m, padded = hi - lo, -(-(hi - lo) // stream.group) * stream.group
         for a, b, first, rows in spans(lo, hi, bucket):
             dst, scale = t[a - lo: b - lo].view(rows, -1), mult[first: first + rows].unsqueeze(1)
             if x.dtype == work:
@@ -86,50 +105,35 @@ def encode_grid(x: torch.Tensor, bucket: int, scales: torch.Tensor, levels: int,
         um.copy_(r.view(torch.int16)[:m])
         # clamp: guards the uint8 cast against the rounding of norms (and is TernGrad's clipping)
         tm.add_(um, alpha=2.0**-16).add_(offset).clamp_(0, 2 * levels)
-        sym[m:padded] = 0
-        sym[:m].copy_(tm)  # float -> uint8 truncates, i.e. floors the non-negative values
-        if bits:
-            bitpack.pack_bits(sym[:padded], bits, out[lo * bits // 8: (lo + padded) * bits // 8])
-        else:
-            bitpack.pack_trits(sym[:padded], out[lo // 5: (lo + padded) // 5])
+        t[m:padded] = 0
+        first, stop = stream.span(lo, padded)
+        stream.pack(t[:padded], out[first:stop], u, sym)
 
 
-def decode_grid(stream: torch.Tensor, n: int, bucket: int, scales: torch.Tensor, levels: int,
+def decode_grid(data: torch.Tensor, n: int, bucket: int, scales: torch.Tensor, levels: int,
                 bits: int | None, dtype: torch.dtype, name: str) -> torch.Tensor:
-    """Inverse of :func:`encode_grid`; ``stream`` holds exactly the stream bytes of ``n`` symbols."""
+    """Inverse of :func:`encode_grid`; ``data`` holds exactly the stream bytes of ``n`` symbols."""
     work = work_dtype(dtype)
+    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work)
     step = scales.to(work) / levels
     out = torch.empty(n, dtype=dtype)
-    group = 8 if bits else 5
-    size = min(CHUNK, -(-n // group) * group)
-    sym, f = torch.empty(size, dtype=torch.uint8), torch.empty(size, dtype=work)
-    check_symbols = bool(bits) and 2 * levels < (1 << bits) - 1
+    size = min(CHUNK, -(-n // stream.group) * stream.group)
+    f, sym = torch.empty(size, dtype=work), torch.empty(size, dtype=torch.uint8)
+    index = torch.empty(-(-size // max(stream.per_byte, 1)), dtype=torch.int64)
     for lo in range(0, n, CHUNK):
         hi = min(n, lo + CHUNK)
-        m, padded = hi - lo, -(-(hi - lo) // group) * group
-        first_byte = lo * bits // 8 if bits else lo // 5
-        need = padded * bits // 8 if bits else padded // 5
-        src = stream[first_byte: first_byte + need]
-        if src.numel() < need:  # the last group is cut short on the wire: pad it with zeros
-            src = torch.cat([src, src.new_zeros(need - src.numel())])
-        if bits:
-            bitpack.unpack_bits(src, bits, sym[:padded])
-        else:
-            if int(src.amax()) > 242:
-                raise CorruptPayload(f"{name}: byte above 242 in a base-3 stream of trits")
-            bitpack.unpack_trits(src, sym[:padded])
-        if check_symbols and int(sym[:m].amax()) > 2 * levels:
-            raise CorruptPayload(f"{name}: symbol above {2 * levels} in the payload")
-        fm = f[:m]
-        fm.copy_(sym[:m]).sub_(levels)  # exact small integers, so the middle symbol decodes to 0
-        for a, b, first, rows in spans(lo, hi, bucket):
-            src_rows, scale = f[a - lo: b - lo].view(rows, -1), step[first: first + rows].unsqueeze(1)
-            if dtype == work:
-                torch.mul(src_rows, scale, out=out[a:b].view(rows, -1))
-            else:
-                src_rows.mul_(scale)
-        if dtype != work:
-            out[lo:hi].copy_(fm)
+        m, padded = hi - lo, -(-(hi - lo) // stream.group) * stream.group
+        first, stop = stream.span(lo, padded)
+        src = data[first:stop]
+        if src.numel() < stop - first:  # the last group is cut short on the wire: pad it with zeros
+            src = torch.cat([src, src.new_zeros(stop - first - src.numel())])
+        direct = dtype == work and padded == m  # decode straight into the output
+        dst = out[lo:hi] if direct else f[:padded]
+        stream.unpack(src, dst, sym, index, name)  # dst = symbol - s: exact, 0 for the middle one
+        for a, b, first_bucket, rows in spans(lo, hi, bucket):
+            dst[a - lo: b - lo].view(rows, -1).mul_(step[first_bucket: first_bucket + rows].unsqueeze(1))
+        if not direct:
+            out[lo:hi].copy_(dst[:m])
     return out
 
 

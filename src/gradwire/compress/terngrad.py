@@ -24,7 +24,7 @@ import torch
 
 from gradwire.compress.base import REGISTRY, raise_non_finite
 from gradwire.compress.levels import GridCompressor
-from gradwire.compress.wire import to_f32_up, work_dtype
+from gradwire.compress.wire import reduce_f64, to_f32_up
 from gradwire.spec import require
 
 
@@ -67,11 +67,10 @@ class TernGrad(GridCompressor):
         if not math.isfinite(scaler):
             raise_non_finite(x, self.name)
         if self.clip > 0:
-            work = work_dtype(x.dtype)
-            sq = float(torch.linalg.vector_norm(x, dtype=work)) ** 2
-            if not math.isfinite(sq):  # float32 sum of squares overflowed
-                sq = float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
-            mean = float(x.sum(dtype=work)) / n
+            sq = reduce_f64(x, "l2sq")
+            if not math.isfinite(sq):  # a float32 row sum of squares overflowed
+                sq = reduce_f64(x, "l2sq", torch.float64)
+            mean = reduce_f64(x, "sum") / n
             sigma = math.sqrt(max(sq / n - mean * mean, 0.0))
             if 0 < self.clip * sigma < scaler:  # sigma = 0 (a constant tensor): nothing to clip to
                 scaler = self.clip * sigma

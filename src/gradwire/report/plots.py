@@ -9,7 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-AXES = [("step", "steps", 1.0), ("bytes_sent", "MB sent (all messages)", 1e-6), ("sim_time_s", "simulated time (s)", 1.0)]
+AXES = [("step", "steps", 1.0), ("bytes_sent", "MB sent (all messages)", 1e-6),
+        ("sim_time_s", "simulated time (s)", 1.0)]
 
 
 def _rows(records_by_label: dict[str, list[dict]]) -> list[tuple[str, str, bool]]:

@@ -25,7 +25,7 @@ class RunConfig:
     partition: str = "iid"                    # how the training data is split among workers
     stragglers: str = "none"                  # per-worker compute-time model (simulated seconds)
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
-    backend: str = "sim"                      # sim: in-process simulated cluster
+    backend: str = "sim"                      # sim: simulated cluster in one process; torch: torch.distributed
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float = 0.05                          # step size γ
@@ -38,6 +38,9 @@ class RunConfig:
     name: str = ""                            # label in reports (default: algorithm + compressor)
     data_dir: str = "data-cache"              # where generated datasets are cached
     threads: int = 1                          # torch intra-op threads (the simulator runs many tiny ops)
+    timeout_s: float = 120.0                  # torch backend: longest wait on any peer before failing
+    checkpoint_every: int = 0                 # save a checkpoint every K steps into OUT/checkpoint (0 = never)
+    resume: bool = False                      # continue from OUT/checkpoint/latest when there is one
 
     def label(self) -> str:
         if self.name:
@@ -72,8 +75,12 @@ class RunConfig:
             raise ConfigError(f"weight_decay={self.weight_decay} must be >= 0")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"dtype={self.dtype!r}: valid choices are float32, float64")
-        if self.backend != "sim":
-            raise ConfigError(f"backend={self.backend!r}: valid choices are sim")
+        if self.backend not in ("sim", "torch"):
+            raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
         for registry, spec in ((TASKS, self.task), (ALGORITHMS, self.algorithm), (COMPRESSORS, self.compressor),
                                (PARTITIONS, self.partition), (NETWORKS, self.network)):
             registry.resolve(spec)

@@ -1,9 +1,10 @@
 """The run loop: build everything from a RunConfig, train, evaluate, write the run folder.
 
 Run folder: ``config.json`` (fully resolved, written first), ``steps.jsonl`` (every step's loss and
-algorithm figures), ``metrics.jsonl`` (one object per
-evaluation, flushed as it is written, so a crash loses nothing already measured),
-``summary.json`` (written last, also after a divergence) and PNG plots.
+algorithm figures), ``metrics.jsonl`` (one object per evaluation, flushed as it is written, so a
+crash loses nothing already measured), ``summary.json`` (written last, also after a divergence),
+``curves.png`` and, with ``checkpoint_every``, ``checkpoint/``. On the torch backend every rank
+trains and rank 0 alone evaluates and writes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.errors import ConfigError, DivergenceError
+from gradwire.run import checkpoint
 from gradwire.run.config import RunConfig, write_json
 from gradwire.run.evaluate import evaluate
 from gradwire.run.stragglers import STRAGGLERS
@@ -29,6 +31,19 @@ from gradwire.transports.sim import SimClock, SimTransport
 
 def _progress_enabled() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def _transport(cfg: RunConfig):
+    if cfg.backend == "sim":
+        clock = SimClock()
+        return SimTransport(cfg.workers, NETWORKS.build(cfg.network), clock), clock
+    from gradwire.transports.torch_dist import TorchTransport, WallClock
+
+    transport = TorchTransport(timeout_s=cfg.timeout_s)
+    if transport.world_size != cfg.workers:
+        raise ConfigError(f"--workers {cfg.workers} but {transport.world_size} processes were started; "
+                          f"pass --workers {transport.world_size} (gradwire launch does it for you)")
+    return transport, WallClock()
 
 
 class Run:
@@ -47,18 +62,19 @@ class Run:
                               "does not apply (leave it at iid)")
         if len(shards) != cfg.workers:
             raise ConfigError(f"task {cfg.task!r} made data for {len(shards)} workers, not {cfg.workers}")
+        self.transport, self.clock = _transport(cfg)
+        self.is_writer = self.transport.local_ranks[0] == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
         self.shard_sizes = [len(s) for s in shards]
-        workers = {r: WorkerData(self.task.x_train[idx], self.task.y_train[idx], batch_size=batch, seed=cfg.seed, rank=r)
-                   for r, idx in enumerate(shards)}
+        workers = {r: WorkerData(self.task.x_train[shards[r]], self.task.y_train[shards[r]], batch_size=batch,
+                                 seed=cfg.seed, rank=r) for r in self.transport.local_ranks}
         module = self.task.model_fn(torch.Generator().manual_seed(hash_seed(cfg.seed, "model")))
         self.model = FlatModel(module)
         self.oracle = GradientOracle(self.model, self.task.loss_fn, workers, l2=self.task.l2)
-        self.clock = SimClock()
-        self.transport = SimTransport(cfg.workers, NETWORKS.build(cfg.network), self.clock)
         self.ctx = Context(world_size=cfg.workers, local_ranks=self.transport.local_ranks, transport=self.transport,
                            oracle=self.oracle, stragglers=STRAGGLERS.build(cfg.stragglers, seed=cfg.seed),
-                           clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes))
+                           clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes),
+                           inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"))
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, l1=self.task.l1)
         try:
@@ -67,14 +83,65 @@ class Run:
         except ValueError as e:
             raise ConfigError(f"algorithm {cfg.algorithm!r}: {e}") from None
         self.step = 0
+        self.gradients = 0
+        self.window: list[float] = []
+
+    @property
+    def label(self) -> str:
+        return "sim" if self.cfg.backend == "sim" else f"rank{self.transport.local_ranks[0]}"
 
     def train_step(self) -> dict:
         self.step += 1
         self.oracle.step = self.step
-        return self.algorithm.step(self.ctx, self.step)
+        info = self.algorithm.step(self.ctx, self.step)
+        self.gradients += int(info.get("gradients", 0))
+        self.window.append(info["loss"])
+        return info
 
     def evaluate(self) -> dict:
         return evaluate(self.task, self.model, self.algorithm.eval_params())
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"step": self.step, "gradients": self.gradients, "window": list(self.window),
+                "algorithm": self.algorithm.state_dict(), "data": self.oracle.state_dict(),
+                "clock": self.clock.state_dict(),
+                "gradient_counts": {str(k): v for k, v in self.ctx.gradient_counts.items()},
+                "transport": {"bytes_sent": self.transport.bytes_sent, "comm_time_s": self.transport.comm_time_s}}
+
+    def load_state_dict(self, state: dict) -> None:
+        try:
+            self.step, self.gradients, self.window = int(state["step"]), int(state["gradients"]), list(state["window"])
+            self.algorithm.load_state_dict(state["algorithm"])
+            self.oracle.load_state_dict(state["data"])
+            self.clock.load_state_dict(state["clock"])
+            self.ctx.gradient_counts = {int(k): int(v) for k, v in state["gradient_counts"].items()}
+            self.transport.bytes_sent = int(state["transport"]["bytes_sent"])
+            self.transport.comm_time_s = float(state["transport"]["comm_time_s"])
+        except (KeyError, TypeError, RuntimeError) as e:
+            raise ConfigError(f"checkpoint does not fit this run ({type(e).__name__}: {e})") from None
+
+    def save_checkpoint(self, folder: Path) -> None:
+        barrier = getattr(self.transport, "barrier", None)
+        checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), barrier=barrier,
+                        coordinator=self.is_writer)
+
+    def try_resume(self, folder: Path) -> bool:
+        stepdir = checkpoint.latest(folder)
+        if stepdir is None:
+            return False
+        step, state = checkpoint.load(stepdir, self.label, self.cfg.to_dict())
+        self.load_state_dict(state)
+        if self.step != step:
+            raise ConfigError(f"checkpoint {stepdir} is inconsistent: step {step} vs state step {self.step}")
+        return True
+
+
+def _truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the lines of steps <= ``step`` (a resumed run rewrites what came after its checkpoint)."""
+    if path.exists():
+        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        path.write_text("".join(x + "\n" for x in keep))
 
 
 def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
@@ -82,58 +149,74 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     (after writing the metrics so far and a summary saying so) when training blows up."""
     started = time.perf_counter()
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     r = Run(cfg)
-    resolved = cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(), "shard_sizes": r.shard_sizes,
-                                "num_parameters": r.model.numel, "evaluates": r.algorithm.evaluates,
-                                "torch_version": torch.__version__}
-    write_json(out / "config.json", resolved)
-    info = r.algorithm.setup_info()
-    if info:
-        write_json(out / "algorithm.json", info)
+    writer = r.is_writer
+    resumed = cfg.resume and r.try_resume(out / "checkpoint")
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
+        resolved = cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(), "shard_sizes": r.shard_sizes,
+                                    "num_parameters": r.model.numel, "evaluates": r.algorithm.evaluates,
+                                    "torch_version": torch.__version__}
+        write_json(out / "config.json", resolved)
+        info = r.algorithm.setup_info()
+        if info:
+            write_json(out / "algorithm.json", info)
+        if resumed:
+            for name in ("metrics.jsonl", "steps.jsonl"):
+                _truncate_jsonl(out / name, r.step)
     records: list[dict] = []
+    if resumed and writer and (out / "metrics.jsonl").exists():
+        records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     status, error = "finished", None
-    progress = _progress_enabled() if progress is None else progress
+    progress = writer and (_progress_enabled() if progress is None else progress)
     from tqdm import tqdm
 
-    bar = tqdm(total=cfg.steps, desc=cfg.label(), disable=not progress, leave=False, dynamic_ncols=True)
-    gradients, window = 0, []
-    with open(out / "metrics.jsonl", "w") as metrics, open(out / "steps.jsonl", "w") as steps_log:
+    bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=not progress, leave=False,
+               dynamic_ncols=True)
+    mode = "a" if resumed else "w"
+    devnull = os.devnull
+    with open(out / "metrics.jsonl" if writer else devnull, mode) as metrics, \
+         open(out / "steps.jsonl" if writer else devnull, mode) as steps_log:
         def record(extra: dict) -> None:
+            if not writer:
+                return
             rec = {"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started,
-                   "bytes_sent": r.transport.bytes_sent, "gradients": gradients,
-                   "batch_loss": sum(window) / len(window) if window else None} | r.evaluate() | extra
+                   "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
+                   "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate() | extra
             records.append(rec)
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
 
-        record({})
+        if not resumed:
+            record({})
         try:
             while r.step < cfg.steps:
                 info = r.train_step()
                 steps_log.write(json.dumps({"step": r.step, "sim_time_s": r.clock.now,
                                             "bytes_sent": r.transport.bytes_sent} | info) + "\n")
-                gradients += int(info.get("gradients", 0))
-                window.append(info["loss"])
                 bar.update(1)
                 if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
-                    extras = {k: v for k, v in info.items() if k not in ("loss", "gradients")}
-                    record(extras)
-                    window.clear()
-                    bar.set_postfix(loss=f"{records[-1]['train_loss']:.4g}", acc=f"{records[-1]['test_acc']:.3f}")
+                    record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
+                    r.window.clear()
+                    if records:
+                        bar.set_postfix(loss=f"{records[-1]['train_loss']:.4g}", acc=f"{records[-1]['test_acc']:.3f}")
+                if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
+                    steps_log.flush()
+                    r.save_checkpoint(out / "checkpoint")
         except DivergenceError as e:
             status, error = "diverged", str(e)
             raise
         finally:
             bar.close()
             summary = {"label": cfg.label(), "status": status, "error": error, "steps": r.step,
-                       "final": records[-1] if records else None,
+                       "resumed": bool(resumed), "final": records[-1] if records else None,
                        "best_test_acc": max((x["test_acc"] for x in records), default=None),
                        "bytes_sent": r.transport.bytes_sent, "sim_time_s": r.clock.now,
                        "wall_time_s": time.perf_counter() - started}
-            write_json(out / "summary.json", summary)
-            if records:
-                from gradwire.report.plots import plot_runs
+            if writer:
+                write_json(out / "summary.json", summary)
+                if records:
+                    from gradwire.report.plots import plot_runs
 
-                plot_runs({cfg.label(): records}, out / "curves.png")
+                    plot_runs({cfg.label(): records}, out / "curves.png")
     return summary

@@ -1,0 +1,121 @@
+"""signSGD: one bit per element, optionally scaled by the mean magnitude.
+
+Bernstein, Wang, Azizzadenesheli, Anandkumar (2018), "signSGD: Compressed optimisation for
+non-convex problems", ICML: each worker sends ``sign(g)``. The scaled variant sends
+``(||g||_1 / n) * sign(g)``, the compressor of EF-signSGD (Karimireddy, Rebjock, Stich, Jaggi 2019,
+"Error feedback fixes SignSGD and other gradient compression schemes", ICML), which keeps the
+magnitude so that error feedback can work. Both are deterministic and biased (omega None).
+Zero has no sign of its own here: ``sign(0)`` is sent as +1.
+
+Wire format: ``[float32 scale, scaled variant only][n sign bits, 1 = negative, LSB first]``:
+``ceil(n/8)`` bytes, plus 4 when scaled.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gradwire.compress.base import REGISTRY, Compressor, Packet, raise_non_finite
+from gradwire.compress.stream import SymbolStream
+from gradwire.compress.wire import (
+    CHUNK,
+    check_scales,
+    flat,
+    make_packet,
+    payload,
+    read,
+    reduce_f64,
+    work_dtype,
+    write,
+)
+
+_NO_SCRATCH = torch.empty(0, dtype=torch.uint8)  # 1-bit symbols take the table path: no uint8 scratch
+
+
+def pack_signs(x: torch.Tensor, out: torch.Tensor) -> None:
+    """Write the bits ``x < 0`` of the 1-D ``x`` into ``out`` (``ceil(n/8)`` bytes), chunk by chunk."""
+    n = x.numel()
+    stream = SymbolStream(1, 2, -2.0, 1.0, torch.float32)
+    size = min(CHUNK, -(-n // 8) * 8)
+    neg, rows = torch.zeros(size), torch.empty(size // 8)
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
+        padded = -(-(hi - lo) // 8) * 8
+        neg[hi - lo: padded] = 0
+        torch.lt(x[lo:hi], 0, out=neg[: hi - lo])
+        stream.pack(neg[:padded], out[lo // 8: lo // 8 + padded // 8], rows, _NO_SCRATCH)
+
+
+def unpack_signs(data: torch.Tensor, n: int, out: torch.Tensor, scale: float, name: str) -> None:
+    """Write ``scale * (1 - 2*bit)`` for the ``n`` bits of ``data`` into ``out``."""
+    stream = SymbolStream(1, 2, -2.0, 1.0, work_dtype(out.dtype))
+    size = min(CHUNK, -(-n // 8) * 8)
+    f, index = torch.empty(size, dtype=stream.dtype), torch.empty(size // 8, dtype=torch.int64)
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
+        padded = -(-(hi - lo) // 8) * 8
+        direct = out.dtype == stream.dtype and padded == hi - lo
+        dst = out[lo:hi] if direct else f[:padded]
+        stream.unpack(data[lo // 8: lo // 8 + padded // 8], dst, _NO_SCRATCH, index, name)
+        if scale != 1.0:
+            dst.mul_(scale)
+        if not direct:
+            out[lo:hi].copy_(dst[: hi - lo])
+
+
+@REGISTRY.register(
+    "sign",
+    help="signSGD (Bernstein et al. 2018): 1 bit per element; scaled=true multiplies by mean |x|",
+    params={"scaled": "multiply the signs by mean |x| (EF-signSGD, Karimireddy et al. 2019)"},
+)
+class Sign(Compressor):
+    """Sign compression; biased, omega None."""
+
+    name = "sign"
+
+    def __init__(self, *, scaled: bool = False):
+        self.scaled = bool(scaled)
+
+    def spec(self) -> str:
+        return f"sign:scaled={str(self.scaled).lower()}"
+
+    def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return (4 if self.scaled else 0) + -(-numel // 8)
+
+    def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
+        xf = flat(x)
+        n = xf.numel()
+        head = 4 if self.scaled else 0
+        out = torch.empty(head + -(-n // 8), dtype=torch.uint8)
+        if n and self.scaled:
+            l1 = reduce_f64(xf, "l1")
+            if not math.isfinite(l1):  # non-finite input, or a float32 row sum that overflowed
+                if not bool(torch.isfinite(xf).all()):
+                    raise_non_finite(xf, self.name)
+                l1 = reduce_f64(xf, "l1", torch.float64)
+            scale = torch.tensor([l1 / n], dtype=torch.float64).to(torch.float32)
+            if not bool(torch.isfinite(scale)):
+                raise ValueError(f"{self.name}: mean |x| = {l1 / n:g} exceeds the float32 range")
+            write(out[:4], scale)
+        elif n:
+            lo, hi = torch.aminmax(xf)  # propagates NaN and shows +-inf: the finiteness check
+            if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+                raise_non_finite(xf, self.name)
+        elif self.scaled:
+            write(out[:4], torch.zeros(1))
+        pack_signs(xf, out[head:])
+        return make_packet(out, x)
+
+    def decode(self, packet: Packet) -> torch.Tensor:
+        n = packet.numel
+        buf = payload(packet, self.nbytes(n), self.name)
+        scale = 1.0
+        if self.scaled:
+            scales = read(buf[:4], torch.float32)
+            check_scales(scales, self.name)
+            scale = float(scales[0])
+        out = torch.empty(n, dtype=packet.dtype)
+        unpack_signs(buf[4 if self.scaled else 0:], n, out, scale, self.name)
+        return out.reshape(packet.shape)
