@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
 import shlex
 import sys
 from pathlib import Path
 
-from gradwire.errors import ConfigError, DivergenceError
+from gradwire.errors import CommunicationError, ConfigError, DivergenceError
 from gradwire.run import config as config_mod
 from gradwire.run.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
 
@@ -75,6 +76,8 @@ def cmd_run(ns) -> int:
 
     cfg = _config_from(ns).validate()
     summary = run(cfg)
+    if cfg.backend == "torch" and os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 reports for the group
     info_path = Path(cfg.out) / "algorithm.json"
     if info_path.exists():
         print(f"{cfg.algorithm} set-up: {info_path.read_text().strip()}")
@@ -82,7 +85,8 @@ def cmd_run(ns) -> int:
     parts = [f"{k}={final[k]:.4g}" for k in ("train_loss", "test_acc", "suboptimality") if final.get(k) is not None]
     mb = summary["bytes_sent"] / 1e6
     print(f"{summary['label']}: {summary['steps']} steps, {' '.join(parts)}, {mb:.3f} MB sent, "
-          f"{summary['sim_time_s']:.2f} s simulated, {summary['wall_time_s']:.1f} s wall -> {cfg.out}")
+          f"{summary['sim_time_s']:.2f} s {'simulated' if cfg.backend == 'sim' else 'elapsed'}, "
+          f"{summary['wall_time_s']:.1f} s wall -> {cfg.out}")
     return 0
 
 
@@ -139,6 +143,58 @@ def cmd_compare(ns, variant_parser) -> int:
     return 0
 
 
+EPILOG_LAUNCH = """examples:
+  gradwire launch --nproc-per-node 4 -- run --task mnist1d-cnn --algorithm diana --steps 500 --out runs/d4
+  # two machines, 2 processes each (run the same line on both, --node-rank 0 and 1):
+  gradwire launch --nnodes 2 --node-rank 0 --nproc-per-node 2 --rdzv-endpoint HOST:29400 -- run ...
+  # restart the whole group up to 3 times after a failure; resume from the last checkpoint:
+  gradwire launch --nproc-per-node 2 --max-restarts 3 -- run --checkpoint-every 50 --resume ...
+Everything after -- is a `gradwire run` command line; --backend torch and --workers are added."""
+
+
+def torchrun_argv(ns) -> list[str]:
+    """torchrun's own command line for ``gradwire launch`` (its launcher and rendezvous, not ours)."""
+    rest = list(ns.rest or [])
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest or rest[0] != "run":
+        raise ConfigError("launch needs a run command after --, e.g. gradwire launch --nproc-per-node 2 -- run ...")
+    if ns.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node {ns.nproc_per_node} must be >= 1")
+    if not str(ns.nnodes).isdigit() and "--workers" not in rest:
+        raise ConfigError(f"--nnodes {ns.nnodes} is a range: pass --workers explicitly in the run command")
+    run_args = rest[1:]
+    if "--backend" not in run_args:
+        run_args += ["--backend", "torch"]
+    if "--workers" not in run_args:
+        run_args += ["--workers", str(int(ns.nnodes) * ns.nproc_per_node)]
+    argv = ["--nproc-per-node", str(ns.nproc_per_node), "--nnodes", str(ns.nnodes),
+            "--max-restarts", str(ns.max_restarts)]
+    if ns.rdzv_endpoint:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", ns.rdzv_endpoint, "--rdzv-id", ns.rdzv_id,
+                 "--node-rank", str(ns.node_rank)]
+    elif str(ns.nnodes) == "1":
+        argv += ["--standalone"]  # rendezvous on a free local port
+    else:
+        raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    return argv + ["-m", "gradwire", "run", *run_args]
+
+
+def cmd_launch(ns) -> int:
+    argv = torchrun_argv(ns)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(argv)
+    except ChildFailedError as e:
+        failures = "; ".join(f"rank {rank} exited with {f.exitcode}" for rank, f in e.failures.items())
+        print(f"gradwire launch: error: worker processes failed ({failures}); see their messages above",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_list(ns) -> int:
     from gradwire.algorithms import ALGORITHMS
     from gradwire.compress import REGISTRY as COMPRESSORS
@@ -169,6 +225,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                            "comparison.md, comparison.csv and comparison.png into --out.")
     _add_run_flags(p_cmp)
     p_cmp.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable")
+    p_launch = sub.add_parser("launch", help="train on torch.distributed: start `run` on N processes via torchrun",
+                              epilog=EPILOG_LAUNCH, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              description="Start a `gradwire run --backend torch` group with torchrun's launcher "
+                              "and rendezvous (gloo on CPU, NCCL on GPU). Rank 0 writes the run folder.")
+    p_launch.add_argument("--nproc-per-node", type=int, required=True, help="worker processes on this node")
+    p_launch.add_argument("--nnodes", default="1", help="number of nodes, or a range MIN:MAX (default 1)")
+    p_launch.add_argument("--node-rank", type=int, default=0, help="this node's index (multi-node)")
+    p_launch.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous (multi-node)")
+    p_launch.add_argument("--rdzv-id", default="gradwire", help="job id shared by all nodes")
+    p_launch.add_argument("--max-restarts", type=int, default=0,
+                          help="restart the group this often after a failure (use with --resume)")
+    p_launch.add_argument("rest", nargs=argparse.REMAINDER, help="-- run [run flags]")
     p_list = sub.add_parser("list", help="show every task, partition, straggler model, network, algorithm, compressor")
     p_list.add_argument("what", nargs="?", choices=["tasks", "partitions", "stragglers", "networks",
                                                     "algorithms", "compressors"])
@@ -185,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(ns)
         if ns.command == "compare":
             return cmd_compare(ns, variant_parser)
+        if ns.command == "launch":
+            return cmd_launch(ns)
         return cmd_list(ns)
     except ConfigError as e:
         print(f"gradwire {ns.command}: error: {e}", file=sys.stderr)
@@ -192,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     except DivergenceError as e:
         print(f"gradwire {ns.command}: diverged: {e} (metrics so far are in the run folder)", file=sys.stderr)
         return 3
+    except CommunicationError as e:
+        print(f"gradwire {ns.command}: communication error: {e}", file=sys.stderr)
+        return 4
     except KeyboardInterrupt:
         print(f"gradwire {ns.command}: interrupted (metrics so far are in the run folder)", file=sys.stderr)
         return 130

@@ -60,7 +60,12 @@ def init_from_env(timeout_s: float) -> None:
         raise CommunicationError(f"--backend torch needs torchrun's environment ({', '.join(missing)} unset): "
                                  "start it with `gradwire launch --nproc-per-node N -- run ...` or torchrun")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, dist.DistError) as e:  # the store reports missing peers after the timeout
+        raise CommunicationError(f"rank {os.environ['RANK']}: could not form the process group of "
+                                 f"{os.environ['WORLD_SIZE']} at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+                                 f"within {timeout_s:g} s: {str(e).splitlines()[0]}") from None
 
 
 class _TorchHandle(Handle):
