@@ -137,6 +137,20 @@ class Run:
         return True
 
 
+def _maybe_inject_fault(r: Run) -> None:
+    """Fault injection for tests: ``GRADWIRE_KILL_AT=RANK:STEP`` kills that rank's process with
+    SIGKILL after that step, in the first attempt only (torchrun counts restarts in
+    TORCHELASTIC_RESTART_COUNT), so a restarted group runs through."""
+    spec = os.environ.get("GRADWIRE_KILL_AT")
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    rank, step = (int(x) for x in spec.split(":"))
+    if r.step == step and rank in r.transport.local_ranks:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _truncate_jsonl(path: Path, step: int) -> None:
     """Keep the lines of steps <= ``step`` (a resumed run rewrites what came after its checkpoint)."""
     if path.exists():
@@ -203,6 +217,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                 if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
                     steps_log.flush()
                     r.save_checkpoint(out / "checkpoint")
+                _maybe_inject_fault(r)
         except DivergenceError as e:
             status, error = "diverged", str(e)
             raise
