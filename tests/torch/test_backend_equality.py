@@ -16,9 +16,9 @@ COMMON = ["--task", "digits-mlp", "--steps", "12", "--eval-every", "1", "--batch
           "--momentum", "0.9", "--network", "ring:mbps=100,latency_ms=1", "--seed", "3"]
 
 
-def launch(nproc: int, args: list[str], out, data_dir, timeout=180, extra_env=None):
+def launch(nproc: int, args: list[str], out, data_dir, timeout=180, extra_env=None, launch_args=()):
     env = dict(os.environ, OMP_NUM_THREADS="1") | (extra_env or {})
-    cmd = [sys.executable, "-m", "gradwire", "launch", "--nproc-per-node", str(nproc), "--", "run", *args,
+    cmd = [sys.executable, "-m", "gradwire", "launch", "--nproc-per-node", str(nproc), *launch_args, "--", "run", *args,
            "--out", str(out), "--data-dir", str(data_dir), "--timeout-s", "60"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 

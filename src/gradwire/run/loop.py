@@ -234,4 +234,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                     from gradwire.report.plots import plot_runs
 
                     plot_runs({cfg.label(): records}, out / "curves.png")
+    close = getattr(r.transport, "close", None)
+    if close is not None:  # leave the process group cleanly (gloo's threads abort the process otherwise)
+        close()
     return summary

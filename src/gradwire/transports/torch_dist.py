@@ -60,8 +60,21 @@ def init_from_env(timeout_s: float) -> None:
         raise CommunicationError(f"--backend torch needs torchrun's environment ({', '.join(missing)} unset): "
                                  "start it with `gradwire launch --nproc-per-node N -- run ...` or torchrun")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            # Under torchrun the agent's store outlives a failed attempt, and with it the killed
+            # processes' addresses: keep each attempt's keys apart so a restarted group never
+            # dials a dead peer.
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                  is_master=not agent_store and rank == 0, timeout=timeout)
+            dist.init_process_group(backend, store=dist.PrefixStore(f"gradwire/attempt-{attempt}", store),
+                                    rank=rank, world_size=world, timeout=timeout)
     except (RuntimeError, dist.DistError) as e:  # the store reports missing peers after the timeout
         raise CommunicationError(f"rank {os.environ['RANK']}: could not form the process group of "
                                  f"{os.environ['WORLD_SIZE']} at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
