@@ -167,7 +167,8 @@ def torchrun_argv(ns) -> list[str]:
     if "--backend" not in run_args:
         run_args += ["--backend", "torch"]
     if "--workers" not in run_args:
-        run_args += ["--workers", str(int(ns.nnodes) * ns.nproc_per_node)]
+        total = int(ns.nnodes) * ns.nproc_per_node
+        run_args += ["--workers", str(total - int(_needs_server(run_args)))]
     argv = ["--nproc-per-node", str(ns.nproc_per_node), "--nnodes", str(ns.nnodes),
             "--max-restarts", str(ns.max_restarts)]
     if ns.rdzv_endpoint:
@@ -178,6 +179,14 @@ def torchrun_argv(ns) -> list[str]:
     else:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     return argv + ["-m", "gradwire", "run", *run_args]
+
+
+def _needs_server(run_args: list[str]) -> bool:
+    """Whether the run's algorithm takes a parameter-server process (backups, async) on torch."""
+    from gradwire.algorithms import ALGORITHMS
+
+    spec = run_args[run_args.index("--algorithm") + 1] if "--algorithm" in run_args[:-1] else "sync"
+    return bool(getattr(ALGORITHMS.build(spec), "needs_server", False))
 
 
 def cmd_launch(ns) -> int:

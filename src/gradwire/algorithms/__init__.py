@@ -1,6 +1,17 @@
 """Training algorithms. Each module registers its algorithms in ``ALGORITHMS`` by spec name."""
 
-from gradwire.algorithms import async_ps, diana, signsgd, sync  # noqa: F401  (registration)
+from gradwire.algorithms import (  # noqa: F401  (registration)
+    async_ps,
+    dagc,
+    dasgd,
+    diana,
+    dqsgd,
+    easgd,
+    local_sgd,
+    lsgd,
+    signsgd,
+    sync,
+)
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, CodecConfig, Context, OptimConfig
 
 __all__ = ["ALGORITHMS", "Algorithm", "CodecConfig", "Context", "OptimConfig"]

@@ -34,6 +34,8 @@ class AsyncSGD(Algorithm):
         require(max_staleness >= -1, f"max_staleness must be >= 0, or -1 for unbounded; got {max_staleness}")
         self.max_staleness = max_staleness
 
+    needs_server = True  # on a real backend: a parameter-server process (gradwire/run/ps.py)
+
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         self.x = params.clone()
@@ -43,8 +45,17 @@ class AsyncSGD(Algorithm):
         self.model_bytes = params.numel() * params.element_size()
         self.local_steps = {r: 0 for r in ctx.local_ranks}
         self.queue: list = []  # (arrival time, rank, version read, loss, payload)
-        for r in ctx.local_ranks:
-            self._start(ctx, r, 0.0)
+        self.started = False
+
+    def server_apply(self, buffer, read_version: int) -> int | None:
+        """The server's handling of one arrival (simulator and real server alike): apply it unless
+        it is staler than max_staleness; returns its staleness, or None when it was dropped."""
+        stale = self.version - read_version
+        if self.max_staleness >= 0 and stale > self.max_staleness:
+            return None
+        self.opt.apply(self.codec.decode(buffer, self.x))
+        self.version += 1
+        return stale
 
     def _start(self, ctx, rank: int, now: float) -> None:
         """Worker ``rank`` holds the current parameters at ``now``: compute and push."""
@@ -56,18 +67,20 @@ class AsyncSGD(Algorithm):
         heapq.heappush(self.queue, (now + compute + upload, rank, self.version, loss, packet.buffer))
 
     def step(self, ctx, step):
+        if not self.started:  # every worker starts from the initial parameters at time 0
+            for r in ctx.local_ranks:
+                self._start(ctx, r, 0.0)
+            self.started = True
         losses, staleness, dropped = [], [], 0
         for _ in range(ctx.world_size):
             arrival, rank, read_version, loss, buffer = heapq.heappop(self.queue)
             ctx.clock.now = max(ctx.clock.now, arrival)
-            stale = self.version - read_version
             losses.append(loss)
-            if self.max_staleness >= 0 and stale > self.max_staleness:
+            stale = self.server_apply(buffer, read_version)
+            if stale is None:
                 dropped += 1
             else:
                 staleness.append(stale)
-                self.opt.apply(self.codec.decode(buffer, self.x))
-                self.version += 1
             download = ctx.transport.post(self.model_bytes, -1, rank)
             self._start(ctx, rank, ctx.clock.now + download)
         return {"loss": sum(losses) / len(losses), "gradients": len(staleness), "dropped": dropped,
@@ -82,7 +95,8 @@ class AsyncSGD(Algorithm):
 
     def state_dict(self):
         return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict(),
-                "version": self.version, "local_steps": {str(r): n for r, n in self.local_steps.items()},
+                "version": self.version, "started": int(self.started),
+                "local_steps": {str(r): n for r, n in self.local_steps.items()},
                 "in_flight": [{"arrival": a, "rank": r, "version": v, "loss": loss, "payload": b}
                               for a, r, v, loss, b in sorted(self.queue)]}
 
@@ -91,6 +105,7 @@ class AsyncSGD(Algorithm):
         self.opt.load_state_dict(state["opt"])
         self.codec.load_state_dict(state["codec"])
         self.version = int(state["version"])
+        self.started = bool(state["started"])
         self.local_steps = {r: int(state["local_steps"][str(r)]) for r in self.local_steps}
         self.queue = [(e["arrival"], e["rank"], e["version"], e["loss"], e["payload"]) for e in state["in_flight"]]
         heapq.heapify(self.queue)

@@ -58,8 +58,8 @@ class Context:
 
     def gradient(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
         if self.inject_delays:  # the torch backend makes the straggler model real
-            count = self.gradient_counts.get(rank, 0)
-            self.gradient_counts[rank] = count + 1
+            count = self.gradient_counts.get(rank, 0) + 1  # 1-based, as the simulator's step numbers
+            self.gradient_counts[rank] = count
             time.sleep(self.stragglers.time(rank, count))
         return self.oracle(rank, params)
 

@@ -11,6 +11,8 @@ every worker starts each step together. With a compressor, each worker's gradien
 
 from __future__ import annotations
 
+import torch
+
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, fastest
 from gradwire.algorithms.optim import HeavyBall
 from gradwire.spec import require
@@ -33,6 +35,21 @@ class SyncSGD(Algorithm):
         self.x = params.clone()
         self.opt = HeavyBall(self.x, optim)
         self.codec = Codec(ctx, codec, default=self.default_compressor)
+
+    @property
+    def needs_server(self) -> bool:
+        """With backups, a real backend runs a parameter server that takes the first N arrivals
+        (gradwire/run/ps.py); plain sync needs none (an allreduce or allgather)."""
+        return self.backups > 0
+
+    def aggregate(self, buffers: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Mean of the winners' decoded payloads in rank order (the parameter server's reduction;
+        the collectives in ``step`` compute the same sum in the same order)."""
+        order = sorted(buffers)
+        total = self.codec.decode(buffers[order[0]], self.x).clone()
+        for r in order[1:]:
+            total += self.codec.decode(buffers[r], self.x)
+        return total.div_(len(order))
 
     def step(self, ctx, step):
         times = ctx.compute_times(step)

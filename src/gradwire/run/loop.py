@@ -33,16 +33,21 @@ def _progress_enabled() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-def _transport(cfg: RunConfig):
+def _transport(cfg: RunConfig, server: bool):
     if cfg.backend == "sim":
         clock = SimClock()
         return SimTransport(cfg.workers, NETWORKS.build(cfg.network), clock), clock
     from gradwire.transports.torch_dist import TorchTransport, WallClock
 
     transport = TorchTransport(timeout_s=cfg.timeout_s)
-    if transport.world_size != cfg.workers:
-        raise ConfigError(f"--workers {cfg.workers} but {transport.world_size} processes were started; "
-                          f"pass --workers {transport.world_size} (gradwire launch does it for you)")
+    expected = cfg.workers + int(server)
+    if transport.world_size != expected:
+        extra = " plus one parameter-server process" if server else ""
+        raise ConfigError(f"--workers {cfg.workers}{extra} needs {expected} processes but {transport.world_size} "
+                          f"were started; pass --workers {transport.world_size - int(server)} (gradwire launch "
+                          "does it for you)")
+    if server:  # process 0 serves; process p hosts worker p-1
+        transport.local_ranks = () if transport.rank == 0 else (transport.rank - 1,)
     return transport, WallClock()
 
 
@@ -62,8 +67,13 @@ class Run:
                               "does not apply (leave it at iid)")
         if len(shards) != cfg.workers:
             raise ConfigError(f"task {cfg.task!r} made data for {len(shards)} workers, not {cfg.workers}")
-        self.transport, self.clock = _transport(cfg)
-        self.is_writer = self.transport.local_ranks[0] == 0
+        self.algorithm = ALGORITHMS.build(cfg.algorithm)
+        self.ps = cfg.backend == "torch" and bool(getattr(self.algorithm, "needs_server", False))
+        if self.ps and cfg.checkpoint_every:
+            raise ConfigError(f"--checkpoint-every is not supported yet for {cfg.algorithm!r} on the torch backend "
+                              "(its parameter-server mode)")
+        self.transport, self.clock = _transport(cfg, self.ps)
+        self.is_writer = getattr(self.transport, "rank", 0) == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
         self.shard_sizes = [len(s) for s in shards]
         workers = {r: WorkerData(self.task.x_train[shards[r]], self.task.y_train[shards[r]], batch_size=batch,
@@ -75,7 +85,6 @@ class Run:
                            oracle=self.oracle, stragglers=STRAGGLERS.build(cfg.stragglers, seed=cfg.seed),
                            clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes),
                            inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"))
-        self.algorithm = ALGORITHMS.build(cfg.algorithm)
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, l1=self.task.l1)
         try:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim,
@@ -85,21 +94,39 @@ class Run:
         self.step = 0
         self.gradients = 0
         self.window: list[float] = []
+        self.server = None
+        if self.ps and self.is_writer:
+            from gradwire.run.ps import PSServer
+
+            self.server = PSServer(self)
 
     @property
     def label(self) -> str:
-        return "sim" if self.cfg.backend == "sim" else f"rank{self.transport.local_ranks[0]}"
+        return "sim" if self.cfg.backend == "sim" else f"rank{self.transport.rank}"
 
     def train_step(self) -> dict:
         self.step += 1
         self.oracle.step = self.step
-        info = self.algorithm.step(self.ctx, self.step)
+        info = self.server.step(self.step) if self.server else self.algorithm.step(self.ctx, self.step)
         self.gradients += int(info.get("gradients", 0))
         self.window.append(info["loss"])
         return info
 
     def evaluate(self) -> dict:
         return evaluate(self.task, self.model, self.algorithm.eval_params())
+
+    def kill_point(self, step: int) -> None:
+        """Fault injection for tests: ``GRADWIRE_KILL_AT=WORKER:STEP`` kills the process hosting
+        that worker with SIGKILL after that step, in the first attempt only (torchrun counts
+        restarts in TORCHELASTIC_RESTART_COUNT), so a restarted group runs through."""
+        spec = os.environ.get("GRADWIRE_KILL_AT")
+        if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return
+        worker, at = (int(x) for x in spec.split(":"))
+        if step == at and worker in self.ctx.local_ranks:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -137,20 +164,6 @@ class Run:
         return True
 
 
-def _maybe_inject_fault(r: Run) -> None:
-    """Fault injection for tests: ``GRADWIRE_KILL_AT=RANK:STEP`` kills that rank's process with
-    SIGKILL after that step, in the first attempt only (torchrun counts restarts in
-    TORCHELASTIC_RESTART_COUNT), so a restarted group runs through."""
-    spec = os.environ.get("GRADWIRE_KILL_AT")
-    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return
-    rank, step = (int(x) for x in spec.split(":"))
-    if r.step == step and rank in r.transport.local_ranks:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _truncate_jsonl(path: Path, step: int) -> None:
     """Keep the lines of steps <= ``step`` (a resumed run rewrites what came after its checkpoint)."""
     if path.exists():
@@ -164,6 +177,13 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     started = time.perf_counter()
     out = Path(cfg.out)
     r = Run(cfg)
+    if r.ps and not r.is_writer:  # a parameter-server worker: no folder, no evaluation
+        from gradwire.run.ps import run_worker
+
+        try:
+            return run_worker(r)
+        finally:
+            r.transport.close()
     writer = r.is_writer
     resumed = cfg.resume and r.try_resume(out / "checkpoint")
     if writer:
@@ -217,16 +237,18 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                 if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
                     steps_log.flush()
                     r.save_checkpoint(out / "checkpoint")
-                _maybe_inject_fault(r)
+                r.kill_point(r.step)
         except DivergenceError as e:
             status, error = "diverged", str(e)
             raise
         finally:
             bar.close()
-            summary = {"label": cfg.label(), "status": status, "error": error, "steps": r.step,
+            lost = r.server.finish() if r.server is not None and status == "finished" else {}
+            summary = lost | {"label": cfg.label(), "status": status, "error": error, "steps": r.step,
                        "resumed": bool(resumed), "final": records[-1] if records else None,
                        "best_test_acc": max((x["test_acc"] for x in records), default=None),
-                       "bytes_sent": r.transport.bytes_sent, "sim_time_s": r.clock.now,
+                       "bytes_sent": r.transport.bytes_sent, "comm_time_s": r.transport.comm_time_s,
+                       "sim_time_s": r.clock.now,
                        "wall_time_s": time.perf_counter() - started}
             if writer:
                 write_json(out / "summary.json", summary)

@@ -10,6 +10,9 @@ Every call counts the bytes that cross the wire (``bytes_sent``, every message b
 ``comm_time_s``; a simulated transport also advances the simulated clock. Payloads are real
 buffers (``torch.uint8`` for compressed data, dense tensors for summable ones): no Python object
 is ever sent.
+
+``allreduce_mean_start`` is the one non-blocking collective: it returns a :class:`Handle` whose
+``wait()`` gives the result, so an algorithm (DaSGD) can compute while the average travels.
 """
 
 from __future__ import annotations
@@ -18,6 +21,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
+
+
+class Handle:
+    """A collective in flight (see :meth:`Transport.allreduce_mean_start`): ``wait()`` blocks until it
+    has finished and returns what the blocking call would have returned; later calls return the
+    same result at no cost. ``finish_s`` is when it finishes on the transport's clock, where the
+    transport knows it in advance (the simulator), else None."""
+
+    def __init__(self, result: torch.Tensor, finish_s: float | None = None):
+        self._result, self.finish_s = result, finish_s
+
+    def wait(self) -> torch.Tensor:
+        return self._result
 
 
 class Transport(ABC):
@@ -37,19 +53,40 @@ class Transport(ABC):
         """Mean over the participants of a dense tensor (summed in rank order, then divided)."""
 
     @abstractmethod
-    def allgather(self, buffers: dict[int, torch.Tensor], ranks: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
-        """Every participant's uint8 buffer (sizes may differ), keyed by rank."""
+    def allgather(self, buffers: dict[int, torch.Tensor], ranks: Sequence[int] | None = None, *,
+                  size: int | None = None) -> dict[int, torch.Tensor]:
+        """Every participant's uint8 buffer (sizes may differ), keyed by rank. ``size``: every
+        buffer's length when all know it in advance (fixed-size compressors), which spares a
+        transport that needs sizes first (torch.distributed) the round of exchanging them."""
 
     @abstractmethod
     def gather(self, buffers: dict[int, torch.Tensor], dst: int,
-               ranks: Sequence[int] | None = None) -> dict[int, torch.Tensor] | None:
+               ranks: Sequence[int] | None = None, *, size: int | None = None) -> dict[int, torch.Tensor] | None:
         """Participants' buffers at ``dst`` (None in processes that do not host ``dst``)."""
 
     @abstractmethod
-    def broadcast(self, buffer: torch.Tensor | None, src: int, ranks: Sequence[int] | None = None) -> torch.Tensor:
-        """``src``'s buffer at every participant (``buffer`` is ignored where src is not local)."""
+    def broadcast(self, buffer: torch.Tensor | None, src: int, ranks: Sequence[int] | None = None, *,
+                  size: int | None = None) -> torch.Tensor:
+        """``src``'s uint8 buffer at every participant (``buffer`` is ignored where src is not
+        local); ``size`` as for allgather."""
 
     @abstractmethod
     def post(self, nbytes: int, src: int, dst: int) -> float:
         """A point-to-point message that does not block the caller: counts its bytes and returns
         its duration in seconds (used by event-driven algorithms such as asynchronous SGD)."""
+
+    def allreduce_mean_start(self, tensors: dict[int, torch.Tensor],
+                             ranks: Sequence[int] | None = None) -> Handle:
+        """Start ``allreduce_mean`` without blocking; ``handle.wait()`` returns the mean.
+
+        The contributions are read during this call: the caller may change them afterwards (a
+        transport that reduces in place works on its own copy). Every participant must start the
+        same collectives in the same order, as for the blocking calls. Bytes are counted when the
+        collective starts. This default runs the blocking collective, so nothing overlaps; the
+        simulator and the torch backend override it to overlap communication with computation."""
+        return Handle(self.allreduce_mean(tensors, ranks))
+
+    def node_of(self, rank: int) -> int:
+        """The machine (node) that hosts ``rank``, numbered 0, 1, ...; algorithms that group the
+        workers of a node (multi-leader LSGD) use it. Default: one node hosts every worker."""
+        return 0

@@ -76,8 +76,9 @@ def init_from_env(timeout_s: float) -> None:
             dist.init_process_group(backend, store=dist.PrefixStore(f"gradwire/attempt-{attempt}", store),
                                     rank=rank, world_size=world, timeout=timeout)
     except (RuntimeError, dist.DistError) as e:  # the store reports missing peers after the timeout
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         raise CommunicationError(f"rank {os.environ['RANK']}: could not form the process group of "
-                                 f"{os.environ['WORLD_SIZE']} at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+                                 f"{os.environ['WORLD_SIZE']} at {where} "
                                  f"within {timeout_s:g} s: {str(e).splitlines()[0]}") from None
 
 

@@ -1,0 +1,75 @@
+"""Local SGD, also called periodic or model averaging (Stich 2019, "Local SGD converges fast and
+communicates little", ICLR, Algorithm 1; Lin, Stich, Patel, Jaggi 2020, "Don't use large
+mini-batches, use local SGD", ICLR).
+
+Every worker takes local (heavy-ball) SGD steps on its own replica, and every ``period`` = τ steps
+the replicas are replaced by their average, one allreduce of the parameters:
+
+    x_i <- x_i - γ g_i(x_i)  at every step;   x_i <- (1/n) Σ_j x_j  when τ divides the step.
+
+Momentum buffers stay local (Lin et al. 2020 do the same): averaging them as well would double the
+bytes. τ = 1 without momentum is synchronous SGD; with momentum too, since averaging is linear.
+Between averagings fast workers run ahead of slow ones, so a round waits for the slowest worker's
+*sum* of τ compute times rather than τ times the slowest step. Evaluation uses the average of the
+last round (``evaluates = "average"``), which every process holds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradwire.algorithms.base import ALGORITHMS, Algorithm
+from gradwire.algorithms.replicas import Pace, Replicas, mean_of, require_plain_codec
+from gradwire.spec import require
+
+
+@ALGORITHMS.register("local", help="local SGD (Stich 2019): local steps, parameters averaged every τ steps",
+                     params={"period": "τ >= 1: local steps between averagings (1 = synchronous SGD)"})
+class LocalSGD(Algorithm):
+    name = "local"
+    evaluates = "average"
+
+    def __init__(self, *, period: int = 4):
+        require(period >= 1, f"period must be >= 1 (local steps between averagings), got {period}")
+        self.period = period
+
+    def setup(self, ctx, params, optim, codec):
+        super().setup(ctx, params, optim, codec)
+        require_plain_codec(codec, self.name)
+        self.replicas = Replicas(ctx, params, optim)
+        self.pace = Pace(ctx)
+        self.average = params.clone()
+
+    def local_steps(self, ctx, step: int) -> dict:
+        losses = [self.replicas.sgd_step(ctx, r) for r in ctx.local_ranks]
+        self.pace.computed(ctx, step)
+        return {"loss": mean_of(losses), "gradients": ctx.world_size}
+
+    def adopt(self, average: torch.Tensor, info: dict) -> None:
+        """Every local replica becomes ``average``; records how far apart they had drifted."""
+        info["spread"] = mean_of(float(torch.dist(x, average)) for x in self.replicas.x.values())
+        for x in self.replicas.x.values():
+            x.copy_(average)
+        self.average.copy_(average)
+
+    def step(self, ctx, step):
+        info = self.local_steps(ctx, step)
+        if step % self.period == 0:
+            self.adopt(ctx.transport.allreduce_mean(dict(self.replicas.x)), info)
+            self.pace.joined(ctx)
+        return info
+
+    def eval_params(self):
+        return self.average
+
+    def spec(self):
+        return f"local:period={self.period}"
+
+    def state_dict(self):
+        return {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(),
+                "average": self.average}
+
+    def load_state_dict(self, state):
+        self.replicas.load_state_dict(state["replicas"])
+        self.pace.load_state_dict(state["pace"])
+        self.average.copy_(state["average"])

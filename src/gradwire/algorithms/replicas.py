@@ -1,0 +1,199 @@
+"""Pieces shared by the algorithms that keep one model replica per worker (LSGD, EASGD, local SGD,
+DaSGD): the replicas and their optimizers, running losses, leader election, the pull towards a
+broadcast model, and the simulated pace of workers that step on their own.
+
+Everything here touches ``ctx.local_ranks`` only; what a worker needs from the others goes through
+``ctx.transport`` collectives. So the same code runs with every worker in one process (the
+simulator) and with one worker per process (the torch backend).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+
+import torch
+
+from gradwire.algorithms.base import ALGORITHMS, CodecConfig
+from gradwire.algorithms.optim import HeavyBall
+from gradwire.spec import require
+
+
+def require_plain_codec(codec: CodecConfig, name: str) -> None:
+    require(codec.compressor == "none" and not codec.error_feedback,
+            f"{name} exchanges parameters uncompressed: --compressor and --error-feedback do not apply")
+
+
+def register_with_async_key(name: str, cls, *, help: str, params: dict[str, str]) -> None:
+    """Register ``cls`` (which takes ``asynchronous=``) so that its spec key is ``async``: a Python
+    keyword cannot be a parameter name, so the entry's parameter is renamed after registration."""
+    ALGORITHMS.register(name, help=help, params=params)(cls)
+    entry = ALGORITHMS.entry(name)
+    entry.params["async"] = dataclasses.replace(entry.params.pop("asynchronous"), name="async")
+    entry.factory = lambda **kw: cls(**{("asynchronous" if k == "async" else k): v for k, v in kw.items()})
+
+
+def mean_of(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
+class Replicas:
+    """x_i and the heavy-ball state of every local worker (momentum stays local: only parameters
+    are exchanged, as in local SGD and EASGD)."""
+
+    def __init__(self, ctx, params: torch.Tensor, optim):
+        self.x = {r: params.clone() for r in ctx.local_ranks}
+        self.opt = {r: HeavyBall(self.x[r], optim) for r in ctx.local_ranks}
+
+    def sgd_step(self, ctx, rank: int) -> float:
+        """One local step x_i <- x_i - γ (heavy-ball) g_i(x_i); returns the minibatch loss."""
+        loss, grad = ctx.gradient(rank, self.x[rank])
+        self.opt[rank].apply(grad)
+        return loss
+
+    def state_dict(self) -> dict:
+        return {"x": {str(r): t for r, t in self.x.items()},
+                "opt": {str(r): o.state_dict() for r, o in self.opt.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for r in self.x:
+            self.x[r].copy_(state["x"][str(r)])
+            self.opt[r].load_state_dict(state["opt"][str(r)])
+
+
+class LossWindow:
+    """Each local worker's last ``size`` minibatch losses, for the running averages that elect
+    leaders (a window rather than one minibatch, so one lucky batch does not crown a worker)."""
+
+    def __init__(self, ranks, size: int):
+        self.size = size
+        self.values = {r: torch.zeros(size, dtype=torch.float64) for r in ranks}
+        self.count = {r: 0 for r in ranks}
+
+    def push(self, rank: int, loss: float) -> None:
+        self.values[rank][self.count[rank] % self.size] = loss
+        self.count[rank] += 1
+
+    def mean(self, rank: int, window: int) -> float:
+        """Mean of the last ``window`` losses (fewer at the start; +inf before any)."""
+        n = min(window, self.size, self.count[rank])
+        if n == 0:
+            return math.inf
+        last = [(self.count[rank] - 1 - k) % self.size for k in range(n)]
+        return float(self.values[rank][last].mean())
+
+    def state_dict(self) -> dict:
+        return {"values": {str(r): v for r, v in self.values.items()},
+                "count": {str(r): n for r, n in self.count.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for r in self.values:
+            self.values[r].copy_(state["values"][str(r)])
+            self.count[r] = int(state["count"][str(r)])
+
+
+def elect(ctx, scores: dict[int, float], ranks=None) -> tuple[int, float]:
+    """The participant with the lowest score (ties: the lowest rank). Each local participant's score
+    crosses the wire as 4 bytes (float32), so every process compares the same rounded values."""
+    buffers = {r: torch.tensor([s], dtype=torch.float32).view(torch.uint8) for r, s in scores.items()}
+    gathered = ctx.transport.allgather(buffers, ranks, size=4)
+    values = {r: float(b.view(torch.float32)[0]) for r, b in gathered.items()}
+    leader = min(values, key=lambda r: (values[r], r))
+    return leader, values[leader]
+
+
+def pull_towards(ctx, x: dict[int, torch.Tensor], src: int, ranks,
+                 weight: float) -> tuple[torch.Tensor, float]:
+    """Broadcast ``src``'s parameters to the participants; each local one moves ``weight`` of the
+    way towards them, x <- x + w (x_src - x) (``lerp``, exact at w = 0 and w = 1). Returns a copy of
+    the broadcast parameters and the mean distance of the local participants to them before the pull.
+    The parameters travel as their raw bytes, whose size every participant knows."""
+    like = next(iter(x.values()))
+    nbytes = like.numel() * like.element_size()
+    buffer = x[src].view(torch.uint8) if src in x else torch.empty(nbytes, dtype=torch.uint8)
+    lead = ctx.transport.broadcast(buffer, src, ranks, size=nbytes).view(like.dtype).clone()
+    mine = [r for r in x if ranks is None or r in ranks]
+    distance = mean_of(float(torch.dist(x[r], lead)) for r in mine)
+    for r in mine:
+        if r != src:
+            x[r].lerp_(lead, weight)
+    return lead, distance
+
+
+class Pace:
+    """Simulated time of workers that take local steps between communications.
+
+    ``ready[r]`` is when local worker r finishes its latest step. The clock is kept at the latest of
+    them: the moment every worker has finished the current step, which is when a blocking
+    collective can start. Between communications fast workers run ahead instead of waiting for the
+    slowest at every step (the point of local updates under stragglers).
+    """
+
+    def __init__(self, ctx):
+        self.ready = {r: ctx.clock.now for r in ctx.local_ranks}
+
+    def computed(self, ctx, step: int) -> None:
+        """Every local worker has computed its ``step``-th gradient."""
+        for r in self.ready:
+            self.ready[r] += ctx.compute_time(r, step)
+        ctx.wait_compute(max(0.0, max(self.ready.values()) - ctx.clock.now))
+
+    def joined(self, ctx, until: float | None = None) -> None:
+        """The local workers waited for a communication that ended at ``until`` (default: now)."""
+        until = ctx.clock.now if until is None else until
+        for r in self.ready:
+            self.ready[r] = max(self.ready[r], until)
+
+    def state_dict(self) -> dict:
+        return {"ready": {str(r): torch.tensor(t, dtype=torch.float64) for r, t in self.ready.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ready = {r: float(state["ready"][str(r)]) for r in self.ready}
+
+
+class LocalSteps:
+    """Event-driven local steps of the asynchronous variants (simulator; as ``async_ps``).
+
+    A worker computes its next gradient when it is free, at its parameters of that moment; the
+    gradient is applied when its compute time has passed. Completions are handled in time order
+    (ties by rank), so a run is deterministic. What happens to a worker's parameters in between
+    (a pull towards the leader) is kept: its in-flight gradient lands on the pulled parameters.
+    """
+
+    def __init__(self, ctx, replicas: Replicas):
+        self.replicas = replicas
+        self.queue: list = []  # (finish time, rank, loss, gradient)
+        self.started = {r: 0 for r in ctx.local_ranks}
+        self.completed = {r: 0 for r in ctx.local_ranks}
+        for r in ctx.local_ranks:
+            self.start(ctx, r, ctx.clock.now)
+
+    def start(self, ctx, rank: int, now: float) -> None:
+        loss, grad = ctx.gradient(rank, self.replicas.x[rank])
+        finish = now + ctx.compute_time(rank, self.started[rank])
+        self.started[rank] += 1
+        heapq.heappush(self.queue, (finish, rank, loss, grad))
+
+    def complete(self, ctx) -> tuple[float, int, float]:
+        """Apply the next gradient to arrive; returns (its time, the worker, its minibatch loss)."""
+        finish, rank, loss, grad = heapq.heappop(self.queue)
+        ctx.clock.now = max(ctx.clock.now, finish)
+        self.replicas.opt[rank].apply(grad)
+        self.completed[rank] += 1
+        return finish, rank, loss
+
+    def state_dict(self) -> dict:
+        return {"started": {str(r): n for r, n in self.started.items()},
+                "completed": {str(r): n for r, n in self.completed.items()},
+                "in_flight": [{"finish": torch.tensor(f, dtype=torch.float64), "rank": r,
+                               "loss": torch.tensor(loss, dtype=torch.float64), "grad": g}
+                              for f, r, loss, g in sorted(self.queue, key=lambda e: (e[0], e[1]))]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.started = {r: int(state["started"][str(r)]) for r in self.started}
+        self.completed = {r: int(state["completed"][str(r)]) for r in self.completed}
+        self.queue = [(float(e["finish"]), int(e["rank"]), float(e["loss"]), e["grad"].clone())
+                      for e in state["in_flight"]]
+        heapq.heapify(self.queue)

@@ -1,0 +1,319 @@
+"""Any gradwire compressor inside an unchanged DistributedDataParallel script.
+
+:func:`register` installs a DDP communication hook (PyTorch docs, "DDP Communication Hooks";
+``DistributedDataParallel.register_comm_hook``) that sends every gradient bucket through a
+gradwire compressor. The whole integration is a three-line diff::
+
+      model = DistributedDataParallel(model)
+    + hook_state = gradwire.ddp.register(model, "qsgd:levels=4", error_feedback=True)
+    + hook_state.load_state_dict(torch.load(f"hook-{rank}.pt", weights_only=True))  # on resume only
+      ...  # the training loop is unchanged
+    + torch.save(hook_state.state_dict(), f"hook-{rank}.pt")  # beside the model checkpoint
+
+or, in PyTorch's own style, ``model.register_comm_hook(HookState(model, "fp16"), gradwire.ddp.hook)``.
+
+Two paths. Summable codecs (``none``, ``fp16``, ``bf16``) are one asynchronous allreduce of the
+bucket, like DDP's own. Every other codec is encoded, its variable-size ``uint8`` payloads are
+all-gathered (sizes first, padded to the longest, trimmed) and decoded, and the average is
+summed in rank order, so that every rank applies bit-identical gradients.
+
+The unit of compression is the *parameter*, not the bucket: DDP rebuilds its buckets after the
+first iteration (in gradient-ready order, reversed with respect to the first), and a resumed run
+starts again from the first layout, so residuals keyed by bucket index stop matching their
+tensors (the problem PyTorch met with PowerSGD, pytorch/pytorch#48757 and #50981). Keyed by
+parameter name, residuals, random draws and results do not depend on how DDP groups parameters.
+"""
+
+# No ``from __future__ import annotations``: DDP's register_comm_hook compares the hook's
+# annotations with dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
+
+import math
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from gradwire.compress import Compressor, ErrorFeedback, Packet, build
+from gradwire.compress.wire import work_dtype
+from gradwire.errors import CommunicationError, ConfigError, DivergenceError
+from gradwire.run.worker import hash_seed
+
+_RAW = build("none")  # small parameters travel as they are (see _allgather)
+
+STATE_KEYS = ("compressor", "error_feedback", "seed", "rank", "world_size", "step", "bytes_sent",
+              "wire_bytes_sent", "residuals")
+
+
+class HookState:
+    """Everything the hook remembers; ``state_dict()`` belongs in each rank's checkpoint.
+
+    Tuning guide:
+
+    * ``compressor``: a spec string (see ``gradwire list``) or a Compressor. ``fp16``/``bf16`` halve
+      the bytes and keep DDP's allreduce; ``qsgd:levels=4`` sends ~4.1 bits per element and is
+      unbiased, the safe lossy default; ``topk:ratio=0.01`` sends ~1% of the elements (values and
+      positions) and needs ``error_feedback=True`` to converge like SGD (Stich, Cordonnier, Jaggi
+      2018). Lossy codecs pay an encode, ``world_size`` decodes and a gather, which only wins where
+      the network, not the CPU, is the bottleneck (see docs/ddp.md for measured step times).
+    * ``error_feedback``: keep what compression dropped, per parameter, and add it to the next
+      gradient (Seide et al. 2014). Required for biased codecs (``topk``, ``threshold``, ``sign``);
+      a small gain for unbiased ones; residuals cost a float32 copy of the compressed parameters.
+    * ``seed``: random draws depend on (seed, rank, step, parameter index) only, so a run and its
+      resumption draw the same numbers (a loaded state brings its run's seed and step).
+    * ``timeout_s``: how long the compressed path waits for each collective before raising
+      :class:`~gradwire.errors.CommunicationError` (default: gloo's own 30 minutes; lower it to
+      fail fast). The summable path is asynchronous like DDP's allreduce and is bounded by the
+      process group's timeout (``init_process_group(timeout=...)``).
+    * ``min_compress_numel``: lossy codecs only. Parameters with fewer elements (biases, norms) travel
+      uncompressed, all of a bucket's in one packet: a codec call has a fixed cost of a few tenths
+      of a millisecond, which for a bias buys nothing (PowerSGD likewise leaves vectors alone,
+      Vogels, Karimireddy, Jaggi 2019). 0 compresses everything.
+    * Buckets: DDP's ``bucket_cap_mb`` changes how many collectives run per step, never what is
+      computed. Larger buckets mean fewer, larger all-gathers.
+
+    Byte counters (``bytes_sent``, ``wire_bytes_sent``) count what this rank contributed times the
+    ``world_size - 1`` peers it reaches, whatever algorithm the backend uses (a ring allreduce moves
+    about twice that in total). ``bytes_sent`` counts compressor payloads only: the exact
+    ``Packet.nbytes`` of every packet. ``wire_bytes_sent`` adds what the compressed path
+    really hands to the all-gathers: an int64 size per parameter and padding to the longest rank.
+
+    ``state_dict()`` holds ints, strings and tensors (``torch.load(weights_only=True)`` reads it),
+    never the process group. Residuals belong to one rank's data: every rank saves its own.
+    """
+
+    __slots__ = ("compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
+                 "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
+                 "_params")
+
+    def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
+                 error_feedback: bool = False, seed: int = 0, process_group=None,
+                 timeout_s: float = 1800.0, min_compress_numel: int = 1024):
+        self.compressor = compressor if isinstance(compressor, Compressor) else build(compressor)
+        if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("gradwire.ddp: call torch.distributed.init_process_group() first")
+        self.error_feedback = ErrorFeedback(self.compressor) if error_feedback else None
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        self.seed, self.timeout_s = int(seed), float(timeout_s)
+        if not (isinstance(min_compress_numel, int) and min_compress_numel >= 0):
+            raise ConfigError(f"min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
+        self.min_compress_numel = min_compress_numel
+        self.generator = torch.Generator()  # re-seeded per (step, parameter): see _encode
+        self.step = self.bytes_sent = self.wire_bytes_sent = 0
+        module = model.module if isinstance(model, DistributedDataParallel) else model
+        devices = {p.device.type for p in module.parameters()}
+        if devices - {"cpu"}:  # the codecs, and this hook's buffers, are CPU-only so far
+            raise NotImplementedError(f"gradwire.ddp handles CPU parameters (gloo) only, not {devices}")
+        # id(parameter) -> (index, name, numel): bucket.parameters() returns the module's own tensors
+        self._params = {id(p): (i, name, p.numel()) for i, (name, p) in enumerate(module.named_parameters())}
+
+    def state_dict(self) -> dict:
+        residuals = self.error_feedback.state_dict() if self.error_feedback else {}
+        return {"compressor": self.compressor.spec(), "error_feedback": self.error_feedback is not None,
+                "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "step": self.step,
+                "bytes_sent": self.bytes_sent, "wire_bytes_sent": self.wire_bytes_sent,
+                "residuals": residuals}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`state_dict` saved by the same rank of a run with the same settings."""
+        missing = [k for k in STATE_KEYS if k not in state]
+        if missing:
+            raise ConfigError(f"gradwire.ddp state lacks {missing}: not a HookState.state_dict()")
+        mine = self.state_dict()
+        for key in ("compressor", "error_feedback", "rank", "world_size"):
+            if state[key] != mine[key]:
+                raise ConfigError(
+                    f"gradwire.ddp state was saved with {key}={state[key]!r}, this hook has {mine[key]!r}; "
+                    "residuals belong to one rank of one configuration (start without the state instead)")
+        numels = {name: numel for _, name, numel in self._params.values()}
+        bad = sorted(name for name, r in state["residuals"].items()
+                     if name not in numels or not isinstance(r, torch.Tensor) or r.shape != (numels[name],))
+        if bad:
+            raise ConfigError(f"gradwire.ddp state has residuals for unknown parameters or of the wrong "
+                              f"size: {bad[:5]}")
+        if self.error_feedback:
+            self.error_feedback.load_state_dict(state["residuals"])
+        self.seed, self.step = int(state["seed"]), int(state["step"])
+        self.bytes_sent, self.wire_bytes_sent = int(state["bytes_sent"]), int(state["wire_bytes_sent"])
+
+    def __repr__(self) -> str:
+        ef = "+EF" if self.error_feedback else ""
+        return (f"<gradwire.ddp hook {self.compressor.spec()}{ef} rank {self.rank}/{self.world_size}, "
+                f"step {self.step}, {self.bytes_sent} bytes sent>")
+
+
+def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = "none", *,
+             error_feedback: bool = False, seed: int = 0, process_group=None,
+             timeout_s: float = 1800.0, min_compress_numel: int = 1024) -> HookState:
+    """Install the gradwire hook on ``ddp_model`` (before its first backward) and return its state.
+
+    ``process_group`` defaults to the model's own. Unknown compressor specs raise ConfigError
+    listing the valid ones. See :class:`HookState` for every knob.
+    """
+    if not isinstance(ddp_model, DistributedDataParallel):
+        raise TypeError(f"gradwire.ddp.register wants a DistributedDataParallel, "
+                        f"got {type(ddp_model).__name__}")
+    group = process_group if process_group is not None else ddp_model.process_group
+    state = HookState(ddp_model, compressor, error_feedback=error_feedback, seed=seed,
+                      process_group=group, timeout_s=timeout_s, min_compress_numel=min_compress_numel)
+    ddp_model.register_comm_hook(state, hook)
+    return state
+
+
+def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: average ``bucket``'s gradients through ``state.compressor``."""
+    layout = _layout(state, bucket)
+    if state.compressor.summable:
+        future = _allreduce(state, bucket, layout)
+    else:
+        future = _allgather(state, bucket, layout)
+    if bucket.is_last():
+        state.step += 1
+    return future
+
+
+def _layout(state: HookState, bucket: dist.GradBucket) -> list[tuple[int, str, int, int]]:
+    """``(parameter index, name, offset, numel)`` of each parameter in the bucket's flat buffer
+    (DDP lays their gradients out back to back in ``bucket.parameters()`` order)."""
+    out, offset = [], 0
+    for p in bucket.parameters():
+        if id(p) not in state._params:
+            raise RuntimeError("gradwire.ddp: a bucket holds a parameter that the model did not have "
+                               "at register()")
+        index, name, numel = state._params[id(p)]
+        out.append((index, name, offset, numel))
+        offset += p.numel()
+    if offset != bucket.buffer().numel():
+        raise RuntimeError(f"gradwire.ddp: bucket {bucket.index()} holds {bucket.buffer().numel()} elements, "
+                           f"its parameters {offset}")
+    return out
+
+
+def _encode(state: HookState, grad: torch.Tensor, index: int, name: str) -> Packet:
+    g = state.generator.manual_seed(hash_seed(state.seed, "compress", state.rank, state.step, index))
+    if state.error_feedback:
+        return state.error_feedback.encode(grad, key=name, generator=g)
+    return state.compressor.encode(grad, generator=g)
+
+
+def _refused(state: HookState, bucket: dist.GradBucket, layout, error: ValueError) -> DivergenceError:
+    """The error for a gradient the compressor refused, naming the bucket and the parameter."""
+    flat = bucket.buffer()
+    where = ""
+    bad = (~torch.isfinite(flat)).nonzero()
+    if bad.numel():
+        at = int(bad[0])
+        name, offset = next((n, o) for _, n, o, k in layout if o <= at < o + k)
+        where = (f"a non-finite gradient ({float(flat[at])}) in parameter {name!r} at its flat index "
+                 f"{at - offset} (bucket element {at}); ")
+    return DivergenceError(
+        f"gradwire.ddp: step {state.step}, rank {state.rank}, bucket {bucket.index()}: {where}"
+        f"{state.compressor.spec()} refused it: {error}", step=state.step, worker=state.rank)
+
+
+def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
+    buffer = bucket.buffer()
+    # Divide before summing, as DDP's default allreduce does: with `none` the result is then
+    # bit-identical to plain DDP, and a 16-bit sum overflows only where the mean would (the
+    # reason PyTorch's fp16_compress_hook gives for the same order).
+    share = buffer.div_(state.world_size)
+    wire_dtype = state.compressor.wire_dtype(buffer.dtype)
+    refused = None
+    try:
+        if state.error_feedback:  # residuals per parameter, so encode parameter by parameter
+            packets = [_encode(state, share[o:o + k], i, n) for i, n, o, k in layout]
+            payload = torch.cat([p.buffer for p in packets])
+        else:
+            payload = state.compressor.encode(share).buffer
+        values = payload.view(wire_dtype)
+    except ValueError as error:
+        refused = _refused(state, bucket, layout, error)
+        # NaN everywhere: the sum tells every peer, who then stops too instead of waiting for us
+        values = torch.full((buffer.numel(),), math.nan, dtype=wire_dtype)
+    nbytes = values.numel() * values.element_size()
+    state.bytes_sent += nbytes * (state.world_size - 1)
+    state.wire_bytes_sent += nbytes * (state.world_size - 1)
+    step, index = state.step, bucket.index()
+    future = dist.all_reduce(values, group=state.process_group, async_op=True).get_future()
+
+    # A refusal surfaces when DDP waits for the future, not here: raising now would leave the peers
+    # waiting for this rank's allreduces of the later buckets (their hooks would still launch them).
+    def finish(done: torch.futures.Future) -> torch.Tensor:
+        total = done.value()[0]
+        if refused is not None:
+            raise refused
+        if total.numel() and bool(torch.isnan(total[0])):
+            raise DivergenceError(f"gradwire.ddp: step {step}, bucket {index}: a peer's gradient was "
+                                  "refused (see its error); every rank stops", step=step)
+        return state.compressor.decode(Packet(total.view(torch.uint8), buffer.shape, buffer.dtype))
+
+    return future.then(finish)
+
+
+def _wait(state: HookState, work, bucket: dist.GradBucket, what: str) -> None:
+    try:
+        work.wait(timeout=timedelta(seconds=state.timeout_s))
+    except RuntimeError as error:
+        raise CommunicationError(f"gradwire.ddp: step {state.step}, rank {state.rank}, bucket "
+                                 f"{bucket.index()}: all-gather of {what} failed or took longer than "
+                                 f"{state.timeout_s:g} s: {error}") from error
+
+
+def _allgather(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
+    buffer, world, group = bucket.buffer(), state.world_size, state.process_group
+    # Parameters below min_compress_numel travel raw, all of a bucket's in one `none` packet at the
+    # front of the payload: lossless, so how DDP groups them changes nothing, and one call instead
+    # of a codec's fixed cost (a few tenths of a ms per encode) for every bias.
+    raw = [k < state.min_compress_numel for *_, k in layout]
+    small = [(o, k) for (_, _, o, k), r in zip(layout, raw, strict=True) if r]
+    refused = None
+    try:
+        packets = [_RAW.encode(torch.cat([buffer[o:o + k] for o, k in small]))] if small else []
+        packets += [_encode(state, buffer[o:o + k], i, n) for (i, n, o, k), r in zip(layout, raw, strict=True)
+                    if not r]
+        compressed = iter(p.nbytes for p in packets[bool(small):])
+        # one size per parameter (raw ones: their own bytes), so that totals do not depend on the layout
+        sizes = torch.tensor([k * buffer.element_size() if r else next(compressed)
+                              for (*_, k), r in zip(layout, raw, strict=True)], dtype=torch.int64)
+    except ValueError as error:
+        refused = _refused(state, bucket, layout, error)
+        sizes = torch.full((len(layout),), -1, dtype=torch.int64)  # tells the peers to stop too
+    # Sizes first: payloads differ in size (threshold) and gloo's all_gather wants equal ones.
+    all_sizes = [torch.empty_like(sizes) for _ in range(world)]
+    _wait(state, dist.all_gather(all_sizes, sizes, group=group, async_op=True), bucket, "payload sizes")
+    if refused is not None:
+        raise refused
+    failed = [r for r, s in enumerate(all_sizes) if bool((s < 0).any())]
+    if failed:
+        raise DivergenceError(f"gradwire.ddp: step {state.step}, bucket {bucket.index()}: rank(s) {failed} "
+                              "could not encode their gradient (see their error); every rank stops",
+                              step=state.step, worker=failed[0])
+    totals = [int(s.sum()) for s in all_sizes]
+    send = torch.zeros(max(totals), dtype=torch.uint8)
+    torch.cat([p.buffer for p in packets], out=send[:totals[state.rank]])
+    received = [torch.empty_like(send) for _ in range(world)]
+    _wait(state, dist.all_gather(received, send, group=group, async_op=True), bucket, "payloads")
+    state.bytes_sent += totals[state.rank] * (world - 1)
+    state.wire_bytes_sent += (sizes.numel() * 8 + send.numel()) * (world - 1)
+
+    mean = torch.zeros(buffer.numel(), dtype=work_dtype(buffer.dtype))
+    for rank in range(world):  # in rank order, so that every rank adds the same numbers in the same order
+        payload, rank_sizes = received[rank], all_sizes[rank].tolist()
+        start = sum(size for size, r in zip(rank_sizes, raw, strict=True) if r)
+        if small:
+            numels = [k for _, k in small]
+            values = _RAW.decode(Packet(payload[:start], torch.Size([sum(numels)]), buffer.dtype))
+            for (o, k), piece in zip(small, values.split(numels), strict=True):
+                mean[o:o + k] += piece
+        for (_, _, o, k), size, r in zip(layout, rank_sizes, raw, strict=True):
+            if not r:
+                mean[o:o + k] += state.compressor.decode(Packet(payload[start:start + size], torch.Size([k]),
+                                                                buffer.dtype))
+                start += size
+    future = torch.futures.Future()
+    future.set_result(mean.div_(world).to(buffer.dtype))
+    return future

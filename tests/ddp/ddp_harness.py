@@ -1,0 +1,81 @@
+"""Run a function on 2 gloo processes and bring their results back to the test.
+
+``launch(scenario, tmp_path, *args)`` spawns one process per rank (start method ``spawn``), joined
+through a FileStore in ``tmp_path`` (no port at all). Each child calls ``scenario(rank, world_size,
+*args)`` and saves what it returns to ``tmp_path/result-<rank>.pt``; ``launch`` joins every child
+with a timeout, checks every exit code and loads the results (``weights_only=True``), so that the
+parent does the comparing. Scenarios must be module-level functions (spawn pickles them by name).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+
+def _child(scenario, rank: int, world_size: int, folder: str, args: tuple) -> None:
+    torch.set_num_threads(1)  # 2 cores, 2 ranks
+    store = dist.FileStore(os.path.join(folder, "store"), world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    try:
+        result = scenario(rank, world_size, *args)
+        torch.save(result, os.path.join(folder, f"result-{rank}.pt"))
+    except BaseException:
+        Path(folder, f"error-{rank}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(scenario, tmp_path: Path, *args, world_size: int = 2, timeout_s: float = 60.0) -> list:
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_child, args=(scenario, rank, world_size, str(tmp_path), args))
+             for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
+    for rank in hung:
+        procs[rank].kill()
+        procs[rank].join(5)
+    errors = "".join(f"\n--- rank {r} ---\n{f.read_text()}" for r in range(world_size)
+                     if (f := tmp_path / f"error-{r}.txt").exists())
+    assert not hung, f"ranks {hung} still running after {timeout_s} s{errors}"
+    codes = [p.exitcode for p in procs]
+    assert codes == [0] * world_size, f"exit codes {codes}{errors}"
+    return [torch.load(tmp_path / f"result-{rank}.pt", weights_only=True) for rank in range(world_size)]
+
+
+# --- what the scenarios share: a small MLP and a synthetic regression, sharded by rank ----------
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def make_data(rank: int, world_size: int, n: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed teacher y = tanh(x w1) w2 + noise; every rank gets its own slice of the samples."""
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, 16, generator=g)
+    w1, w2 = torch.randn(16, 8, generator=g) / 4, torch.randn(8, 1, generator=g)
+    y = torch.tanh(x @ w1) @ w2 + 0.01 * torch.randn(n, 1, generator=g)
+    return x[rank::world_size], y[rank::world_size]
+
+
+def batch(x: torch.Tensor, y: torch.Tensor, step: int, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The minibatch of ``step``: a function of the step alone, so a resumed run sees the same ones."""
+    index = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(step))[:size]
+    return x[index], y[index]
+
+
+def params(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]

@@ -1,0 +1,294 @@
+"""gradwire.ddp against plain DDP on 2 gloo processes (FileStore, spawn; results compared here).
+
+The scenarios run in the children (one pair of processes for all, see ``suite``); each test checks
+its scenario's results in the parent.
+
+Buckets: ``bucket_cap_mb=0.004`` splits the 3.2k-parameter MLP into several DDP buckets, which DDP
+rebuilds (in another order) after the first step, so every test also crosses a rebuild.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+from ddp_harness import batch, launch, make_data, make_model, params
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gradwire import ddp as gwddp
+from gradwire.compress import build
+from gradwire.errors import CommunicationError, ConfigError, DivergenceError
+
+SMALL_BUCKETS = 0.004  # MB
+
+
+def train(model, x, y, first: int, steps: int, opt=None, lr: float = 0.05):
+    opt = opt or torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for step in range(first, first + steps):
+        xb, yb = batch(x, y, step)
+        opt.zero_grad()
+        F.mse_loss(model(xb), yb).backward()
+        opt.step()
+    return opt
+
+
+def full_loss(model, x, y) -> float:
+    with torch.no_grad():
+        return float(F.mse_loss(model.module(x), y))
+
+
+# --- scenarios (run in the children) ----------------------------------------------------------
+
+def same_as_plain(rank, world_size, steps):
+    x, y = make_data(rank, world_size)
+    out = {}
+    for cap in (25, SMALL_BUCKETS):
+        for spec in ("plain", "none", "fp16"):
+            model = DDP(make_model(), bucket_cap_mb=cap)
+            if spec != "plain":
+                gwddp.register(model, spec)
+            train(model, x, y, 0, steps)
+            out[f"{spec}@{cap}"] = params(model)
+    return out
+
+
+# (spec, error feedback, min_compress_numel): qsgd compresses every parameter, the others leave
+# the biases (< 1024 elements) raw, the default
+SPECS = [("none", False, 1024), ("qsgd:levels=4", False, 0), ("topk:ratio=0.1", True, 1024),
+         ("threshold:tau=0.01", True, 1024)]
+
+
+def converge(rank, world_size, steps):
+    x, y = make_data(rank, world_size)
+    out = {}
+    for spec, ef, smallest in SPECS:
+        model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
+        state = gwddp.register(model, spec, error_feedback=ef, seed=7, min_compress_numel=smallest)
+        start = full_loss(model, x, y)
+        train(model, x, y, 0, steps)
+        out[spec] = {"start": start, "end": full_loss(model, x, y), "params": params(model),
+                     "state": state.state_dict()}
+    return out
+
+
+def resume(rank, world_size, folder, first, then):
+    x, y = make_data(rank, world_size)
+    out = {}
+    for spec in ("topk:ratio=0.1", "qsgd:levels=4"):
+        def fresh(seed=0, spec=spec):
+            model = DDP(make_model(seed), bucket_cap_mb=SMALL_BUCKETS)
+            return model, gwddp.register(model, spec, error_feedback=True, seed=3)
+
+        model, state = fresh()
+        train(model, x, y, 0, first + then)
+        straight = params(model)
+
+        model, state = fresh()
+        opt = train(model, x, y, 0, first)
+        path = f"{folder}/{spec[:4]}-{rank}.pt"
+        ckpt = {"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
+        torch.save(ckpt, path)
+        # A new process would start here: new model (other init), new DDP (first bucket layout again).
+        resumed = {}
+        for load_hook in (True, False):
+            model, state = fresh(seed=99)
+            ckpt = torch.load(path, weights_only=True)
+            model.module.load_state_dict(ckpt["model"])
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            opt.load_state_dict(ckpt["opt"])
+            if load_hook:
+                state.load_state_dict(ckpt["hook"])
+            train(model, x, y, first, then, opt)
+            resumed[load_hook] = params(model)
+        torch.distributed.barrier()  # both checkpoints exist: try the other rank's
+        try:
+            state.load_state_dict(torch.load(f"{folder}/{spec[:4]}-{1 - rank}.pt", weights_only=True)["hook"])
+            wrong = "loaded"
+        except ConfigError as e:
+            wrong = str(e)
+        out[spec] = {"straight": straight, "resumed": resumed[True], "no_hook_state": resumed[False],
+                     "wrong_rank": wrong}
+    return out
+
+
+def non_finite(rank, world_size):
+    x, y = make_data(rank, world_size)
+    out = {}
+    for spec in ("none", "topk:ratio=0.1"):
+        model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
+        gwddp.register(model, spec, error_feedback=spec != "none")
+        target = model.module[2].weight
+        steps = {"n": 0}
+
+        def poison(grad, steps=steps):  # rank 1's gradient of layer 2 turns NaN at its step 2
+            steps["n"] += 1
+            if rank == 1 and steps["n"] == 3:
+                grad = grad.clone()
+                grad[3, 5] = float("nan")
+            return grad
+
+        target.register_hook(poison)
+        try:
+            train(model, x, y, 0, 5)
+            out[spec] = ("none", "")
+        except Exception as e:  # noqa: BLE001 - the parent checks type and text
+            out[spec] = (type(e).__name__, str(e))
+    return out
+
+
+def slow_peer(rank, world_size):
+    x, y = make_data(rank, world_size)
+    model = DDP(make_model())
+    gwddp.register(model, "topk:ratio=0.1", timeout_s=1.0)
+    train(model, x, y, 0, 2)  # past DDP's bucket rebuild, whose broadcast (not ours) would wait
+    try:
+        if rank == 1:
+            time.sleep(4)
+        train(model, x, y, 2, 1)
+        return ("none", "")
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e))
+
+
+STEPS = 150
+
+
+def suite(rank, world_size, folder):
+    """Every scenario in one pair of processes (spawning and DDP's first set-up cost ~5 s a pair),
+    the ones that break the process group last; a scenario's failure is its test's failure only."""
+    out = {}
+    for name, run in [("same_as_plain", lambda: same_as_plain(rank, world_size, 8)),
+                      ("converge", lambda: converge(rank, world_size, STEPS)),
+                      ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
+                      ("non_finite", lambda: non_finite(rank, world_size)),
+                      ("slow_peer", lambda: slow_peer(rank, world_size))]:
+        try:
+            out[name] = run()
+        except Exception:  # noqa: BLE001 - reported by the test that reads this part
+            out[name] = {"error": traceback.format_exc()}
+            break  # the process group may be unusable now
+    return out
+
+
+# --- tests (the parent compares) --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("ddp")
+
+
+@pytest.fixture(scope="module")
+def results(folder):
+    return launch(suite, folder, str(folder), timeout_s=100)
+
+
+def part(results, name) -> list:
+    for rank, out in enumerate(results):
+        if name not in out:
+            pytest.fail(f"{name} did not run on rank {rank} (an earlier scenario failed)")
+        if isinstance(out[name], dict) and "error" in out[name]:
+            pytest.fail(f"{name} failed on rank {rank}:\n{out[name]['error']}")
+    return [out[name] for out in results]
+
+
+def assert_equal_lists(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b, strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+
+@pytest.mark.timeout(120)
+def test_none_matches_plain_ddp(results):
+    results = part(results, "same_as_plain")
+    for out in results:
+        for cap in (25, SMALL_BUCKETS):
+            plain = out[f"plain@{cap}"]
+            assert_equal_lists(out[f"none@{cap}"], plain)  # bit for bit, one bucket or several
+            for half, full in zip(out[f"fp16@{cap}"], plain, strict=True):
+                torch.testing.assert_close(half, full, rtol=2e-3, atol=2e-3)
+            assert not torch.equal(out[f"fp16@{cap}"][0], plain[0])  # fp16 really went through fp16
+    assert_equal_lists(results[0][f"none@{SMALL_BUCKETS}"], results[1][f"none@{SMALL_BUCKETS}"])
+
+
+@pytest.mark.timeout(120)
+def test_lossy_compressors_converge_and_ranks_agree(results):
+    trained = part(results, "converge")
+    for spec, *_ in SPECS:
+        start = sum(out[spec]["start"] for out in trained) / 2
+        end = sum(out[spec]["end"] for out in trained) / 2
+        assert end < 0.05 and end < 0.1 * start, (spec, start, end)
+        assert_equal_lists(trained[0][spec]["params"], trained[1][spec]["params"])  # bit-identical steps
+    plain = sum(out["none"]["end"] for out in trained) / 2
+    for spec in ("qsgd:levels=4", "topk:ratio=0.1"):
+        assert sum(out[spec]["end"] for out in trained) / 2 < 3 * plain + 0.01, spec
+
+
+@pytest.mark.timeout(120)
+def test_byte_counts_follow_the_rule(results):
+    trained = part(results, "converge")
+    numels = [p.numel() for p in make_model().parameters()]
+    for spec, _, smallest in SPECS[:3]:
+        per_step = sum(build(spec).nbytes(n) if n >= smallest else 4 * n for n in numels)
+        assert spec == "none" or per_step < sum(numels)  # under 8 bits per element: compression happened
+        for out in trained:
+            state = out[spec]["state"]
+            assert state["step"] == STEPS
+            # payload bytes of this rank, times the one peer each reaches
+            assert state["bytes_sent"] == STEPS * per_step * 1, spec
+            # compressed path: an int64 size per parameter (fixed sizes: no padding)
+            extra = 0 if spec == "none" else 8 * len(numels)
+            assert state["wire_bytes_sent"] == STEPS * (per_step + extra), spec
+    assert 4 * sum(numels) == sum(build("none").nbytes(n) for n in numels)
+    # threshold's size depends on the data: payload <= wire, and wire covers the padding
+    for out in trained:
+        state = out["threshold:tau=0.01"]["state"]
+        assert 0 < state["bytes_sent"] <= state["wire_bytes_sent"] - STEPS * 8 * len(numels)
+
+
+@pytest.mark.timeout(120)
+def test_state_dict_resume_equals_not_stopping(results, folder):
+    for rank, out in enumerate(part(results, "resume")):
+        for spec, r in out.items():
+            assert_equal_lists(r["resumed"], r["straight"])
+            pairs = zip(r["no_hook_state"], r["straight"], strict=True)
+            # else the test would prove nothing
+            assert any(not torch.equal(a, b) for a, b in pairs), f"{spec}: no hook state, same result"
+            assert f"rank={1 - rank}" in r["wrong_rank"] and "rank" in r["wrong_rank"], r["wrong_rank"]
+    # the checkpoint is plain data
+    state = torch.load(folder / "topk-0.pt", weights_only=True)["hook"]
+    assert state["compressor"] == "topk:ratio=0.1" and state["step"] == 6
+    # residuals of the compressed parameters only (the others, under 1024 elements, travel raw)
+    assert sorted(state["residuals"]) == ["0.weight", "2.weight"]
+
+
+@pytest.mark.timeout(120)
+def test_non_finite_gradient_stops_every_rank_naming_the_bucket(results):
+    results = part(results, "non_finite")
+    for spec in ("none", "topk:ratio=0.1"):
+        (kind0, text0), (kind1, text1) = results[0][spec], results[1][spec]
+        assert "rank 1, bucket" in text1 and "'2.weight'" in text1 and "nan" in text1, text1
+        assert "step 2" in text1 and spec.split(":")[0] in text1, text1
+        assert "every rank stops" in text0 and "bucket" in text0, text0
+        if spec != "none":  # raised by the hook itself; the allreduce path raises via DDP's future
+            assert kind0 == kind1 == "DivergenceError"
+
+
+@pytest.mark.timeout(120)
+def test_timeout_raises_instead_of_hanging(results):
+    kind, text = part(results, "slow_peer")[0]
+    assert kind == "CommunicationError" and "1 s" in text and "bucket 0" in text, text
+
+
+def test_bad_input_is_rejected_before_any_communication():
+    with pytest.raises(ConfigError, match="valid compressors: .*qsgd"):
+        gwddp.HookState(make_model(), "qsgdd")
+    with pytest.raises(ConfigError, match="valid parameters: levels, bucket"):
+        gwddp.HookState(make_model(), "qsgd:levles=4")
+    with pytest.raises(ConfigError, match="timeout_s"):
+        gwddp.HookState(make_model(), "none", timeout_s=0)
+    with pytest.raises(TypeError, match="DistributedDataParallel"):
+        gwddp.register(make_model(), "none")
+    assert issubclass(DivergenceError, RuntimeError) and issubclass(CommunicationError, RuntimeError)

@@ -1,0 +1,128 @@
+"""The namespace test bed (scripts/testbed.py): the tc limit is real, gradwire runs across the
+namespaces, and nothing is left behind, after a clean run or a SIGTERM.
+
+Needs root and permission to create network namespaces; skips, with the reason, without them.
+Every namespace is named with a prefix unique to this test session, so parallel runs cannot
+collide and the leftover checks look at our names only.
+"""
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "testbed.py"
+PREFIX = f"gwt-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def namespaces(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip() and line.split()[0].startswith(prefix)]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (the launchers carry the prefix as --rdzv-id)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if text.encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def netns_ok():
+    if os.geteuid() != 0:
+        pytest.skip("the test bed needs root (network namespaces and qdiscs)")
+    if not (shutil.which("ip") and shutil.which("tc")):
+        pytest.skip("the test bed needs iproute2 (ip, tc)")
+    probe = f"{PREFIX}-probe"
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=10)
+    if p.returncode != 0:
+        pytest.skip(f"cannot create network namespaces here: {p.stderr.strip()}")
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10)
+
+
+def run_testbed(*args: str, prefix: str, timeout: float) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPT), "--prefix", prefix, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(60)
+def test_check_measures_the_tc_limit(netns_ok):
+    prefix = f"{PREFIX}-c"
+    p = run_testbed("--check", "--nodes", "2", "--mbps", "50", "--json", prefix=prefix, timeout=50)
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads(p.stdout.strip().splitlines()[-1])
+    mbps = report["pair"]["mbps"]
+    # TCP over Ethernet carries at most 1448 of every 1514 bytes that tbf counts: about 96%.
+    assert 40.0 <= mbps <= 60.0, report
+    assert namespaces(prefix) == []
+
+
+@pytest.mark.timeout(180)
+def test_gradwire_runs_across_namespaces(netns_ok, tmp_path, data_dir):
+    prefix = f"{PREFIX}-r"
+    out = tmp_path / "run"
+    p = run_testbed("--nodes", "2", "--mbps", "50", "--timeout-s", "150", "--", "run", "--task", "digits-logreg",
+                "--steps", "5", "--eval-every", "5", "--out", str(out), "--data-dir", str(data_dir),
+                "--timeout-s", "60", prefix=prefix, timeout=170)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 5] and rows[-1]["bytes_sent"] > 0
+    bed = json.loads((out / "testbed" / "testbed.json").read_text())
+    assert bed["exit_codes"] == [0, 0] and bed["addresses"] == ["10.77.0.10", "10.77.0.11"]
+    assert json.loads((out / "config.json").read_text())["workers"] == 2
+    assert namespaces(prefix) == [] and processes_mentioning(prefix) == []
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_tears_everything_down(netns_ok, tmp_path, data_dir):
+    prefix = f"{PREFIX}-s"
+    cmd = [sys.executable, str(SCRIPT), "--prefix", prefix, "--nodes", "2", "--timeout-s", "100", "--", "run",
+           "--task", "digits-logreg", "--steps", "100000", "--out", str(tmp_path / "run"),
+           "--data-dir", str(data_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not metrics.exists():  # until the workers are training
+            time.sleep(0.2)
+        assert metrics.exists() and len(namespaces(prefix)) == 3, "no training within 60 s"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "namespaces deleted" in err
+    assert namespaces(prefix) == [] and processes_mentioning(prefix) == []
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gradwire_testbed_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(30)
+def test_refuses_without_root(monkeypatch, capsys):
+    script = load_script()
+    monkeypatch.setattr(script.os, "geteuid", lambda: 1000)  # the same check, whoever runs the tests
+    assert script.main(["--check"]) == 2
+    assert "needs root" in capsys.readouterr().err
+    assert script.main(["--nodes", "2", "--", "run", "--steps", "5"]) == 2
