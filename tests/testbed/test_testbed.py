@@ -52,17 +52,33 @@ def netns_ok():
     if p.returncode != 0:
         pytest.skip(f"cannot create network namespaces here: {p.stderr.strip()}")
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10)
+    yield
+    # Whatever a failed test left (the tests below check that nothing is left, before this runs).
+    subprocess.run([sys.executable, str(SCRIPT), "--cleanup", PREFIX], capture_output=True, timeout=60)
 
 
 def run_testbed(*args: str, prefix: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run the script; past ``timeout``, SIGTERM it (so that it tears down) rather than SIGKILL."""
     cmd = [sys.executable, str(SCRIPT), "--prefix", prefix, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.mark.timeout(60)
 def test_check_measures_the_tc_limit(netns_ok):
     prefix = f"{PREFIX}-c"
-    p = run_testbed("--check", "--nodes", "2", "--mbps", "50", "--json", prefix=prefix, timeout=50)
+    p = run_testbed("--check", "--nodes", "2", "--mbps", "50", "--json", prefix=prefix, timeout=30)
     assert p.returncode == 0, p.stderr[-2000:]
     report = json.loads(p.stdout.strip().splitlines()[-1])
     mbps = report["pair"]["mbps"]
@@ -75,9 +91,9 @@ def test_check_measures_the_tc_limit(netns_ok):
 def test_gradwire_runs_across_namespaces(netns_ok, tmp_path, data_dir):
     prefix = f"{PREFIX}-r"
     out = tmp_path / "run"
-    p = run_testbed("--nodes", "2", "--mbps", "50", "--timeout-s", "150", "--", "run", "--task", "digits-logreg",
+    p = run_testbed("--nodes", "2", "--mbps", "50", "--timeout-s", "120", "--", "run", "--task", "digits-logreg",
                 "--steps", "5", "--eval-every", "5", "--out", str(out), "--data-dir", str(data_dir),
-                "--timeout-s", "60", prefix=prefix, timeout=170)
+                "--timeout-s", "60", prefix=prefix, timeout=140)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 5] and rows[-1]["bytes_sent"] > 0
@@ -94,7 +110,7 @@ def test_sigterm_tears_everything_down(netns_ok, tmp_path, data_dir):
            "--task", "digits-logreg", "--steps", "100000", "--out", str(tmp_path / "run"),
            "--data-dir", str(data_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    try:  # the pipes are read only at the end: the run prints little, far below a pipe's buffer
         metrics = tmp_path / "run" / "metrics.jsonl"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not metrics.exists():  # until the workers are training
@@ -104,8 +120,12 @@ def test_sigterm_tears_everything_down(netns_ok, tmp_path, data_dir):
         _, err = proc.communicate(timeout=40)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "namespaces deleted" in err
     assert namespaces(prefix) == [] and processes_mentioning(prefix) == []
