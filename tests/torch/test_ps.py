@@ -81,7 +81,8 @@ def _spawn(nproc, args, out, data_dir, env_extra):
 @pytest.mark.timeout(300)
 def test_worker_killed_mid_run_is_survived_with_backups(tmp_path, data_dir):
     # steps paced by a real compute time, so every worker takes part before the kill
-    args = BASE + ["--steps", "30", "--algorithm", "sync:backups=1", "--stragglers", "lognormal:sigma=0.2,compute_s=0.03"]
+    args = BASE + ["--steps", "30", "--algorithm", "sync:backups=1",
+                   "--stragglers", "lognormal:sigma=0.2,compute_s=0.03"]
     results = _spawn(4, args, tmp_path / "dead", data_dir, {"GRADWIRE_KILL_AT": "1:3"})
     codes = [c for c, _ in results]
     assert codes[2] == -signal.SIGKILL                    # process 2 hosts worker 1
