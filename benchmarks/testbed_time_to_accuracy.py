@@ -105,9 +105,10 @@ def table(results: list[dict], target: float, compute_s: float | None) -> str:
     for r in results:
         tb, sim = r.get("testbed"), r["sim"]
         sim_s = None if compute_s is None or sim["step"] is None else sim["seconds"] + sim["step"] * compute_s
-        steps = f"{fmt(tb and tb['step'], 'd', 'n/r')} / {fmt(sim['step'], 'd', 'n/r')}"
+        tb_step, tb_s = ("-", "-") if tb is None else (fmt(tb["step"], "d", "n/r"), fmt(tb["seconds"], ".1f", "n/r"))
+        steps = f"{tb_step} / {fmt(sim['step'], 'd', 'n/r')}"
         wire = f"{tb['total_mb']:.1f} / {r['wire_mb']:.1f}" if tb else f"{sim['total_mb']:.1f} / -"
-        lines.append(f"| {r['rate']:g} | {r['label']} | {steps} | {fmt(tb and tb['seconds'], '.1f', 'n/r')} | "
+        lines.append(f"| {r['rate']:g} | {r['label']} | {steps} | {tb_s} | "
                      f"{fmt(sim_s, '.1f')} | {fmt(tb and tb['s_per_step'] * 1e3, '.1f')} | "
                      f"{fmt((tb or sim)['mb'], '.1f')} | {wire} | {r.get('drops', '-')} | "
                      f"{(tb or sim)['final_acc']:.3f} |")
