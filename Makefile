@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(VENV)/bin/gradwire demo --out runs/demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

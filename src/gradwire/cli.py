@@ -171,6 +171,8 @@ def torchrun_argv(ns) -> list[str]:
         run_args += ["--workers", str(total - int(_needs_server(run_args)))]
     argv = ["--nproc-per-node", str(ns.nproc_per_node), "--nnodes", str(ns.nnodes),
             "--max-restarts", str(ns.max_restarts)]
+    if ns.local_addr:
+        argv += ["--local-addr", ns.local_addr]
     if ns.rdzv_endpoint:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", ns.rdzv_endpoint, "--rdzv-id", ns.rdzv_id,
                  "--node-rank", str(ns.node_rank)]
@@ -191,6 +193,8 @@ def _needs_server(run_args: list[str]) -> bool:
 
 def cmd_launch(ns) -> int:
     argv = torchrun_argv(ns)
+    if ns.ifname:  # the children inherit the environment
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = ns.ifname
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
@@ -240,9 +244,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                               "and rendezvous (gloo on CPU, NCCL on GPU). Rank 0 writes the run folder.")
     p_launch.add_argument("--nproc-per-node", type=int, required=True, help="worker processes on this node")
     p_launch.add_argument("--nnodes", default="1", help="number of nodes, or a range MIN:MAX (default 1)")
-    p_launch.add_argument("--node-rank", type=int, default=0, help="this node's index (multi-node)")
+    p_launch.add_argument("--node-rank", type=int, default=0,
+                          help="this node's index (multi-node; the c10d rendezvous may order nodes itself)")
     p_launch.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous (multi-node)")
     p_launch.add_argument("--rdzv-id", default="gradwire", help="job id shared by all nodes")
+    p_launch.add_argument("--ifname", default="", help="network interface for gloo/NCCL traffic "
+                          "(sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)")
+    p_launch.add_argument("--local-addr", default="", help="this node's address as the rendezvous should see it")
     p_launch.add_argument("--max-restarts", type=int, default=0,
                           help="restart the group this often after a failure (use with --resume)")
     p_launch.add_argument("rest", nargs=argparse.REMAINDER, help="-- run [run flags]")
