@@ -94,6 +94,9 @@ class DAGC(Algorithm):
         return torch.from_numpy(tau0 * (self.world * self.shares) ** (-2 / 3))
 
     def _calibrate(self, ctx) -> torch.Tensor:
+        """τ0 such that, at the initial parameters, worker i would keep about its DAGC-R count k_i:
+        the geometric mean of the per-worker τ0 that keeps exactly k_i (one gradient each, one
+        8-byte allreduce; a geometric mean because thresholds spread over orders of magnitude)."""
         logs = {}
         for r in ctx.local_ranks:
             _, g = ctx.gradient(r, self.x)
