@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/gradwire demo --out runs/demo
+	$(VENV)/bin/gradwire compare --config examples/demo.yaml --out runs/demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
