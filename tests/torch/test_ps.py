@@ -107,3 +107,26 @@ def test_async_on_real_processes(tmp_path, data_dir):
     assert max(s["staleness_max"] for s in log) >= 1
     m = rows(tmp_path / "async" / "metrics.jsonl")
     assert m[-1]["train_loss"] < m[0]["train_loss"]
+
+
+@pytest.mark.timeout(300)
+def test_checkpoints_in_ps_mode_resume_after_a_restart(tmp_path, data_dir):
+    # backups + checkpoints every 5 steps; worker 1 dies at its 8th gradient, torchrun restarts the
+    # group, which resumes from the last checkpoint every live worker acknowledged
+    args = BASE + ["--steps", "20", "--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume",
+                   "--stragglers", "lognormal:sigma=0.2,compute_s=0.02"]
+    p = launch(4, args, tmp_path / "ckpt", data_dir, extra_env={"GRADWIRE_KILL_AT": "1:8"},
+               launch_args=["--max-restarts", "1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = tmp_path / "ckpt"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
+    assert [m["step"] for m in rows(out / "metrics.jsonl")] == list(range(21))
+    assert [s["step"] for s in rows(out / "steps.jsonl")] == list(range(1, 21))
+    latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
+    assert latest.name == "step-00000015"
+    assert sorted(f.name for f in latest.glob("*.pt")) == ["rank0.pt", "rank1.pt", "rank2.pt", "rank3.pt"]
+    server = torch.load(latest / "rank0.pt", weights_only=True)
+    worker = torch.load(latest / "rank2.pt", weights_only=True)
+    assert server["step"] == worker["step"] == 15
+    assert worker["state"]["ps"]["tag"] >= 16  # the worker saved the parameters of a later step

@@ -44,13 +44,19 @@ def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barr
     if barrier is not None:
         barrier()  # every rank has written before `latest` moves
     if coordinator:
-        tmp = Path(folder) / "latest.tmp"
-        tmp.write_text(stepdir.name + "\n")
-        os.replace(tmp, Path(folder) / "latest")
-        old = sorted(p for p in Path(folder).glob("step-*") if p.is_dir() and p.name != stepdir.name)
-        for p in old[: max(0, len(old) - (keep - 1))]:
-            shutil.rmtree(p, ignore_errors=True)
+        mark_latest(folder, step, keep=keep)
     return stepdir
+
+
+def mark_latest(folder: Path, step: int, *, keep: int = 1) -> None:
+    """Point ``latest`` at ``step`` (atomically) and remove older step folders."""
+    name = f"step-{step:08d}"
+    tmp = Path(folder) / "latest.tmp"
+    tmp.write_text(name + "\n")
+    os.replace(tmp, Path(folder) / "latest")
+    old = sorted(p for p in Path(folder).glob("step-*") if p.is_dir() and p.name < name)
+    for p in old[: max(0, len(old) - (keep - 1))]:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def latest(folder: Path) -> Path | None:

@@ -69,9 +69,6 @@ class Run:
             raise ConfigError(f"task {cfg.task!r} made data for {len(shards)} workers, not {cfg.workers}")
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
         self.ps = cfg.backend == "torch" and bool(getattr(self.algorithm, "needs_server", False))
-        if self.ps and cfg.checkpoint_every:
-            raise ConfigError(f"--checkpoint-every is not supported yet for {cfg.algorithm!r} on the torch backend "
-                              "(its parameter-server mode)")
         self.transport, self.clock = _transport(cfg, self.ps)
         self.is_writer = getattr(self.transport, "rank", 0) == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
@@ -95,6 +92,8 @@ class Run:
         self.gradients = 0
         self.window: list[float] = []
         self.server = None
+        self.ps_resume: dict | None = None
+        self.checkpoint_folder = Path(cfg.out) / "checkpoint"
         if self.ps and self.is_writer:
             from gradwire.run.ps import PSServer
 
@@ -149,9 +148,19 @@ class Run:
             raise ConfigError(f"checkpoint does not fit this run ({type(e).__name__}: {e})") from None
 
     def save_checkpoint(self, folder: Path) -> None:
+        if self.server is not None:  # parameter-server mode: the workers save on their own time
+            checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), coordinator=False)
+            self.server.begin_checkpoint(self.step)
+            self.server.release_replies()
+            return
         barrier = getattr(self.transport, "barrier", None)
         checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), barrier=barrier,
                         coordinator=self.is_writer)
+
+    def save_worker_checkpoint(self, step: int, position: dict) -> None:
+        """Parameter-server mode: this worker's state at the server's checkpoint ``step``."""
+        state = self.state_dict() | {"step": step, "ps": position}
+        checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), coordinator=False)
 
     def try_resume(self, folder: Path) -> bool:
         stepdir = checkpoint.latest(folder)
@@ -159,6 +168,8 @@ class Run:
             return False
         step, state = checkpoint.load(stepdir, self.label, self.cfg.to_dict())
         self.load_state_dict(state)
+        if "ps" in state:
+            self.ps_resume = {k: int(v) for k, v in state["ps"].items()}
         if self.step != step:
             raise ConfigError(f"checkpoint {stepdir} is inconsistent: step {step} vs state step {self.step}")
         return True
@@ -179,6 +190,9 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     r = Run(cfg)
     if r.ps and not r.is_writer:  # a parameter-server worker: no folder, no evaluation
         from gradwire.run.ps import run_worker
+
+        if cfg.resume:
+            r.try_resume(out / "checkpoint")
 
         try:
             return run_worker(r)

@@ -8,7 +8,7 @@ source fails outright once any peer has died, and gloo's ``is_completed`` does n
 only its own thread, which reports the worker lost. Messages:
 
     worker -> server   [tag, payload bytes, loss (float64 bits), worker, gradient count] + payload
-    server -> worker   [tag, stop flag] + the parameters
+    server -> worker   [tag, stop flag, checkpoint step or 0] + the parameters
 
 ``tag`` is the step a gradient was computed for (sync with backups) or the parameter version it
 was computed at (async). Sync with backups (Chen et al. 2016): the server collects gradients for
@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from gradwire.errors import CommunicationError, ConfigError
 
-HEADER, REPLY = 5, 2  # int64 words
+HEADER, REPLY = 5, 3  # int64 words
 GRAD_TAG, REPLY_TAG, RELEASE_TAG = 1, 2, 4
 BYE = -2  # the tag of a worker's last message
 
@@ -102,6 +102,11 @@ class PSServer:
         self.lost: dict[int, str] = {}
         self.is_async = self.algo.name == "async"
         self.inbox = Inbox(self.n_workers, self.msg_bytes, self.timeout_s)
+        # Checkpoints: after step K the server saves its state and flags its next reply to each
+        # worker, who then saves its own; a worker's next message acknowledges, and `latest`
+        # moves to K once every live worker has.
+        self.ckpt_step, self.ckpt_unflagged, self.ckpt_unacked = 0, set(), set()
+        self.checkpoint_after, self.deferred = 0, []
 
     def _receive(self, what: str, deadline: float | None = None):
         """The next message from any worker in arrival order: a gradient as (worker, tag, loss,
@@ -128,6 +133,9 @@ class PSServer:
             previous = self.in_flight.pop(worker, None)
             if previous is not None:  # the worker sent again, so it has received our last reply
                 _wait(previous[0], self.timeout_s, f"parameter server: reply to worker {worker}")
+                if previous[2] and worker in self.ckpt_unacked:  # ... and saved its checkpoint state
+                    self.ckpt_unacked.discard(worker)
+                    self._maybe_commit_checkpoint()
             if tag == BYE:
                 self.said_bye.add(worker)
                 return None
@@ -135,15 +143,40 @@ class PSServer:
 
     def _reply(self, worker: int, tag: int, stop: bool) -> None:
         msg = torch.empty(self.reply_bytes, dtype=torch.uint8)
-        msg[: REPLY * 8].view(torch.int64).copy_(torch.tensor([tag, int(stop)]))
+        flag = self.ckpt_step if worker in self.ckpt_unflagged and not stop else 0
+        self.ckpt_unflagged.discard(worker)
+        msg[: REPLY * 8].view(torch.int64).copy_(torch.tensor([tag, int(stop), flag]))
         msg[REPLY * 8 :].copy_(self.algo.x.reshape(-1).view(torch.uint8))
-        self.in_flight[worker] = (dist.isend(msg, dst=worker + 1, tag=REPLY_TAG), msg)
+        self.in_flight[worker] = (dist.isend(msg, dst=worker + 1, tag=REPLY_TAG), msg, flag)
         self.run.transport.bytes_sent += self.reply_bytes
         if stop:
             self.stopped.add(worker)
 
+    def begin_checkpoint(self, step: int) -> None:
+        """Called once the server's own state for ``step`` is on disk, before any reply carries
+        parameters newer than that state: every live worker's next reply asks it to save."""
+        alive = {w for w in range(self.n_workers) if w not in self.lost}
+        self.ckpt_step, self.ckpt_unflagged, self.ckpt_unacked = step, set(alive), set(alive)
+
+    def _maybe_commit_checkpoint(self) -> None:
+        self.ckpt_unacked -= set(self.lost)
+        if self.ckpt_step and not self.ckpt_unacked:
+            from gradwire.run import checkpoint
+
+            checkpoint.mark_latest(self.run.checkpoint_folder, self.ckpt_step)
+            self.ckpt_step = 0
+
+    def release_replies(self) -> None:
+        """Send the parameters of the step just applied to the workers that wait for them."""
+        for w, tag, stop in self.deferred:
+            self._reply(w, tag, stop)
+        self.deferred = []
+
     def step(self, step: int) -> dict:
         last = step == self.run.cfg.steps
+        every = self.run.cfg.checkpoint_every
+        # with a checkpoint after this step, replies wait until the server's state is saved
+        self.checkpoint_after = step if every and step % every == 0 and not last else 0
         if self.is_async:
             return self._async_round(last)
         need = self.n_workers - self.algo.backups
@@ -160,9 +193,10 @@ class PSServer:
                 dropped += 1
                 self._reply(worker, step, stop=False)
         self.algo.opt.apply(self.algo.aggregate(winners))
-        for w in self.awaiting:
-            self._reply(w, step + 1, stop=last)
+        self.deferred = [(w, step + 1, last) for w in self.awaiting]
         self.awaiting = []
+        if not self.checkpoint_after:
+            self.release_replies()
         return {"loss": sum(losses.values()) / need, "gradients": need, "dropped": dropped,
                 "winners": sorted(winners), "winner_counts": [counts[w] for w in sorted(winners)]}
 
@@ -180,7 +214,10 @@ class PSServer:
                 dropped += 1
             else:
                 staleness.append(stale)
-            self._reply(worker, self.algo.version, stop=last and i == self.n_workers - 1)
+            if self.checkpoint_after and i == self.n_workers - 1:
+                self.deferred = [(worker, self.algo.version, False)]
+            else:
+                self._reply(worker, self.algo.version, stop=last and i == self.n_workers - 1)
             i += 1
         return {"loss": sum(losses) / len(losses), "gradients": len(staleness), "dropped": dropped,
                 "staleness_mean": sum(staleness) / max(len(staleness), 1), "staleness_max": max(staleness, default=0)}
@@ -200,6 +237,7 @@ class PSServer:
         for w in range(self.n_workers):
             if w not in self.said_bye and w not in self.lost:
                 self.lost[w] = "did not finish"
+        self._maybe_commit_checkpoint()
         release = torch.ones(1, dtype=torch.int64)
         works = [dist.isend(release, dst=w + 1, tag=RELEASE_TAG) for w in sorted(self.said_bye)]
         for work in works:
@@ -220,6 +258,8 @@ def run_worker(run) -> dict:
     reply = torch.empty(REPLY * 8 + x.numel() * x.element_size(), dtype=torch.uint8)
     tag = 0 if algo.name == "async" else 1
     count = 0
+    if run.ps_resume:  # where this worker stood when its checkpoint was taken
+        tag, count = run.ps_resume["tag"], run.ps_resume["count"]
     while True:
         run.oracle.step = tag
         loss, g = run.ctx.gradient(w, x)
@@ -236,6 +276,9 @@ def run_worker(run) -> dict:
         _wait(send, timeout_s, what)
         head = reply[: REPLY * 8].view(torch.int64)
         x.copy_(reply[REPLY * 8 :].view(x.dtype))
+        next_tag = int(head[0])
+        if int(head[2]):  # the server saved step head[2]: save this worker's state beside it
+            run.save_worker_checkpoint(int(head[2]), {"tag": next_tag, "count": count})
         if int(head[1]):
             msg.zero_()
             msg[: HEADER * 8].view(torch.int64).copy_(torch.tensor([BYE, 0, 0, w, count]))
@@ -243,5 +286,5 @@ def run_worker(run) -> dict:
             _wait(dist.irecv(torch.empty(1, dtype=torch.int64), src=0, tag=RELEASE_TAG), timeout_s,
                   f"worker {w}: no release from the parameter server")
             return {"worker": w, "gradients_sent": count}
-        tag = int(head[0])
+        tag = next_tag
         run.kill_point(count)
