@@ -222,6 +222,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=not progress, leave=False,
                dynamic_ncols=True)
     mode = "a" if resumed else "w"
+    sync_counters = None if r.ps else getattr(r.transport, "sync_counters", None)
     devnull = os.devnull
     with open(out / "metrics.jsonl" if writer else devnull, mode) as metrics, \
          open(out / "steps.jsonl" if writer else devnull, mode) as steps_log:
@@ -244,6 +245,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                                             "bytes_sent": r.transport.bytes_sent} | info) + "\n")
                 bar.update(1)
                 if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
+                    if sync_counters is not None:
+                        sync_counters()  # every rank, at the same steps
                     record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
                     r.window.clear()
                     if records:

@@ -8,7 +8,11 @@ Bytes are counted as the ring algorithms that gloo and NCCL use send them, the s
 the simulator's ``ring`` network (transports/network.py): allreduce 2·(N-1)·B, allgather
 (N-1)·N·max n (padded), gather Σ of the non-root buffers, broadcast (N-1)·n, plus (N-1)·N·8 for a
 size exchange when the sizes are not known in advance. Every rank knows every size, so every
-rank holds the same global ``bytes_sent``, with no extra communication.
+rank holds the same global ``bytes_sent``, with no extra communication. Collectives over a subset
+of workers (multi-leader LSGD's groups) run on process groups that their members create on first
+use (``new_group(..., use_local_synchronization=True)``, so non-members need not take part); their
+bytes are accounted by each group's lowest rank and summed over ranks at evaluation steps
+(``sync_counters``), so the global count still equals the simulator's.
 """
 
 from __future__ import annotations
@@ -104,13 +108,47 @@ class TorchTransport(Transport):
         self.world_size = dist.get_world_size()
         self.local_ranks = (self.rank,)
         self.timeout_s = timeout_s
+        self._groups: dict[tuple[int, ...], object] = {}
+        self.group_bytes = 0  # bytes of subgroup collectives this rank accounts for (see sync_counters)
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
 
     def _all(self, ranks: Sequence[int] | None, what: str) -> list[int]:
         ranks = self.participants(ranks)
         if ranks != list(range(self.world_size)):
             raise NotImplementedError(f"{what} over a subset of workers {ranks} is not supported on the torch "
-                                      "backend yet (it needs the parameter-server mode)")
+                                      "backend yet")
         return ranks
+
+    def _group(self, ranks: Sequence[int] | None, what: str):
+        """(process group or None for the whole world, sorted participants)."""
+        ranks = self.participants(ranks)
+        if ranks == list(range(self.world_size)):
+            return None, ranks
+        if self.rank not in ranks:
+            raise ValueError(f"rank {self.rank} is not among the participants {ranks} of a {what}")
+        key = tuple(ranks)
+        if key not in self._groups:
+            self._groups[key] = self._guard(lambda: dist.new_group(list(key), use_local_synchronization=True),
+                                            f"creating the group {list(key)}")
+        return self._groups[key], ranks
+
+    def _count(self, nbytes: int, group, ranks: list[int]) -> None:
+        if group is None:
+            self.bytes_sent += nbytes
+        elif self.rank == ranks[0]:
+            self.group_bytes += nbytes
+
+    def sync_counters(self) -> None:
+        """Make ``bytes_sent`` global again after subgroup collectives: every rank must call this at
+        the same points (the run loop does at evaluation steps)."""
+        t = torch.tensor([self.group_bytes], dtype=torch.int64)
+        self._guard(lambda: dist.all_reduce(t), "byte counters")
+        self.bytes_sent += int(t)
+        self.group_bytes = 0
+
+    def node_of(self, rank: int) -> int:
+        """torchrun starts LOCAL_WORLD_SIZE processes per node, ranked node by node."""
+        return rank // self.local_world
 
     def _guard(self, fn, what: str):
         start = time.perf_counter()
@@ -136,12 +174,12 @@ class TorchTransport(Transport):
         return [int(x) for x in out]
 
     def allreduce_mean(self, tensors, ranks=None):
-        ranks = self._all(ranks, "allreduce")
+        group, ranks = self._group(ranks, "allreduce")
         mine = tensors[self.rank]
         acc = mine.clone()
-        self._guard(lambda: dist.all_reduce(acc), "allreduce")
+        self._guard(lambda: dist.all_reduce(acc, group=group), "allreduce")
         n = len(ranks)
-        self.bytes_sent += 2 * (n - 1) * mine.numel() * mine.element_size()
+        self._count(2 * (n - 1) * mine.numel() * mine.element_size(), group, ranks)
         return acc.div_(n)
 
     def allreduce_mean_start(self, tensors, ranks=None):
@@ -154,17 +192,19 @@ class TorchTransport(Transport):
         return _TorchHandle(work, acc, n, mine.dtype, self)
 
     def allgather(self, buffers, ranks=None, *, size=None):
-        ranks = self._all(ranks, "allgather")
+        group, ranks = self._group(ranks, "allgather")
+        if group is not None and size is None:
+            raise NotImplementedError("a subgroup allgather needs the buffer size announced (size=)")
         mine = buffers[self.rank]
         sizes = self._sizes(int(mine.numel()), size)
         m = max(sizes)
         padded = torch.zeros(m, dtype=torch.uint8)
         padded[: mine.numel()] = mine
         out = [torch.empty(m, dtype=torch.uint8) for _ in ranks]
-        self._guard(lambda: dist.all_gather(out, padded), "allgather")
+        self._guard(lambda: dist.all_gather(out, padded, group=group), "allgather")
         n = len(ranks)
-        self.bytes_sent += (n - 1) * n * m
-        return {r: out[r][: sizes[r]] for r in ranks}
+        self._count((n - 1) * n * m, group, ranks)
+        return {r: out[i][: sizes[r] if group is None else size] for i, r in enumerate(ranks)}
 
     def gather(self, buffers, dst, ranks=None, *, size=None):
         ranks = self._all(ranks, "gather")
@@ -179,7 +219,14 @@ class TorchTransport(Transport):
         return None if out is None else {r: out[r][: sizes[r]] for r in ranks}
 
     def broadcast(self, buffer, src, ranks=None, *, size=None):
-        ranks = self._all(ranks, "broadcast")
+        group, ranks = self._group(ranks, "broadcast")
+        if group is not None:
+            if size is None:
+                raise NotImplementedError("a subgroup broadcast needs the buffer size announced (size=)")
+            out = buffer.contiguous() if self.rank == src else torch.empty(size, dtype=torch.uint8)
+            self._guard(lambda: dist.broadcast(out, src=src, group=group), "broadcast")
+            self._count((len(ranks) - 1) * size, group, ranks)
+            return out
         if size is None:
             n = torch.tensor([buffer.numel() if self.rank == src else 0], dtype=torch.int64)
             self._guard(lambda: dist.broadcast(n, src=src), "size broadcast")
