@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from tests.util import states_equal
 
 from gradwire.errors import ConfigError
 from gradwire.run.config import RunConfig
@@ -29,16 +30,6 @@ def _metrics(folder):
     return rows
 
 
-def _equal(a, b):
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 @pytest.mark.parametrize("kw", [
     dict(algorithm="sync:backups=1", compressor="qsgd:levels=4", error_feedback=True),
     dict(algorithm="diana", compressor="pquant:p=2,block=32"),
@@ -51,7 +42,7 @@ def test_resume_is_bitwise_exact(tmp_path, data_dir, kw):
     assert (tmp_path / "split" / "checkpoint" / "latest").read_text().strip() == "step-00000020"
     summary = run(_cfg(tmp_path, data_dir, "split", resume=True, **kw), progress=False)
     assert summary["resumed"]
-    assert _equal(_final_state(tmp_path / "whole")["state"], _final_state(tmp_path / "split")["state"])
+    assert states_equal(_final_state(tmp_path / "whole")["state"], _final_state(tmp_path / "split")["state"])
     assert _metrics(tmp_path / "whole") == _metrics(tmp_path / "split")
 
 

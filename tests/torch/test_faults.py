@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.torch.test_backend_equality import launch
+from tests.util import states_equal
 
 ARGS = ["--task", "digits-mlp", "--steps", "30", "--eval-every", "5", "--batch-size", "16", "--lr", "0.05",
         "--momentum", "0.9", "--algorithm", "diana", "--compressor", "pquant:p=2,block=64", "--checkpoint-every", "10",
@@ -29,16 +30,6 @@ def losses(folder):
             map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())]
 
 
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 @pytest.mark.timeout(400)
 def test_killed_worker_restarts_group_and_resumes_exactly(tmp_path, data_dir):
     p = launch(2, ARGS, tmp_path / "whole", data_dir)
@@ -52,7 +43,7 @@ def test_killed_worker_restarts_group_and_resumes_exactly(tmp_path, data_dir):
     name_a, a = final_states(tmp_path / "whole", 2)
     name_b, b = final_states(tmp_path / "killed", 2)
     assert name_a == name_b == "step-00000030"
-    assert same(a, b)
+    assert states_equal(a, b)
     assert losses(tmp_path / "whole") == losses(tmp_path / "killed")
 
 
