@@ -87,6 +87,9 @@ def cmd_run(ns) -> int:
     print(f"{summary['label']}: {summary['steps']} steps, {' '.join(parts)}, {mb:.3f} MB sent, "
           f"{summary['sim_time_s']:.2f} s {'simulated' if cfg.backend == 'sim' else 'elapsed'}, "
           f"{summary['wall_time_s']:.1f} s wall -> {cfg.out}")
+    if summary.get("lost_workers"):
+        reasons = "; ".join(f"worker {w}: {why}" for w, why in summary["lost_reasons"].items())
+        print(f"lost {len(summary['lost_workers'])} worker(s) during the run, finished with the rest ({reasons})")
     return 0
 
 
