@@ -130,3 +130,22 @@ def test_checkpoints_in_ps_mode_resume_after_a_restart(tmp_path, data_dir):
     worker = torch.load(latest / "rank2.pt", weights_only=True)
     assert server["step"] == worker["step"] == 15
     assert worker["state"]["ps"]["tag"] >= 16  # the worker saved the parameters of a later step
+
+
+@pytest.mark.timeout(300)
+def test_worker_missing_from_checkpoint_rejoins(tmp_path, data_dir):
+    out = tmp_path / "rejoin"
+    args = BASE + ["--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume",
+                   "--stragglers", "lognormal:sigma=0.2,compute_s=0.01"]
+    p = launch(4, args + ["--steps", "12"], out, data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
+    assert latest.name == "step-00000010"
+    (latest / "rank2.pt").unlink()  # as if worker 1 had been lost before this checkpoint
+    p = launch(4, args + ["--steps", "20"], out, data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
+    assert [m["step"] for m in rows(out / "metrics.jsonl")] == list(range(21))
+    log = rows(out / "steps.jsonl")
+    assert any(1 in s["winners"] for s in log[10:])  # the rejoined worker contributes again

@@ -93,6 +93,7 @@ class Run:
         self.window: list[float] = []
         self.server = None
         self.ps_resume: dict | None = None
+        self.ps_rejoin = False
         self.checkpoint_folder = Path(cfg.out) / "checkpoint"
         if self.ps and self.is_writer:
             from gradwire.run.ps import PSServer
@@ -192,7 +193,11 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
         from gradwire.run.ps import run_worker
 
         if cfg.resume:
-            r.try_resume(out / "checkpoint")
+            stepdir = checkpoint.latest(out / "checkpoint")
+            if stepdir is not None and not (stepdir / f"{r.label}.pt").exists():
+                r.ps_rejoin = True  # lost before that checkpoint was taken: rejoin with fresh state
+            else:
+                r.try_resume(out / "checkpoint")
 
         try:
             return run_worker(r)

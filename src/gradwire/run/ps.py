@@ -37,6 +37,7 @@ from gradwire.errors import CommunicationError, ConfigError
 HEADER, REPLY = 5, 3  # int64 words
 GRAD_TAG, REPLY_TAG, RELEASE_TAG = 1, 2, 4
 BYE = -2  # the tag of a worker's last message
+HELLO = -3  # a worker with no state in the checkpoint asks for the current parameters
 
 
 class Inbox:
@@ -107,6 +108,7 @@ class PSServer:
         # moves to K once every live worker has.
         self.ckpt_step, self.ckpt_unflagged, self.ckpt_unacked = 0, set(), set()
         self.checkpoint_after, self.deferred = 0, []
+        self.current_step, self.finished = run.step + 1, False
 
     def _receive(self, what: str, deadline: float | None = None):
         """The next message from any worker in arrival order: a gradient as (worker, tag, loss,
@@ -138,6 +140,10 @@ class PSServer:
                     self._maybe_commit_checkpoint()
             if tag == BYE:
                 self.said_bye.add(worker)
+                return None
+            if tag == HELLO:  # a rejoining worker: the current parameters and what to compute next
+                self._reply(worker, self.algo.version if self.is_async else self.current_step,
+                            stop=self.finished)
                 return None
             return worker, tag, float(head[2:3].view(torch.float64)), count, data[HEADER * 8 :]
 
@@ -173,6 +179,7 @@ class PSServer:
         self.deferred = []
 
     def step(self, step: int) -> dict:
+        self.current_step = step
         last = step == self.run.cfg.steps
         every = self.run.cfg.checkpoint_every
         # with a checkpoint after this step, replies wait until the server's state is saved
@@ -227,6 +234,7 @@ class PSServer:
         release them all together, so no process leaves the group (closing its connections) while
         another still exchanges. Bounded by the timeout: a worker that never answers is lost."""
         deadline = time.perf_counter() + self.timeout_s
+        self.finished = True
         while len(self.said_bye | set(self.lost)) < self.n_workers:
             try:
                 got = self._receive("the last messages", deadline)
@@ -248,6 +256,20 @@ class PSServer:
         return {"lost_workers": sorted(self.lost), "lost_reasons": {str(k): v for k, v in self.lost.items()}}
 
 
+def _hello(run, w: int, payload: int, reply: torch.Tensor, timeout_s: float) -> int:
+    msg = torch.zeros(HEADER * 8 + payload, dtype=torch.uint8)
+    msg[: HEADER * 8].view(torch.int64).copy_(torch.tensor([HELLO, payload, 0, w, 0]))
+    send = dist.isend(msg, dst=0, tag=GRAD_TAG)
+    what = f"worker {w}: the parameter server did not answer its rejoin within {timeout_s:g} s"
+    _wait(dist.irecv(reply, src=0, tag=REPLY_TAG), timeout_s, what)
+    _wait(send, timeout_s, what)
+    run.algorithm.x.copy_(reply[REPLY * 8 :].view(run.algorithm.x.dtype))
+    head = reply[: REPLY * 8].view(torch.int64)
+    if int(head[2]):  # a checkpoint is being taken: this worker's (fresh) state belongs in it
+        run.save_worker_checkpoint(int(head[2]), {"tag": int(head[0]), "count": 0})
+    return int(head[0])
+
+
 def run_worker(run) -> dict:
     """The loop of worker process w (process w+1): compute at the parameters it holds, push, pull."""
     (w,) = run.ctx.local_ranks
@@ -260,6 +282,8 @@ def run_worker(run) -> dict:
     count = 0
     if run.ps_resume:  # where this worker stood when its checkpoint was taken
         tag, count = run.ps_resume["tag"], run.ps_resume["count"]
+    if run.ps_rejoin:  # lost before the checkpoint: fetch the parameters, then start afresh
+        tag = _hello(run, w, payload, reply, timeout_s)
     while True:
         run.oracle.step = tag
         loss, g = run.ctx.gradient(w, x)
