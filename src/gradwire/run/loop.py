@@ -248,6 +248,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                 info = r.train_step()
                 steps_log.write(json.dumps({"step": r.step, "sim_time_s": r.clock.now,
                                             "bytes_sent": r.transport.bytes_sent} | info) + "\n")
+                steps_log.flush()  # a crash loses no step already taken
                 bar.update(1)
                 if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
                     if sync_counters is not None:
@@ -257,7 +258,6 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                     if records:
                         bar.set_postfix(loss=f"{records[-1]['train_loss']:.4g}", acc=f"{records[-1]['test_acc']:.3f}")
                 if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
-                    steps_log.flush()
                     r.save_checkpoint(out / "checkpoint")
                 r.kill_point(r.step)
         except DivergenceError as e:
