@@ -19,17 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from gradwire.compress.base import Compressor, Packet
-from gradwire.compress.positions import (
-    check_finite,
-    decode_positions,
-    encode_positions,
-    itemsize,
-    positions_bytes,
-    scatter,
-)
-from gradwire.compress.sparse import top_indices
-from gradwire.compress.wire import flat, make_packet, payload, read
+from gradwire.compress.sparse import TopK
 from gradwire.spec import require
 
 
@@ -104,7 +94,7 @@ def _water_level(w: np.ndarray, total: float, lo: float, hi: float) -> float:
     return float(c0 + (c1 - c0) * (total - s0) / (s1 - s0))
 
 
-class KeepTopK(Compressor):
+class KeepTopK(TopK):
     """Top-k by magnitude with an exact count ``k`` (``topk`` derives k from a ratio, whose
     rounding cannot hit every integer). Wire format as ``topk``: ``[k values][positions]``; the
     receiver knows k from the allocation, so no header travels."""
@@ -118,20 +108,5 @@ class KeepTopK(Compressor):
     def spec(self) -> str:
         return f"keep-topk:k={self.k}"
 
-    def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        k = min(self.k, numel)
-        return k * itemsize(dtype) + positions_bytes(numel, k)
-
-    def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
-        xf = flat(x)
-        check_finite(xf, self.name)
-        index = top_indices(xf, min(self.k, xf.numel()))
-        return make_packet(torch.cat([xf[index].view(torch.uint8), encode_positions(xf.numel(), index)]), x)
-
-    def decode(self, packet: Packet) -> torch.Tensor:
-        n, dtype = packet.numel, packet.dtype
-        k = min(self.k, n)
-        buf = payload(packet, self.nbytes(n, dtype), self.name)
-        size = k * itemsize(dtype)
-        index = decode_positions(buf[size:], n, k, self.name)
-        return scatter(n, index, read(buf[:size], dtype), dtype, self.name).reshape(packet.shape)
+    def count(self, numel: int) -> int:
+        return min(self.k, numel)

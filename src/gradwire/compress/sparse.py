@@ -115,24 +115,28 @@ class TopK(Compressor):
     def spec(self) -> str:
         return f"topk:ratio={self.ratio!r}"
 
+    def count(self, numel: int) -> int:
+        """How many elements are kept of ``numel`` (both ends derive it; it never travels)."""
+        return keep_count(self.ratio, numel)
+
     def omega(self, numel: int) -> float:
-        return 1 - keep_count(self.ratio, numel) / numel if numel else 0.0
+        return 1 - self.count(numel) / numel if numel else 0.0
 
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        k = keep_count(self.ratio, numel)
+        k = self.count(numel)
         return k * itemsize(dtype) + positions_bytes(numel, k)
 
     def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
         xf = flat(x)
         n = xf.numel()
-        k = keep_count(self.ratio, n)
+        k = self.count(n)
         check_finite(xf, self.name)
         index = top_indices(xf, k)
         return make_packet(torch.cat([xf[index].view(torch.uint8), encode_positions(n, index)]), x)
 
     def decode(self, packet: Packet) -> torch.Tensor:
         n, dtype = packet.numel, packet.dtype
-        k = keep_count(self.ratio, n)
+        k = self.count(n)
         buf = payload(packet, self.nbytes(n, dtype), self.name)
         size = k * itemsize(dtype)
         index = decode_positions(buf[size:], n, k, self.name)
