@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import re
 import shlex
@@ -71,6 +72,21 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80] or "run"
 
 
+def describe_setup(algorithm: str, info: dict, workers: int) -> str:
+    """An algorithm's set-up choices: scalars on one line, per-worker lists as a small table."""
+    per_worker = {k: v for k, v in info.items() if isinstance(v, list) and len(v) == workers}
+    scalars = ", ".join(f"{k}={v}" for k, v in info.items() if k not in per_worker)
+    lines = [f"{algorithm} set-up: {scalars}"]
+    if per_worker:
+        def cell(v):
+            return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+        lines.append("  worker " + " ".join(f"{k:>12}" for k in per_worker))
+        for w in range(workers):
+            lines.append(f"  {w:>6} " + " ".join(f"{cell(v[w]):>12}" for v in per_worker.values()))
+    return "\n".join(lines)
+
+
 def cmd_run(ns) -> int:
     from gradwire.run.loop import run
 
@@ -80,7 +96,7 @@ def cmd_run(ns) -> int:
         return 0  # rank 0 reports for the group
     info_path = Path(cfg.out) / "algorithm.json"
     if info_path.exists():
-        print(f"{cfg.algorithm} set-up: {info_path.read_text().strip()}")
+        print(describe_setup(cfg.algorithm, json.loads(info_path.read_text()), cfg.workers))
     final = summary["final"]
     parts = [f"{k}={final[k]:.4g}" for k in ("train_loss", "test_acc", "suboptimality") if final.get(k) is not None]
     mb = summary["bytes_sent"] / 1e6
@@ -131,8 +147,6 @@ def cmd_compare(ns, variant_parser) -> int:
             summaries.append(run(c))
         except DivergenceError as e:
             print(f"  diverged: {e}", flush=True)
-            import json
-
             summaries.append(json.loads((Path(c.out) / "summary.json").read_text()))
         s = summaries[-1]
         acc = (s.get("final") or {}).get("test_acc")

@@ -99,4 +99,10 @@ def test_cli_shows_the_ratios(tmp_path, data_dir, capsys):
                  "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
     out = capsys.readouterr().out
     assert code == 0
-    assert "dagc:budget=0.02 set-up:" in out and '"ratios"' in out and '"shares"' in out
+    assert "dagc:budget=0.02 set-up:" in out
+    header = next(line for line in out.splitlines() if line.strip().startswith("worker"))
+    assert header.split() == ["worker", "shares", "ratios", "keep"]
+    info = json.loads((tmp_path / "o" / "algorithm.json").read_text())
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1, 2, 3]
+    assert [int(r[3]) for r in rows] == info["keep"]  # the table shows each worker's assigned count
