@@ -19,7 +19,7 @@ def test_pull_zero_is_independent_sgd_on_each_worker(tmp_path, data_dir):
         r.train_step()
     for rank in range(4):  # each worker alone: torch.optim.SGD on its own data stream
         module = r.task.model_fn(torch.Generator())
-        r.model.load_into_module(start)
+        r.model.load(start)
         module.load_state_dict(r.model.module.state_dict())
         opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
         data = r.oracle.workers[rank]

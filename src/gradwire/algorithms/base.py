@@ -73,6 +73,10 @@ class Context:
     def wait_compute(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
+    def compute_all(self, step: int) -> None:
+        """Every worker computes its ``step``-th gradient; the step waits for the slowest."""
+        self.wait_compute(max(self.compute_times(step)))
+
     def generator(self, rank: int, purpose: str) -> torch.Generator:
         return torch.Generator().manual_seed(hash_seed(self.seed, purpose, rank))
 
@@ -118,10 +122,15 @@ class Codec:
             return transport.allreduce_mean(wire, ranks).to(like.dtype)
         gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks,
                                        size=self.compressor.nbytes(like.numel(), like.dtype))
-        order = sorted(gathered)
-        total = self.decode(gathered[order[0]], like)
+        return self.mean_of(gathered, like)
+
+    def mean_of(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """Decode every payload and average them, summed in rank order (so every backend and the
+        parameter server add in the same order)."""
+        order = sorted(buffers)
+        total = self.decode(buffers[order[0]], like).clone()
         for r in order[1:]:
-            total += self.decode(gathered[r], like)
+            total += self.decode(buffers[r], like)
         return total.div_(len(order))
 
     def state_dict(self) -> dict:

@@ -45,8 +45,7 @@ class DIANA(Algorithm):
         self.v = torch.zeros_like(params)
 
     def step(self, ctx, step):
-        times = ctx.compute_times(step)
-        ctx.wait_compute(max(times))
+        ctx.compute_all(step)
         losses, packets, mine = {}, {}, {}
         for r in ctx.local_ranks:
             losses[r], g = ctx.gradient(r, self.x)

@@ -150,8 +150,7 @@ class DQSGD(Algorithm):
         return self.quantizer(s).decode(Packet(buffer[HEADER:], self.x.shape, self.x.dtype))
 
     def step(self, ctx, step):
-        times = ctx.compute_times(step)
-        ctx.wait_compute(max(times))
+        ctx.compute_all(step)
         losses, buffers = {}, {}
         for r in ctx.local_ranks:
             losses[r], g = ctx.gradient(r, self.x)

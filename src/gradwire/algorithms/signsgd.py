@@ -36,8 +36,7 @@ class SignSGD(Algorithm):
         self.m = {r: torch.zeros_like(params) for r in ctx.local_ranks} if self.momentum else None
 
     def step(self, ctx, step):
-        times = ctx.compute_times(step)
-        ctx.wait_compute(max(times))
+        ctx.compute_all(step)
         losses, buffers = {}, {}
         for r in ctx.local_ranks:
             losses[r], g = ctx.gradient(r, self.x)

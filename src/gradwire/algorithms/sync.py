@@ -43,13 +43,9 @@ class SyncSGD(Algorithm):
         return self.backups > 0
 
     def aggregate(self, buffers: dict[int, torch.Tensor]) -> torch.Tensor:
-        """Mean of the winners' decoded payloads in rank order (the parameter server's reduction;
-        the collectives in ``step`` compute the same sum in the same order)."""
-        order = sorted(buffers)
-        total = self.codec.decode(buffers[order[0]], self.x).clone()
-        for r in order[1:]:
-            total += self.codec.decode(buffers[r], self.x)
-        return total.div_(len(order))
+        """Mean of the winners' decoded payloads (the parameter server's reduction; the
+        collectives in ``step`` compute the same sum in the same order)."""
+        return self.codec.mean_of(buffers, self.x)
 
     def step(self, ctx, step):
         times = ctx.compute_times(step)

@@ -8,26 +8,25 @@ from gradwire.run.worker import FlatModel
 
 
 @torch.no_grad()
-def _pass(model: FlatModel, loss_fn, params, x, y, chunk: int = 4096) -> tuple[float, float]:
+def _pass(model: FlatModel, task, params, x, y, chunk: int = 4096) -> tuple[float, float]:
     total_loss, correct = 0.0, 0
     for i in range(0, len(x), chunk):
         out = model.forward(params, x[i : i + chunk])
         yy = y[i : i + chunk]
-        total_loss += float(loss_fn(out, yy)) * len(yy)
-        pred = (out.squeeze(-1) > 0).long() if out.shape[-1] == 1 else out.argmax(-1)
-        correct += int((pred == yy).sum())
+        total_loss += float(task.loss_fn(out, yy)) * len(yy)
+        correct += int((task.predict(out) == yy).sum())
     return total_loss / len(x), correct / len(x)
 
 
 def evaluate(task, model: FlatModel, params: torch.Tensor) -> dict:
     """train_loss is the full training objective (mean loss + l2/2·||w||² + l1·||w||_1);
     suboptimality = objective - f* in float64 where the task knows f*."""
-    train_loss, train_acc = _pass(model, task.loss_fn, params, task.x_train, task.y_train)
+    train_loss, train_acc = _pass(model, task, params, task.x_train, task.y_train)
     reg = 0.5 * task.l2 * float(params.double().square().sum()) + task.l1 * float(params.double().abs().sum())
-    test_loss, test_acc = _pass(model, task.loss_fn, params, task.x_test, task.y_test)
+    test_loss, test_acc = _pass(model, task, params, task.x_test, task.y_test)
     out = {"train_loss": train_loss + reg, "train_acc": train_acc, "test_loss": test_loss, "test_acc": test_acc}
     if task.f_star is not None:
-        model.load_into_module(params)
+        model.load(params)
         out["train_loss"] = float(task.objective(model.module))
         out["suboptimality"] = out["train_loss"] - task.f_star
     return out

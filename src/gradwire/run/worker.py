@@ -25,7 +25,6 @@ class FlatModel:
             raise ValueError("gradwire models must not have buffers (e.g. BatchNorm statistics)")
         self.module = module
         params = list(module.parameters())
-        self.names = [n for n, _ in module.named_parameters()]
         self.shapes = [p.shape for p in params]
         self.numels = [p.numel() for p in params]
         self.numel = sum(self.numels)
@@ -42,20 +41,11 @@ class FlatModel:
         """The module's current parameters as a new flat vector."""
         return self.flat.clone()
 
-    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        out, offset = {}, 0
-        for name, shape, n in zip(self.names, self.shapes, self.numels):
-            out[name] = flat[offset : offset + n].view(shape)
-            offset += n
-        return out
-
     def load(self, flat: torch.Tensor) -> nn.Module:
         """Seat ``flat`` as the module's parameters (a copy, skipped when it is the buffer itself)."""
         if flat.data_ptr() != self.flat.data_ptr():
             self.flat.copy_(flat)
         return self.module
-
-    load_into_module = load
 
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.load(flat)(x)

@@ -43,7 +43,6 @@ class Transport(ABC):
     def __init__(self) -> None:
         self.bytes_sent = 0
         self.comm_time_s = 0.0
-        self.calls = 0
 
     def participants(self, ranks: Sequence[int] | None) -> list[int]:
         return list(range(self.world_size)) if ranks is None else sorted(ranks)

@@ -57,7 +57,6 @@ class SimTransport(Transport):
     def _charge(self, cost: Cost, *, advance: bool = True) -> float:
         self.bytes_sent += int(cost.bytes)
         self.comm_time_s += cost.time_s
-        self.calls += 1
         if advance:
             self.clock.advance(cost.time_s)
         return cost.time_s

@@ -160,7 +160,6 @@ class TorchTransport(Transport):
                                      f"{str(e).splitlines()[0]}") from None
         finally:
             self.comm_time_s += time.perf_counter() - start
-            self.calls += 1
 
     def _sizes(self, mine: int, size: int | None) -> list[int]:
         if size is not None:
