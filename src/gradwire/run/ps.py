@@ -187,7 +187,7 @@ class PSServer:
         if self.is_async:
             return self._async_round(last)
         need = self.n_workers - self.algo.backups
-        winners, losses, counts, dropped = {}, {}, {}, 0
+        winners, losses, counts, late = {}, {}, {}, []
         while len(winners) < need:
             got = self._receive(f"step {step} ({len(winners)} of {need} so far)")
             if got is None:
@@ -197,15 +197,16 @@ class PSServer:
                 winners[worker], losses[worker], counts[worker] = payload, loss, count
                 self.awaiting.append(worker)
             else:  # late: computed for an earlier step; never applied, the worker catches up now
-                dropped += 1
+                late.append(worker)
                 self._reply(worker, step, stop=False)
         self.algo.opt.apply(self.algo.aggregate(winners))
         self.deferred = [(w, step + 1, last) for w in self.awaiting]
         self.awaiting = []
         if not self.checkpoint_after:
             self.release_replies()
-        return {"loss": sum(losses.values()) / need, "gradients": need, "dropped": dropped,
-                "winners": sorted(winners), "winner_counts": [counts[w] for w in sorted(winners)]}
+        return {"loss": sum(losses.values()) / need, "gradients": need, "dropped": len(late),
+                "winners": sorted(winners), "winner_counts": [counts[w] for w in sorted(winners)],
+                "late": sorted(late)}
 
     def _async_round(self, last: bool) -> dict:
         losses, staleness, dropped = [], [], 0
