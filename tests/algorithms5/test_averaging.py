@@ -100,4 +100,5 @@ def test_async_easgd_each_worker_exchanges_every_period_of_its_own_steps(tmp_pat
     assert sum(done.values()) == 60 and len(set(done.values())) > 1  # workers progress at their own pace
     assert exchanges == sum(n // 3 for n in done.values())
     model_bytes = r.model.numel * 4
-    assert r.transport.bytes_sent == 2 * exchanges * model_bytes     # a model down and an elastic step up
+    # every step: a 48-byte report and a 48-byte answer; every exchange adds x_i up and e down
+    assert r.transport.bytes_sent == 60 * 2 * 48 + 2 * exchanges * model_bytes

@@ -110,11 +110,18 @@ def test_async_rounds_count_local_steps_in_total_fast_workers_step_more(tmp_path
     alg.setup(r.ctx, r.model.flatten(), OptimConfig(lr=0.1), CodecConfig())
     r.algorithm = alg
     global_every = 2 if alg.multi is False else alg.global_period
+    model, expected = r.model.numel * 4, 0
     for step in range(1, 17):
         info = r.train_step()
         assert info["gradients"] == 4 and sum(alg.events.completed.values()) == 4 * step
         # one global round per period·n completed local steps
         assert ("leader_loss" in info) == (step % global_every == 0)
+        # bytes: every local step a 48-byte report and answer; a round adds the leader's upload
+        # (48 + model, answered by 48) and one model to each other member (4 in all, 2 in a group)
+        global_rounds = int("leader_loss" in info)
+        group_rounds = info.get("rounds", 0) - global_rounds
+        expected += 4 * 96 + global_rounds * (96 + 4 * model) + group_rounds * (96 + 2 * model)
+        assert r.transport.bytes_sent == expected
     done = alg.events.completed
     assert done[0] > done[1] > done[2] > done[3]
     assert done[0] >= 3 * done[3]

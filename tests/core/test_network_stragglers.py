@@ -66,7 +66,14 @@ def test_tail_slow_fraction():
     assert (draws == 10).mean() == pytest.approx(0.1, abs=0.01)
 
 
-@pytest.mark.parametrize("bad", ["tail:p=2", "tail:slowdown=0.5", "lognormal:sigma=-1", "none:compute_s=0"])
+def test_slow_workers_are_always_slow():
+    m = STRAGGLERS.build("slow:count=2,slowdown=3,compute_s=0.5", seed=0)
+    assert m.times(4, 1).tolist() == m.times(4, 99).tolist() == [1.5, 1.5, 0.5, 0.5]
+    assert STRAGGLERS.build(m.spec()).times(4, 7).tolist() == [1.5, 1.5, 0.5, 0.5]
+
+
+@pytest.mark.parametrize("bad", ["tail:p=2", "tail:slowdown=0.5", "lognormal:sigma=-1", "none:compute_s=0",
+                                 "slow:slowdown=0.5", "slow:count=-1"])
 def test_bad_straggler_specs(bad):
     with pytest.raises(ConfigError):
         STRAGGLERS.build(bad)

@@ -12,12 +12,16 @@ gradient step and the elastic step are split: local heavy-ball steps, then the e
 the result, whose only communication is one allreduce of the parameters; every process then holds
 the same x̃. The paper fixes β (0.9) and sets α = β/p; ``alpha=0`` does that.
 
-``async=true`` is their asynchronous EASGD (Zhang et al. 2015, Algorithm 1), event-driven: a
-worker that has completed τ of its own local steps reads x̃ from the master, computes the elastic
-difference e = α (x_i - x̃), and applies x_i <- x_i - e while the master applies x̃ <- x̃ + e. The
-exchange (a model down, a model up, priced by ``transport.post``) delays only that worker's next
-step; read and write happen at the moment its τ-th step completes. One ``step`` is n gradient
-computations. Evaluation uses the center x̃ (``evaluates = "center"``).
+``async=true`` is their asynchronous EASGD (Zhang et al. 2015, Algorithm 1): a worker that has
+completed τ of its own local steps reads x̃ from the master, computes the elastic difference
+e = α (x_i - x̃), and applies x_i <- x_i - e while the master applies x̃ <- x̃ + e. Here the worker
+sends x_i and the master (the coordinator, ``gradwire/run/coordinator.py`` on the torch backend)
+computes e, applies it to x̃ and sends e back (``elastic_at_center``): the same arithmetic on
+both sides, read and write at one moment, as the master's lock makes it in the paper. Between
+exchanges a worker only reports each step (a header each way, ``replicas.HEADER_BYTES``); an
+exchange is a model each way and delays only that worker's next step. The simulator runs this
+event-driven and prices exactly these messages. One ``step`` is n gradient computations.
+Evaluation uses the center x̃ (``evaluates = "center"``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 from gradwire.algorithms.base import Algorithm
 from gradwire.algorithms.replicas import (
+    HEADER_BYTES,
     LocalSteps,
     Pace,
     Replicas,
@@ -52,11 +57,29 @@ class EASGD(Algorithm):
         self.alpha = self.alpha_arg or self.beta / ctx.world_size
         self.replicas = Replicas(ctx, params, optim)
         self.center = params.clone()
+        self.model_bytes = params.numel() * params.element_size()
         if self.asynchronous:
-            self.model_bytes = params.numel() * params.element_size()
-            self.events = LocalSteps(ctx, self.replicas)
+            self.events = LocalSteps(ctx, self.replicas)  # the simulator's event queue
         else:
             self.pace = Pace(ctx)
+
+    server_protocol = "coordinator"  # async on a real backend: gradwire/run/coordinator.py
+
+    @property
+    def needs_server(self) -> bool:
+        """Asynchronous EASGD has a master holding x̃: on a real backend one more process."""
+        return self.asynchronous
+
+    def exchange_due(self, count: int) -> bool:
+        """Whether a worker exchanges with the master after its ``count``-th local step."""
+        return count % self.period == 0
+
+    def elastic_at_center(self, x_i: torch.Tensor) -> torch.Tensor:
+        """The master's side of an exchange: e = α (x_i - x̃), x̃ <- x̃ + e; returns e, which the
+        worker subtracts from the x_i it sent."""
+        elastic = (x_i - self.center).mul_(self.alpha)
+        self.center.add_(elastic)
+        return elastic
 
     def step(self, ctx, step):
         return self._async_step(ctx) if self.asynchronous else self._sync_step(ctx, step)
@@ -76,20 +99,22 @@ class EASGD(Algorithm):
         return info
 
     def _async_step(self, ctx) -> dict:
+        self.events.begin(ctx)
         losses, exchanges, distances = [], 0, []
+        post = ctx.transport.post
         for _ in range(ctx.world_size):
             finish, r, loss = self.events.complete(ctx)
             losses.append(loss)
-            start = finish
-            if self.events.completed[r] % self.period == 0:
-                down = ctx.transport.post(self.model_bytes, -1, r)   # x̃ to the worker
-                elastic = (self.replicas.x[r] - self.center).mul_(self.alpha)
+            if self.exchange_due(self.events.completed[r]):
+                up = post(HEADER_BYTES + self.model_bytes, r, -1)     # x_i to the master
+                elastic = self.elastic_at_center(self.replicas.x[r])
                 distances.append(float(elastic.norm()) / self.alpha if self.alpha else 0.0)
                 self.replicas.x[r].sub_(elastic)
-                self.center.add_(elastic)
-                up = ctx.transport.post(self.model_bytes, r, -1)     # e to the master
-                start, exchanges = finish + down + up, exchanges + 1
-            self.events.start(ctx, r, start)
+                down = post(HEADER_BYTES + self.model_bytes, -1, r)   # e back
+                exchanges += 1
+            else:  # the step's report and its answer
+                up, down = post(HEADER_BYTES, r, -1), post(HEADER_BYTES, -1, r)
+            self.events.start(ctx, r, finish + up + down)
         info = {"loss": mean_of(losses), "gradients": ctx.world_size, "exchanges": exchanges}
         if distances:
             info["center_distance"] = mean_of(distances)

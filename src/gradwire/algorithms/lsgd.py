@@ -19,19 +19,30 @@ pulled with strength λ towards its group's leader, and every ``global_period`` 
 λ_G towards the leader of all workers (window τ_G). ``groups=0`` makes one group per node
 (``transport.node_of``), as the paper intends for GPUs of one machine; the simulator is one node.
 
-``async=true`` (the paper's asynchronous LSGD): workers step at their own pace (event-driven, as
-``async``) and a round is triggered whenever the workers have completed τ·n local steps in total
-(τ·|group| within a group), so fast workers take more local steps between rounds than slow ones.
-One ``step`` is then n gradient computations. Evaluation uses the leader's parameters as they
-were broadcast at the last (global) round: every process holds that copy.
+``async=true`` (the paper's asynchronous LSGD): workers step at their own pace and a round is
+triggered whenever the workers have completed τ·n local steps in total (τ·|group| within a
+group), so fast workers take more local steps between rounds than slow ones. Who leads a round
+is decided when it is triggered, from the loss windows of that moment (``AsyncRounds``, one
+object that the simulator and the torch backend's coordinator both run). Workers report every
+local step to a coordinator (a header each way, ``replicas.HEADER_BYTES``); in a round the
+leader uploads its parameters once and every other member receives them once, at the end of its
+current step, and pulls. The simulator runs this event-driven (a round happens at the moment of
+its trigger, holding its members' next steps until it has ended) and prices exactly these
+messages; on the torch backend (``gradwire/run/coordinator.py``) each member pulls when it next
+reports, towards the parameters the leader had when it heard of the round. One ``step`` is n
+gradient computations. Evaluation uses the leader's parameters as they were broadcast at the
+last (global) round: every process holds that copy (on the torch backend, the coordinator).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from gradwire.algorithms.base import Algorithm
 from gradwire.algorithms.replicas import (
+    HEADER_BYTES,
     LocalSteps,
     LossWindow,
     Pace,
@@ -43,6 +54,64 @@ from gradwire.algorithms.replicas import (
     require_plain_codec,
 )
 from gradwire.spec import require
+
+
+@dataclasses.dataclass
+class Round:
+    """One asynchronous communication round: ``group`` None is a global round."""
+
+    id: int
+    group: int | None
+    members: list[int]
+    leader: int
+    score: float   # the leader's running loss, as elected (float32)
+    weight: float  # how far each member moves towards the leader
+
+
+def _f32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+class AsyncRounds:
+    """When the rounds of asynchronous LSGD happen and who leads them: fed every local step as it
+    completes (worker, minibatch loss), in the order the steps complete. A worker in ``lost`` is
+    no longer elected."""
+
+    def __init__(self, algo: LeaderSGD, n: int):
+        self.algo = algo
+        self.window = LossWindow(range(n), max(algo.period, algo.top_period))
+        self.done, self.group_done, self.next_id = 0, [0] * len(algo.members), 1
+        self.lost: set[int] = set()
+
+    def _round(self, group: int | None, members: list[int], window: int, weight: float) -> Round:
+        # scores rounded to float32 as the synchronous election sends them, so ties break alike
+        scores = {r: _f32(self.window.mean(r, window)) for r in members if r not in self.lost}
+        leader = min(scores, key=lambda r: (scores[r], r))
+        self.next_id += 1
+        return Round(self.next_id - 1, group, list(members), leader, scores[leader], weight)
+
+    def completed(self, rank: int, loss: float) -> list[Round]:
+        """Worker ``rank`` finished a local step with this loss: the rounds that triggers, in order."""
+        algo, rounds = self.algo, []
+        self.window.push(rank, loss)
+        self.done += 1
+        k = algo.group_of[rank]
+        self.group_done[k] += 1
+        if algo.multi and self.group_done[k] % (algo.period * len(algo.members[k])) == 0:
+            rounds.append(self._round(k, algo.members[k], algo.period, algo.pull))
+        if self.done % (algo.top_period * len(self.window.values)) == 0:
+            everyone = sorted(self.window.values)
+            rounds.append(self._round(None, everyone, algo.top_period, algo.top_pull))
+        return rounds
+
+    def state_dict(self) -> dict:
+        return {"window": self.window.state_dict(), "done": self.done, "next_id": self.next_id,
+                "group_done": {str(k): d for k, d in enumerate(self.group_done)}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.window.load_state_dict(state["window"])
+        self.done, self.next_id = int(state["done"]), int(state["next_id"])
+        self.group_done = [int(state["group_done"][str(k)]) for k in range(len(self.group_done))]
 
 
 class LeaderSGD(Algorithm):
@@ -78,16 +147,24 @@ class LeaderSGD(Algorithm):
         self.top_pull, self.top_period = ((self.global_pull, self.global_period) if self.multi
                                           else (self.pull, self.period))
         self.replicas = Replicas(ctx, params, optim)
-        self.window = LossWindow(ctx.local_ranks, max(self.period, self.top_period))
         self.leader, self.group_leaders = 0, [m[0] for m in self.members]  # lowest rank until elected
         self.leader_x = params.clone()
+        self.model_bytes = params.numel() * params.element_size()
         if self.asynchronous:
-            self.done = 0                                  # local steps completed by all workers
-            self.group_done = [0] * len(self.members)
+            self.rounds = AsyncRounds(self, n)
             self.busy_until = {r: 0.0 for r in ctx.local_ranks}  # end of the last round a worker joined
-            self.events = LocalSteps(ctx, self.replicas)
+            self.events = LocalSteps(ctx, self.replicas)  # the simulator's event queue
         else:
+            self.window = LossWindow(ctx.local_ranks, max(self.period, self.top_period))
             self.pace = Pace(ctx)
+
+    server_protocol = "coordinator"  # async on a real backend: gradwire/run/coordinator.py
+
+    @property
+    def needs_server(self) -> bool:
+        """Asynchronous LSGD counts every worker's local steps: on a real backend a coordinator
+        process does (gradwire/run/coordinator.py)."""
+        return self.asynchronous
 
     def setup_info(self):
         return {"groups": self.members,
@@ -141,28 +218,50 @@ class LeaderSGD(Algorithm):
             self.pace.joined(ctx)
         return self._finish_info(info)
 
+    def round_ended(self, rd: Round, lead: torch.Tensor, info: dict, distance: float | None = None) -> None:
+        """Record a round whose leader's parameters ``lead`` have been sent (simulator and
+        coordinator alike): the leaders, and the global leader's copy that evaluation uses."""
+        if rd.group is None:
+            self.leader, info["leader_loss"] = rd.leader, rd.score
+            self.leader_x.copy_(lead)
+            if distance is not None:
+                info["leader_distance"] = distance
+        else:
+            self.group_leaders[rd.group] = rd.leader
+            if distance is not None:
+                info.setdefault("group_leader_distance", []).append(distance)
+        info["rounds"] = info.get("rounds", 0) + 1
+
+    def _sim_round(self, ctx, rd: Round, now: float, info: dict) -> float:
+        """A round at simulated time ``now``: the leader uploads its parameters (a header and the
+        model, answered by a header), the coordinator sends them to every other member (the body of
+        its next answer). Returns when the round has ended."""
+        post = ctx.transport.post
+        lead = self.replicas.x[rd.leader].clone()
+        seconds = post(HEADER_BYTES + self.model_bytes, rd.leader, -1) + post(HEADER_BYTES, -1, rd.leader)
+        distance = mean_of(float(torch.dist(self.replicas.x[m], lead)) for m in rd.members)
+        for m in rd.members:
+            if m != rd.leader:
+                seconds += post(self.model_bytes, -1, m)
+                self.replicas.x[m].lerp_(lead, rd.weight)
+        self.round_ended(rd, lead, info, distance)
+        end = now + seconds
+        for m in rd.members:  # a round holds its members' next step until it has ended
+            self.busy_until[m] = max(self.busy_until[m], end)
+        return end
+
     def _async_step(self, ctx) -> dict:
+        self.events.begin(ctx)
         info, losses = {}, []
-        n = ctx.world_size
-        for _ in range(n):
+        post = ctx.transport.post
+        for _ in range(ctx.world_size):
             finish, r, loss = self.events.complete(ctx)
-            self.window.push(r, loss)
             losses.append(loss)
-            self.done += 1
-            k = self.group_of[r]
-            self.group_done[k] += 1
-            joined = []
-            if self.multi and self.group_done[k] % (self.period * len(self.members[k])) == 0:
-                self._group_round(ctx, k, info)
-                joined = self.members[k]
-            if self.done % (self.top_period * n) == 0:
-                self._global_round(ctx, info)
-                joined = list(range(n))
-            for j in joined:  # a round holds its workers' next step until it has ended
-                if j in self.busy_until:
-                    self.busy_until[j] = ctx.clock.now
-            self.events.start(ctx, r, max(finish, self.busy_until[r]))
-        return self._finish_info(info | {"loss": mean_of(losses), "gradients": n})
+            now = finish + post(HEADER_BYTES, r, -1) + post(HEADER_BYTES, -1, r)  # the report and its answer
+            for rd in self.rounds.completed(r, loss):
+                now = self._sim_round(ctx, rd, now, info)
+            self.events.start(ctx, r, max(now, self.busy_until[r]))
+        return self._finish_info(info | {"loss": mean_of(losses), "gradients": ctx.world_size})
 
     def eval_params(self):
         return self.leader_x
@@ -177,31 +276,28 @@ class LeaderSGD(Algorithm):
     # -- checkpoint -----------------------------------------------------------------------------------
 
     def state_dict(self):
-        state = {"replicas": self.replicas.state_dict(), "window": self.window.state_dict(),
-                 "leader": self.leader, "leader_x": self.leader_x,
+        state = {"replicas": self.replicas.state_dict(), "leader": self.leader, "leader_x": self.leader_x,
                  "group_leaders": {str(k): r for k, r in enumerate(self.group_leaders)}}
         if self.asynchronous:
-            state |= {"events": self.events.state_dict(), "done": self.done,
-                      "group_done": {str(k): d for k, d in enumerate(self.group_done)},
+            state |= {"events": self.events.state_dict(), "rounds": self.rounds.state_dict(),
                       "busy_until": {str(r): torch.tensor(t, dtype=torch.float64)
                                      for r, t in self.busy_until.items()}}
         else:
-            state["pace"] = self.pace.state_dict()
+            state |= {"pace": self.pace.state_dict(), "window": self.window.state_dict()}
         return state
 
     def load_state_dict(self, state):
         self.replicas.load_state_dict(state["replicas"])
-        self.window.load_state_dict(state["window"])
         self.leader = int(state["leader"])
         self.group_leaders = [int(state["group_leaders"][str(k)]) for k in range(len(self.members))]
         self.leader_x.copy_(state["leader_x"])
         if self.asynchronous:
             self.events.load_state_dict(state["events"])
-            self.done = int(state["done"])
-            self.group_done = [int(state["group_done"][str(k)]) for k in range(len(self.members))]
+            self.rounds.load_state_dict(state["rounds"])
             self.busy_until = {r: float(state["busy_until"][str(r)]) for r in self.busy_until}
         else:
             self.pace.load_state_dict(state["pace"])
+            self.window.load_state_dict(state["window"])
 
 
 register_with_async_key(

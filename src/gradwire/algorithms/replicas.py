@@ -19,6 +19,13 @@ from gradwire.algorithms.base import ALGORITHMS, CodecConfig
 from gradwire.algorithms.optim import HeavyBall
 from gradwire.spec import require
 
+# The asynchronous variants (async LSGD, async EASGD) talk to a coordinator: process 0 on the torch
+# backend (gradwire/run/coordinator.py). After every local step a worker sends one header and gets
+# one header back; parameters travel as a body behind a header. The simulator prices exactly these
+# messages, so both backends count the same bytes for the same events.
+HEADER_WORDS = 6
+HEADER_BYTES = HEADER_WORDS * 8
+
 
 def require_plain_codec(codec: CodecConfig, name: str) -> None:
     require(codec.compressor == "none" and not codec.error_feedback,
@@ -167,8 +174,13 @@ class LocalSteps:
         self.queue: list = []  # (finish time, rank, loss, gradient)
         self.started = {r: 0 for r in ctx.local_ranks}
         self.completed = {r: 0 for r in ctx.local_ranks}
-        for r in ctx.local_ranks:
-            self.start(ctx, r, ctx.clock.now)
+
+    def begin(self, ctx) -> None:
+        """At the first step (not at set-up, which a real backend's processes also run, nor after a
+        checkpoint load): every worker starts computing now."""
+        if not any(self.started.values()):
+            for r in self.started:
+                self.start(ctx, r, ctx.clock.now)
 
     def start(self, ctx, rank: int, now: float) -> None:
         loss, grad = ctx.gradient(rank, self.replicas.x[rank])

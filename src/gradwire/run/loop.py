@@ -48,6 +48,7 @@ def _transport(cfg: RunConfig, server: bool):
                           "does it for you)")
     if server:  # process 0 serves; process p hosts worker p-1
         transport.local_ranks = () if transport.rank == 0 else (transport.rank - 1,)
+        transport.first_worker_process = 1
     return transport, WallClock()
 
 
@@ -69,6 +70,11 @@ class Run:
             raise ConfigError(f"task {cfg.task!r} made data for {len(shards)} workers, not {cfg.workers}")
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
         self.ps = cfg.backend == "torch" and bool(getattr(self.algorithm, "needs_server", False))
+        self.protocol = getattr(self.algorithm, "server_protocol", "ps") if self.ps else None
+        if self.protocol == "coordinator" and (cfg.checkpoint_every or cfg.resume):
+            raise ConfigError(f"algorithm {cfg.algorithm!r} on the torch backend runs with a coordinator process, "
+                              "which does not take checkpoints yet: drop --checkpoint-every/--resume, or use "
+                              "--backend sim")
         self.transport, self.clock = _transport(cfg, self.ps)
         self.is_writer = getattr(self.transport, "rank", 0) == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
@@ -96,9 +102,14 @@ class Run:
         self.ps_rejoin = False
         self.checkpoint_folder = Path(cfg.out) / "checkpoint"
         if self.ps and self.is_writer:
-            from gradwire.run.ps import PSServer
+            if self.protocol == "coordinator":
+                from gradwire.run.coordinator import Coordinator
 
-            self.server = PSServer(self)
+                self.server = Coordinator(self)
+            else:
+                from gradwire.run.ps import PSServer
+
+                self.server = PSServer(self)
 
     @property
     def label(self) -> str:
@@ -189,6 +200,13 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     started = time.perf_counter()
     out = Path(cfg.out)
     r = Run(cfg)
+    if r.ps and not r.is_writer and r.protocol == "coordinator":  # a worker of async LSGD/EASGD
+        from gradwire.run.coordinator import run_worker
+
+        try:
+            return run_worker(r)
+        finally:
+            r.transport.close()
     if r.ps and not r.is_writer:  # a parameter-server worker: no folder, no evaluation
         from gradwire.run.ps import run_worker
 

@@ -42,25 +42,26 @@ HELLO = -3  # a worker with no state in the checkpoint asks for the current para
 
 class Inbox:
     """One thread per worker receives that worker's messages in order and queues them; a worker
-    that says goodbye, dies, or stays silent past the timeout ends its thread."""
+    that says goodbye, dies, or stays silent past the timeout ends its thread. ``receive(w,
+    timeout_s)`` takes one message from worker w (raising RuntimeError as gloo does) and returns
+    it with whether it was the worker's last."""
 
-    def __init__(self, n_workers: int, msg_bytes: int, timeout_s: float):
+    def __init__(self, n_workers: int, receive, timeout_s: float):
         self.events: queue.Queue = queue.Queue()
-        self.threads = [threading.Thread(target=self._listen, args=(w, msg_bytes, timeout_s), daemon=True,
-                                         name=f"gradwire-ps-inbox-{w}") for w in range(n_workers)]
+        self.threads = [threading.Thread(target=self._listen, args=(w, receive, timeout_s), daemon=True,
+                                         name=f"gradwire-inbox-{w}") for w in range(n_workers)]
         for t in self.threads:
             t.start()
 
-    def _listen(self, w: int, msg_bytes: int, timeout_s: float) -> None:
+    def _listen(self, w: int, receive, timeout_s: float) -> None:
         while True:
-            buf = torch.empty(msg_bytes, dtype=torch.uint8)
             try:
-                dist.irecv(buf, src=w + 1, tag=GRAD_TAG).wait(timeout=datetime.timedelta(seconds=timeout_s))
+                message, last = receive(w, timeout_s)
             except RuntimeError as e:
                 self.events.put(("lost", w, str(e).splitlines()[0][:160]))
                 return
-            self.events.put(("msg", w, buf))
-            if int(buf[:8].view(torch.int64)) == BYE:
+            self.events.put(("msg", w, message))
+            if last:
                 return
 
     def get(self, timeout_s: float):
@@ -68,6 +69,15 @@ class Inbox:
             return self.events.get(timeout=max(0.05, timeout_s))
         except queue.Empty:
             return None
+
+
+def _receive_fixed(msg_bytes: int):
+    """A receiver for ``Inbox``: one fixed-size message, tagged like a gradient."""
+    def receive(w: int, timeout_s: float):
+        buf = torch.empty(msg_bytes, dtype=torch.uint8)
+        dist.irecv(buf, src=w + 1, tag=GRAD_TAG).wait(timeout=datetime.timedelta(seconds=timeout_s))
+        return buf, int(buf[:8].view(torch.int64)) == BYE
+    return receive
 
 
 def _payload_size(algo, x: torch.Tensor) -> int:
@@ -102,7 +112,7 @@ class PSServer:
         self.said_bye: set[int] = set()
         self.lost: dict[int, str] = {}
         self.is_async = self.algo.name == "async"
-        self.inbox = Inbox(self.n_workers, self.msg_bytes, self.timeout_s)
+        self.inbox = Inbox(self.n_workers, _receive_fixed(self.msg_bytes), self.timeout_s)
         # Checkpoints: after step K the server saves its state and flags its next reply to each
         # worker, who then saves its own; a worker's next message acknowledges, and `latest`
         # moves to K once every live worker has.

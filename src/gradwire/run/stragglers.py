@@ -84,3 +84,25 @@ class Tail(Stragglers):
 
     def spec(self):
         return f"tail:p={self.p:g},slowdown={self.slowdown:g},compute_s={self.compute_s:g}"
+
+
+@STRAGGLERS.register("slow", help="persistent stragglers: the first `count` workers are always slowdown times slower",
+                     params={"count": "how many workers (the lowest ranks) are slow", "slowdown": "their factor",
+                             "compute_s": "seconds per step of the other workers"})
+class Slow(Stragglers):
+    """A heterogeneous cluster (older machines, a shared node): the same workers are slow at every
+    step, which is what the asynchronous variants exploit (fast workers take more local steps)."""
+
+    name = "slow"
+
+    def __init__(self, *, count: int = 1, slowdown: float = 3.0, compute_s: float = 0.05, seed: int = 0):
+        super().__init__(compute_s=compute_s, seed=seed)
+        require(count >= 0, f"count must be >= 0, got {count}")
+        require(slowdown >= 1, f"slowdown must be >= 1, got {slowdown}")
+        self.count, self.slowdown = count, slowdown
+
+    def factor(self, worker, step):
+        return self.slowdown if worker < self.count else 1.0
+
+    def spec(self):
+        return f"slow:count={self.count},slowdown={self.slowdown:g},compute_s={self.compute_s:g}"

@@ -146,9 +146,12 @@ class TorchTransport(Transport):
         self.bytes_sent += int(t)
         self.group_bytes = 0
 
+    first_worker_process = 0  # 1 when process 0 is a parameter server or coordinator
+
     def node_of(self, rank: int) -> int:
-        """torchrun starts LOCAL_WORLD_SIZE processes per node, ranked node by node."""
-        return rank // self.local_world
+        """torchrun starts LOCAL_WORLD_SIZE processes per node, ranked node by node; worker ``rank``
+        runs in process ``rank + first_worker_process``."""
+        return (rank + self.first_worker_process) // self.local_world
 
     def _guard(self, fn, what: str):
         start = time.perf_counter()

@@ -1,0 +1,338 @@
+"""Coordinator mode of the torch backend: asynchronous LSGD and asynchronous EASGD for real.
+
+Process 0 coordinates; process w+1 hosts worker w with its own replica, stepping at its own pace.
+After every local step a worker reports to the coordinator and waits for its answer, so the
+coordinator sees every local step in the order they complete, as the simulator's event queue
+does, and runs the algorithm's own arithmetic on them:
+
+- async EASGD (``EASGD.elastic_at_center``): a report after τ of the worker's own steps carries
+  x_i; the coordinator computes e = α (x_i - x̃), applies x̃ <- x̃ + e and answers with e, which
+  the worker subtracts. Other reports are answered with a bare header.
+- async LSGD (``AsyncRounds.completed``): the reports count local steps in total (and per group);
+  when a count triggers a round, the leader is elected from the loss windows the reports filled.
+  The leader's next answer asks it to upload its parameters as they are then; each other member's
+  first answer after the upload carries them, and the member pulls towards them. This is the
+  paper's own scheme (Teng et al. 2019, their Fig. 8: at every iteration a worker asks the server,
+  which answers "local step" or "distributed step"). No worker waits for another: a member whose
+  round has not been uploaded yet steps on and pulls at a later report, and a newer round of the
+  same scope (group or global) that has arrived supersedes the older ones it missed.
+
+Every message is a header of ``HEADER_WORDS`` int64 (``replicas.HEADER_BYTES``), then a body of
+parameters when the header says so:
+
+    worker -> coordinator   [kind, worker, local steps so far, body bytes, loss (float64 bits), round]
+    coordinator -> worker   [kind, stop, 0, body bytes, round, group (-1: global)]
+
+The coordinator takes whichever message arrives first through the parameter server's inbox (one
+receiving thread per worker, ``ps.Inbox``); a worker that dies ends only its own thread. Its rounds
+are cancelled (a leader lost before uploading) or go on without it, and the survivors carry on.
+One ``step`` of the run loop is n reports, as in the simulator. Bytes count every header and body
+the coordinator received or sent. Checkpoints are not supported in this mode (``Run`` refuses
+``--checkpoint-every`` and ``--resume`` for it).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+from gradwire.algorithms.replicas import HEADER_BYTES, HEADER_WORDS, mean_of
+from gradwire.errors import CommunicationError
+from gradwire.run.ps import Inbox, _wait
+
+HEAD_TAG, BODY_TAG, REPLY_TAG, REPLY_BODY_TAG, RELEASE_TAG = 21, 22, 23, 24, 25
+REPORT, LEAD, BYE = 1, 2, 3       # worker -> coordinator
+GO, UPLOAD, PULL, ELASTIC = 1, 2, 3, 4  # coordinator -> worker
+WORKER_KINDS, REPLY_KINDS = {REPORT, LEAD, BYE}, {GO, UPLOAD, PULL, ELASTIC}
+
+
+def _receive_framed(model_bytes: int):
+    """A receiver for ``Inbox``: a header, then the body it announces."""
+    def receive(w: int, timeout_s: float):
+        timeout = datetime.timedelta(seconds=timeout_s)
+        head = torch.empty(HEADER_WORDS, dtype=torch.int64)
+        dist.irecv(head, src=w + 1, tag=HEAD_TAG).wait(timeout=timeout)
+        kind, nbytes = int(head[0]), int(head[3])
+        if kind not in WORKER_KINDS or int(head[1]) != w or nbytes not in (0, model_bytes):
+            raise RuntimeError(f"malformed message from worker {w}: header {head.tolist()}")
+        body = None
+        if nbytes:
+            body = torch.empty(nbytes, dtype=torch.uint8)
+            dist.irecv(body, src=w + 1, tag=BODY_TAG).wait(timeout=timeout)
+        return (head, body), kind == BYE
+    return receive
+
+
+class Coordinator:
+    """Runs on process 0; ``step()`` is one step of the algorithm as the run loop sees it."""
+
+    def __init__(self, run):
+        self.run, self.algo = run, run.algorithm
+        self.n = run.cfg.workers
+        self.timeout_s = run.cfg.timeout_s
+        self.is_lsgd = self.algo.name == "lsgd"
+        like = self.algo.eval_params()
+        self.dtype, self.model_bytes = like.dtype, like.numel() * like.element_size()
+        self.local_steps = {w: 0 for w in range(self.n)}
+        self.in_flight: dict[int, tuple] = {}  # worker -> (sends, buffers) of our last answer to it
+        # async LSGD: rounds whose parameters some live member still has to receive
+        self.open: dict[int, object] = {}                # round id -> Round
+        self.uploaded: dict[int, torch.Tensor] = {}      # round id -> the leader's parameters
+        self.pending = {w: collections.deque() for w in range(self.n)}  # each worker's rounds, in order
+        self.lost: dict[int, str] = {}
+        self.said_bye: set[int] = set()
+        self.finished = False
+        self.late_uploads = 0  # leaders' parameters that arrived after the last step
+        self.info: dict = {}
+        self.inbox = Inbox(self.n, _receive_framed(self.model_bytes), self.timeout_s)
+
+    # -- messages -------------------------------------------------------------------------------------
+
+    def _receive(self, what: str, deadline: float | None = None):
+        """The next message from any worker, as (kind, worker, header, body); losses are handled."""
+        start = time.perf_counter()
+        deadline = deadline or start + self.timeout_s
+        while True:
+            event = self.inbox.get(deadline - time.perf_counter())
+            if event is None:
+                alive = self.n - len(self.lost)
+                raise CommunicationError(f"coordinator: no report arrived for {what} within {self.timeout_s:g} s "
+                                         f"({alive} of {self.n} workers alive)")
+            kind, worker, data = event
+            if kind == "lost":
+                self._lose(worker, data)
+                continue
+            head, body = data
+            self.run.transport.comm_time_s += time.perf_counter() - start
+            self.run.transport.bytes_sent += HEADER_BYTES + (0 if body is None else body.numel())
+            previous = self.in_flight.pop(worker, None)
+            if previous is not None:  # the worker sent again, so it has received our last answer
+                for work in previous[0]:
+                    _wait(work, self.timeout_s, f"coordinator: answer to worker {worker}")
+            return int(head[0]), worker, head, body
+
+    def _answer(self, w: int, kind: int, *, body: torch.Tensor | None = None, round_id: int = 0,
+                group: int | None = None, stop: bool = False) -> None:
+        payload = None if body is None else body.reshape(-1).view(torch.uint8)
+        nbytes = 0 if payload is None else payload.numel()
+        head = torch.tensor([kind, int(stop or self.finished), 0, nbytes, round_id, -1 if group is None else group],
+                            dtype=torch.int64)
+        works = [dist.isend(head, dst=w + 1, tag=REPLY_TAG)]
+        if payload is not None:
+            works.append(dist.isend(payload, dst=w + 1, tag=REPLY_BODY_TAG))
+        self.in_flight[w] = (works, (head, payload))  # the buffers live until the sends complete
+        self.run.transport.bytes_sent += HEADER_BYTES + nbytes
+        if kind == PULL:
+            self.info["pulls"] = self.info.get("pulls", 0) + 1
+
+    # -- async LSGD rounds ----------------------------------------------------------------------------
+
+    def _open_round(self, rd) -> None:
+        self.open[rd.id] = rd
+        for m in rd.members:
+            if m not in self.lost:
+                self.pending[m].append(rd.id)
+
+    def _close_if_done(self, rid: int) -> None:
+        """Forget a round once its parameters have arrived and no member still has to receive them."""
+        if rid in self.uploaded and not any(rid in self.pending[m] for m in self.open[rid].members):
+            del self.open[rid], self.uploaded[rid]
+
+    def _serve(self, w: int) -> None:
+        """Answer worker w. A round it leads and has not uploaded comes first (the other members'
+        pulls need it); otherwise the oldest round whose parameters are here, after dropping the
+        rounds of the same scope that a newer arrived round supersedes; otherwise GO. No worker
+        ever waits for another: a round not uploaded yet is served at a later report."""
+        pending = self.pending[w]
+        if self.finished or not pending:
+            self._answer(w, GO)
+            return
+        for rid in pending:
+            rd = self.open[rid]
+            if rd.leader == w and rid not in self.uploaded:
+                pending.remove(rid)
+                self._answer(w, UPLOAD, round_id=rid, group=rd.group)
+                self._close_if_done(rid)
+                return
+        newest = {}  # scope -> the newest round of that scope whose parameters are here
+        for rid in pending:
+            if rid in self.uploaded:
+                newest[self.open[rid].group] = rid
+        for rid in list(pending):
+            scope = self.open[rid].group
+            if scope in newest and rid < newest[scope]:  # superseded: a newer leader has been sent
+                pending.remove(rid)
+                self.info["superseded"] = self.info.get("superseded", 0) + 1
+                self._close_if_done(rid)
+        ready = [rid for rid in pending if rid in self.uploaded]
+        if not ready:
+            self._answer(w, GO)
+            return
+        rid = ready[0]
+        pending.remove(rid)
+        rd = self.open[rid]
+        self._answer(w, PULL, body=self.uploaded[rid], round_id=rid, group=rd.group)
+        self._close_if_done(rid)
+
+    def _lead(self, w: int, head: torch.Tensor, body: torch.Tensor) -> None:
+        rid = int(head[5])
+        rd = self.open.get(rid)
+        if rd is None or rd.leader != w or rid in self.uploaded:
+            raise CommunicationError(f"coordinator: worker {w} uploaded parameters for round {rid}, "
+                                     "which it does not lead")
+        lead = body.view(self.dtype).clone()
+        self.uploaded[rid] = lead
+        self.algo.round_ended(rd, lead, self.info)
+        self._close_if_done(rid)
+
+    def _lose(self, w: int, reason: str) -> None:
+        self.lost[w] = reason
+        self.in_flight.pop(w, None)
+        self.pending[w].clear()
+        if not self.is_lsgd:
+            return
+        self.algo.rounds.lost.add(w)
+        for rid in list(self.open):
+            rd = self.open[rid]
+            if rd.leader == w and rid not in self.uploaded:  # cancelled: its members carry on
+                self.info["cancelled_rounds"] = self.info.get("cancelled_rounds", 0) + 1
+                for m in rd.members:
+                    if rid in self.pending[m]:
+                        self.pending[m].remove(rid)
+                del self.open[rid]
+            else:
+                self._close_if_done(rid)
+
+    # -- the run loop's view --------------------------------------------------------------------------
+
+    def _report(self, w: int, head: torch.Tensor, body: torch.Tensor | None, loss: float, stop: bool) -> None:
+        self.local_steps[w] = int(head[2])
+        if self.is_lsgd:
+            if not self.finished:
+                for rd in self.algo.rounds.completed(w, loss):
+                    self._open_round(rd)
+            self._serve(w)
+        elif body is not None:  # an EASGD exchange, answered even after the last step
+            elastic = self.algo.elastic_at_center(body.view(self.dtype))
+            alpha = self.algo.alpha
+            self.info.setdefault("distances", []).append(float(elastic.norm()) / alpha if alpha else 0.0)
+            self.info["exchanges"] = self.info.get("exchanges", 0) + 1
+            self._answer(w, ELASTIC, body=elastic, stop=stop)
+        else:
+            self._answer(w, GO, stop=stop)
+
+    def step(self, step: int) -> dict:
+        last = step == self.run.cfg.steps
+        self.info = {"exchanges": 0} if not self.is_lsgd else {}
+        losses = []
+        while len(losses) < self.n:
+            kind, w, head, body = self._receive(f"step {step} ({len(losses)} of {self.n} reports so far)")
+            if kind == REPORT:
+                loss = float(head[4:5].view(torch.float64))
+                losses.append(loss)
+                self._report(w, head, body, loss, stop=last and len(losses) == self.n)
+            elif kind == LEAD:
+                self._lead(w, head, body)
+                self._serve(w)
+            else:
+                self.said_bye.add(w)
+        info = self.info | {"loss": mean_of(losses), "gradients": len(losses)}
+        if "distances" in info:
+            info["center_distance"] = mean_of(info.pop("distances"))
+        if self.is_lsgd:
+            info["leader"] = self.algo.leader
+            if self.algo.multi:
+                info["group_leaders"] = list(self.algo.group_leaders)
+        return info
+
+    def finish(self) -> dict:
+        """Answer every worker with stop (an EASGD exchange still gets its elastic step), hear every
+        goodbye, then release them all together; bounded by the timeout."""
+        deadline = time.perf_counter() + self.timeout_s
+        self.finished = True
+        while len(self.said_bye | set(self.lost)) < self.n:
+            try:
+                kind, w, head, body = self._receive("the last messages", deadline)
+            except CommunicationError:
+                break
+            if kind == BYE:
+                self.local_steps[w] = int(head[2])
+                self.said_bye.add(w)
+            elif kind == REPORT:
+                self._report(w, head, body, float(head[4:5].view(torch.float64)), stop=True)
+            else:  # parameters for a round that ends with the run: not passed on
+                self.late_uploads += 1
+                self._answer(w, GO)
+        for w in range(self.n):
+            if w not in self.said_bye and w not in self.lost:
+                self.lost[w] = "did not finish"
+        release = torch.ones(1, dtype=torch.int64)
+        works = [dist.isend(release, dst=w + 1, tag=RELEASE_TAG) for w in sorted(self.said_bye)]
+        self.run.transport.bytes_sent += release.element_size() * len(works)
+        for work in works:
+            try:
+                _wait(work, 10.0, "")
+            except CommunicationError:
+                pass
+        summary = {"lost_workers": sorted(self.lost), "lost_reasons": {str(k): v for k, v in self.lost.items()},
+                   "local_steps": {str(w): n for w, n in self.local_steps.items()}}
+        if self.is_lsgd:
+            summary["uploads_after_last_step"] = self.late_uploads
+        return summary
+
+
+def run_worker(run) -> dict:
+    """The loop of worker w (process w+1): a local step, a report, the coordinator's answer."""
+    (w,) = run.ctx.local_ranks
+    algo = run.algorithm
+    x = algo.replicas.x[w]
+    timeout_s = run.cfg.timeout_s
+    what = f"worker {w}: the coordinator did not answer within {timeout_s:g} s"
+    incoming = torch.empty(x.numel() * x.element_size(), dtype=torch.uint8)
+    is_easgd = algo.name == "easgd"
+
+    def exchange(kind: int, count: int, loss: float, body: torch.Tensor | None, round_id: int = 0):
+        payload = None if body is None else body.reshape(-1).view(torch.uint8)
+        head = torch.tensor([kind, w, count, 0 if payload is None else payload.numel(), 0, round_id],
+                            dtype=torch.int64)
+        head[4:5].view(torch.float64).fill_(loss)
+        sends = [dist.isend(head, dst=0, tag=HEAD_TAG)]
+        if payload is not None:
+            sends.append(dist.isend(payload, dst=0, tag=BODY_TAG))
+        if kind == BYE:
+            for send in sends:
+                _wait(send, timeout_s, f"worker {w}: the coordinator took no goodbye")
+            return None
+        reply = torch.empty(HEADER_WORDS, dtype=torch.int64)
+        _wait(dist.irecv(reply, src=0, tag=REPLY_TAG), timeout_s, what)
+        if int(reply[0]) not in REPLY_KINDS or int(reply[3]) not in (0, incoming.numel()):
+            raise CommunicationError(f"worker {w}: malformed answer from the coordinator: {reply.tolist()}")
+        if int(reply[3]):
+            _wait(dist.irecv(incoming, src=0, tag=REPLY_BODY_TAG), timeout_s, what)
+        for send in sends:
+            _wait(send, timeout_s, what)
+        return reply
+
+    count = 0
+    while True:
+        run.oracle.step = count + 1
+        loss = algo.replicas.sgd_step(run.ctx, w)
+        count += 1
+        reply = exchange(REPORT, count, loss, x if is_easgd and algo.exchange_due(count) else None)
+        while int(reply[0]) == UPLOAD and not int(reply[1]):  # lead a round: our parameters, as they are now
+            reply = exchange(LEAD, count, 0.0, x, round_id=int(reply[4]))
+        kind = int(reply[0])
+        if kind == ELASTIC:
+            x.sub_(incoming.view(x.dtype))
+        elif kind == PULL:
+            x.lerp_(incoming.view(x.dtype), algo.top_pull if int(reply[5]) < 0 else algo.pull)
+        if int(reply[1]):
+            exchange(BYE, count, 0.0, None)
+            _wait(dist.irecv(torch.empty(1, dtype=torch.int64), src=0, tag=RELEASE_TAG), timeout_s,
+                  f"worker {w}: no release from the coordinator")
+            return {"worker": w, "local_steps": count}
+        run.kill_point(count)
