@@ -6,6 +6,7 @@ import json
 import signal
 
 import pytest
+import torch
 
 from gradwire.errors import ConfigError
 from gradwire.run.config import RunConfig
@@ -102,12 +103,88 @@ def test_async_lsgd_survives_a_killed_worker(tmp_path, data_dir):
     assert summary["bytes_sent"] == lsgd_bytes(summary, log, 2)
 
 
-def test_checkpoints_are_refused_in_coordinator_mode(tmp_path, data_dir):
-    for spec in ("lsgd:async=true", "easgd:async=true"):
-        cfg = RunConfig(task="digits-logreg", workers=2, algorithm=spec, backend="torch", checkpoint_every=5,
-                        out=str(tmp_path / "x"), data_dir=str(data_dir))
-        with pytest.raises(ConfigError, match="coordinator process, which does not take checkpoints"):
-            Run(cfg)
+def _easgd_bytes(local_steps, workers_said_bye, checkpoints):
+    """As in the test above, plus a SAVE answer and an ACK per worker for every checkpoint taken."""
+    return (sum(2 * HEADER * n + 2 * MODEL * (n // 3) for n in local_steps.values())
+            + workers_said_bye * (HEADER + RELEASE) + checkpoints * 3 * 2 * HEADER)
+
+
+@pytest.mark.timeout(300)
+def test_checkpoint_is_a_consistent_cut_and_resumes(tmp_path, data_dir):
+    out = tmp_path / "ckpt"
+    args = [a if a != "20" else "10" for a in BASE] + SLOW + ["--algorithm", "easgd:async=true,period=3",
+                                                               "--checkpoint-every", "5", "--resume"]
+    p = launch(4, args, out, data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
+    assert latest.name == "step-00000010"
+    coord = torch.load(latest / "rank0.pt", weights_only=True)["state"]
+    assert coord["step"] == 10 and len(coord["coord"]["held"]) == 3
+    for held in coord["coord"]["held"]:
+        w = int(held["worker"])
+        worker = torch.load(latest / f"rank{w + 1}.pt", weights_only=True)["state"]
+        count = worker["ps"]["count"]
+        # the worker saved its state right after the step whose report the coordinator holds unprocessed
+        assert int(held["head"][0]) == 1 and int(held["head"][2]) == count
+        assert coord["coord"]["local_steps"][str(w)] == count - 1
+        assert held["body"].numel() == (MODEL if count % 3 == 0 else 0)  # x_i travels with every 3rd
+    assert sum(coord["coord"]["local_steps"].values()) == 30 - 3 + 3  # 30 reports processed, 3 held
+
+    p = launch(4, BASE + SLOW + ["--algorithm", "easgd:async=true,period=3", "--checkpoint-every", "5",
+                                 "--resume"], out, data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
+    assert [m["step"] for m in rows(out / "metrics.jsonl")] == [0, 5, 10, 15, 20]
+    assert [s["step"] for s in rows(out / "steps.jsonl")] == list(range(1, 21))
+    steps = {int(w): n for w, n in summary["local_steps"].items()}
+    assert all(steps[w] >= int(h["head"][2]) for w, h in ((int(h["worker"]), h) for h in coord["coord"]["held"]))
+    # bytes continue from the checkpoint: everything the protocol sent, with the checkpoints of
+    # steps 15 and 20 (those of steps 5 and 10 are in the saved count only up to their save)
+    assert summary["bytes_sent"] == _easgd_bytes(steps, 3, 2) + 3 * 2 * HEADER
+
+
+@pytest.mark.timeout(300)
+def test_async_lsgd_restarts_from_its_checkpoint_after_a_crash(tmp_path, data_dir):
+    out = tmp_path / "crash"
+    args = BASE + SLOW + ["--algorithm", "lsgd:async=true,period=2,pull=0.5", "--checkpoint-every", "5", "--resume"]
+    p = launch(4, args, out, data_dir, extra_env={"GRADWIRE_KILL_AT": "1:12"}, launch_args=["--max-restarts", "1"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
+    assert [m["step"] for m in rows(out / "metrics.jsonl")] == [0, 5, 10, 15, 20]
+    assert [s["step"] for s in rows(out / "steps.jsonl")] == list(range(1, 21))
+    latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
+    assert latest.name == "step-00000020"
+    assert sorted(f.name for f in latest.glob("*.pt")) == ["rank0.pt", "rank1.pt", "rank2.pt", "rank3.pt"]
+    coord = torch.load(latest / "rank0.pt", weights_only=True)["state"]
+    assert coord["algorithm"]["rounds"]["done"] == 60  # exactly the reports of 20 steps were counted
+
+
+@pytest.mark.timeout(300)
+def test_worker_missing_from_checkpoint_rejoins_from_the_center(tmp_path, data_dir):
+    out = tmp_path / "rejoin"
+    args = SLOW + ["--algorithm", "easgd:async=true,period=3", "--checkpoint-every", "5", "--resume"]
+    p = launch(4, [a if a != "20" else "10" for a in BASE] + args, out, data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
+    before = torch.load(latest / "rank0.pt", weights_only=True)["state"]["coord"]["local_steps"]["1"]
+    (latest / "rank2.pt").unlink()  # as if worker 1 had been lost before this checkpoint
+    p = launch(4, BASE + args, out, data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
+    assert summary["local_steps"]["1"] > before + 5  # it rejoined and kept stepping
+
+
+def test_bad_checkpoint_state_is_named(tmp_path, data_dir):
+    cfg = RunConfig(task="digits-logreg", workers=2, algorithm="easgd:async=true", backend="sim",
+                    out=str(tmp_path / "x"), data_dir=str(data_dir))
+    r = Run(cfg)
+    state = r.state_dict()
+    del state["algorithm"]["center"]
+    with pytest.raises(ConfigError, match="checkpoint does not fit this run"):
+        r.load_state_dict(state)
 
 
 def test_workers_map_to_nodes_past_the_coordinator_process():

@@ -27,8 +27,18 @@ The coordinator takes whichever message arrives first through the parameter serv
 receiving thread per worker, ``ps.Inbox``); a worker that dies ends only its own thread. Its rounds
 are cancelled (a leader lost before uploading) or go on without it, and the survivors carry on.
 One ``step`` of the run loop is n reports, as in the simulator. Bytes count every header and body
-the coordinator received or sent. Checkpoints are not supported in this mode (``Run`` refuses
-``--checkpoint-every`` and ``--resume`` for it).
+the coordinator received or sent.
+
+Checkpoints are a quiescent snapshot. After step K the coordinator stops processing: it holds
+each live worker's next message unanswered, so every worker waits; then it saves its own state with
+the held messages, answers each holder SAVE K, and each worker saves its state (its replica, data
+position, step count) as it stands, waiting for the answer to its held message; it acknowledges
+(ACK), and once every holder has, ``latest`` moves to K and the held messages are processed as if
+just arrived. A resumed coordinator processes the saved held messages first, and a resumed worker
+starts by waiting for their answers, so the run continues from one consistent cut. A worker that
+has no state in the checkpoint (it was lost before it) says HELLO and is answered JOIN with the
+parameters evaluation uses (the center, or the last global leader's): it restarts from those
+with fresh momentum.
 """
 
 from __future__ import annotations
@@ -45,9 +55,9 @@ from gradwire.errors import CommunicationError
 from gradwire.run.ps import Inbox, _wait
 
 HEAD_TAG, BODY_TAG, REPLY_TAG, REPLY_BODY_TAG, RELEASE_TAG = 21, 22, 23, 24, 25
-REPORT, LEAD, BYE = 1, 2, 3       # worker -> coordinator
-GO, UPLOAD, PULL, ELASTIC = 1, 2, 3, 4  # coordinator -> worker
-WORKER_KINDS, REPLY_KINDS = {REPORT, LEAD, BYE}, {GO, UPLOAD, PULL, ELASTIC}
+REPORT, LEAD, BYE, ACK, HELLO = 1, 2, 3, 4, 5     # worker -> coordinator
+GO, UPLOAD, PULL, ELASTIC, SAVE, JOIN = 1, 2, 3, 4, 5, 6  # coordinator -> worker
+WORKER_KINDS, REPLY_KINDS = {REPORT, LEAD, BYE, ACK, HELLO}, {GO, UPLOAD, PULL, ELASTIC, SAVE, JOIN}
 
 
 def _receive_framed(model_bytes: int):
@@ -87,6 +97,7 @@ class Coordinator:
         self.said_bye: set[int] = set()
         self.finished = False
         self.late_uploads = 0  # leaders' parameters that arrived after the last step
+        self.replay: collections.deque = collections.deque()  # messages held over a checkpoint
         self.info: dict = {}
         self.inbox = Inbox(self.n, _receive_framed(self.model_bytes), self.timeout_s)
 
@@ -115,12 +126,20 @@ class Coordinator:
                     _wait(work, self.timeout_s, f"coordinator: answer to worker {worker}")
             return int(head[0]), worker, head, body
 
+    def _next(self, what: str, deadline: float | None = None):
+        """Messages held over a checkpoint first (their bytes were counted when they arrived)."""
+        while self.replay:
+            w, head, body = self.replay.popleft()
+            if w not in self.lost:
+                return int(head[0]), w, head, body
+        return self._receive(what, deadline)
+
     def _answer(self, w: int, kind: int, *, body: torch.Tensor | None = None, round_id: int = 0,
-                group: int | None = None, stop: bool = False) -> None:
+                group: int | None = None, stop: bool = False, checkpoint_step: int = 0) -> None:
         payload = None if body is None else body.reshape(-1).view(torch.uint8)
         nbytes = 0 if payload is None else payload.numel()
-        head = torch.tensor([kind, int(stop or self.finished), 0, nbytes, round_id, -1 if group is None else group],
-                            dtype=torch.int64)
+        head = torch.tensor([kind, int(stop or self.finished), checkpoint_step, nbytes, round_id,
+                             -1 if group is None else group], dtype=torch.int64)
         works = [dist.isend(head, dst=w + 1, tag=REPLY_TAG)]
         if payload is not None:
             works.append(dist.isend(payload, dst=w + 1, tag=REPLY_BODY_TAG))
@@ -225,21 +244,27 @@ class Coordinator:
         else:
             self._answer(w, GO, stop=stop)
 
+    def _hello(self, w: int) -> None:
+        """A worker with no state in the checkpoint rejoins: the parameters evaluation uses."""
+        self.lost.pop(w, None)
+        self._answer(w, JOIN, body=self.algo.eval_params(), round_id=self.local_steps[w])
+
     def step(self, step: int) -> dict:
-        last = step == self.run.cfg.steps
         self.info = {"exchanges": 0} if not self.is_lsgd else {}
         losses = []
         while len(losses) < self.n:
-            kind, w, head, body = self._receive(f"step {step} ({len(losses)} of {self.n} reports so far)")
+            kind, w, head, body = self._next(f"step {step} ({len(losses)} of {self.n} reports so far)")
             if kind == REPORT:
                 loss = float(head[4:5].view(torch.float64))
                 losses.append(loss)
-                self._report(w, head, body, loss, stop=last and len(losses) == self.n)
+                self._report(w, head, body, loss, stop=False)  # finish() stops everyone
             elif kind == LEAD:
                 self._lead(w, head, body)
                 self._serve(w)
+            elif kind == HELLO:
+                self._hello(w)
             else:
-                self.said_bye.add(w)
+                raise CommunicationError(f"coordinator: unexpected message {kind} from worker {w} at step {step}")
         info = self.info | {"loss": mean_of(losses), "gradients": len(losses)}
         if "distances" in info:
             info["center_distance"] = mean_of(info.pop("distances"))
@@ -249,6 +274,64 @@ class Coordinator:
                 info["group_leaders"] = list(self.algo.group_leaders)
         return info
 
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def checkpoint(self, folder, step: int) -> None:
+        """The quiescent snapshot described in the module docstring."""
+        from gradwire.run import checkpoint
+
+        held, holders = [], set()
+        while not set(range(self.n)) - set(self.lost) <= holders:
+            kind, w, head, body = self._next(f"the checkpoint of step {step} ({len(holders)} workers waiting)")
+            if kind == HELLO:
+                self._hello(w)
+                continue
+            held.append((w, head, body))
+            holders.add(w)
+        held = [m for m in held if m[0] not in self.lost]
+        state = self.run.state_dict() | {"coord": self.state_dict(held)}
+        checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), coordinator=False)
+        for w in sorted(holders - set(self.lost)):
+            self._answer(w, SAVE, checkpoint_step=step)
+        acked: set[int] = set()
+        while not (holders - set(self.lost)) <= acked:
+            kind, w, head, body = self._receive(f"the acknowledgements of checkpoint {step}")
+            if kind != ACK:
+                raise CommunicationError(f"coordinator: worker {w} sent message {kind} while saving checkpoint {step}")
+            acked.add(w)
+        checkpoint.mark_latest(folder, step)
+        self.replay.extend(held)
+
+    def state_dict(self, held: list) -> dict:
+        def round_state(rd):
+            return {"group": -1 if rd.group is None else rd.group, "members": list(rd.members), "leader": rd.leader,
+                    "score": rd.score, "weight": rd.weight}
+        return {"local_steps": {str(w): n for w, n in self.local_steps.items()},
+                "open": {str(rid): round_state(rd) for rid, rd in self.open.items()},
+                "uploaded": {str(rid): t for rid, t in self.uploaded.items()},
+                "pending": {str(w): list(q) for w, q in self.pending.items()},
+                "held": [{"worker": w, "head": head,
+                          "body": torch.empty(0, dtype=torch.uint8) if body is None else body}
+                         for w, head, body in held]}
+
+    def load_state_dict(self, state: dict, stepdir) -> None:
+        """``stepdir``: the checkpoint folder; a worker with no state file there will rejoin with
+        HELLO, so its held message is dropped (it never sent one, as far as it knows)."""
+        from gradwire.algorithms.lsgd import Round
+
+        self.local_steps = {w: int(state["local_steps"][str(w)]) for w in range(self.n)}
+        self.open = {int(rid): Round(int(rid), None if r["group"] < 0 else int(r["group"]),
+                                     [int(m) for m in r["members"]], int(r["leader"]), float(r["score"]),
+                                     float(r["weight"]))
+                     for rid, r in state["open"].items()}
+        self.uploaded = {int(rid): t.clone() for rid, t in state["uploaded"].items()}
+        self.pending = {w: collections.deque(int(i) for i in state["pending"][str(w)]) for w in range(self.n)}
+        self.replay = collections.deque((int(m["worker"]), m["head"].clone(), m["body"].clone() if m["body"].numel()
+                                         else None) for m in state["held"]
+                                        if (stepdir / f"rank{int(m['worker']) + 1}.pt").exists())
+
+    # -- the end ----------------------------------------------------------------------------------------
+
     def finish(self) -> dict:
         """Answer every worker with stop (an EASGD exchange still gets its elastic step), hear every
         goodbye, then release them all together; bounded by the timeout."""
@@ -256,7 +339,7 @@ class Coordinator:
         self.finished = True
         while len(self.said_bye | set(self.lost)) < self.n:
             try:
-                kind, w, head, body = self._receive("the last messages", deadline)
+                kind, w, head, body = self._next("the last messages", deadline)
             except CommunicationError:
                 break
             if kind == BYE:
@@ -264,6 +347,8 @@ class Coordinator:
                 self.said_bye.add(w)
             elif kind == REPORT:
                 self._report(w, head, body, float(head[4:5].view(torch.float64)), stop=True)
+            elif kind == HELLO:
+                self._hello(w)
             else:  # parameters for a round that ends with the run: not passed on
                 self.late_uploads += 1
                 self._answer(w, GO)
@@ -295,7 +380,7 @@ def run_worker(run) -> dict:
     incoming = torch.empty(x.numel() * x.element_size(), dtype=torch.uint8)
     is_easgd = algo.name == "easgd"
 
-    def exchange(kind: int, count: int, loss: float, body: torch.Tensor | None, round_id: int = 0):
+    def send(kind: int, count: int, loss: float = 0.0, body: torch.Tensor | None = None, round_id: int = 0):
         payload = None if body is None else body.reshape(-1).view(torch.uint8)
         head = torch.tensor([kind, w, count, 0 if payload is None else payload.numel(), 0, round_id],
                             dtype=torch.int64)
@@ -303,36 +388,53 @@ def run_worker(run) -> dict:
         sends = [dist.isend(head, dst=0, tag=HEAD_TAG)]
         if payload is not None:
             sends.append(dist.isend(payload, dst=0, tag=BODY_TAG))
-        if kind == BYE:
-            for send in sends:
-                _wait(send, timeout_s, f"worker {w}: the coordinator took no goodbye")
-            return None
+        for work in sends:  # completes once the coordinator's inbox has taken it
+            _wait(work, timeout_s, f"worker {w}: the coordinator took no message within {timeout_s:g} s")
+
+    def answer() -> torch.Tensor:
         reply = torch.empty(HEADER_WORDS, dtype=torch.int64)
         _wait(dist.irecv(reply, src=0, tag=REPLY_TAG), timeout_s, what)
         if int(reply[0]) not in REPLY_KINDS or int(reply[3]) not in (0, incoming.numel()):
             raise CommunicationError(f"worker {w}: malformed answer from the coordinator: {reply.tolist()}")
         if int(reply[3]):
             _wait(dist.irecv(incoming, src=0, tag=REPLY_BODY_TAG), timeout_s, what)
-        for send in sends:
-            _wait(send, timeout_s, what)
         return reply
 
-    count = 0
+    count, reply = 0, None
+    if run.ps_resume is not None:  # saved while its last message waited for an answer: wait for it now
+        count = run.ps_resume["count"]
+        reply = answer()
+    elif run.ps_rejoin:  # no state in the checkpoint: start from the coordinator's parameters
+        send(HELLO, 0)
+        reply = answer()
     while True:
-        run.oracle.step = count + 1
-        loss = algo.replicas.sgd_step(run.ctx, w)
-        count += 1
-        reply = exchange(REPORT, count, loss, x if is_easgd and algo.exchange_due(count) else None)
-        while int(reply[0]) == UPLOAD and not int(reply[1]):  # lead a round: our parameters, as they are now
-            reply = exchange(LEAD, count, 0.0, x, round_id=int(reply[4]))
-        kind = int(reply[0])
+        if reply is None:
+            run.oracle.step = count + 1
+            loss = algo.replicas.sgd_step(run.ctx, w)
+            count += 1
+            send(REPORT, count, loss, x if is_easgd and algo.exchange_due(count) else None)
+            reply = answer()
+        kind, stop = int(reply[0]), bool(int(reply[1]))
+        if kind == UPLOAD and not stop:  # lead a round: our parameters, as they are now
+            send(LEAD, count, body=x, round_id=int(reply[4]))
+            reply = answer()
+            continue
+        if kind == SAVE:  # a checkpoint: our state as it stands, still waiting for the last answer
+            run.save_worker_checkpoint(int(reply[2]), {"count": count})
+            send(ACK, count)
+            reply = answer()
+            continue
         if kind == ELASTIC:
             x.sub_(incoming.view(x.dtype))
         elif kind == PULL:
             x.lerp_(incoming.view(x.dtype), algo.top_pull if int(reply[5]) < 0 else algo.pull)
-        if int(reply[1]):
-            exchange(BYE, count, 0.0, None)
+        elif kind == JOIN:
+            x.copy_(incoming.view(x.dtype))
+            count = int(reply[4])
+        if stop:
+            send(BYE, count)
             _wait(dist.irecv(torch.empty(1, dtype=torch.int64), src=0, tag=RELEASE_TAG), timeout_s,
                   f"worker {w}: no release from the coordinator")
             return {"worker": w, "local_steps": count}
         run.kill_point(count)
+        reply = None

@@ -71,10 +71,6 @@ class Run:
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
         self.ps = cfg.backend == "torch" and bool(getattr(self.algorithm, "needs_server", False))
         self.protocol = getattr(self.algorithm, "server_protocol", "ps") if self.ps else None
-        if self.protocol == "coordinator" and (cfg.checkpoint_every or cfg.resume):
-            raise ConfigError(f"algorithm {cfg.algorithm!r} on the torch backend runs with a coordinator process, "
-                              "which does not take checkpoints yet: drop --checkpoint-every/--resume, or use "
-                              "--backend sim")
         self.transport, self.clock = _transport(cfg, self.ps)
         self.is_writer = getattr(self.transport, "rank", 0) == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
@@ -160,6 +156,9 @@ class Run:
             raise ConfigError(f"checkpoint does not fit this run ({type(e).__name__}: {e})") from None
 
     def save_checkpoint(self, folder: Path) -> None:
+        if self.protocol == "coordinator":  # a snapshot with every worker waiting (run/coordinator.py)
+            self.server.checkpoint(folder, self.step)
+            return
         if self.server is not None:  # parameter-server mode: the workers save on their own time
             checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), coordinator=False)
             self.server.begin_checkpoint(self.step)
@@ -180,8 +179,10 @@ class Run:
             return False
         step, state = checkpoint.load(stepdir, self.label, self.cfg.to_dict())
         self.load_state_dict(state)
-        if "ps" in state:
+        if "ps" in state:  # a worker of the parameter server or coordinator: where it stood
             self.ps_resume = {k: int(v) for k, v in state["ps"].items()}
+        if "coord" in state and self.server is not None:
+            self.server.load_state_dict(state["coord"], stepdir)
         if self.step != step:
             raise ConfigError(f"checkpoint {stepdir} is inconsistent: step {step} vs state step {self.step}")
         return True
@@ -200,15 +201,11 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     started = time.perf_counter()
     out = Path(cfg.out)
     r = Run(cfg)
-    if r.ps and not r.is_writer and r.protocol == "coordinator":  # a worker of async LSGD/EASGD
-        from gradwire.run.coordinator import run_worker
-
-        try:
-            return run_worker(r)
-        finally:
-            r.transport.close()
-    if r.ps and not r.is_writer:  # a parameter-server worker: no folder, no evaluation
-        from gradwire.run.ps import run_worker
+    if r.ps and not r.is_writer:  # a worker of the parameter server or coordinator: no folder, no evaluation
+        if r.protocol == "coordinator":
+            from gradwire.run.coordinator import run_worker
+        else:
+            from gradwire.run.ps import run_worker
 
         if cfg.resume:
             stepdir = checkpoint.latest(out / "checkpoint")
