@@ -116,6 +116,9 @@ class Coordinator:
             kind, worker, data = event
             if kind == "lost":
                 self._lose(worker, data)
+                if len(self.lost) == self.n and not self.finished:
+                    reasons = "; ".join(f"worker {w}: {r}" for w, r in sorted(self.lost.items()))
+                    raise CommunicationError(f"coordinator: every worker was lost during {what} ({reasons})")
                 continue
             head, body = data
             self.run.transport.comm_time_s += time.perf_counter() - start
