@@ -55,6 +55,31 @@ def test_run_writes_folder_and_flags_override_file(tmp_path, data_dir):
     assert (out / "curves.png").stat().st_size > 10_000
 
 
+def test_a_failure_mid_run_is_recorded_as_failed(tmp_path, data_dir, monkeypatch):
+    from gradwire.errors import CommunicationError
+    from gradwire.run import loop
+    from gradwire.run.config import RunConfig
+
+    calls = []
+
+    def train_step(self):
+        calls.append(1)
+        if len(calls) == 4:
+            raise CommunicationError("rank 1 vanished")
+        return original(self)
+
+    original = loop.Run.train_step
+    monkeypatch.setattr(loop.Run, "train_step", train_step)
+    out = tmp_path / "fail"
+    with pytest.raises(CommunicationError):
+        loop.run(RunConfig(task="digits-logreg", workers=2, steps=10, eval_every=1, out=str(out),
+                           data_dir=str(data_dir)))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 3  # the 4th never completed
+    assert summary["error"] == "CommunicationError: rank 1 vanished"
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 4  # steps 0-3 kept
+
+
 def test_divergence_names_step_and_worker_and_keeps_metrics(tmp_path, data_dir):
     out = tmp_path / "div"
     code, _, err = gw("run", "--task", "digits-mlp", "--workers", "2", "--lr", "1e10", "--steps", "50",

@@ -36,9 +36,11 @@ position, step count) as it stands, waiting for the answer to its held message; 
 (ACK), and once every holder has, ``latest`` moves to K and the held messages are processed as if
 just arrived. A resumed coordinator processes the saved held messages first, and a resumed worker
 starts by waiting for their answers, so the run continues from one consistent cut. A worker that
-has no state in the checkpoint (it was lost before it) says HELLO and is answered JOIN with the
-parameters evaluation uses (the center, or the last global leader's): it restarts from those
-with fresh momentum.
+has not reported within half the timeout is left out of the cut, and the step folder keeps a file
+for exactly the workers of the cut (an earlier attempt's files are removed before the save). A
+worker with no state in the checkpoint (lost before it, or left out) says HELLO and is answered
+JOIN with the parameters evaluation uses (the center, or the last global leader's): it restarts
+from those with fresh momentum. A send to a worker that has died marks it lost; the run goes on.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from __future__ import annotations
 import collections
 import datetime
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -98,6 +101,9 @@ class Coordinator:
         self.finished = False
         self.late_uploads = 0  # leaders' parameters that arrived after the last step
         self.replay: collections.deque = collections.deque()  # messages held over a checkpoint
+        self.orphans: list = []  # sends to workers since lost: their buffers must outlive them
+        self.newest_uploaded: dict = {}  # scope (group, None: global) -> newest round whose parameters came
+        self.triggered = {"global": 0, "group": 0}
         self.info: dict = {}
         self.inbox = Inbox(self.n, _receive_framed(self.model_bytes), self.timeout_s)
 
@@ -143,9 +149,15 @@ class Coordinator:
         nbytes = 0 if payload is None else payload.numel()
         head = torch.tensor([kind, int(stop or self.finished), checkpoint_step, nbytes, round_id,
                              -1 if group is None else group], dtype=torch.int64)
-        works = [dist.isend(head, dst=w + 1, tag=REPLY_TAG)]
-        if payload is not None:
-            works.append(dist.isend(payload, dst=w + 1, tag=REPLY_BODY_TAG))
+        works = []
+        try:  # gloo refuses a send to a peer that has gone at once: the worker is lost
+            works.append(dist.isend(head, dst=w + 1, tag=REPLY_TAG))
+            if payload is not None:
+                works.append(dist.isend(payload, dst=w + 1, tag=REPLY_BODY_TAG))
+        except RuntimeError as e:
+            self.orphans.append((works, (head, payload)))
+            self._lose(w, str(e).splitlines()[0][:160])
+            return
         self.in_flight[w] = (works, (head, payload))  # the buffers live until the sends complete
         self.run.transport.bytes_sent += HEADER_BYTES + nbytes
         if kind == PULL:
@@ -155,41 +167,54 @@ class Coordinator:
 
     def _open_round(self, rd) -> None:
         self.open[rd.id] = rd
+        self.triggered["global" if rd.group is None else "group"] += 1
         for m in rd.members:
             if m not in self.lost:
                 self.pending[m].append(rd.id)
 
     def _close_if_done(self, rid: int) -> None:
         """Forget a round once its parameters have arrived and no member still has to receive them."""
-        if rid in self.uploaded and not any(rid in self.pending[m] for m in self.open[rid].members):
+        if rid in self.open and rid in self.uploaded and not any(rid in self.pending[m]
+                                                                 for m in self.open[rid].members):
             del self.open[rid], self.uploaded[rid]
 
+    def _cancel(self, rid: int, why: str) -> None:
+        """Drop a round whose parameters were never sent (its leader was lost, or a newer round of
+        its scope has been uploaded first): its members carry on without it."""
+        self.info[why] = self.info.get(why, 0) + 1
+        for m in self.open[rid].members:
+            if rid in self.pending[m]:
+                self.pending[m].remove(rid)
+        del self.open[rid]
+        self.uploaded.pop(rid, None)
+
+    def _superseded(self, rid: int) -> bool:
+        return rid < self.newest_uploaded.get(self.open[rid].group, 0)
+
     def _serve(self, w: int) -> None:
-        """Answer worker w. A round it leads and has not uploaded comes first (the other members'
-        pulls need it); otherwise the oldest round whose parameters are here, after dropping the
-        rounds of the same scope that a newer arrived round supersedes; otherwise GO. No worker
-        ever waits for another: a round not uploaded yet is served at a later report."""
+        """Answer worker w. Rounds older than the newest uploaded round of their scope are dropped
+        first (their pulls would be undone by the newer one); then a round w leads and has not
+        uploaded (the other members' pulls need it); otherwise the oldest round whose parameters
+        are here; otherwise GO. No worker ever waits for another: a round not uploaded yet is
+        served at a later report."""
         pending = self.pending[w]
         if self.finished or not pending:
             self._answer(w, GO)
             return
+        for rid in list(pending):
+            if rid in pending and self._superseded(rid):
+                if self.open[rid].leader == w and rid not in self.uploaded:
+                    self._cancel(rid, "superseded")
+                else:
+                    pending.remove(rid)
+                    self.info["superseded"] = self.info.get("superseded", 0) + 1
+                    self._close_if_done(rid)
         for rid in pending:
             rd = self.open[rid]
             if rd.leader == w and rid not in self.uploaded:
                 pending.remove(rid)
                 self._answer(w, UPLOAD, round_id=rid, group=rd.group)
-                self._close_if_done(rid)
                 return
-        newest = {}  # scope -> the newest round of that scope whose parameters are here
-        for rid in pending:
-            if rid in self.uploaded:
-                newest[self.open[rid].group] = rid
-        for rid in list(pending):
-            scope = self.open[rid].group
-            if scope in newest and rid < newest[scope]:  # superseded: a newer leader has been sent
-                pending.remove(rid)
-                self.info["superseded"] = self.info.get("superseded", 0) + 1
-                self._close_if_done(rid)
         ready = [rid for rid in pending if rid in self.uploaded]
         if not ready:
             self._answer(w, GO)
@@ -203,29 +228,35 @@ class Coordinator:
     def _lead(self, w: int, head: torch.Tensor, body: torch.Tensor) -> None:
         rid = int(head[5])
         rd = self.open.get(rid)
-        if rd is None or rd.leader != w or rid in self.uploaded:
+        if rd is None:  # cancelled meanwhile: a newer round of its scope came first
+            self.info["uploads_superseded"] = self.info.get("uploads_superseded", 0) + 1
+            return
+        if rd.leader != w or rid in self.uploaded:
             raise CommunicationError(f"coordinator: worker {w} uploaded parameters for round {rid}, "
                                      "which it does not lead")
+        if self._superseded(rid):
+            self.info["uploads_superseded"] = self.info.get("uploads_superseded", 0) + 1
+            self._cancel(rid, "superseded")
+            return
         lead = body.view(self.dtype).clone()
         self.uploaded[rid] = lead
+        self.newest_uploaded[rd.group] = rid
         self.algo.round_ended(rd, lead, self.info)
         self._close_if_done(rid)
 
     def _lose(self, w: int, reason: str) -> None:
+        if w in self.lost:
+            return
         self.lost[w] = reason
-        self.in_flight.pop(w, None)
+        if w in self.in_flight:
+            self.orphans.append(self.in_flight.pop(w))
         self.pending[w].clear()
         if not self.is_lsgd:
             return
         self.algo.rounds.lost.add(w)
         for rid in list(self.open):
-            rd = self.open[rid]
-            if rd.leader == w and rid not in self.uploaded:  # cancelled: its members carry on
-                self.info["cancelled_rounds"] = self.info.get("cancelled_rounds", 0) + 1
-                for m in rd.members:
-                    if rid in self.pending[m]:
-                        self.pending[m].remove(rid)
-                del self.open[rid]
+            if self.open[rid].leader == w and rid not in self.uploaded:
+                self._cancel(rid, "cancelled_rounds")
             else:
                 self._close_if_done(rid)
 
@@ -250,7 +281,10 @@ class Coordinator:
     def _hello(self, w: int) -> None:
         """A worker with no state in the checkpoint rejoins: the parameters evaluation uses."""
         self.lost.pop(w, None)
-        self._answer(w, JOIN, body=self.algo.eval_params(), round_id=self.local_steps[w])
+        if self.is_lsgd:
+            self.algo.rounds.lost.discard(w)
+        # a copy: the center or leader may change before the send has gone out
+        self._answer(w, JOIN, body=self.algo.eval_params().clone(), round_id=self.local_steps[w])
 
     def step(self, step: int) -> dict:
         self.info = {"exchanges": 0} if not self.is_lsgd else {}
@@ -280,30 +314,47 @@ class Coordinator:
     # -- checkpoints ----------------------------------------------------------------------------------
 
     def checkpoint(self, folder, step: int) -> None:
-        """The quiescent snapshot described in the module docstring."""
+        """The quiescent cut described in the module docstring. A worker that has not reported
+        within half the timeout is left out of the cut (it rejoins with HELLO after a resume);
+        whatever was held is processed afterwards even if the checkpoint fails."""
         from gradwire.run import checkpoint
 
-        held, holders = [], set()
-        while not set(range(self.n)) - set(self.lost) <= holders:
-            kind, w, head, body = self._next(f"the checkpoint of step {step} ({len(holders)} workers waiting)")
-            if kind == HELLO:
-                self._hello(w)
-                continue
-            held.append((w, head, body))
-            holders.add(w)
-        held = [m for m in held if m[0] not in self.lost]
-        state = self.run.state_dict() | {"coord": self.state_dict(held)}
-        checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), coordinator=False)
-        for w in sorted(holders - set(self.lost)):
-            self._answer(w, SAVE, checkpoint_step=step)
-        acked: set[int] = set()
-        while not (holders - set(self.lost)) <= acked:
-            kind, w, head, body = self._receive(f"the acknowledgements of checkpoint {step}")
-            if kind != ACK:
-                raise CommunicationError(f"coordinator: worker {w} sent message {kind} while saving checkpoint {step}")
-            acked.add(w)
-        checkpoint.mark_latest(folder, step)
-        self.replay.extend(held)
+        held, later, holders = [], [], set()
+        try:
+            deadline = time.perf_counter() + self.timeout_s / 2
+            while not set(range(self.n)) - set(self.lost) <= holders:
+                try:
+                    kind, w, head, body = self._next(f"the checkpoint of step {step}", deadline)
+                except CommunicationError:
+                    break
+                if kind == HELLO:
+                    self._hello(w)
+                    continue
+                held.append((w, head, body))
+                holders.add(w)
+            cut = holders - set(self.lost)
+            held[:] = [m for m in held if m[0] in cut]
+            stepdir = Path(folder) / f"step-{step:08d}"
+            for stale in stepdir.glob("rank*.pt"):  # an earlier attempt's: only this cut may be there
+                if stale.name != f"{self.run.label}.pt":
+                    stale.unlink()
+            state = self.run.state_dict() | {"coord": self.state_dict(held)}
+            # the SAVE answers and ACKs about to cross the wire belong to the count a resume starts from
+            state["transport"] = state["transport"] | {"bytes_sent": state["transport"]["bytes_sent"]
+                                                       + 2 * HEADER_BYTES * len(cut)}
+            checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), coordinator=False)
+            for w in sorted(cut):
+                self._answer(w, SAVE, checkpoint_step=step)
+            acked: set[int] = set()
+            while not cut - set(self.lost) <= acked:
+                kind, w, head, body = self._receive(f"the acknowledgements of checkpoint {step}")
+                if kind == ACK and w in cut:
+                    acked.add(w)
+                else:  # from a worker outside the cut: processed after the held messages
+                    later.append((w, head, body))
+            checkpoint.mark_latest(folder, step)
+        finally:
+            self.replay.extend(held + later)
 
     def state_dict(self, held: list) -> dict:
         def round_state(rd):
@@ -313,6 +364,8 @@ class Coordinator:
                 "open": {str(rid): round_state(rd) for rid, rd in self.open.items()},
                 "uploaded": {str(rid): t for rid, t in self.uploaded.items()},
                 "pending": {str(w): list(q) for w, q in self.pending.items()},
+                "newest_uploaded": {str(-1 if g is None else g): r for g, r in self.newest_uploaded.items()},
+                "triggered": dict(self.triggered),
                 "held": [{"worker": w, "head": head,
                           "body": torch.empty(0, dtype=torch.uint8) if body is None else body}
                          for w, head, body in held]}
@@ -329,9 +382,17 @@ class Coordinator:
                      for rid, r in state["open"].items()}
         self.uploaded = {int(rid): t.clone() for rid, t in state["uploaded"].items()}
         self.pending = {w: collections.deque(int(i) for i in state["pending"][str(w)]) for w in range(self.n)}
+        # the checkpoint holds a file for exactly the workers of its cut; the others rejoin fresh
+        missing = {w for w in range(self.n) if not (stepdir / f"rank{w + 1}.pt").exists()}
         self.replay = collections.deque((int(m["worker"]), m["head"].clone(), m["body"].clone() if m["body"].numel()
-                                         else None) for m in state["held"]
-                                        if (stepdir / f"rank{int(m['worker']) + 1}.pt").exists())
+                                         else None) for m in state["held"] if int(m["worker"]) not in missing)
+        self.newest_uploaded = {None if int(g) < 0 else int(g): int(r) for g, r in state["newest_uploaded"].items()}
+        self.triggered = {k: int(v) for k, v in state["triggered"].items()}
+        for w in missing:
+            self.pending[w].clear()
+        for rid in list(self.open):
+            if self.open[rid].leader in missing and rid not in self.uploaded:
+                self._cancel(rid, "cancelled_rounds")
 
     # -- the end ----------------------------------------------------------------------------------------
 
@@ -352,6 +413,8 @@ class Coordinator:
                 self._report(w, head, body, float(head[4:5].view(torch.float64)), stop=True)
             elif kind == HELLO:
                 self._hello(w)
+            elif kind == ACK:  # of a checkpoint that failed part-way: nothing to answer
+                continue
             else:  # parameters for a round that ends with the run: not passed on
                 self.late_uploads += 1
                 self._answer(w, GO)
@@ -359,8 +422,13 @@ class Coordinator:
             if w not in self.said_bye and w not in self.lost:
                 self.lost[w] = "did not finish"
         release = torch.ones(1, dtype=torch.int64)
-        works = [dist.isend(release, dst=w + 1, tag=RELEASE_TAG) for w in sorted(self.said_bye)]
-        self.run.transport.bytes_sent += release.element_size() * len(works)
+        works = []
+        for w in sorted(self.said_bye):
+            try:
+                works.append(dist.isend(release, dst=w + 1, tag=RELEASE_TAG))
+                self.run.transport.bytes_sent += release.element_size()
+            except RuntimeError:  # gone after its goodbye: nothing left to tell it
+                pass
         for work in works:
             try:
                 _wait(work, 10.0, "")
@@ -370,6 +438,7 @@ class Coordinator:
                    "local_steps": {str(w): n for w, n in self.local_steps.items()}}
         if self.is_lsgd:
             summary["uploads_after_last_step"] = self.late_uploads
+            summary["rounds_triggered"] = dict(self.triggered)
         return summary
 
 
@@ -416,6 +485,7 @@ def run_worker(run) -> dict:
             loss = algo.replicas.sgd_step(run.ctx, w)
             count += 1
             send(REPORT, count, loss, x if is_easgd and algo.exchange_due(count) else None)
+            run.kill_point(count, phase="sent")
             reply = answer()
         kind, stop = int(reply[0]), bool(int(reply[1]))
         if kind == UPLOAD and not stop:  # lead a round: our parameters, as they are now

@@ -122,15 +122,17 @@ class Run:
     def evaluate(self) -> dict:
         return evaluate(self.task, self.model, self.algorithm.eval_params())
 
-    def kill_point(self, step: int) -> None:
+    def kill_point(self, step: int, phase: str = "step") -> None:
         """Fault injection for tests: ``GRADWIRE_KILL_AT=WORKER:STEP`` kills the process hosting
         that worker with SIGKILL after that step, in the first attempt only (torchrun counts
-        restarts in TORCHELASTIC_RESTART_COUNT), so a restarted group runs through."""
+        restarts in TORCHELASTIC_RESTART_COUNT), so a restarted group runs through.
+        ``WORKER:STEP:sent`` kills a coordinator-mode worker right after it sent that step's report,
+        before the answer."""
         spec = os.environ.get("GRADWIRE_KILL_AT")
         if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return
-        worker, at = (int(x) for x in spec.split(":"))
-        if step == at and worker in self.ctx.local_ranks:
+        worker, at, *when = spec.split(":")
+        if step == int(at) and int(worker) in self.ctx.local_ranks and (when or ["step"])[0] == phase:
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
@@ -278,9 +280,17 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
         except DivergenceError as e:
             status, error = "diverged", str(e)
             raise
+        except BaseException as e:  # a communication error, a bad checkpoint, Ctrl-C: say so
+            status, error = "failed", f"{type(e).__name__}: {e}"
+            raise
         finally:
             bar.close()
-            lost = r.server.finish() if r.server is not None and status == "finished" else {}
+            lost, finish_error = {}, None
+            if r.server is not None and status == "finished":
+                try:  # the server's goodbyes: a failure there still gets a summary
+                    lost = r.server.finish()
+                except Exception as e:  # noqa: BLE001 - re-raised below, once the summary is written
+                    status, error, finish_error = "failed", f"{type(e).__name__}: {e}", e
             summary = lost | {"label": cfg.label(), "status": status, "error": error, "steps": r.step,
                        "resumed": bool(resumed), "final": records[-1] if records else None,
                        "best_test_acc": max((x["test_acc"] for x in records), default=None),
@@ -293,6 +303,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                     from gradwire.report.plots import plot_runs
 
                     plot_runs({cfg.label(): records}, out / "curves.png")
+            if finish_error is not None:
+                raise finish_error
     close = getattr(r.transport, "close", None)
     if close is not None:  # leave the process group cleanly (gloo's threads abort the process otherwise)
         close()
