@@ -139,3 +139,15 @@ def test_curse_of_symmetry_lsgd_picks_a_well_easgd_center_stalls():
         assert min(x1) < -0.6 and max(x1) > 0.6, x1           # the workers sit in both wells ...
         assert abs(float(easgd.eval_params()[0])) < 0.1       # ... and the center between them,
         assert f(easgd.eval_params()) > 0.9                   # at the saddle's value f = 1
+
+
+@pytest.mark.parametrize("spec, evaluated", [("lsgd:period=2", "leader"), ("easgd:period=2", "center"),
+                                             ("local:period=2", "average"), ("sync", "model")])
+def test_metrics_say_whose_parameters_were_evaluated(tmp_path, data_dir, spec, evaluated):
+    import json
+
+    from gradwire.run.loop import run
+
+    run(config(tmp_path, data_dir, algorithm=spec, steps=4, eval_every=2))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 2, 4] and {r["evaluated"] for r in rows} == {evaluated}

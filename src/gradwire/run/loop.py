@@ -253,7 +253,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                 return
             rec = {"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started,
                    "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
-                   "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate() | extra
+                   "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate() \
+                | {"evaluated": r.algorithm.evaluates} | extra  # whose parameters: model, leader, center, ...
             records.append(rec)
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
