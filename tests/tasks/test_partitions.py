@@ -33,7 +33,7 @@ def test_contract(spec, k):
 
 
 def test_every_partition_is_tested():
-    assert PARTITIONS.names() == ["dirichlet", "iid", "volumes"]
+    assert PARTITIONS.names() == ["dirichlet", "iid", "shared", "volumes"]
 
 
 def test_iid_balanced_and_seeded():
@@ -128,3 +128,16 @@ def test_bad_arguments():
         build_partition("iid", labels=LABELS, num_workers=0, seed=0)
     with pytest.raises(ConfigError, match="1-D"):
         build_partition("iid", labels=LABELS.reshape(40, 100), num_workers=2, seed=0)
+
+
+def test_shared_gives_every_worker_every_sample_in_its_own_order(data_dir):
+    from gradwire.run.config import RunConfig
+    from gradwire.run.loop import Run
+
+    parts = build_partition("shared", labels=LABELS[:100], num_workers=3, seed=0)
+    assert all(torch.equal(p, torch.arange(100)) for p in parts)
+    r = Run(RunConfig(task="digits-logreg", workers=3, partition="shared", batch_size=16, data_dir=str(data_dir)))
+    n = len(r.task.y_train)
+    assert r.shard_sizes == [n, n, n]
+    first = [r.oracle.workers[w].next_batch() for w in range(3)]
+    assert not torch.equal(first[0][0], first[1][0])  # the same data, drawn in different orders

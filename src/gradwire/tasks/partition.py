@@ -1,7 +1,8 @@
 """How a data set is split between workers: iid, label skew, volume skew, or both.
 
 Every partition returns one sorted int64 index tensor per worker; together they are disjoint and
-cover every sample, and no worker is left empty (ConfigError naming the worker otherwise).
+cover every sample, and no worker is left empty (ConfigError naming the worker otherwise). The one
+exception is ``shared``: every worker gets every sample (each still draws its own minibatch order).
 Randomness comes from ``numpy.random.default_rng(seed)`` only, so a partition is a function of
 (spec, labels, num_workers, seed).
 """
@@ -60,6 +61,15 @@ def iid(*, _ctx: PartitionContext) -> list[torch.Tensor]:
     n, k = len(_ctx.labels), _ctx.num_workers
     perm = np.random.default_rng(_ctx.seed).permutation(n)
     return _finish(np.array_split(perm, k), n, "use fewer workers")
+
+
+@PARTITIONS.register("shared", help="no split: every worker samples the whole training set in its own order")
+def shared(*, _ctx: PartitionContext) -> list[torch.Tensor]:
+    """The setting of data-parallel training from one data set, as in the experiments of the EASGD
+    and LSGD papers (each worker draws minibatches from all the data). A worker's running loss
+    then measures the same objective as everyone's, which is what LSGD's leader election assumes."""
+    everything = torch.arange(len(_ctx.labels), dtype=torch.int64)
+    return [everything.clone() for _ in range(_ctx.num_workers)]
 
 
 @PARTITIONS.register(
