@@ -116,4 +116,7 @@ def run_one_worker_per_thread(cfg: RunConfig, steps: int) -> dict[int, dict]:
         t.join(timeout=120)
     if errors:
         raise errors[0]
+    hung = [k for k, t in enumerate(threads) if t.is_alive()]
+    assert not hung, f"ranks {hung} still running after 120 s"
+    assert sorted(results) == list(range(cfg.workers)), f"results from ranks {sorted(results)} only"
     return results

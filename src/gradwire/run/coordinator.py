@@ -102,6 +102,7 @@ class Coordinator:
         self.late_uploads = 0  # leaders' parameters that arrived after the last step
         self.replay: collections.deque = collections.deque()  # messages held over a checkpoint
         self.orphans: list = []  # sends to workers since lost: their buffers must outlive them
+        self.refused_bytes = 0  # answers gloo refused to send (their worker had died)
         self.newest_uploaded: dict = {}  # scope (group, None: global) -> newest round whose parameters came
         self.triggered = {"global": 0, "group": 0}
         self.info: dict = {}
@@ -156,6 +157,7 @@ class Coordinator:
                 works.append(dist.isend(payload, dst=w + 1, tag=REPLY_BODY_TAG))
         except RuntimeError as e:
             self.orphans.append((works, (head, payload)))
+            self.refused_bytes += HEADER_BYTES + nbytes  # never crossed the wire: not in bytes_sent
             self._lose(w, str(e).splitlines()[0][:160])
             return
         self.in_flight[w] = (works, (head, payload))  # the buffers live until the sends complete
@@ -435,7 +437,8 @@ class Coordinator:
             except CommunicationError:
                 pass
         summary = {"lost_workers": sorted(self.lost), "lost_reasons": {str(k): v for k, v in self.lost.items()},
-                   "local_steps": {str(w): n for w, n in self.local_steps.items()}}
+                   "local_steps": {str(w): n for w, n in self.local_steps.items()},
+                   "answers_refused_bytes": self.refused_bytes}
         if self.is_lsgd:
             summary["uploads_after_last_step"] = self.late_uploads
             summary["rounds_triggered"] = dict(self.triggered)

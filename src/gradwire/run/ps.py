@@ -110,6 +110,7 @@ class PSServer:
         self.awaiting: list[int] = []           # workers whose gradient counted and who wait for x_{t+1}
         self.stopped: set[int] = set()
         self.said_bye: set[int] = set()
+        self.received = {w: 0 for w in range(self.n_workers)}  # gradients taken from each worker
         self.lost: dict[int, str] = {}
         self.is_async = self.algo.name == "async"
         self.inbox = Inbox(self.n_workers, _receive_fixed(self.msg_bytes), self.timeout_s)
@@ -155,6 +156,7 @@ class PSServer:
                 self._reply(worker, self.algo.version if self.is_async else self.current_step,
                             stop=self.finished)
                 return None
+            self.received[worker] += 1
             return worker, tag, float(head[2:3].view(torch.float64)), count, data[HEADER * 8 :]
 
     def _reply(self, worker: int, tag: int, stop: bool) -> None:
@@ -264,7 +266,8 @@ class PSServer:
                 _wait(work, 10.0, "")
             except CommunicationError:
                 pass
-        return {"lost_workers": sorted(self.lost), "lost_reasons": {str(k): v for k, v in self.lost.items()}}
+        return {"lost_workers": sorted(self.lost), "lost_reasons": {str(k): v for k, v in self.lost.items()},
+                "gradients_received": {str(w): n for w, n in self.received.items()}}
 
 
 def _hello(run, w: int, payload: int, reply: torch.Tensor, timeout_s: float) -> int:
