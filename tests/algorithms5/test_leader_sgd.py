@@ -151,3 +151,12 @@ def test_metrics_say_whose_parameters_were_evaluated(tmp_path, data_dir, spec, e
     run(config(tmp_path, data_dir, algorithm=spec, steps=4, eval_every=2))
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 2, 4] and {r["evaluated"] for r in rows} == {evaluated}
+
+
+@pytest.mark.parametrize("per_node, groups", [(1, [[0, 1, 2, 3]]), (2, [[0, 1], [2, 3]]), (4, [[0, 1, 2, 3]])])
+def test_default_groups_follow_nodes_but_never_groups_of_one(tmp_path, data_dir, per_node, groups):
+    r = Run(config(tmp_path, data_dir, algorithm="sync"))
+    r.ctx.transport.node_of = lambda rank: rank // per_node  # as torchrun's LOCAL_WORLD_SIZE would say
+    alg = ALGORITHMS.build("lsgd:pull=0.5,period=2")
+    alg.setup(r.ctx, r.model.flatten(), OptimConfig(lr=0.1), CodecConfig())
+    assert alg.members == groups and alg.multi == (len(groups) > 1)

@@ -17,7 +17,8 @@ Multi-leader (``groups`` = G > 1; Teng et al. 2019, the multi-leader objective w
 global attraction): the workers form G equal groups of consecutive ranks; every τ steps each is
 pulled with strength λ towards its group's leader, and every ``global_period`` = τ_G steps with
 λ_G towards the leader of all workers (window τ_G). ``groups=0`` makes one group per node
-(``transport.node_of``), as the paper intends for GPUs of one machine; the simulator is one node.
+(``transport.node_of``), as the paper intends for GPUs of one machine; the simulator is one node,
+and a cluster with one worker per node gets one group too (single-leader LSGD), not n groups of one.
 
 ``async=true`` (the paper's asynchronous LSGD): workers step at their own pace and a round is
 triggered whenever the workers have completed τ·n local steps in total (τ·|group| within a
@@ -140,6 +141,10 @@ class LeaderSGD(Algorithm):
         else:
             nodes = sorted({ctx.transport.node_of(r) for r in range(n)})
             self.members = [[r for r in range(n) if ctx.transport.node_of(r) == k] for k in nodes]
+            if n > 1 and all(len(m) == 1 for m in self.members):
+                # one worker per node: groups of one would elect themselves and leave only the
+                # global rounds (λ_G, τ_G) in place of the asked (λ, τ); that is single-leader LSGD
+                self.members = [list(range(n))]
         self.multi = len(self.members) > 1
         self.group_of = {r: k for k, m in enumerate(self.members) for r in m}
         self.my_groups = sorted({self.group_of[r] for r in ctx.local_ranks})
