@@ -15,13 +15,14 @@ does, and runs the algorithm's own arithmetic on them:
   paper's own scheme (Teng et al. 2019, their Fig. 8: at every iteration a worker asks the server,
   which answers "local step" or "distributed step"). No worker waits for another: a member whose
   round has not been uploaded yet steps on and pulls at a later report, and a newer round of the
-  same scope (group or global) that has arrived supersedes the older ones it missed.
+  same scope (group or global) that has arrived supersedes the older ones it missed (one never
+  uploaded is then cancelled, so the evaluated leader never goes back to an older election).
 
 Every message is a header of ``HEADER_WORDS`` int64 (``replicas.HEADER_BYTES``), then a body of
 parameters when the header says so:
 
     worker -> coordinator   [kind, worker, local steps so far, body bytes, loss (float64 bits), round]
-    coordinator -> worker   [kind, stop, 0, body bytes, round, group (-1: global)]
+    coordinator -> worker   [kind, stop, checkpoint step, body bytes, round, group (-1: global)]
 
 The coordinator takes whichever message arrives first through the parameter server's inbox (one
 receiving thread per worker, ``ps.Inbox``); a worker that dies ends only its own thread. Its rounds
