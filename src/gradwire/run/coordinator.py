@@ -114,28 +114,26 @@ class Coordinator:
     def _receive(self, what: str, deadline: float | None = None):
         """The next message from any worker, as (kind, worker, header, body); losses are handled."""
         start = time.perf_counter()
-        deadline = deadline or start + self.timeout_s
-        while True:
-            event = self.inbox.get(deadline - time.perf_counter())
-            if event is None:
-                alive = self.n - len(self.lost)
-                raise CommunicationError(f"coordinator: no report arrived for {what} within {self.timeout_s:g} s "
-                                         f"({alive} of {self.n} workers alive)")
-            kind, worker, data = event
-            if kind == "lost":
-                self._lose(worker, data)
-                if len(self.lost) == self.n and not self.finished:
-                    reasons = "; ".join(f"worker {w}: {r}" for w, r in sorted(self.lost.items()))
-                    raise CommunicationError(f"coordinator: every worker was lost during {what} ({reasons})")
-                continue
-            head, body = data
-            self.run.transport.comm_time_s += time.perf_counter() - start
-            self.run.transport.bytes_sent += HEADER_BYTES + (0 if body is None else body.numel())
-            previous = self.in_flight.pop(worker, None)
-            if previous is not None:  # the worker sent again, so it has received our last answer
-                for work in previous[0]:
-                    _wait(work, self.timeout_s, f"coordinator: answer to worker {worker}")
-            return int(head[0]), worker, head, body
+        got = self.inbox.next_message(deadline or start + self.timeout_s, self._lose_reported)
+        if got is None:
+            alive = self.n - len(self.lost)
+            raise CommunicationError(f"coordinator: no report arrived for {what} within {self.timeout_s:g} s "
+                                     f"({alive} of {self.n} workers alive)")
+        worker, (head, body) = got
+        self.run.transport.comm_time_s += time.perf_counter() - start
+        self.run.transport.bytes_sent += HEADER_BYTES + (0 if body is None else body.numel())
+        previous = self.in_flight.pop(worker, None)
+        if previous is not None:  # the worker sent again, so it has received our last answer
+            for work in previous[0]:
+                _wait(work, self.timeout_s, f"coordinator: answer to worker {worker}")
+        return int(head[0]), worker, head, body
+
+    def _lose_reported(self, worker: int, reason: str) -> None:
+        """The inbox found a worker gone; with none left there is nothing to wait for."""
+        self._lose(worker, reason)
+        if len(self.lost) == self.n and not self.finished:
+            reasons = "; ".join(f"worker {w}: {r}" for w, r in sorted(self.lost.items()))
+            raise CommunicationError(f"coordinator: every worker was lost ({reasons})")
 
     def _next(self, what: str, deadline: float | None = None):
         """Messages held over a checkpoint first (their bytes were counted when they arrived)."""
@@ -146,10 +144,10 @@ class Coordinator:
         return self._receive(what, deadline)
 
     def _answer(self, w: int, kind: int, *, body: torch.Tensor | None = None, round_id: int = 0,
-                group: int | None = None, stop: bool = False, checkpoint_step: int = 0) -> None:
+                group: int | None = None, checkpoint_step: int = 0) -> None:
         payload = None if body is None else body.reshape(-1).view(torch.uint8)
         nbytes = 0 if payload is None else payload.numel()
-        head = torch.tensor([kind, int(stop or self.finished), checkpoint_step, nbytes, round_id,
+        head = torch.tensor([kind, int(self.finished), checkpoint_step, nbytes, round_id,
                              -1 if group is None else group], dtype=torch.int64)
         works = []
         try:  # gloo refuses a send to a peer that has gone at once: the worker is lost
@@ -265,7 +263,7 @@ class Coordinator:
 
     # -- the run loop's view --------------------------------------------------------------------------
 
-    def _report(self, w: int, head: torch.Tensor, body: torch.Tensor | None, loss: float, stop: bool) -> None:
+    def _report(self, w: int, head: torch.Tensor, body: torch.Tensor | None, loss: float) -> None:
         self.local_steps[w] = int(head[2])
         if self.is_lsgd:
             if not self.finished:
@@ -277,9 +275,9 @@ class Coordinator:
             alpha = self.algo.alpha
             self.info.setdefault("distances", []).append(float(elastic.norm()) / alpha if alpha else 0.0)
             self.info["exchanges"] = self.info.get("exchanges", 0) + 1
-            self._answer(w, ELASTIC, body=elastic, stop=stop)
+            self._answer(w, ELASTIC, body=elastic)
         else:
-            self._answer(w, GO, stop=stop)
+            self._answer(w, GO)
 
     def _hello(self, w: int) -> None:
         """A worker with no state in the checkpoint rejoins: the parameters evaluation uses."""
@@ -297,7 +295,7 @@ class Coordinator:
             if kind == REPORT:
                 loss = float(head[4:5].view(torch.float64))
                 losses.append(loss)
-                self._report(w, head, body, loss, stop=False)  # finish() stops everyone
+                self._report(w, head, body, loss)  # every answer after the last step says stop
             elif kind == LEAD:
                 self._lead(w, head, body)
                 self._serve(w)
@@ -413,7 +411,7 @@ class Coordinator:
                 self.local_steps[w] = int(head[2])
                 self.said_bye.add(w)
             elif kind == REPORT:
-                self._report(w, head, body, float(head[4:5].view(torch.float64)), stop=True)
+                self._report(w, head, body, float(head[4:5].view(torch.float64)))
             elif kind == HELLO:
                 self._hello(w)
             elif kind == ACK:  # of a checkpoint that failed part-way: nothing to answer

@@ -64,11 +64,18 @@ class Inbox:
             if last:
                 return
 
-    def get(self, timeout_s: float):
-        try:
-            return self.events.get(timeout=max(0.05, timeout_s))
-        except queue.Empty:
-            return None
+    def next_message(self, deadline: float, on_lost):
+        """The next message in arrival order as (worker, message), or None once ``deadline``
+        (``time.perf_counter``) has passed; a loss met on the way goes to ``on_lost(worker, reason)``."""
+        while True:
+            try:
+                kind, worker, data = self.events.get(timeout=max(0.05, deadline - time.perf_counter()))
+            except queue.Empty:
+                return None
+            if kind == "lost":
+                on_lost(worker, data)
+                continue
+            return worker, data
 
 
 def _receive_fixed(msg_bytes: int):
@@ -125,39 +132,37 @@ class PSServer:
         """The next message from any worker in arrival order: a gradient as (worker, tag, loss,
         count, payload), or None for a goodbye; losses are noted."""
         start = time.perf_counter()
-        deadline = deadline or start + self.timeout_s
-        while True:
-            event = self.inbox.get(deadline - time.perf_counter())
-            if event is None:
-                alive = self.n_workers - len(self.lost)
-                raise CommunicationError(f"parameter server: no gradient arrived for {what} within "
-                                         f"{self.timeout_s:g} s ({alive} of {self.n_workers} workers alive)")
-            kind, worker, data = event
-            if kind == "lost":
-                self.lost[worker] = data
-                self.in_flight.pop(worker, None)
-                continue
-            self.run.transport.comm_time_s += time.perf_counter() - start
-            self.run.transport.bytes_sent += self.msg_bytes
-            head = data[: HEADER * 8].view(torch.int64)
-            tag, nbytes, count = int(head[0]), int(head[1]), int(head[4])
-            if int(head[3]) != worker or (tag != BYE and nbytes != self.payload):
-                raise CommunicationError(f"parameter server: malformed message from worker {worker}")
-            previous = self.in_flight.pop(worker, None)
-            if previous is not None:  # the worker sent again, so it has received our last reply
-                _wait(previous[0], self.timeout_s, f"parameter server: reply to worker {worker}")
-                if previous[2] and worker in self.ckpt_unacked:  # ... and saved its checkpoint state
-                    self.ckpt_unacked.discard(worker)
-                    self._maybe_commit_checkpoint()
-            if tag == BYE:
-                self.said_bye.add(worker)
-                return None
-            if tag == HELLO:  # a rejoining worker: the current parameters and what to compute next
-                self._reply(worker, self.algo.version if self.is_async else self.current_step,
-                            stop=self.finished)
-                return None
-            self.received[worker] += 1
-            return worker, tag, float(head[2:3].view(torch.float64)), count, data[HEADER * 8 :]
+        got = self.inbox.next_message(deadline or start + self.timeout_s, self._lose)
+        if got is None:
+            alive = self.n_workers - len(self.lost)
+            raise CommunicationError(f"parameter server: no gradient arrived for {what} within "
+                                     f"{self.timeout_s:g} s ({alive} of {self.n_workers} workers alive)")
+        worker, data = got
+        self.run.transport.comm_time_s += time.perf_counter() - start
+        self.run.transport.bytes_sent += self.msg_bytes
+        head = data[: HEADER * 8].view(torch.int64)
+        tag, nbytes, count = int(head[0]), int(head[1]), int(head[4])
+        if int(head[3]) != worker or (tag != BYE and nbytes != self.payload):
+            raise CommunicationError(f"parameter server: malformed message from worker {worker}")
+        previous = self.in_flight.pop(worker, None)
+        if previous is not None:  # the worker sent again, so it has received our last reply
+            _wait(previous[0], self.timeout_s, f"parameter server: reply to worker {worker}")
+            if previous[2] and worker in self.ckpt_unacked:  # ... and saved its checkpoint state
+                self.ckpt_unacked.discard(worker)
+                self._maybe_commit_checkpoint()
+        if tag == BYE:
+            self.said_bye.add(worker)
+            return None
+        if tag == HELLO:  # a rejoining worker: the current parameters and what to compute next
+            self._reply(worker, self.algo.version if self.is_async else self.current_step,
+                        stop=self.finished)
+            return None
+        self.received[worker] += 1
+        return worker, tag, float(head[2:3].view(torch.float64)), count, data[HEADER * 8 :]
+
+    def _lose(self, worker: int, reason: str) -> None:
+        self.lost[worker] = reason
+        self.in_flight.pop(worker, None)
 
     def _reply(self, worker: int, tag: int, stop: bool) -> None:
         msg = torch.empty(self.reply_bytes, dtype=torch.uint8)
