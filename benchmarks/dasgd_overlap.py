@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gradwire.run.config import RunConfig  # noqa: E402
+from gradwire.config import RunConfig  # noqa: E402
 from gradwire.run.loop import Run  # noqa: E402
 
 FREE = "ps:mbps=1e12,latency_ms=0"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from gradwire.run.config import RunConfig
+from gradwire.config import RunConfig
 from gradwire.run.loop import Run
 
 TASK = "synthetic-logreg:samples=400,dim=10,l2=0.1,l1=0.001,hetero=2.0"

@@ -22,7 +22,7 @@ import time
 def measure(kind: str, workers: int, steps: int, threads: int, batch: int) -> dict:
     import torch
 
-    from gradwire.run.config import RunConfig
+    from gradwire.config import RunConfig
     from gradwire.run.loop import Run
 
     torch.set_num_threads(threads)

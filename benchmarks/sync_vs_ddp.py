@@ -32,7 +32,7 @@ def worker(rank: int, nproc: int, store_path: str, args: dict, out: str) -> None
     dist.init_process_group("gloo", store=dist.FileStore(store_path, nproc), rank=rank, world_size=nproc)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from gradwire.run.config import RunConfig
+    from gradwire.config import RunConfig
     from gradwire.run.loop import Run
 
     run = Run(RunConfig(task=args["task"], workers=nproc, backend="torch", batch_size=args["batch"], lr=0.01,

@@ -15,9 +15,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from gradwire import config as config_mod
+from gradwire.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
-from gradwire.run import config as config_mod
-from gradwire.run.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
 
 EPILOG_RUN = """examples:
   gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
@@ -228,9 +228,9 @@ def cmd_launch(ns) -> int:
 def cmd_list(ns) -> int:
     from gradwire.algorithms import ALGORITHMS
     from gradwire.compress import REGISTRY as COMPRESSORS
-    from gradwire.run.stragglers import STRAGGLERS
     from gradwire.tasks import PARTITIONS, TASKS
     from gradwire.transports.network import NETWORKS
+    from gradwire.transports.stragglers import STRAGGLERS
 
     groups = {"tasks": TASKS, "partitions": PARTITIONS, "stragglers": STRAGGLERS, "networks": NETWORKS,
               "algorithms": ALGORITHMS, "compressors": COMPRESSORS}

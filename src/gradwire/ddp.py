@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradwire.compress import Compressor, ErrorFeedback, Packet, build
 from gradwire.compress.wire import work_dtype
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
-from gradwire.run.worker import hash_seed
+from gradwire.seeding import hash_seed
 
 _RAW = build("none")  # small parameters travel as they are (see _allgather)
 

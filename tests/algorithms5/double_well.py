@@ -17,10 +17,10 @@ import sys
 import torch
 
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
-from gradwire.run.stragglers import STRAGGLERS
-from gradwire.run.worker import hash_seed
+from gradwire.seeding import hash_seed
 from gradwire.transports.network import NETWORKS
 from gradwire.transports.sim import SimClock, SimTransport
+from gradwire.transports.stragglers import STRAGGLERS
 
 WORKERS, START = 8, 0.15  # workers, |x₁| of the starting points on either side of the saddle
 

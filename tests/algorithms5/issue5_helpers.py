@@ -10,7 +10,7 @@ import threading
 import torch
 
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
-from gradwire.run.config import RunConfig
+from gradwire.config import RunConfig
 from gradwire.run.loop import Run
 from gradwire.transports.base import Transport
 from gradwire.transports.sim import SimClock

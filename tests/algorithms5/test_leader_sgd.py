@@ -9,7 +9,7 @@ from issue5_helpers import Spy, config
 
 from gradwire.algorithms import ALGORITHMS, CodecConfig, OptimConfig
 from gradwire.run.loop import Run
-from gradwire.run.worker import WorkerData
+from gradwire.tasks.oracle import WorkerData
 
 
 def test_pull_zero_is_independent_sgd_on_each_worker(tmp_path, data_dir):

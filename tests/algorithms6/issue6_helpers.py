@@ -4,7 +4,7 @@ import io
 
 import torch
 
-from gradwire.run.config import RunConfig
+from gradwire.config import RunConfig
 from gradwire.run.loop import Run
 
 TASK = "digits-mlp"

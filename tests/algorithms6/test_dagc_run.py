@@ -9,7 +9,7 @@ from issue6_helpers import config, resume_matches
 
 from gradwire.cli import main
 from gradwire.run.loop import Run, run
-from gradwire.run.worker import WorkerData
+from gradwire.tasks.oracle import WorkerData
 
 
 def replay(r: Run) -> dict[int, WorkerData]:

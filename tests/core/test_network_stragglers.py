@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from gradwire.errors import ConfigError
-from gradwire.run.stragglers import STRAGGLERS
 from gradwire.transports.network import NETWORKS
+from gradwire.transports.stragglers import STRAGGLERS
 
 BW = 100e6 / 8  # 100 Mbit/s in bytes/s
 

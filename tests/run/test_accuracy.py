@@ -3,7 +3,7 @@ accuracy (the MNIST-1D paper reports 94% for this CNN trained alone; Greydanus 2
 
 import pytest
 
-from gradwire.run.config import RunConfig
+from gradwire.config import RunConfig
 from gradwire.run.loop import Run
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from tests.util import states_equal
 
+from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
-from gradwire.run.config import RunConfig
 from gradwire.run.loop import run
 
 

@@ -56,9 +56,9 @@ def test_run_writes_folder_and_flags_override_file(tmp_path, data_dir):
 
 
 def test_a_failure_mid_run_is_recorded_as_failed(tmp_path, data_dir, monkeypatch):
+    from gradwire.config import RunConfig
     from gradwire.errors import CommunicationError
     from gradwire.run import loop
-    from gradwire.run.config import RunConfig
 
     calls = []
 

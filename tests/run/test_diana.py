@@ -3,7 +3,7 @@ Mishchenko et al. 2019, Fig. 1), on heterogeneous L2/L1-regularised logistic reg
 
 import pytest
 
-from gradwire.run.config import RunConfig
+from gradwire.config import RunConfig
 from gradwire.run.loop import Run
 
 TASK = "synthetic-logreg:samples=400,dim=10,l2=0.1,l1=0.001,hetero=2.0"

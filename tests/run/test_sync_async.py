@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradwire.run.config import RunConfig
+from gradwire.config import RunConfig
 from gradwire.run.loop import Run, run
 from gradwire.transports.network import NETWORKS
 
@@ -20,12 +20,12 @@ def cfg(tmp_path, data_dir, **kw) -> RunConfig:
 def test_sync_one_worker_equals_plain_sgd(tmp_path, data_dir):
     r = Run(cfg(tmp_path, data_dir, workers=1, momentum=0.9, weight_decay=1e-3, steps=15))
     # the same model, data order and hyper-parameters through torch.optim.SGD on the nn.Module
-    from gradwire.run.worker import hash_seed
+    from gradwire.seeding import hash_seed
 
     module = r.task.model_fn(torch.Generator().manual_seed(hash_seed(0, "model")))  # an independent copy
     opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
     data = r.oracle.workers[0]
-    from gradwire.run.worker import WorkerData
+    from gradwire.tasks.oracle import WorkerData
 
     replay = WorkerData(data.x, data.y, batch_size=16, seed=0, rank=0)
     for _ in range(15):

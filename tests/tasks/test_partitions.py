@@ -131,7 +131,7 @@ def test_bad_arguments():
 
 
 def test_shared_gives_every_worker_every_sample_in_its_own_order(data_dir):
-    from gradwire.run.config import RunConfig
+    from gradwire.config import RunConfig
     from gradwire.run.loop import Run
 
     parts = build_partition("shared", labels=LABELS[:100], num_workers=3, seed=0)

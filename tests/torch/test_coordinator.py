@@ -8,8 +8,8 @@ import signal
 import pytest
 import torch
 
+from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
-from gradwire.run.config import RunConfig
 from gradwire.run.loop import Run
 from tests.torch.test_backend_equality import launch
 from tests.torch.test_ps import _spawn

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from gradwire.run.config import RunConfig
+from gradwire.config import RunConfig
 from gradwire.run.loop import Run
 from tests.torch.test_backend_equality import _free_port, launch
 

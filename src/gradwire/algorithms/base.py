@@ -20,8 +20,9 @@ import torch
 
 from gradwire.compress import ErrorFeedback, Packet
 from gradwire.compress import build as build_compressor
-from gradwire.run.worker import GradientOracle, hash_seed
+from gradwire.seeding import hash_seed
 from gradwire.spec import Registry
+from gradwire.tasks.oracle import GradientOracle
 from gradwire.transports.base import Transport
 
 ALGORITHMS = Registry("algorithm")
@@ -49,7 +50,7 @@ class Context:
     local_ranks: tuple[int, ...]
     transport: Transport
     oracle: GradientOracle
-    stragglers: object           # gradwire.run.stragglers.Stragglers
+    stragglers: object           # gradwire.transports.stragglers.Stragglers
     clock: object                # SimClock (or a wall clock on the torch backend)
     seed: int
     shard_sizes: tuple[int, ...] = ()  # training samples held by each worker (data-aware algorithms)

@@ -18,15 +18,16 @@ from pathlib import Path
 import torch
 
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
+from gradwire.config import RunConfig, write_json
 from gradwire.errors import ConfigError, DivergenceError
 from gradwire.run import checkpoint
-from gradwire.run.config import RunConfig, write_json
-from gradwire.run.evaluate import evaluate
-from gradwire.run.stragglers import STRAGGLERS
-from gradwire.run.worker import FlatModel, GradientOracle, WorkerData, hash_seed
+from gradwire.seeding import hash_seed
 from gradwire.tasks import build_partition, build_task
+from gradwire.tasks.evaluate import evaluate
+from gradwire.tasks.oracle import FlatModel, GradientOracle, WorkerData
 from gradwire.transports.network import NETWORKS
 from gradwire.transports.sim import SimClock, SimTransport
+from gradwire.transports.stragglers import STRAGGLERS
 
 
 def _progress_enabled() -> bool:

@@ -54,9 +54,9 @@ class RunConfig:
         """Check every value and spec before anything runs; raise ConfigError naming the bad one."""
         from gradwire.algorithms import ALGORITHMS
         from gradwire.compress import REGISTRY as COMPRESSORS
-        from gradwire.run.stragglers import STRAGGLERS
         from gradwire.tasks import PARTITIONS, TASKS
         from gradwire.transports.network import NETWORKS
+        from gradwire.transports.stragglers import STRAGGLERS
 
         _positive(self.workers, "workers")
         _positive(self.steps, "steps")

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from gradwire.errors import DivergenceError
+from gradwire.seeding import hash_seed
 
 
 class FlatModel:
@@ -127,12 +128,3 @@ class GradientOracle:
     def load_state_dict(self, state: dict) -> None:
         for r, w in self.workers.items():
             w.load_state_dict(state[str(r)])
-
-
-def hash_seed(seed: int, *parts) -> int:
-    """A 63-bit seed derived from ``seed`` and labels, stable across processes and runs
-    (Python's hash() is salted per process, so it cannot be used)."""
-    import hashlib
-
-    h = hashlib.sha256(repr((int(seed),) + tuple(parts)).encode()).digest()
-    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)

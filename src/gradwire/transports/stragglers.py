@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradwire.run.worker import hash_seed
+from gradwire.seeding import hash_seed
 from gradwire.spec import Registry, require
 
 STRAGGLERS = Registry("straggler model")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.run.worker import FlatModel
+from gradwire.tasks.oracle import FlatModel
 
 
 @torch.no_grad()

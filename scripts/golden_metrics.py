@@ -1,0 +1,103 @@
+"""Golden check: the simulator's metrics of the demo and of every examples/*.yaml variant.
+
+A refactoring must not change what the simulator computes. This script runs every variant of
+every example config through the command line (``gradwire compare``), and writes, per variant,
+its ``metrics.jsonl`` with the one machine-dependent field (``wall_time_s``) removed, plus a
+digest file. Run it before and after a change and compare:
+
+    python scripts/golden_metrics.py record runs/golden-before          # on the old commit
+    python scripts/golden_metrics.py record runs/golden-after           # on the new one
+    python scripts/golden_metrics.py diff runs/golden-before runs/golden-after
+
+``diff`` prints each variant as IDENTICAL or CHANGED (with the first differing line) and exits 1
+when any changed. ``--jobs`` runs that many configs at once (default 2, this machine's cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MACHINE_FIELDS = ("wall_time_s",)  # measured on the machine, not computed by the simulator
+
+
+def stripped(metrics: Path) -> str:
+    rows = []
+    for line in metrics.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            for key in MACHINE_FIELDS:
+                row.pop(key, None)
+            rows.append(json.dumps(row, sort_keys=True))
+    return "".join(r + "\n" for r in rows)
+
+
+def run_config(config: Path, out: Path) -> str:
+    cmd = [sys.executable, "-m", "gradwire", "compare", "--config", str(config), "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"{config.name}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+    return f"{config.name}: ok"
+
+
+def record(folder: Path, jobs: int) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    configs = sorted((ROOT / "examples").glob("*.yaml"))
+    with ThreadPoolExecutor(jobs) as pool:
+        for line in pool.map(lambda c: run_config(c, folder / "runs" / c.stem), configs):
+            print(line, flush=True)
+    digests = {}
+    for metrics in sorted((folder / "runs").glob("*/*/metrics.jsonl")):
+        text = stripped(metrics)
+        name = f"{metrics.parent.parent.name}/{metrics.parent.name}"
+        (folder / "metrics").mkdir(exist_ok=True)
+        (folder / "metrics" / (name.replace("/", "__") + ".jsonl")).write_text(text)
+        digests[name] = hashlib.sha256(text.encode()).hexdigest()
+    (folder / "digests.json").write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    print(f"{len(digests)} variants recorded in {folder}")
+    return 0
+
+
+def diff(before: Path, after: Path) -> int:
+    a = json.loads((before / "digests.json").read_text())
+    b = json.loads((after / "digests.json").read_text())
+    changed = 0
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            print(f"MISSING   {name} (only in {'after' if name in b else 'before'})")
+            changed += 1
+            continue
+        if a[name] == b[name]:
+            print(f"IDENTICAL {name}")
+            continue
+        changed += 1
+        file = name.replace("/", "__") + ".jsonl"
+        old = (before / "metrics" / file).read_text().splitlines()
+        new = (after / "metrics" / file).read_text().splitlines()
+        first = next((i for i, (x, y) in enumerate(zip(old, new)) if x != y), min(len(old), len(new)))
+        print(f"CHANGED   {name}: first difference at row {first}")
+    print(f"{len(set(a) | set(b)) - changed} identical, {changed} changed")
+    return 1 if changed else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("record", help="run every example variant and record its metrics")
+    r.add_argument("folder", type=Path)
+    r.add_argument("--jobs", type=int, default=2)
+    d = sub.add_parser("diff", help="compare two recorded folders")
+    d.add_argument("before", type=Path)
+    d.add_argument("after", type=Path)
+    ns = p.parse_args()
+    return record(ns.folder, ns.jobs) if ns.command == "record" else diff(ns.before, ns.after)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
