@@ -1,7 +1,7 @@
 """DIANA against quantized GD without memory (DQGD): the table in docs/results.md.
 
 L2+L1-regularised logistic regression on 4 heterogeneous workers, full local gradients, float64,
-the same p-norm quantizer for both (the set-up tests/run/test_diana.py asserts on). Prints the
+the same p-norm quantizer for both (the set-up tests/algorithms/test_diana.py asserts on). Prints the
 suboptimality f(x) - f* every 100 steps.
 
     python benchmarks/diana_vs_dqgd.py [--steps 1000] [--data-dir data-cache]

@@ -1,3 +1,14 @@
+"""Fixtures shared by every layer's tests.
+
+Layout, by layer: compress/ (codecs), tasks/ (data, models, partitions), transports/ (network cost
+and straggler models), algorithms/ (every algorithm on the simulator, checkpoints included),
+backends/ (torch.distributed processes: sync, parameter server, coordinator, faults), ddp/ (the DDP
+communication hook), cli/ (command line, example configs, spec strings), testbed/ (network
+namespaces). Helpers that are functions, not fixtures, are in tests/helpers.py (the command line
+``gw``, ``read_jsonl``, ``states_equal``, the config presets); torch.distributed launch helpers in
+tests/backends/processes.py.
+"""
+
 import os
 from pathlib import Path
 
@@ -13,3 +24,24 @@ os.environ.setdefault("CI", "1")  # no progress bars in test output
 def data_dir(tmp_path_factory) -> Path:
     """One dataset cache for the whole session (MNIST-1D is generated once)."""
     return tmp_path_factory.mktemp("data-cache")
+
+
+@pytest.fixture
+def make_config(tmp_path, data_dir):
+    """The builder of a small run configuration: ``make_config(*presets, out="run", **overrides)``.
+
+    digits-logreg on 4 workers, 12 steps of batch 16 at lr 0.1, evaluated every 4 steps, written to
+    ``tmp_path / out``; every other field is RunConfig's default. Each preset (a dict, such as
+    tests.helpers.LOCAL_UPDATES) then each keyword replaces fields, later ones winning.
+    """
+
+    from gradwire.config import RunConfig
+
+    def make(*presets: dict, out: str = "run", **overrides) -> RunConfig:
+        fields = dict(task="digits-logreg", workers=4, steps=12, batch_size=16, lr=0.1, eval_every=4)
+        for preset in presets:
+            fields |= preset
+        fields |= overrides
+        return RunConfig(**fields, out=str(tmp_path / out), data_dir=str(data_dir))
+
+    return make

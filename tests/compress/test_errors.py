@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compress_cases import DTYPES, SPECS
 
 from gradwire.compress import REGISTRY, CorruptPayload, Packet, build
 from gradwire.errors import ConfigError
+from tests.compress.compress_cases import DTYPES, SPECS
 
 
 @pytest.mark.parametrize("spec", SPECS)

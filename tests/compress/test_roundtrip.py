@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from compress_cases import DTYPES, SHAPES, SPECS, expected_nbytes, params
 
 from gradwire.compress import REGISTRY, build
+from tests.compress.compress_cases import DTYPES, SHAPES, SPECS, expected_nbytes, params
 
 
 def test_every_registered_compressor_is_covered():

@@ -14,10 +14,10 @@ import math
 
 import pytest
 import torch
-from compress_cases import STOCHASTIC
 
 from gradwire.compress import build
 from gradwire.compress.stream import SymbolStream
+from tests.compress.compress_cases import STOCHASTIC
 
 K, N0 = 2000, 256
 

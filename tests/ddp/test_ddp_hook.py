@@ -15,12 +15,12 @@ import traceback
 import pytest
 import torch
 import torch.nn.functional as F
-from ddp_harness import batch, launch, make_data, make_model, params
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradwire import ddp as gwddp
 from gradwire.compress import build
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
+from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params
 
 SMALL_BUCKETS = 0.004  # MB
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import read_jsonl
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "testbed.py"
 PREFIX = f"gwt-{os.getpid()}-{secrets.token_hex(2)}"
 
@@ -95,7 +97,7 @@ def test_gradwire_runs_across_namespaces(netns_ok, tmp_path, data_dir):
                 "--steps", "5", "--eval-every", "5", "--out", str(out), "--data-dir", str(data_dir),
                 "--timeout-s", "60", prefix=prefix, timeout=140)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 5] and rows[-1]["bytes_sent"] > 0
     bed = json.loads((out / "testbed" / "testbed.json").read_text())
     assert bed["exit_codes"] == [0, 0] and bed["addresses"] == ["10.77.0.10", "10.77.0.11"]

@@ -1,0 +1,73 @@
+"""Checkpoints: a run stopped at step k and resumed ends bitwise identical to the run that never
+stopped; bad checkpoints give clear errors."""
+
+import pytest
+import torch
+
+from gradwire.errors import ConfigError
+from gradwire.run.loop import run
+from tests.helpers import read_jsonl, states_equal
+
+# 30 steps with a checkpoint every 10; make_config's out= names each run's folder
+CHECKPOINTED = dict(task="digits-mlp", workers=3, steps=30, eval_every=5, lr=0.05, momentum=0.9,
+                    stragglers="lognormal:sigma=0.5", checkpoint_every=10)
+
+
+def _final_state(folder):
+    stepdir = folder / "checkpoint" / (folder / "checkpoint" / "latest").read_text().strip()
+    return torch.load(stepdir / "sim.pt", weights_only=True)
+
+
+def _metrics(folder):
+    rows = read_jsonl(folder / "metrics.jsonl")
+    for r in rows:
+        r.pop("wall_time_s")
+    return rows
+
+
+@pytest.mark.parametrize("kw", [
+    dict(algorithm="sync:backups=1", compressor="qsgd:levels=4", error_feedback=True),
+    dict(algorithm="diana", compressor="pquant:p=2,block=32"),
+    dict(algorithm="async", lr=0.02, compressor="topk:ratio=0.1", error_feedback=True),
+    dict(algorithm="signsgd:momentum=0.9", lr=0.005),
+])
+def test_resume_is_bitwise_exact(make_config, tmp_path, kw):
+    run(make_config(CHECKPOINTED, out="whole", **kw), progress=False)
+    run(make_config(CHECKPOINTED, out="split", steps=25, **kw), progress=False)  # "crashes" after step 25
+    assert (tmp_path / "split" / "checkpoint" / "latest").read_text().strip() == "step-00000020"
+    summary = run(make_config(CHECKPOINTED, out="split", resume=True, **kw), progress=False)
+    assert summary["resumed"]
+    assert states_equal(_final_state(tmp_path / "whole")["state"], _final_state(tmp_path / "split")["state"])
+    assert _metrics(tmp_path / "whole") == _metrics(tmp_path / "split")
+
+
+def test_resume_without_checkpoint_starts_fresh(make_config):
+    s = run(make_config(CHECKPOINTED, out="fresh", resume=True, steps=5), progress=False)
+    assert not s["resumed"] and s["steps"] == 5
+
+
+def test_mismatched_checkpoint_names_the_difference(make_config):
+    run(make_config(CHECKPOINTED, out="a", steps=10), progress=False)
+    with pytest.raises(ConfigError, match=r"lr: checkpoint 0.05 vs now 0.1"):
+        run(make_config(CHECKPOINTED, out="a", steps=20, lr=0.1, resume=True), progress=False)
+
+
+def test_corrupt_checkpoint_is_a_clear_error(make_config, tmp_path):
+    run(make_config(CHECKPOINTED, out="c", steps=10), progress=False)
+    f = tmp_path / "c" / "checkpoint" / "step-00000010" / "sim.pt"
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    with pytest.raises(ConfigError, match="unreadable .corrupt or truncated."):
+        run(make_config(CHECKPOINTED, out="c", steps=20, resume=True), progress=False)
+
+
+def test_checkpoint_refuses_pickled_code(make_config, tmp_path):
+    run(make_config(CHECKPOINTED, out="p", steps=10), progress=False)
+    f = tmp_path / "p" / "checkpoint" / "step-00000010" / "sim.pt"
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"format": 1, "evil": Evil()}, f)
+    with pytest.raises(ConfigError, match="unreadable"):
+        run(make_config(CHECKPOINTED, out="p", steps=20, resume=True), progress=False)

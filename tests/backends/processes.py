@@ -1,0 +1,48 @@
+"""Starting gradwire on real torch.distributed processes: through torchrun (``gradwire launch``), or
+one process per rank by hand when a test must see each process's exit code."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from tests.helpers import gw
+
+
+def launch(nproc: int, args: list[str], out, data_dir, timeout=180, extra_env=None, launch_args=()):
+    """``gradwire launch --nproc-per-node NPROC [LAUNCH_ARGS] -- run ARGS`` writing to ``out``, one
+    thread per process; returns the CompletedProcess."""
+    env = dict(os.environ, OMP_NUM_THREADS="1") | (extra_env or {})
+    return gw("launch", "--nproc-per-node", str(nproc), *launch_args, "--", "run", *args, "--out", str(out),
+              "--data-dir", str(data_dir), "--timeout-s", "60", env=env, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(nproc, args, out, data_dir, env_extra):
+    """``gradwire run --backend torch`` in ``nproc`` processes started here (rank 0 the server or
+    coordinator, ``nproc - 1`` workers); returns (exit code, stderr) of each, in rank order."""
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1") | env_extra
+        procs.append(subprocess.Popen([sys.executable, "-m", "gradwire", "run", "--backend", "torch",
+                                       "--workers", str(nproc - 1), *args, "--out", str(out), "--data-dir",
+                                       str(data_dir), "--timeout-s", "20"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for p in procs:
+        try:
+            out_, err = p.communicate(timeout=200)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out_, err = p.communicate()
+        results.append((p.returncode, err))
+    return results

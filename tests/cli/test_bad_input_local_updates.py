@@ -1,0 +1,41 @@
+"""Bad parameters of the local-update algorithms (LSGD, EASGD, local SGD, DaSGD) are one clear line,
+naming the value and the rule."""
+
+import pytest
+
+from gradwire.cli import main
+from tests.helpers import gw
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("lsgd:groups=3", "groups=3 does not divide the 8 workers into equal groups (choose a divisor of 8)"),
+    ("lsgd:groups=16", "groups=16 does not divide the 8 workers"),
+    ("lsgd:groups=-1", "groups must be >= 1, or 0 for one group per node; got -1"),
+    ("lsgd:period=0", "period must be >= 1 (local steps between communications), got 0"),
+    ("lsgd:groups=2,global_period=-3", "global_period must be >= 1"),
+    ("lsgd:pull=1.5", "pull must be in [0, 1] (the fraction of the way to the leader), got 1.5"),
+    ("lsgd:pull=-0.1", "pull must be in [0, 1]"),
+    ("lsgd:global_pull=2", "global_pull must be in [0, 1]"),
+    ("lsgd:async=maybe", "algorithm 'lsgd': async='maybe' is not a valid bool"),
+    ("lsgd:asynch=true", "algorithm 'lsgd' has no parameter 'asynch'; valid parameters: pull, period"),
+    ("easgd:alpha=1.5", "alpha must be in [0, 1] (0 = beta / workers), got 1.5"),
+    ("easgd:beta=-1", "beta must be in [0, 1], got -1"),
+    ("easgd:period=0", "period must be >= 1"),
+    ("local:period=0", "period must be >= 1 (local steps between averagings), got 0"),
+    ("dasgd:period=0", "period must be >= 1"),
+    ("dasgd:period=4,delay=5", "delay must be in [0, period=4] (at most one average in flight), got 5"),
+    ("dasgd:delay=-1", "delay must be in [0, period=4]"),
+])
+def test_bad_parameters_are_one_clear_line(tmp_path, data_dir, capsys, spec, needle):
+    code = main(["run", "--algorithm", spec, "--workers", "8", "--steps", "1", "--task", "digits-logreg",
+                 "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_compressor_does_not_apply_to_parameter_exchange(tmp_path, data_dir):
+    p = gw("run", "--algorithm", "easgd", "--compressor", "qsgd", "--task", "digits-logreg", "--steps", "1",
+           "--out", str(tmp_path / "o"), "--data-dir", str(data_dir))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "easgd exchanges parameters uncompressed: --compressor and --error-feedback do not apply" in p.stderr

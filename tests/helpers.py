@@ -1,0 +1,75 @@
+"""Helpers shared by tests: the command line in a subprocess, metrics files, state comparison, the
+configurations that several layers share (for ``make_config`` in conftest.py), and a checkpoint
+round trip through bytes."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from gradwire.config import RunConfig
+
+# Presets for ``make_config`` (tests/conftest.py); a test's own keywords override them.
+# Algorithms that train locally between exchanges (LSGD, EASGD, local SGD, DaSGD): momentum, and
+# lognormal step times so that the asynchronous variants see workers at different speeds.
+LOCAL_UPDATES = dict(momentum=0.9, stragglers="lognormal:sigma=0.5,compute_s=0.05")
+# Adaptive compression (DAGC, DQ-SGD): workers holding different amounts of data.
+ADAPTIVE = dict(task="digits-mlp", partition="volumes:skew=8", eval_every=6, momentum=0.9, seed=3)
+
+
+def gw(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m gradwire ARGS`` in a subprocess, output captured as text (``env=None``: this
+    process's environment)."""
+    return subprocess.run([sys.executable, "-m", "gradwire", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (metrics.jsonl, steps.jsonl), in order."""
+    return [json.loads(x) for x in Path(path).read_text().splitlines()]
+
+
+def states_equal(a, b) -> bool:
+    """Bitwise equality of nested state dicts (tensors compared with torch.equal)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def through_bytes(state):
+    """What a checkpoint file gives back: a deep copy, loadable with weights_only=True."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def resume_matches(cfg: RunConfig, first: int, then: int) -> None:
+    """Stopping after ``first`` steps, saving, and resuming in a fresh Run gives bit-identical
+    parameters and step figures to running ``first + then`` steps without stopping."""
+    from gradwire.run.loop import Run
+
+    straight = Run(cfg)
+    infos = [straight.train_step() for _ in range(first + then)]
+    a = Run(cfg)
+    for _ in range(first):
+        a.train_step()
+    saved = through_bytes({"algorithm": a.algorithm.state_dict(), "data": a.oracle.state_dict()})
+    b = Run(cfg)
+    b.algorithm.load_state_dict(saved["algorithm"])
+    b.oracle.load_state_dict(saved["data"])
+    b.step = first
+    resumed = [b.train_step() for _ in range(then)]
+    assert torch.equal(b.algorithm.eval_params(), straight.algorithm.eval_params())
+    assert resumed == infos[first:]
