@@ -4,6 +4,7 @@ round, and the simulated clock of an overlapped average."""
 import pytest
 import torch
 
+from gradwire.algorithms.protocol import HEADER_BYTES
 from gradwire.run.loop import Run
 from gradwire.transports.network import NETWORKS
 from tests.helpers import LOCAL_UPDATES
@@ -96,9 +97,9 @@ def test_async_easgd_each_worker_exchanges_every_period_of_its_own_steps(make_co
     r = Run(make_config(LOCAL_UPDATES, algorithm="easgd:async=true,period=3",
                         stragglers="lognormal:sigma=1.0,compute_s=0.05"))
     exchanges = sum(r.train_step()["exchanges"] for _ in range(15))
-    done = r.algorithm.events.completed
+    done = r.algorithm.local_steps  # as the master heard them
     assert sum(done.values()) == 60 and len(set(done.values())) > 1  # workers progress at their own pace
     assert exchanges == sum(n // 3 for n in done.values())
     model_bytes = r.model.numel * 4
-    # every step: a 48-byte report and a 48-byte answer; every exchange adds x_i up and e down
-    assert r.transport.bytes_sent == 60 * 2 * 48 + 2 * exchanges * model_bytes
+    # every step: a report and an answer (a header each); every exchange adds x_i up and e down
+    assert r.transport.bytes_sent == 60 * 2 * HEADER_BYTES + 2 * exchanges * model_bytes

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from gradwire.algorithms import ALGORITHMS, CodecConfig, OptimConfig
+from gradwire.algorithms.protocol import HEADER_BYTES
 from gradwire.run.loop import Run
+from gradwire.servers.simulated import SimulatedServer
 from gradwire.tasks.oracle import WorkerData
 from tests.algorithms.double_well import EASGD_SPEC, LSGD_SPEC, WORKERS, f, simulate
 from tests.helpers import LOCAL_UPDATES, read_jsonl
@@ -120,21 +122,22 @@ def test_async_rounds_count_local_steps_in_total_fast_workers_step_more(make_con
     r.ctx.stragglers = Speeds()
     alg = ALGORITHMS.build(spec)
     alg.setup(r.ctx, r.model.flatten(), OptimConfig(lr=0.1), CodecConfig())
-    r.algorithm = alg
+    r.algorithm, r.server = alg, SimulatedServer(r.ctx, alg)
     global_every = 2 if alg.multi is False else alg.global_period
-    model, expected = r.model.numel * 4, 0
+    model, expected, pulls = r.model.numel * 4, 0, 0
     for step in range(1, 17):
         info = r.train_step()
-        assert info["gradients"] == 4 and sum(alg.events.completed.values()) == 4 * step
-        # one global round per period·n completed local steps
-        assert ("leader_loss" in info) == (step % global_every == 0)
-        # bytes: every local step a 48-byte report and answer; a round adds the leader's upload
-        # (48 + model, answered by 48) and one model to each other member (4 in all, 2 in a group)
-        global_rounds = int("leader_loss" in info)
-        group_rounds = info.get("rounds", 0) - global_rounds
-        expected += 4 * 96 + global_rounds * (96 + 4 * model) + group_rounds * (96 + 2 * model)
+        pulls += info.get("pulls", 0)
+        assert info["gradients"] == 4 and sum(alg.local_steps.values()) == 4 * step
+        # one global round triggered per period·n local steps reported in total
+        assert alg.server.triggered["global"] == step // global_every
+        # bytes: every local step a report and its answer (a header each); an upload adds the
+        # leader's header + model, answered by a header; a pull adds a model to a member's answer
+        uploads = info.get("rounds", 0) + info.get("uploads_superseded", 0)
+        expected += 4 * 2 * HEADER_BYTES + uploads * (2 * HEADER_BYTES + model) + info.get("pulls", 0) * model
         assert r.transport.bytes_sent == expected
-    done = alg.events.completed
+    assert pulls > 0  # the rounds' parameters reached their members
+    done = alg.local_steps
     assert done[0] > done[1] > done[2] > done[3]
     assert done[0] >= 3 * done[3]
     assert alg.spec().endswith("async=true")

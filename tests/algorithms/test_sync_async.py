@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradwire.algorithms.protocol import HEADER_BYTES
 from gradwire.run.loop import Run, run
 from gradwire.transports.network import NETWORKS
 from tests.helpers import read_jsonl
@@ -32,33 +33,45 @@ def test_sync_one_worker_equals_plain_sgd(make_config):
     torch.testing.assert_close(r.algorithm.eval_params(), plain, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backups", [0, 1, 3])
+def test_plain_sync_waits_for_the_slowest_then_the_allreduce(make_config):
+    c = make_config(SHORT, workers=6, algorithm="sync", stragglers="lognormal:sigma=1.0,compute_s=0.1",
+                    network="ps:mbps=10,latency_ms=5")
+    r = Run(c)
+    cost = NETWORKS.build(c.network).allreduce(r.model.numel * 4, 6)
+    for step in range(1, 6):
+        before, sent = r.clock.now, r.transport.bytes_sent
+        info = r.train_step()
+        assert info["gradients"] == 6 and info["dropped"] == 0
+        times = r.ctx.stragglers.times(6, step)
+        assert r.clock.now - before == pytest.approx(max(times) + cost.time_s, rel=1e-12)
+        assert r.transport.bytes_sent - sent == cost.bytes
+
+
+@pytest.mark.parametrize("backups", [1, 3])
 def test_backups_aggregate_exactly_n_and_step_time_is_order_statistic(make_config, backups):
     c = make_config(SHORT, workers=6, algorithm=f"sync:backups={backups}",
                     stragglers="lognormal:sigma=1.0,compute_s=0.1", network="ps:mbps=10,latency_ms=5")
     r = Run(c)
     net = NETWORKS.build(c.network)
     n = 6 - backups
-    seen: list[int] = []
-    real = r.oracle
-
-    class Spy:
-        def __call__(self, rank, params):
-            seen.append(rank)
-            return real(rank, params)
-
-    r.ctx.oracle = Spy()
-    for step in range(1, 6):
-        before, sent = r.clock.now, r.transport.bytes_sent
-        seen.clear()
-        r.step += 1
-        info = r.algorithm.step(r.ctx, r.step)
-        times = r.ctx.stragglers.times(6, step)
-        expected_winners = sorted(np.argsort(times, kind="stable")[:n].tolist())
-        assert sorted(seen) == expected_winners and info["gradients"] == n and info["dropped"] == backups
-        cost = net.allreduce(r.model.numel * 4, n)
-        assert r.clock.now - before == pytest.approx(np.sort(times)[n - 1] + cost.time_s, rel=1e-12)
-        assert r.transport.bytes_sent - sent == cost.bytes
+    up = HEADER_BYTES + r.algorithm.codec.compressor.nbytes(r.model.numel, torch.float32)  # a gradient
+    down = HEADER_BYTES + r.model.numel * 4                                                # x_{t+1}
+    info = r.train_step()
+    # step 1: every worker starts at time 0; the first n gradients to reach the server win, and
+    # the step ends with the n-th arrival (compute time + upload: the order statistic)
+    arrivals = [r.ctx.stragglers.time(w, 1) + net.send(up).time_s for w in range(6)]
+    assert info["winners"] == sorted(np.argsort(arrivals, kind="stable")[:n].tolist())
+    assert info["gradients"] == n and info["dropped"] == 0
+    assert r.clock.now == pytest.approx(np.sort(arrivals)[n - 1], rel=1e-12)
+    assert r.transport.bytes_sent == n * up + n * down
+    taken = n
+    for _ in range(2, 6):
+        info = r.train_step()
+        assert info["gradients"] == n and len(set(info["winners"])) == n and len(info["late"]) == info["dropped"]
+        taken += n + info["dropped"]
+    # every gradient computed was taken (applied, or dropped as late) or is still on its way
+    assert taken + len(r.server.queue) == sum(r.server.counts.values())
+    assert r.transport.bytes_sent == taken * (up + down)  # ... and each taken one was answered once
 
 
 def test_same_seed_same_metrics(make_config, tmp_path):

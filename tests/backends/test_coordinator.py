@@ -8,6 +8,7 @@ import signal
 import pytest
 import torch
 
+from gradwire.algorithms.protocol import HEADER_BYTES, REPORT, Message
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
 from gradwire.run.loop import Run
@@ -18,7 +19,7 @@ BASE = ["--task", "digits-logreg", "--batch-size", "16", "--lr", "0.2", "--eval-
         "--steps", "20"]
 SLOW = ["--stragglers", "slow:count=1,slowdown=10,compute_s=0.01"]  # worker 0 takes 10x as long per step
 MODEL = (64 * 10 + 10) * 4  # digits-logreg parameters, float32
-HEADER, RELEASE = 48, 8
+HEADER, RELEASE = HEADER_BYTES, 8  # every message's header; the release that lets a worker leave
 
 
 def lsgd_bytes(summary, log, workers_said_bye):
@@ -114,16 +115,17 @@ def test_checkpoint_is_a_consistent_cut_and_resumes(tmp_path, data_dir):
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
     assert latest.name == "step-00000010"
     coord = torch.load(latest / "rank0.pt", weights_only=True)["state"]
-    assert coord["step"] == 10 and len(coord["coord"]["held"]) == 3
-    for held in coord["coord"]["held"]:
-        w = int(held["worker"])
+    assert coord["step"] == 10 and len(coord["server"]["held"]) == 3
+    for held in coord["server"]["held"]:
+        msg = Message.from_state(held)
+        w = msg.worker
         worker = torch.load(latest / f"rank{w + 1}.pt", weights_only=True)["state"]
-        count = worker["ps"]["count"]
+        count = worker["worker_position"]["count"]
         # the worker saved its state right after the step whose report the coordinator holds unprocessed
-        assert int(held["head"][0]) == 1 and int(held["head"][2]) == count
-        assert coord["coord"]["local_steps"][str(w)] == count - 1
+        assert msg.kind == REPORT and msg.count == count
+        assert coord["server"]["counts"][str(w)] == count - 1
         assert held["body"].numel() == (MODEL if count % 3 == 0 else 0)  # x_i travels with every 3rd
-    assert sum(coord["coord"]["local_steps"].values()) == 30 - 3 + 3  # 30 reports processed, 3 held
+    assert sum(coord["server"]["counts"].values()) == 30 - 3 + 3  # 30 reports processed, 3 held
 
     p = launch(4, BASE + SLOW + ["--algorithm", "easgd:async=true,period=3", "--checkpoint-every", "5",
                                  "--resume"], out, data_dir)
@@ -155,10 +157,11 @@ def test_async_lsgd_restarts_from_its_checkpoint_after_a_crash(tmp_path, data_di
     assert latest.name == "step-00000020"
     assert sorted(f.name for f in latest.glob("*.pt")) == ["rank0.pt", "rank1.pt", "rank2.pt", "rank3.pt"]
     coord = torch.load(latest / "rank0.pt", weights_only=True)["state"]
-    assert len(coord["coord"]["held"]) == 3  # the cut after the restart is as consistent as the first
-    for held in coord["coord"]["held"]:
-        worker = torch.load(latest / f"rank{int(held['worker']) + 1}.pt", weights_only=True)["state"]
-        assert int(held["head"][2]) == worker["ps"]["count"]
+    assert len(coord["server"]["held"]) == 3  # the cut after the restart is as consistent as the first
+    for held in coord["server"]["held"]:
+        msg = Message.from_state(held)
+        worker = torch.load(latest / f"rank{msg.worker + 1}.pt", weights_only=True)["state"]
+        assert msg.count == worker["worker_position"]["count"]
 
 
 @pytest.mark.timeout(300)
@@ -168,7 +171,7 @@ def test_worker_missing_from_checkpoint_rejoins_from_the_center(tmp_path, data_d
     p = launch(4, [a if a != "20" else "10" for a in BASE] + args, out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
-    before = torch.load(latest / "rank0.pt", weights_only=True)["state"]["coord"]["local_steps"]["1"]
+    before = torch.load(latest / "rank0.pt", weights_only=True)["state"]["server"]["counts"]["1"]
     (latest / "rank2.pt").unlink()  # as if worker 1 had been lost before this checkpoint
     p = launch(4, BASE + args, out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -176,7 +179,7 @@ def test_worker_missing_from_checkpoint_rejoins_from_the_center(tmp_path, data_d
     assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
     # it rejoined and kept stepping: the last cut (step 20) holds its state, past where it was lost
     last = out / "checkpoint" / "step-00000020" / "rank2.pt"
-    assert torch.load(last, weights_only=True)["state"]["ps"]["count"] > before
+    assert torch.load(last, weights_only=True)["state"]["worker_position"]["count"] > before
 
 
 def test_bad_checkpoint_state_is_named(tmp_path, data_dir):

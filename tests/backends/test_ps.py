@@ -7,6 +7,7 @@ import signal
 import pytest
 import torch
 
+from gradwire.algorithms.protocol import Message
 from gradwire.config import RunConfig
 from gradwire.run.loop import Run
 from tests.backends.processes import launch, spawn
@@ -100,13 +101,18 @@ def test_checkpoints_in_ps_mode_resume_after_a_restart(tmp_path, data_dir):
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == list(range(21))
     assert [s["step"] for s in read_jsonl(out / "steps.jsonl")] == list(range(1, 21))
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
-    assert latest.name == "step-00000015"
+    # the last cut is taken after the last step, as in every server mode (the workers still wait then)
+    assert latest.name == "step-00000020"
     assert sorted(f.name for f in latest.glob("*.pt")) == ["rank0.pt", "rank1.pt", "rank2.pt", "rank3.pt"]
     server = torch.load(latest / "rank0.pt", weights_only=True)
     worker = torch.load(latest / "rank2.pt", weights_only=True)
-    assert server["step"] == worker["step"] == 15
-    # the worker saved the parameters of a later step: it waits for the answer to a gradient for step 16+
-    assert worker["state"]["algorithm"]["server"]["tag"]["1"] >= 16
+    assert server["step"] == worker["step"] == 20
+    # a consistent cut: the server holds worker 1's next gradient unanswered, computed for the step
+    # the worker's saved state says (21, or earlier when it is late), at the parameters it saved
+    held = [Message.from_state(m) for m in server["state"]["server"]["held"]]
+    mine = next(m for m in held if m.worker == 1)
+    assert mine.tag == worker["state"]["algorithm"]["server"]["tag"]["1"] <= 21
+    assert mine.count == worker["state"]["worker_position"]["count"]
 
 
 @pytest.mark.timeout(300)

@@ -7,20 +7,23 @@ arrives. A gradient computed on parameters of version v and applied at version t
 t - v. With ``max_staleness=s`` a gradient staler than s is dropped (counted, never applied) and
 its worker pulls fresh parameters.
 
-The simulator runs this as a discrete-event simulation: a worker's gradient is computed when it
-pulls (the parameters it would see), and arrives compute + upload seconds later; the server
-handles arrivals in time order (ties by rank). What a worker holds in flight is its pending
-payload, so no replica of the model is kept per worker. One ``step`` is one round of
-``world_size`` arrivals, so step k has consumed the same number of gradients as k steps of sync.
-Each gradient is applied with the full learning rate.
+The protocol (``algorithms/protocol.py``): a worker sends GRADIENT (tagged with the parameter
+version it read, the loss as its value, the compressed gradient as its body); the server applies
+it (``server_apply``) and answers PARAMS with the current parameters and their version, which the
+worker computes at next. Both backends run exactly this (``gradwire/servers/``): the simulator in
+arrival order on its clock (a gradient arrives compute + upload seconds after its worker received
+parameters), a real backend in the order the messages reach the server. One ``step`` is one round
+of ``world_size`` arrivals, so step k has consumed the same number of gradients as k steps of
+sync. Each gradient is applied with the full learning rate.
 """
 
 from __future__ import annotations
 
-import heapq
+import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
 from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Answer, Message, as_body
 from gradwire.spec import require
 
 
@@ -34,22 +37,22 @@ class AsyncSGD(Algorithm):
         require(max_staleness >= -1, f"max_staleness must be >= 0, or -1 for unbounded; got {max_staleness}")
         self.max_staleness = max_staleness
 
-    needs_server = True  # on a real backend: a parameter-server process (gradwire/run/ps.py)
+    needs_server = True
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
-        self.x = params.clone()
+        self.world_size = ctx.world_size
+        self.x = params.clone()  # the server's parameters
         self.opt = HeavyBall(self.x, optim)
         self.codec = Codec(ctx, codec)
         self.version = 0
-        self.model_bytes = params.numel() * params.element_size()
-        self.local_steps = {r: 0 for r in ctx.local_ranks}
-        self.queue: list = []  # (arrival time, rank, version read, loss, payload)
-        self.started = False
+        self.held = {r: params.clone() for r in ctx.local_ranks}  # what each worker computes at
+        self.read = {r: 0 for r in ctx.local_ranks}               # ... and their version
+        self.round: list[tuple[float, int | None]] = []           # this step's (loss, staleness)
 
     def server_apply(self, buffer, read_version: int) -> int | None:
-        """The server's handling of one arrival (simulator and real server alike): apply it unless
-        it is staler than max_staleness; returns its staleness, or None when it was dropped."""
+        """Apply one gradient unless it is staler than max_staleness; returns its staleness, or
+        None when it was dropped."""
         stale = self.version - read_version
         if self.max_staleness >= 0 and stale > self.max_staleness:
             return None
@@ -57,35 +60,38 @@ class AsyncSGD(Algorithm):
         self.version += 1
         return stale
 
-    def _start(self, ctx, rank: int, now: float) -> None:
-        """Worker ``rank`` holds the current parameters at ``now``: compute and push."""
-        loss, g = ctx.gradient(rank, self.x)
-        packet = self.codec.encode(rank, g)
-        compute = ctx.compute_time(rank, self.local_steps[rank])
-        self.local_steps[rank] += 1
-        upload = ctx.transport.post(packet.nbytes, rank, -1)
-        heapq.heappush(self.queue, (now + compute + upload, rank, self.version, loss, packet.buffer))
+    def worker_step(self, ctx, rank, count):
+        loss, g = ctx.gradient(rank, self.held[rank])
+        return Message(GRADIENT, rank, tag=self.read[rank], count=count, value=loss,
+                       body=self.codec.encode(rank, g).buffer)
+
+    def _params(self, worker: int) -> Message:
+        return Message(PARAMS, worker, tag=self.version, body=as_body(self.x))
+
+    def on_message(self, msg, finished):
+        if finished:  # after the last step: nothing more is applied
+            return Answer([self._params(msg.worker)])
+        self.round.append((msg.value, self.server_apply(msg.body, msg.tag)))
+        answer = Answer([self._params(msg.worker)])
+        if len(self.round) == self.world_size:
+            staleness = [s for _, s in self.round if s is not None]
+            answer.step = {"loss": sum(loss for loss, _ in self.round) / len(self.round),
+                           "gradients": len(staleness), "dropped": len(self.round) - len(staleness),
+                           "staleness_mean": sum(staleness) / max(len(staleness), 1),
+                           "staleness_max": max(staleness, default=0)}
+            self.round = []
+        return answer
+
+    def worker_apply(self, ctx, rank, reply):
+        self.held[rank].copy_(reply.tensor(self.x))
+        self.read[rank] = reply.tag
+        return None
+
+    def join_reply(self, worker):
+        return Message(JOIN, worker, tag=self.version, body=as_body(self.x))
 
     def step(self, ctx, step):
-        if not self.started:  # every worker starts from the initial parameters at time 0
-            for r in ctx.local_ranks:
-                self._start(ctx, r, 0.0)
-            self.started = True
-        losses, staleness, dropped = [], [], 0
-        for _ in range(ctx.world_size):
-            arrival, rank, read_version, loss, buffer = heapq.heappop(self.queue)
-            ctx.clock.now = max(ctx.clock.now, arrival)
-            losses.append(loss)
-            stale = self.server_apply(buffer, read_version)
-            if stale is None:
-                dropped += 1
-            else:
-                staleness.append(stale)
-            download = ctx.transport.post(self.model_bytes, -1, rank)
-            self._start(ctx, rank, ctx.clock.now + download)
-        return {"loss": sum(losses) / len(losses), "gradients": len(staleness), "dropped": dropped,
-                "staleness_mean": sum(staleness) / max(len(staleness), 1),
-                "staleness_max": max(staleness, default=0)}
+        raise NotImplementedError("async runs in server mode (gradwire/servers/)")
 
     def eval_params(self):
         return self.x
@@ -94,18 +100,18 @@ class AsyncSGD(Algorithm):
         return f"async:max_staleness={self.max_staleness}"
 
     def state_dict(self):
-        return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict(),
-                "version": self.version, "started": int(self.started),
-                "local_steps": {str(r): n for r, n in self.local_steps.items()},
-                "in_flight": [{"arrival": a, "rank": r, "version": v, "loss": loss, "payload": b}
-                              for a, r, v, loss, b in sorted(self.queue)]}
+        return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict(), "version": self.version,
+                "held": {str(r): t for r, t in self.held.items()}, "read": {str(r): v for r, v in self.read.items()},
+                "round": [{"loss": torch.tensor(loss, dtype=torch.float64), "staleness": -1 if s is None else s}
+                          for loss, s in self.round]}
 
     def load_state_dict(self, state):
         self.x.copy_(state["x"])
         self.opt.load_state_dict(state["opt"])
         self.codec.load_state_dict(state["codec"])
         self.version = int(state["version"])
-        self.started = bool(state["started"])
-        self.local_steps = {r: int(state["local_steps"][str(r)]) for r in self.local_steps}
-        self.queue = [(e["arrival"], e["rank"], e["version"], e["loss"], e["payload"]) for e in state["in_flight"]]
-        heapq.heapify(self.queue)
+        for r in self.held:
+            self.held[r].copy_(state["held"][str(r)])
+            self.read[r] = int(state["read"][str(r)])
+        self.round = [(float(e["loss"]), None if int(e["staleness"]) < 0 else int(e["staleness"]))
+                      for e in state["round"]]

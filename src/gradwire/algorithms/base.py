@@ -7,6 +7,11 @@ on the simulated cluster and on the torch backend.
 
 ``step(ctx, step)`` performs one step of the algorithm (one aggregation round) and returns a dict
 of per-step figures for the metrics (``loss``: mean minibatch loss of the workers that computed).
+
+An algorithm whose ``needs_server`` is true (backup workers, the asynchronous ones) is run by a
+server-mode driver instead of ``step``: it states its protocol in ``worker_step``, ``on_message``
+and ``worker_apply`` (``algorithms/protocol.py``), and the drivers (``gradwire/servers/``) carry
+the messages on the simulator or on a real backend.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gradwire.algorithms.protocol import Answer, Message
 from gradwire.compress import ErrorFeedback, Packet
 from gradwire.compress import build as build_compressor
 from gradwire.seeding import hash_seed
 from gradwire.spec import Registry
 from gradwire.tasks.oracle import GradientOracle
 from gradwire.transports.base import Transport
+from gradwire.transports.clocks import Clock
+from gradwire.transports.stragglers import Stragglers
 
 ALGORITHMS = Registry("algorithm")
 
@@ -50,8 +58,8 @@ class Context:
     local_ranks: tuple[int, ...]
     transport: Transport
     oracle: GradientOracle
-    stragglers: object           # gradwire.transports.stragglers.Stragglers
-    clock: object                # SimClock (or a wall clock on the torch backend)
+    stragglers: Stragglers       # compute seconds per (worker, its step count)
+    clock: Clock                 # simulated seconds, or real ones on a real backend
     seed: int
     shard_sizes: tuple[int, ...] = ()  # training samples held by each worker (data-aware algorithms)
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
@@ -123,9 +131,9 @@ class Codec:
             return transport.allreduce_mean(wire, ranks).to(like.dtype)
         gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks,
                                        size=self.compressor.nbytes(like.numel(), like.dtype))
-        return self.mean_of(gathered, like)
+        return self.decode_mean(gathered, like)
 
-    def mean_of(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    def decode_mean(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
         """Decode every payload and average them, summed in rank order (so every backend and the
         parameter server add in the same order)."""
         order = sorted(buffers)
@@ -177,8 +185,34 @@ class Algorithm(ABC):
     def spec(self) -> str:
         return self.name
 
+    # -- server mode (algorithms/protocol.py): for algorithms whose needs_server is true --------------
 
-def fastest(times: np.ndarray, n: int) -> list[int]:
-    """The n workers that finish first (ties broken by rank), in rank order."""
-    order = sorted(range(len(times)), key=lambda r: (float(times[r]), r))
-    return sorted(order[:n])
+    needs_server = False  # True: a server takes part (a process of its own on a real backend)
+
+    def worker_step(self, ctx: Context, rank: int, count: int) -> Message:
+        """Worker ``rank`` computes its ``count``-th gradient (or local step) and returns the message
+        it sends to the server."""
+        raise NotImplementedError(f"{self.name} has no server mode")
+
+    def on_message(self, msg: Message, finished: bool) -> Answer:
+        """The server handles one message (in arrival order). ``finished``: the run's last step is
+        over; answer, but start nothing new."""
+        raise NotImplementedError(f"{self.name} has no server mode")
+
+    def worker_apply(self, ctx: Context, rank: int, reply: Message) -> Message | None:
+        """Worker ``rank`` applies the server's reply; returns a message to send at once (before
+        computing again), or None."""
+        raise NotImplementedError(f"{self.name} has no server mode")
+
+    def join_reply(self, worker: int) -> Message:
+        """The answer to a worker that rejoins with no state of its own (lost before the checkpoint
+        a run resumed from): a JOIN with what it starts from; ``count`` is its step count."""
+        raise NotImplementedError(f"{self.name} has no server mode")
+
+    def on_lost(self, worker: int) -> None:  # noqa: B027 - most protocols have nothing to forget
+        """The server learnt that ``worker`` is gone (dead, or silent past the timeout)."""
+
+    def server_summary(self) -> dict:
+        """Figures for summary.json from the server's side of the protocol."""
+        return {}
+

@@ -15,12 +15,11 @@ the same x̃. The paper fixes β (0.9) and sets α = β/p; ``alpha=0`` does that
 ``async=true`` is their asynchronous EASGD (Zhang et al. 2015, Algorithm 1): a worker that has
 completed τ of its own local steps reads x̃ from the master, computes the elastic difference
 e = α (x_i - x̃), and applies x_i <- x_i - e while the master applies x̃ <- x̃ + e. Here the worker
-sends x_i and the master (the coordinator, ``gradwire/run/coordinator.py`` on the torch backend)
-computes e, applies it to x̃ and sends e back (``elastic_at_center``): the same arithmetic on
-both sides, read and write at one moment, as the master's lock makes it in the paper. Between
-exchanges a worker only reports each step (a header each way, ``replicas.HEADER_BYTES``); an
-exchange is a model each way and delays only that worker's next step. The simulator runs this
-event-driven and prices exactly these messages. One ``step`` is n gradient computations.
+reports every local step to the master (the server of ``algorithms/protocol.py``): a bare
+REPORT, or after every τ of its own steps a REPORT carrying x_i, which the master answers with e
+after applying it to x̃ (``elastic_at_center``): read and write at one moment, as the master's
+lock makes it in the paper. Other reports are answered GO. An exchange delays only that worker's
+next step. Both backends run this protocol (``gradwire/servers/``). One ``step`` is n reports.
 Evaluation uses the center x̃ (``evaluates = "center"``).
 """
 
@@ -29,12 +28,11 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import Algorithm
+from gradwire.algorithms.protocol import ELASTIC, GO, JOIN, REPORT, Answer, Message, as_body
 from gradwire.algorithms.replicas import (
-    HEADER_BYTES,
-    LocalSteps,
     Pace,
     Replicas,
-    mean_of,
+    mean_or_nan,
     register_with_async_key,
     require_plain_codec,
 )
@@ -57,17 +55,16 @@ class EASGD(Algorithm):
         self.alpha = self.alpha_arg or self.beta / ctx.world_size
         self.replicas = Replicas(ctx, params, optim)
         self.center = params.clone()
-        self.model_bytes = params.numel() * params.element_size()
+        self.world_size = ctx.world_size
         if self.asynchronous:
-            self.events = LocalSteps(ctx, self.replicas)  # the simulator's event queue
+            self.local_steps = {w: 0 for w in range(ctx.world_size)}  # as reported to the master
+            self.round: dict = {"losses": [], "exchanges": 0, "distances": []}  # this step's, at the master
         else:
             self.pace = Pace(ctx)
 
-    server_protocol = "coordinator"  # async on a real backend: gradwire/run/coordinator.py
-
     @property
     def needs_server(self) -> bool:
-        """Asynchronous EASGD has a master holding x̃: on a real backend one more process."""
+        """Asynchronous EASGD has a master holding x̃ (a process of its own on a real backend)."""
         return self.asynchronous
 
     def exchange_due(self, count: int) -> bool:
@@ -82,43 +79,60 @@ class EASGD(Algorithm):
         return elastic
 
     def step(self, ctx, step):
-        return self._async_step(ctx) if self.asynchronous else self._sync_step(ctx, step)
+        return self._sync_step(ctx, step)  # async=true runs in server mode
 
     def _sync_step(self, ctx, step: int) -> dict:
         x = self.replicas.x
         losses = [self.replicas.sgd_step(ctx, r) for r in ctx.local_ranks]
         self.pace.computed(ctx, step)
-        info = {"loss": mean_of(losses), "gradients": ctx.world_size}
+        info = {"loss": mean_or_nan(losses), "gradients": ctx.world_size}
         if step % self.period == 0:
             mean = ctx.transport.allreduce_mean(dict(x))
-            info["center_distance"] = mean_of(float(torch.dist(t, self.center)) for t in x.values())
+            info["center_distance"] = mean_or_nan(float(torch.dist(t, self.center)) for t in x.values())
             for t in x.values():
                 t.lerp_(self.center, self.alpha)   # eq. (5), with x̃ from before the round
             self.center.lerp_(mean.to(self.center.dtype), self.beta)  # eq. (6)
             self.pace.joined(ctx)
         return info
 
-    def _async_step(self, ctx) -> dict:
-        self.events.begin(ctx)
-        losses, exchanges, distances = [], 0, []
-        post = ctx.transport.post
-        for _ in range(ctx.world_size):
-            finish, r, loss = self.events.complete(ctx)
-            losses.append(loss)
-            if self.exchange_due(self.events.completed[r]):
-                up = post(HEADER_BYTES + self.model_bytes, r, -1)     # x_i to the master
-                elastic = self.elastic_at_center(self.replicas.x[r])
-                distances.append(float(elastic.norm()) / self.alpha if self.alpha else 0.0)
-                self.replicas.x[r].sub_(elastic)
-                down = post(HEADER_BYTES + self.model_bytes, -1, r)   # e back
-                exchanges += 1
-            else:  # the step's report and its answer
-                up, down = post(HEADER_BYTES, r, -1), post(HEADER_BYTES, -1, r)
-            self.events.start(ctx, r, finish + up + down)
-        info = {"loss": mean_of(losses), "gradients": ctx.world_size, "exchanges": exchanges}
-        if distances:
-            info["center_distance"] = mean_of(distances)
-        return info
+    # -- async: the protocol --------------------------------------------------------------------------
+
+    def worker_step(self, ctx, rank, count):
+        loss = self.replicas.sgd_step(ctx, rank)
+        body = as_body(self.replicas.x[rank]) if self.exchange_due(count) else None
+        return Message(REPORT, rank, count=count, value=loss, body=body)
+
+    def on_message(self, msg, finished):
+        w, answer = msg.worker, Answer()
+        self.local_steps[w] = msg.count
+        if msg.body is None:
+            answer.replies.append(Message(GO, w))
+        else:  # an exchange, answered even after the last step
+            elastic = self.elastic_at_center(msg.tensor(self.center))
+            self.round["distances"].append(float(elastic.norm()) / self.alpha if self.alpha else 0.0)
+            self.round["exchanges"] += 1
+            answer.replies.append(Message(ELASTIC, w, body=as_body(elastic)))
+        if finished:
+            return answer
+        self.round["losses"].append(msg.value)
+        if len(self.round["losses"]) == self.world_size:
+            answer.step = {"loss": mean_or_nan(self.round["losses"]), "gradients": self.world_size,
+                           "exchanges": self.round["exchanges"]}
+            if self.round["distances"]:
+                answer.step["center_distance"] = mean_or_nan(self.round["distances"])
+            self.round = {"losses": [], "exchanges": 0, "distances": []}
+        return answer
+
+    def worker_apply(self, ctx, rank, reply):
+        x = self.replicas.x[rank]
+        if reply.kind == ELASTIC:
+            x.sub_(reply.tensor(x))
+        elif reply.kind == JOIN:  # fresh momentum, from the center
+            x.copy_(reply.tensor(x))
+        return None
+
+    def join_reply(self, worker):
+        return Message(JOIN, worker, count=self.local_steps[worker], body=as_body(self.center))
 
     def eval_params(self):
         return self.center
@@ -130,7 +144,10 @@ class EASGD(Algorithm):
     def state_dict(self):
         state = {"replicas": self.replicas.state_dict(), "center": self.center}
         if self.asynchronous:
-            state["events"] = self.events.state_dict()
+            state["local_steps"] = {str(w): n for w, n in self.local_steps.items()}
+            state["round"] = {"losses": torch.tensor(self.round["losses"], dtype=torch.float64),
+                              "exchanges": self.round["exchanges"],
+                              "distances": torch.tensor(self.round["distances"], dtype=torch.float64)}
         else:
             state["pace"] = self.pace.state_dict()
         return state
@@ -139,7 +156,10 @@ class EASGD(Algorithm):
         self.replicas.load_state_dict(state["replicas"])
         self.center.copy_(state["center"])
         if self.asynchronous:
-            self.events.load_state_dict(state["events"])
+            self.local_steps = {w: int(state["local_steps"][str(w)]) for w in self.local_steps}
+            r = state["round"]
+            self.round = {"losses": r["losses"].tolist(), "exchanges": int(r["exchanges"]),
+                          "distances": r["distances"].tolist()}
         else:
             self.pace.load_state_dict(state["pace"])
 

@@ -22,97 +22,33 @@ and a cluster with one worker per node gets one group too (single-leader LSGD), 
 
 ``async=true`` (the paper's asynchronous LSGD): workers step at their own pace and a round is
 triggered whenever the workers have completed τ·n local steps in total (τ·|group| within a
-group), so fast workers take more local steps between rounds than slow ones. Who leads a round
-is decided when it is triggered, from the loss windows of that moment (``AsyncRounds``, one
-object that the simulator and the torch backend's coordinator both run). Workers report every
-local step to a coordinator (a header each way, ``replicas.HEADER_BYTES``); in a round the
-leader uploads its parameters once and every other member receives them once, at the end of its
-current step, and pulls. The simulator runs this event-driven (a round happens at the moment of
-its trigger, holding its members' next steps until it has ended) and prices exactly these
-messages; on the torch backend (``gradwire/run/coordinator.py``) each member pulls when it next
-reports, towards the parameters the leader had when it heard of the round. One ``step`` is n
-gradient computations. Evaluation uses the leader's parameters as they were broadcast at the
-last (global) round: every process holds that copy (on the torch backend, the coordinator).
+group), so fast workers take more local steps between rounds than slow ones. Workers report every
+local step to a server, which triggers the rounds, elects their leaders from the loss windows of
+that moment, and has each leader upload its parameters once and each other member receive them
+once, at its next report, and pull (``lsgd_async.py``; the protocol of ``algorithms/protocol.py``,
+which both backends run). One ``step`` is n reports. Evaluation uses the leader's parameters as
+they were broadcast at the last (global) round: every process holds that copy (in server mode,
+the server).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from gradwire.algorithms.base import Algorithm
+from gradwire.algorithms.lsgd_async import Round, RoundServer
+from gradwire.algorithms.protocol import JOIN, LEAD, PULL, REPORT, UPLOAD, Answer, Message, as_body
 from gradwire.algorithms.replicas import (
-    HEADER_BYTES,
-    LocalSteps,
     LossWindow,
     Pace,
     Replicas,
     elect,
-    mean_of,
+    mean_or_nan,
     pull_towards,
     register_with_async_key,
     require_plain_codec,
 )
 from gradwire.spec import require
-
-
-@dataclasses.dataclass
-class Round:
-    """One asynchronous communication round: ``group`` None is a global round."""
-
-    id: int
-    group: int | None
-    members: list[int]
-    leader: int
-    score: float   # the leader's running loss, as elected (float32)
-    weight: float  # how far each member moves towards the leader
-
-
-def _f32(value: float) -> float:
-    return float(torch.tensor(value, dtype=torch.float32))
-
-
-class AsyncRounds:
-    """When the rounds of asynchronous LSGD happen and who leads them: fed every local step as it
-    completes (worker, minibatch loss), in the order the steps complete. A worker in ``lost`` is
-    no longer elected."""
-
-    def __init__(self, algo: LeaderSGD, n: int):
-        self.algo = algo
-        self.window = LossWindow(range(n), max(algo.period, algo.top_period))
-        self.done, self.group_done, self.next_id = 0, [0] * len(algo.members), 1
-        self.lost: set[int] = set()
-
-    def _round(self, group: int | None, members: list[int], window: int, weight: float) -> Round:
-        # scores rounded to float32 as the synchronous election sends them, so ties break alike
-        scores = {r: _f32(self.window.mean(r, window)) for r in members if r not in self.lost}
-        leader = min(scores, key=lambda r: (scores[r], r))
-        self.next_id += 1
-        return Round(self.next_id - 1, group, list(members), leader, scores[leader], weight)
-
-    def completed(self, rank: int, loss: float) -> list[Round]:
-        """Worker ``rank`` finished a local step with this loss: the rounds that triggers, in order."""
-        algo, rounds = self.algo, []
-        self.window.push(rank, loss)
-        self.done += 1
-        k = algo.group_of[rank]
-        self.group_done[k] += 1
-        if algo.multi and self.group_done[k] % (algo.period * len(algo.members[k])) == 0:
-            rounds.append(self._round(k, algo.members[k], algo.period, algo.pull))
-        if self.done % (algo.top_period * len(self.window.values)) == 0:
-            everyone = sorted(self.window.values)
-            rounds.append(self._round(None, everyone, algo.top_period, algo.top_pull))
-        return rounds
-
-    def state_dict(self) -> dict:
-        return {"window": self.window.state_dict(), "done": self.done, "next_id": self.next_id,
-                "group_done": {str(k): d for k, d in enumerate(self.group_done)}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.window.load_state_dict(state["window"])
-        self.done, self.next_id = int(state["done"]), int(state["next_id"])
-        self.group_done = [int(state["group_done"][str(k)]) for k in range(len(self.group_done))]
 
 
 class LeaderSGD(Algorithm):
@@ -155,20 +91,19 @@ class LeaderSGD(Algorithm):
         self.leader, self.group_leaders = 0, [m[0] for m in self.members]  # lowest rank until elected
         self.leader_x = params.clone()
         self.model_bytes = params.numel() * params.element_size()
+        self.world_size = n
         if self.asynchronous:
-            self.rounds = AsyncRounds(self, n)
-            self.busy_until = {r: 0.0 for r in ctx.local_ranks}  # end of the last round a worker joined
-            self.events = LocalSteps(ctx, self.replicas)  # the simulator's event queue
+            self.server = RoundServer(self, n)
+            self.local_steps = {w: 0 for w in range(n)}  # as reported to the server
+            self.info: dict = {}          # this step's figures, at the server
+            self.losses: list[float] = []  # ... and its reports' losses
         else:
             self.window = LossWindow(ctx.local_ranks, max(self.period, self.top_period))
             self.pace = Pace(ctx)
 
-    server_protocol = "coordinator"  # async on a real backend: gradwire/run/coordinator.py
-
     @property
     def needs_server(self) -> bool:
-        """Asynchronous LSGD counts every worker's local steps: on a real backend a coordinator
-        process does (gradwire/run/coordinator.py)."""
+        """Asynchronous LSGD counts every worker's local steps at a server (lsgd_async.py)."""
         return self.asynchronous
 
     def setup_info(self):
@@ -193,7 +128,7 @@ class LeaderSGD(Algorithm):
 
     def _finish_info(self, info: dict) -> dict:
         if "group_leader_distance" in info:
-            info["group_leader_distance"] = mean_of(info["group_leader_distance"])
+            info["group_leader_distance"] = mean_or_nan(info["group_leader_distance"])
         if self.multi:  # the groups this process takes part in (all of them on the simulator)
             info["group_leaders"] = [self.group_leaders[k] for k in self.my_groups]
         info["leader"] = self.leader
@@ -202,7 +137,7 @@ class LeaderSGD(Algorithm):
     # -- steps ----------------------------------------------------------------------------------------
 
     def step(self, ctx, step):
-        return self._async_step(ctx) if self.asynchronous else self._sync_step(ctx, step)
+        return self._sync_step(ctx, step)  # async=true runs in server mode
 
     def _sync_step(self, ctx, step: int) -> dict:
         losses = {}
@@ -210,7 +145,7 @@ class LeaderSGD(Algorithm):
             losses[r] = self.replicas.sgd_step(ctx, r)
             self.window.push(r, losses[r])
         self.pace.computed(ctx, step)
-        info = {"loss": mean_of(losses.values()), "gradients": ctx.world_size}
+        info = {"loss": mean_or_nan(losses.values()), "gradients": ctx.world_size}
         local_round, global_round = self.multi and step % self.period == 0, step % self.top_period == 0
         if local_round:
             # on the simulator the group rounds are priced one after another: exact for the ps
@@ -223,50 +158,62 @@ class LeaderSGD(Algorithm):
             self.pace.joined(ctx)
         return self._finish_info(info)
 
-    def round_ended(self, rd: Round, lead: torch.Tensor, info: dict, distance: float | None = None) -> None:
-        """Record a round whose leader's parameters ``lead`` have been sent (simulator and
-        coordinator alike): the leaders, and the global leader's copy that evaluation uses."""
+    def round_ended(self, rd: Round, lead: torch.Tensor, info: dict) -> None:
+        """Record an asynchronous round whose leader's parameters ``lead`` have come: the leaders,
+        and the global leader's copy that evaluation uses."""
         if rd.group is None:
             self.leader, info["leader_loss"] = rd.leader, rd.score
             self.leader_x.copy_(lead)
-            if distance is not None:
-                info["leader_distance"] = distance
         else:
             self.group_leaders[rd.group] = rd.leader
-            if distance is not None:
-                info.setdefault("group_leader_distance", []).append(distance)
         info["rounds"] = info.get("rounds", 0) + 1
 
-    def _sim_round(self, ctx, rd: Round, now: float, info: dict) -> float:
-        """A round at simulated time ``now``: the leader uploads its parameters (a header and the
-        model, answered by a header), the coordinator sends them to every other member (the body of
-        its next answer). Returns when the round has ended."""
-        post = ctx.transport.post
-        lead = self.replicas.x[rd.leader].clone()
-        seconds = post(HEADER_BYTES + self.model_bytes, rd.leader, -1) + post(HEADER_BYTES, -1, rd.leader)
-        distance = mean_of(float(torch.dist(self.replicas.x[m], lead)) for m in rd.members)
-        for m in rd.members:
-            if m != rd.leader:
-                seconds += post(self.model_bytes, -1, m)
-                self.replicas.x[m].lerp_(lead, rd.weight)
-        self.round_ended(rd, lead, info, distance)
-        end = now + seconds
-        for m in rd.members:  # a round holds its members' next step until it has ended
-            self.busy_until[m] = max(self.busy_until[m], end)
-        return end
+    # -- async: the protocol --------------------------------------------------------------------------
 
-    def _async_step(self, ctx) -> dict:
-        self.events.begin(ctx)
-        info, losses = {}, []
-        post = ctx.transport.post
-        for _ in range(ctx.world_size):
-            finish, r, loss = self.events.complete(ctx)
-            losses.append(loss)
-            now = finish + post(HEADER_BYTES, r, -1) + post(HEADER_BYTES, -1, r)  # the report and its answer
-            for rd in self.rounds.completed(r, loss):
-                now = self._sim_round(ctx, rd, now, info)
-            self.events.start(ctx, r, max(now, self.busy_until[r]))
-        return self._finish_info(info | {"loss": mean_of(losses), "gradients": ctx.world_size})
+    def worker_step(self, ctx, rank, count):
+        loss = self.replicas.sgd_step(ctx, rank)
+        return Message(REPORT, rank, count=count, value=loss)
+
+    def on_message(self, msg, finished):
+        w = msg.worker
+        if msg.kind == LEAD:
+            self.server.lead(w, msg.tag, msg.tensor(self.leader_x), finished, self.info)
+            return Answer([self.server.serve(w, finished, self.info)])
+        self.local_steps[w] = msg.count
+        if not finished:
+            self.server.report(w, msg.value, self.info)
+        answer = Answer([self.server.serve(w, finished, self.info)])
+        if finished:
+            return answer
+        self.losses.append(msg.value)
+        if len(self.losses) == self.world_size:
+            answer.step = self.info | {"loss": mean_or_nan(self.losses), "gradients": self.world_size,
+                                       "leader": self.leader}
+            if self.multi:
+                answer.step["group_leaders"] = list(self.group_leaders)
+            self.info, self.losses = {}, []
+        return answer
+
+    def worker_apply(self, ctx, rank, reply):
+        x = self.replicas.x[rank]
+        if reply.kind == UPLOAD:  # lead a round: our parameters, as they are now
+            return Message(LEAD, rank, tag=reply.tag, body=as_body(x))
+        if reply.kind == PULL:
+            x.lerp_(reply.tensor(x), reply.value)
+        elif reply.kind == JOIN:
+            x.copy_(reply.tensor(x))
+        return None
+
+    def join_reply(self, worker):
+        self.server.rejoined(worker)
+        # a copy: the leader's parameters may change before the send has gone out
+        return Message(JOIN, worker, count=self.local_steps[worker], body=as_body(self.eval_params()))
+
+    def on_lost(self, worker):
+        self.server.lost(worker, self.info)
+
+    def server_summary(self):
+        return {"uploads_after_last_step": self.server.late_uploads, "rounds_triggered": dict(self.server.triggered)}
 
     def eval_params(self):
         return self.leader_x
@@ -284,9 +231,12 @@ class LeaderSGD(Algorithm):
         state = {"replicas": self.replicas.state_dict(), "leader": self.leader, "leader_x": self.leader_x,
                  "group_leaders": {str(k): r for k, r in enumerate(self.group_leaders)}}
         if self.asynchronous:
-            state |= {"events": self.events.state_dict(), "rounds": self.rounds.state_dict(),
-                      "busy_until": {str(r): torch.tensor(t, dtype=torch.float64)
-                                     for r, t in self.busy_until.items()}}
+            state |= {"server": self.server.state_dict(),
+                      "local_steps": {str(w): n for w, n in self.local_steps.items()},
+                      "info": {k: v for k, v in self.info.items() if k != "leader_loss"},
+                      "losses": torch.tensor(self.losses, dtype=torch.float64)}
+            if "leader_loss" in self.info:
+                state["leader_loss"] = torch.tensor(self.info["leader_loss"], dtype=torch.float64)
         else:
             state |= {"pace": self.pace.state_dict(), "window": self.window.state_dict()}
         return state
@@ -297,9 +247,12 @@ class LeaderSGD(Algorithm):
         self.group_leaders = [int(state["group_leaders"][str(k)]) for k in range(len(self.members))]
         self.leader_x.copy_(state["leader_x"])
         if self.asynchronous:
-            self.events.load_state_dict(state["events"])
-            self.rounds.load_state_dict(state["rounds"])
-            self.busy_until = {r: float(state["busy_until"][str(r)]) for r in self.busy_until}
+            self.server.load_state_dict(state["server"])
+            self.local_steps = {w: int(state["local_steps"][str(w)]) for w in self.local_steps}
+            self.info = {k: int(v) for k, v in state["info"].items()}
+            if "leader_loss" in state:
+                self.info["leader_loss"] = float(state["leader_loss"])
+            self.losses = state["losses"].tolist()
         else:
             self.pace.load_state_dict(state["pace"])
             self.window.load_state_dict(state["window"])

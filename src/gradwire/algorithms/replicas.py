@@ -10,7 +10,6 @@ simulator) and with one worker per process (the torch backend).
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 
 import torch
@@ -18,13 +17,6 @@ import torch
 from gradwire.algorithms.base import ALGORITHMS, CodecConfig
 from gradwire.algorithms.optim import HeavyBall
 from gradwire.spec import require
-
-# The asynchronous variants (async LSGD, async EASGD) talk to a coordinator: process 0 on the torch
-# backend (gradwire/run/coordinator.py). After every local step a worker sends one header and gets
-# one header back; parameters travel as a body behind a header. The simulator prices exactly these
-# messages, so both backends count the same bytes for the same events.
-HEADER_WORDS = 6
-HEADER_BYTES = HEADER_WORDS * 8
 
 
 def require_plain_codec(codec: CodecConfig, name: str) -> None:
@@ -41,7 +33,7 @@ def register_with_async_key(name: str, cls, *, help: str, params: dict[str, str]
     entry.factory = lambda **kw: cls(**{("asynchronous" if k == "async" else k): v for k, v in kw.items()})
 
 
-def mean_of(values) -> float:
+def mean_or_nan(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else float("nan")
 
@@ -122,7 +114,7 @@ def pull_towards(ctx, x: dict[int, torch.Tensor], src: int, ranks,
     buffer = x[src].view(torch.uint8) if src in x else torch.empty(nbytes, dtype=torch.uint8)
     lead = ctx.transport.broadcast(buffer, src, ranks, size=nbytes).view(like.dtype).clone()
     mine = [r for r in x if ranks is None or r in ranks]
-    distance = mean_of(float(torch.dist(x[r], lead)) for r in mine)
+    distance = mean_or_nan(float(torch.dist(x[r], lead)) for r in mine)
     for r in mine:
         if r != src:
             x[r].lerp_(lead, weight)
@@ -158,54 +150,3 @@ class Pace:
 
     def load_state_dict(self, state: dict) -> None:
         self.ready = {r: float(state["ready"][str(r)]) for r in self.ready}
-
-
-class LocalSteps:
-    """Event-driven local steps of the asynchronous variants (simulator; as ``async_ps``).
-
-    A worker computes its next gradient when it is free, at its parameters of that moment; the
-    gradient is applied when its compute time has passed. Completions are handled in time order
-    (ties by rank), so a run is deterministic. What happens to a worker's parameters in between
-    (a pull towards the leader) is kept: its in-flight gradient lands on the pulled parameters.
-    """
-
-    def __init__(self, ctx, replicas: Replicas):
-        self.replicas = replicas
-        self.queue: list = []  # (finish time, rank, loss, gradient)
-        self.started = {r: 0 for r in ctx.local_ranks}
-        self.completed = {r: 0 for r in ctx.local_ranks}
-
-    def begin(self, ctx) -> None:
-        """At the first step (not at set-up, which a real backend's processes also run, nor after a
-        checkpoint load): every worker starts computing now."""
-        if not any(self.started.values()):
-            for r in self.started:
-                self.start(ctx, r, ctx.clock.now)
-
-    def start(self, ctx, rank: int, now: float) -> None:
-        loss, grad = ctx.gradient(rank, self.replicas.x[rank])
-        finish = now + ctx.compute_time(rank, self.started[rank])
-        self.started[rank] += 1
-        heapq.heappush(self.queue, (finish, rank, loss, grad))
-
-    def complete(self, ctx) -> tuple[float, int, float]:
-        """Apply the next gradient to arrive; returns (its time, the worker, its minibatch loss)."""
-        finish, rank, loss, grad = heapq.heappop(self.queue)
-        ctx.clock.now = max(ctx.clock.now, finish)
-        self.replicas.opt[rank].apply(grad)
-        self.completed[rank] += 1
-        return finish, rank, loss
-
-    def state_dict(self) -> dict:
-        return {"started": {str(r): n for r, n in self.started.items()},
-                "completed": {str(r): n for r, n in self.completed.items()},
-                "in_flight": [{"finish": torch.tensor(f, dtype=torch.float64), "rank": r,
-                               "loss": torch.tensor(loss, dtype=torch.float64), "grad": g}
-                              for f, r, loss, g in sorted(self.queue, key=lambda e: (e[0], e[1]))]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.started = {r: int(state["started"][str(r)]) for r in self.started}
-        self.completed = {r: int(state["completed"][str(r)]) for r in self.completed}
-        self.queue = [(float(e["finish"]), int(e["rank"]), float(e["loss"]), e["grad"].clone())
-                      for e in state["in_flight"]]
-        heapq.heapify(self.queue)

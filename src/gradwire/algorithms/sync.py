@@ -3,18 +3,26 @@
 
 N + b workers compute a gradient at the same parameters; the first N to finish are averaged and
 the b slowest are dropped, so a step lasts as long as the N-th order statistic of the compute
-times (plus communication) instead of the maximum. b = 0 is plain synchronous SGD. On the
-simulated cluster a dropped worker's computation is cancelled when the new parameters arrive, so
-every worker starts each step together. With a compressor, each worker's gradient is encoded
-(optionally with error feedback) and the payloads are gathered and decoded.
+times (plus communication) instead of the maximum. b = 0 is plain synchronous SGD: one allreduce
+(or allgather of compressed payloads) per step. With a compressor, each worker's gradient is
+encoded (optionally with error feedback) and the payloads are decoded and averaged.
+
+With b > 0 a server collects the gradients, as in the paper (``algorithms/protocol.py``): a worker
+sends GRADIENT tagged with the step it computed for; the first N of step t are averaged and
+applied, and each of them is answered PARAMS with x_{t+1}. A gradient that arrives for an earlier
+step is late: counted in ``dropped``, never applied, and its worker is answered at once with the
+current parameters, so a straggler skips ahead instead of replaying the steps it missed (nothing
+cancels a computation under way: the late gradient is computed and sent in full, as on real
+machines). Both backends run this protocol (``gradwire/servers/``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, fastest
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
 from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Answer, Message, as_body
 from gradwire.spec import require
 
 
@@ -35,30 +43,67 @@ class SyncSGD(Algorithm):
         self.x = params.clone()
         self.opt = HeavyBall(self.x, optim)
         self.codec = Codec(ctx, codec, default=self.default_compressor)
+        if self.needs_server:
+            self.need = ctx.world_size - self.backups
+            self.current = 1     # the server's step in progress
+            self.arrived: dict[int, tuple[torch.Tensor, float, int]] = {}  # its gradients so far
+            self.late: list[int] = []
+            self.held = {r: params.clone() for r in ctx.local_ranks}  # what each worker computes at
+            self.tag = {r: 1 for r in ctx.local_ranks}                # ... and for which step
 
     @property
     def needs_server(self) -> bool:
-        """With backups, a real backend runs a parameter server that takes the first N arrivals
-        (gradwire/run/ps.py); plain sync needs none (an allreduce or allgather)."""
+        """With backups a server takes the first N arrivals; plain sync needs none."""
         return self.backups > 0
 
     def aggregate(self, buffers: dict[int, torch.Tensor]) -> torch.Tensor:
-        """Mean of the winners' decoded payloads (the parameter server's reduction; the
-        collectives in ``step`` compute the same sum in the same order)."""
-        return self.codec.mean_of(buffers, self.x)
+        """Mean of the winners' decoded payloads, summed in rank order (as the collectives in
+        ``step`` sum)."""
+        return self.codec.decode_mean(buffers, self.x)
 
-    def step(self, ctx, step):
-        times = ctx.compute_times(step)
-        winners = fastest(times, ctx.world_size - self.backups)
-        ctx.wait_compute(max(times[r] for r in winners))  # the N-th order statistic
+    # -- with backups: the server's protocol ----------------------------------------------------------
+
+    def worker_step(self, ctx, rank, count):
+        loss, g = ctx.gradient(rank, self.held[rank])
+        return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=loss,
+                       body=self.codec.encode(rank, g).buffer)
+
+    def _params(self, worker: int, step: int) -> Message:
+        return Message(PARAMS, worker, tag=step, body=as_body(self.x))
+
+    def on_message(self, msg, finished):
+        if finished or msg.tag != self.current:  # late: never applied; catch up with x_t now
+            if not finished:
+                self.late.append(msg.worker)
+            return Answer([self._params(msg.worker, self.current)])
+        self.arrived[msg.worker] = (msg.body, msg.value, msg.count)
+        if len(self.arrived) < self.need:
+            return Answer()
+        winners = sorted(self.arrived)
+        self.opt.apply(self.aggregate({w: self.arrived[w][0] for w in winners}))
+        info = {"loss": sum(self.arrived[w][1] for w in winners) / self.need, "gradients": self.need,
+                "dropped": len(self.late), "winners": winners,
+                "winner_counts": [self.arrived[w][2] for w in winners], "late": sorted(self.late)}
+        self.current += 1
+        replies = [self._params(w, self.current) for w in self.arrived]  # in arrival order
+        self.arrived, self.late = {}, []
+        return Answer(replies, info)
+
+    def worker_apply(self, ctx, rank, reply):
+        self.held[rank].copy_(reply.tensor(self.x))
+        self.tag[rank] = reply.tag
+        return None
+
+    def join_reply(self, worker):
+        return Message(JOIN, worker, tag=self.current, body=as_body(self.x))
+
+    def step(self, ctx, step):  # b = 0 (with backups the server-mode driver runs the protocol above)
+        ctx.compute_all(step)
         losses, grads = {}, {}
-        for r in winners:
-            if r in ctx.local_ranks:
-                losses[r], grads[r] = ctx.gradient(r, self.x)
-        mean = self.codec.mean(ctx.transport, grads, winners)
-        self.opt.apply(mean)
-        return {"loss": sum(losses.values()) / max(len(losses), 1), "gradients": len(winners),
-                "dropped": ctx.world_size - len(winners)}
+        for r in ctx.local_ranks:
+            losses[r], grads[r] = ctx.gradient(r, self.x)
+        self.opt.apply(self.codec.mean(ctx.transport, grads))
+        return {"loss": sum(losses.values()) / max(len(losses), 1), "gradients": ctx.world_size, "dropped": 0}
 
     def eval_params(self):
         return self.x
@@ -67,12 +112,28 @@ class SyncSGD(Algorithm):
         return f"sync:backups={self.backups}"
 
     def state_dict(self):
-        return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict()}
+        state = {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict()}
+        if self.needs_server:
+            state["server"] = {"current": self.current, "late": list(self.late),
+                               "arrived": [{"worker": w, "body": b, "loss": torch.tensor(loss, dtype=torch.float64),
+                                            "count": c}
+                                           for w, (b, loss, c) in self.arrived.items()],
+                               "held": {str(r): t for r, t in self.held.items()},
+                               "tag": {str(r): v for r, v in self.tag.items()}}
+        return state
 
     def load_state_dict(self, state):
         self.x.copy_(state["x"])
         self.opt.load_state_dict(state["opt"])
         self.codec.load_state_dict(state["codec"])
+        if self.needs_server:
+            s = state["server"]
+            self.current, self.late = int(s["current"]), [int(w) for w in s["late"]]
+            self.arrived = {int(e["worker"]): (e["body"].clone(), float(e["loss"]), int(e["count"]))
+                            for e in s["arrived"]}
+            for r in self.held:
+                self.held[r].copy_(s["held"][str(r)])
+                self.tag[r] = int(s["tag"][str(r)])
 
 
 @ALGORITHMS.register("dqgd", help="quantized gradient descent without memory (Khirirat 2018): the baseline DIANA fixes",

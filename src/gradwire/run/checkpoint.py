@@ -35,15 +35,15 @@ def _atomic_save(obj, path: Path) -> None:
 
 
 def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barrier=None,
-         coordinator: bool = True, keep: int = 1) -> Path:
-    """Write this process's ``state`` for ``step``; the coordinator then points ``latest`` at it."""
+         moves_latest: bool = True, keep: int = 1) -> Path:
+    """Write this process's ``state`` for ``step``; with ``moves_latest``, point ``latest`` at it."""
     stepdir = Path(folder) / f"step-{step:08d}"
     stepdir.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "step": step, "config": {k: config[k] for k in MUST_MATCH}, "state": state}
     _atomic_save(payload, stepdir / f"{label}.pt")
     if barrier is not None:
         barrier()  # every rank has written before `latest` moves
-    if coordinator:
+    if moves_latest:
         mark_latest(folder, step, keep=keep)
     return stepdir
 

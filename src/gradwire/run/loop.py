@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,11 +23,15 @@ from gradwire.config import RunConfig, write_json
 from gradwire.errors import ConfigError, DivergenceError
 from gradwire.run import checkpoint
 from gradwire.seeding import hash_seed
+from gradwire.servers.real import RealServer, run_worker
+from gradwire.servers.simulated import SimulatedServer
 from gradwire.tasks import build_partition, build_task
 from gradwire.tasks.evaluate import evaluate
 from gradwire.tasks.oracle import FlatModel, GradientOracle, WorkerData
+from gradwire.transports.base import Transport
+from gradwire.transports.clocks import SimClock, WallClock
 from gradwire.transports.network import NETWORKS
-from gradwire.transports.sim import SimClock, SimTransport
+from gradwire.transports.sim import SimTransport
 from gradwire.transports.stragglers import STRAGGLERS
 
 
@@ -34,16 +39,21 @@ def _progress_enabled() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-def _transport(cfg: RunConfig, server: bool):
+def _transport(cfg: RunConfig, server: bool, given: Transport | None):
+    """The simulator's transport, or this process's of a real backend (``given`` by the threads
+    backend, else torch.distributed's)."""
     if cfg.backend == "sim":
         clock = SimClock()
         return SimTransport(cfg.workers, NETWORKS.build(cfg.network), clock), clock
-    from gradwire.transports.torch_dist import TorchTransport, WallClock
+    if given is not None:
+        transport = given
+    else:
+        from gradwire.transports.torch_dist import TorchTransport
 
-    transport = TorchTransport(timeout_s=cfg.timeout_s)
+        transport = TorchTransport(timeout_s=cfg.timeout_s)
     expected = cfg.workers + int(server)
     if transport.world_size != expected:
-        extra = " plus one parameter-server process" if server else ""
+        extra = " plus one server process" if server else ""
         raise ConfigError(f"--workers {cfg.workers}{extra} needs {expected} processes but {transport.world_size} "
                           f"were started; pass --workers {transport.world_size - int(server)} (gradwire launch "
                           "does it for you)")
@@ -56,7 +66,7 @@ def _transport(cfg: RunConfig, server: bool):
 class Run:
     """Everything one run needs, built from its config (also used by tests and benchmarks)."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, transport: Transport | None = None):
         self.cfg = cfg.validate()
         torch.set_num_threads(cfg.threads)
         dtype = {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
@@ -70,9 +80,9 @@ class Run:
         if len(shards) != cfg.workers:
             raise ConfigError(f"task {cfg.task!r} made data for {len(shards)} workers, not {cfg.workers}")
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
-        self.ps = cfg.backend == "torch" and bool(getattr(self.algorithm, "needs_server", False))
-        self.protocol = getattr(self.algorithm, "server_protocol", "ps") if self.ps else None
-        self.transport, self.clock = _transport(cfg, self.ps)
+        # a real backend gives the server of a server-mode algorithm a process of its own
+        self.server_process = cfg.backend != "sim" and self.algorithm.needs_server
+        self.transport, self.clock = _transport(cfg, self.server_process, transport)
         self.is_writer = getattr(self.transport, "rank", 0) == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
         self.shard_sizes = [len(s) for s in shards]
@@ -94,19 +104,15 @@ class Run:
         self.step = 0
         self.gradients = 0
         self.window: list[float] = []
-        self.server = None
-        self.ps_resume: dict | None = None
-        self.ps_rejoin = False
+        self.worker_resume: dict | None = None  # a server-mode worker process: where its checkpoint left it
+        self.rejoin = False                      # ... or none: it rejoins from the server's parameters
         self.checkpoint_folder = Path(cfg.out) / "checkpoint"
-        if self.ps and self.is_writer:
-            if self.protocol == "coordinator":
-                from gradwire.run.coordinator import Coordinator
-
-                self.server = Coordinator(self)
-            else:
-                from gradwire.run.ps import PSServer
-
-                self.server = PSServer(self)
+        # the server-mode driver: the simulator's, or the real server on process 0 (workers run run_worker)
+        self.server: SimulatedServer | RealServer | None = None
+        if self.algorithm.needs_server and cfg.backend == "sim":
+            self.server = SimulatedServer(self.ctx, self.algorithm)
+        elif self.server_process and self.is_writer:
+            self.server = RealServer(self)
 
     @property
     def label(self) -> str:
@@ -127,10 +133,10 @@ class Run:
         """Fault injection for tests: ``GRADWIRE_KILL_AT=WORKER:STEP`` kills the process hosting
         that worker with SIGKILL after that step, in the first attempt only (torchrun counts
         restarts in TORCHELASTIC_RESTART_COUNT), so a restarted group runs through.
-        ``WORKER:STEP:sent`` kills a coordinator-mode worker right after it sent that step's report,
+        ``WORKER:STEP:sent`` kills a server-mode worker right after it sent that step's message,
         before the answer."""
         spec = os.environ.get("GRADWIRE_KILL_AT")
-        if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        if not spec or self.cfg.backend != "torch" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return
         worker, at, *when = spec.split(":")
         if step == int(at) and int(worker) in self.ctx.local_ranks and (when or ["step"])[0] == phase:
@@ -140,11 +146,14 @@ class Run:
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"step": self.step, "gradients": self.gradients, "window": list(self.window),
-                "algorithm": self.algorithm.state_dict(), "data": self.oracle.state_dict(),
-                "clock": self.clock.state_dict(),
-                "gradient_counts": {str(k): v for k, v in self.ctx.gradient_counts.items()},
-                "transport": {"bytes_sent": self.transport.bytes_sent, "comm_time_s": self.transport.comm_time_s}}
+        state = {"step": self.step, "gradients": self.gradients, "window": list(self.window),
+                 "algorithm": self.algorithm.state_dict(), "data": self.oracle.state_dict(),
+                 "clock": self.clock.state_dict(),
+                 "gradient_counts": {str(k): v for k, v in self.ctx.gradient_counts.items()},
+                 "transport": self.transport.state_dict()}
+        if isinstance(self.server, SimulatedServer):
+            state["simulated_server"] = self.server.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         try:
@@ -153,28 +162,24 @@ class Run:
             self.oracle.load_state_dict(state["data"])
             self.clock.load_state_dict(state["clock"])
             self.ctx.gradient_counts = {int(k): int(v) for k, v in state["gradient_counts"].items()}
-            self.transport.bytes_sent = int(state["transport"]["bytes_sent"])
-            self.transport.comm_time_s = float(state["transport"]["comm_time_s"])
+            self.transport.load_state_dict(state["transport"])
+            if isinstance(self.server, SimulatedServer):
+                self.server.load_state_dict(state["simulated_server"])
         except (KeyError, TypeError, RuntimeError) as e:
             raise ConfigError(f"checkpoint does not fit this run ({type(e).__name__}: {e})") from None
 
     def save_checkpoint(self, folder: Path) -> None:
-        if self.protocol == "coordinator":  # a snapshot with every worker waiting (run/coordinator.py)
+        if isinstance(self.server, RealServer):  # a quiescent cut with every worker waiting (servers/real.py)
             self.server.checkpoint(folder, self.step)
-            return
-        if self.server is not None:  # parameter-server mode: the workers save on their own time
-            checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), coordinator=False)
-            self.server.begin_checkpoint(self.step)
-            self.server.release_replies()
             return
         barrier = getattr(self.transport, "barrier", None)
         checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), barrier=barrier,
-                        coordinator=self.is_writer)
+                        moves_latest=self.is_writer)
 
     def save_worker_checkpoint(self, step: int, position: dict) -> None:
-        """Parameter-server mode: this worker's state at the server's checkpoint ``step``."""
-        state = self.state_dict() | {"step": step, "ps": position}
-        checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), coordinator=False)
+        """A server-mode worker process: its state at the server's checkpoint ``step``."""
+        state = self.state_dict() | {"step": step, "worker_position": position}
+        checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), moves_latest=False)
 
     def try_resume(self, folder: Path) -> bool:
         stepdir = checkpoint.latest(folder)
@@ -182,10 +187,10 @@ class Run:
             return False
         step, state = checkpoint.load(stepdir, self.label, self.cfg.to_dict())
         self.load_state_dict(state)
-        if "ps" in state:  # a worker of the parameter server or coordinator: where it stood
-            self.ps_resume = {k: int(v) for k, v in state["ps"].items()}
-        if "coord" in state and self.server is not None:
-            self.server.load_state_dict(state["coord"], stepdir)
+        if "worker_position" in state:  # a server-mode worker: where it stood
+            self.worker_resume = {k: int(v) for k, v in state["worker_position"].items()}
+        if isinstance(self.server, RealServer):
+            self.server.load_state_dict(state["server"], stepdir)
         if self.step != step:
             raise ConfigError(f"checkpoint {stepdir} is inconsistent: step {step} vs state step {self.step}")
         return True
@@ -198,22 +203,46 @@ def _truncate_jsonl(path: Path, step: int) -> None:
         path.write_text("".join(x + "\n" for x in keep))
 
 
-def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
+def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
+    """``--backend threads``: every process of a real run as a thread (``transports/threads.py``);
+    returns process 0's summary, or raises the first process's error."""
+    from gradwire.algorithms import ALGORITHMS
+    from gradwire.transports.threads import Hub, ThreadTransport
+
+    world = cfg.workers + int(ALGORITHMS.build(cfg.algorithm).needs_server)
+    hub, results, errors = Hub(cfg.timeout_s), {}, {}
+
+    def process(rank: int) -> None:
+        try:
+            results[rank] = run(cfg, progress=progress if rank == 0 else False,
+                                transport=ThreadTransport(hub, world, rank))
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors[rank] = e
+
+    threads = [threading.Thread(target=process, args=(k,), name=f"gradwire-process-{k}") for k in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:  # every wait inside is bounded by the timeout
+        t.join()
+    if errors:
+        raise errors[min(errors)]
+    return results[0]
+
+
+def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | None = None) -> dict:
     """Train as configured and write the run folder; returns the summary. Raises DivergenceError
-    (after writing the metrics so far and a summary saying so) when training blows up."""
+    (after writing the metrics so far and a summary saying so) when training blows up.
+    ``transport``: this process's, for the threads backend (``run_threads``)."""
+    if cfg.backend == "threads" and transport is None:
+        return run_threads(cfg, progress=progress)
     started = time.perf_counter()
     out = Path(cfg.out)
-    r = Run(cfg)
-    if r.ps and not r.is_writer:  # a worker of the parameter server or coordinator: no folder, no evaluation
-        if r.protocol == "coordinator":
-            from gradwire.run.coordinator import run_worker
-        else:
-            from gradwire.run.ps import run_worker
-
+    r = Run(cfg, transport)
+    if r.server_process and not r.is_writer:  # a server-mode worker process: no folder, no evaluation
         if cfg.resume:
             stepdir = checkpoint.latest(out / "checkpoint")
             if stepdir is not None and not (stepdir / f"{r.label}.pt").exists():
-                r.ps_rejoin = True  # lost before that checkpoint was taken: rejoin with fresh state
+                r.rejoin = True  # lost before that checkpoint was taken: rejoin with fresh state
             else:
                 r.try_resume(out / "checkpoint")
 
@@ -245,7 +274,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=not progress, leave=False,
                dynamic_ncols=True)
     mode = "a" if resumed else "w"
-    sync_counters = None if r.ps else getattr(r.transport, "sync_counters", None)
+    sync_counters = None if r.server_process else getattr(r.transport, "sync_counters", None)
     devnull = os.devnull
     with open(out / "metrics.jsonl" if writer else devnull, mode) as metrics, \
          open(out / "steps.jsonl" if writer else devnull, mode) as steps_log:
@@ -288,7 +317,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
         finally:
             bar.close()
             lost, finish_error = {}, None
-            if r.server is not None and status == "finished":
+            if isinstance(r.server, RealServer) and status == "finished":
                 try:  # the server's goodbyes: a failure there still gets a summary
                     lost = r.server.finish()
                 except Exception as e:  # noqa: BLE001 - re-raised below, once the summary is written
@@ -307,7 +336,5 @@ def run(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                     plot_runs({cfg.label(): records}, out / "curves.png")
             if finish_error is not None:
                 raise finish_error
-    close = getattr(r.transport, "close", None)
-    if close is not None:  # leave the process group cleanly (gloo's threads abort the process otherwise)
-        close()
+    r.transport.close()  # leave the process group cleanly (gloo's threads abort the process otherwise)
     return summary

@@ -13,14 +13,43 @@ is ever sent.
 
 ``allreduce_mean_start`` is the one non-blocking collective: it returns a :class:`Handle` whose
 ``wait()`` gives the result, so an algorithm (DaSGD) can compute while the average travels.
+
+Point-to-point messages (``send`` / ``recv``) carry the server modes (gradwire/servers/): a worker
+talks to ``SERVER``, the parameter server or coordinator (process 0 on a real backend), which
+answers each worker alone. ``send`` does not block; ``recv`` waits at most ``timeout_s`` and raises
+:class:`PeerLost` when the peer has gone or stayed silent. Bytes are counted by the transport
+alone: the simulator counts each message once, when it is sent; a real transport counts every
+message its process sends or receives, so the server's process counts every message of a server
+mode exactly once.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
+
+from gradwire.errors import CommunicationError
+
+SERVER = -1  # the address of the parameter server or coordinator in send / recv
+
+
+class PeerLost(CommunicationError):
+    """A point-to-point peer died, refused a message, or stayed silent past the timeout."""
+
+
+class Sent:
+    """A point-to-point message on its way. ``duration_s``: how long it takes on the transport's
+    clock where the transport knows (the simulator's network model), else None. ``wait`` returns
+    once the message has left (its buffer may then be reused)."""
+
+    def __init__(self, duration_s: float | None = None):
+        self.duration_s = duration_s
+
+    def wait(self, timeout_s: float) -> None:
+        return None
 
 
 class Handle:
@@ -43,6 +72,15 @@ class Transport(ABC):
     def __init__(self) -> None:
         self.bytes_sent = 0
         self.comm_time_s = 0.0
+        self._lock = threading.Lock()  # a server's inbox receives on several threads
+
+    def count(self, nbytes: int, seconds: float = 0.0) -> None:
+        """Add a message to the counters; a transport calls it for what it sends and receives, and
+        a server that receives ahead on threads (``recv(..., count=False)``) calls it when it
+        handles the message, so the counts at the end of a step are exact."""
+        with self._lock:
+            self.bytes_sent += int(nbytes)
+            self.comm_time_s += seconds
 
     def participants(self, ranks: Sequence[int] | None) -> list[int]:
         return list(range(self.world_size)) if ranks is None else sorted(ranks)
@@ -69,11 +107,6 @@ class Transport(ABC):
         """``src``'s uint8 buffer at every participant (``buffer`` is ignored where src is not
         local); ``size`` as for allgather."""
 
-    @abstractmethod
-    def post(self, nbytes: int, src: int, dst: int) -> float:
-        """A point-to-point message that does not block the caller: counts its bytes and returns
-        its duration in seconds (used by event-driven algorithms such as asynchronous SGD)."""
-
     def allreduce_mean_start(self, tensors: dict[int, torch.Tensor],
                              ranks: Sequence[int] | None = None) -> Handle:
         """Start ``allreduce_mean`` without blocking; ``handle.wait()`` returns the mean.
@@ -84,6 +117,28 @@ class Transport(ABC):
         collective starts. This default runs the blocking collective, so nothing overlaps; the
         simulator and the torch backend override it to overlap communication with computation."""
         return Handle(self.allreduce_mean(tensors, ranks))
+
+    @abstractmethod
+    def send(self, buffer: torch.Tensor, src: int, dst: int, *, tag: int = 0) -> Sent:
+        """Send a uint8 ``buffer`` from ``src`` (a local worker, or ``SERVER``) to ``dst``; does not
+        block. Raises :class:`PeerLost` when the transport already knows ``dst`` is gone."""
+
+    @abstractmethod
+    def recv(self, nbytes: int, src: int, dst: int, *, tag: int = 0, timeout_s: float,
+             count: bool = True) -> torch.Tensor:
+        """The next uint8 message of ``nbytes`` bytes from ``src`` to ``dst`` (local) with ``tag``,
+        waiting at most ``timeout_s``; :class:`PeerLost` otherwise. ``count=False``: the caller
+        counts it later (``count``)."""
+
+    def close(self) -> None:  # noqa: B027 - only a real backend has a group to leave
+        """Leave the process group (a real backend); nothing to do in one process."""
+
+    def state_dict(self) -> dict:
+        return {"bytes_sent": self.bytes_sent, "comm_time_s": self.comm_time_s}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.bytes_sent = int(state["bytes_sent"])
+        self.comm_time_s = float(state["comm_time_s"])
 
     def node_of(self, rank: int) -> int:
         """The machine (node) that hosts ``rank``, numbered 0, 1, ...; algorithms that group the

@@ -9,30 +9,22 @@ at the call, but does not advance the clock: the collective is taken to run from
 the workers go on computing. ``wait()`` advances the clock to ``max(clock.now, finish_s)``: only
 the part of the communication that computation did not cover is paid. Overlapping collectives
 are priced independently (no contention between them, or with computation, is modelled).
+
+Point-to-point messages are priced one by one (``network.send``: latency plus bytes over the
+bandwidth, no contention) and wait in a mailbox until ``recv`` takes them; ``send`` returns their
+duration, which the server-mode driver (gradwire/servers/simulated.py) turns into arrival times,
+and ``recv`` counts them (a message is counted when it arrives, as on a real backend's server).
 """
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
-from gradwire.transports.base import Handle, Transport
+from gradwire.transports.base import Handle, PeerLost, Sent, Transport
+from gradwire.transports.clocks import SimClock
 from gradwire.transports.network import Cost, Network
-
-
-class SimClock:
-    """Simulated seconds since the start of the run."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def advance(self, seconds: float) -> None:
-        self.now += float(seconds)
-
-    def state_dict(self) -> dict:
-        return {"now": self.now}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.now = float(state["now"])
 
 
 class SimHandle(Handle):
@@ -53,6 +45,7 @@ class SimTransport(Transport):
         self.world_size = world_size
         self.local_ranks = tuple(range(world_size))
         self.network, self.clock = network, clock
+        self.mailbox: dict[tuple[int, int, int], collections.deque] = {}  # (src, dst, tag) -> buffers
 
     def _charge(self, cost: Cost, *, advance: bool = True) -> float:
         self.bytes_sent += int(cost.bytes)
@@ -94,8 +87,30 @@ class SimTransport(Transport):
         self._charge(self.network.broadcast(int(buffer.numel() * buffer.element_size()), len(ranks)))
         return buffer
 
-    def post(self, nbytes, src, dst):
-        return self._charge(self.network.send(int(nbytes)), advance=False)
+    def send(self, buffer, src, dst, *, tag=0):
+        cost = self.network.send(int(buffer.numel() * buffer.element_size()))
+        self.mailbox.setdefault((src, dst, tag), collections.deque()).append(buffer)
+        return Sent(cost.time_s)
+
+    def recv(self, nbytes, src, dst, *, tag=0, timeout_s=0.0, count=True):
+        box = self.mailbox.get((src, dst, tag))
+        if not box:  # in one process nothing can arrive later: an empty mailbox is a protocol error
+            raise PeerLost(f"no message from {src} to {dst} (tag {tag}) on the simulated cluster")
+        buffer = box.popleft()
+        if buffer.numel() != nbytes:
+            raise PeerLost(f"message from {src} to {dst} has {buffer.numel()} bytes, expected {nbytes}")
+        if count:  # counted on arrival, as the server of a real backend counts what it handles
+            self._charge(self.network.send(nbytes), advance=False)
+        return buffer
+
+    def state_dict(self):
+        return super().state_dict() | {"mailbox": [{"src": s, "dst": d, "tag": g, "buffers": list(box)}
+                                                   for (s, d, g), box in self.mailbox.items() if box]}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.mailbox = {(int(m["src"]), int(m["dst"]), int(m["tag"])):
+                        collections.deque(b.clone() for b in m["buffers"]) for m in state.get("mailbox", [])}
 
     def allreduce_mean_start(self, tensors, ranks=None):
         ranks = self.participants(ranks)

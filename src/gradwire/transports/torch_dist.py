@@ -13,6 +13,13 @@ of workers (multi-leader LSGD's groups) run on process groups that their members
 use (``new_group(..., use_local_synchronization=True)``, so non-members need not take part); their
 bytes are accounted by each group's lowest rank and summed over ranks at evaluation steps
 (``sync_counters``), so the global count still equals the simulator's.
+
+Point-to-point (``send`` / ``recv``, the server modes): worker w lives in process
+``w + first_worker_process`` and ``SERVER`` is process 0. Each message is counted by the process
+that sends it and by the one that receives it (the server's process thus counts every message of
+a server mode once). ``recv`` may be called from several threads at once (the server's inbox has
+one per worker: gloo's receive from any source fails once any peer has died, so each worker is
+listened to on its own); the inbox counts each message when the server handles it.
 """
 
 from __future__ import annotations
@@ -26,33 +33,7 @@ import torch
 import torch.distributed as dist
 
 from gradwire.errors import CommunicationError
-from gradwire.transports.base import Handle, Transport
-
-
-class WallClock:
-    """Real seconds since the run started; ``advance`` is a no-op (time passes by itself)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.offset = 0.0  # seconds already run before a resume
-
-    @property
-    def now(self) -> float:
-        return self.offset + time.perf_counter() - self.start
-
-    @now.setter
-    def now(self, value: float) -> None:  # event-driven code may set it; real time wins
-        pass
-
-    def advance(self, seconds: float) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {"now": self.now}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.offset = float(state["now"])
-        self.start = time.perf_counter()
+from gradwire.transports.base import SERVER, Handle, PeerLost, Sent, Transport
 
 
 def init_from_env(timeout_s: float) -> None:
@@ -98,6 +79,18 @@ class _TorchHandle(Handle):
             self._result = self._result.div_(self.n).to(self.out_dtype)
             self.done = True
         return self._result
+
+
+class _TorchSent(Sent):
+    def __init__(self, work, buffer: torch.Tensor):
+        super().__init__()
+        self.work, self.buffer = work, buffer  # the buffer must live until the send completes
+
+    def wait(self, timeout_s: float) -> None:
+        try:
+            self.work.wait(timeout=datetime.timedelta(seconds=max(0.05, timeout_s)))
+        except RuntimeError as e:
+            raise PeerLost(str(e).splitlines()[0][:160]) from None
 
 
 class TorchTransport(Transport):
@@ -239,9 +232,29 @@ class TorchTransport(Transport):
         self.bytes_sent += (len(ranks) - 1) * size
         return out
 
-    def post(self, nbytes, src, dst):
-        raise NotImplementedError("event-driven (asynchronous) algorithms need the parameter-server mode, "
-                                  "which the torch backend does not have yet")
+    def process_of(self, address: int) -> int:
+        """The process that hosts worker ``address`` (or the server, ``SERVER``)."""
+        return 0 if address == SERVER else address + self.first_worker_process
+
+    def send(self, buffer, src, dst, *, tag=0):
+        try:  # gloo refuses a send to a peer that has gone at once
+            work = dist.isend(buffer, dst=self.process_of(dst), tag=tag)
+        except RuntimeError as e:
+            raise PeerLost(f"rank {self.rank}: send to {self.process_of(dst)} refused: "
+                           f"{str(e).splitlines()[0][:160]}") from None
+        self.count(int(buffer.numel() * buffer.element_size()))
+        return _TorchSent(work, buffer)
+
+    def recv(self, nbytes, src, dst, *, tag=0, timeout_s, count=True):
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        start = time.perf_counter()
+        try:
+            dist.irecv(buffer, src=self.process_of(src), tag=tag).wait(timeout=datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as e:  # a dead peer or the timeout
+            raise PeerLost(str(e).splitlines()[0][:160]) from None
+        if count:
+            self.count(nbytes, time.perf_counter() - start)
+        return buffer
 
     def barrier(self) -> None:
         self._guard(dist.barrier, "barrier")

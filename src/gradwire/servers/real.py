@@ -1,0 +1,285 @@
+"""The real server-mode driver: the protocol over a real backend's point-to-point calls.
+
+Process 0 serves (``RealServer``); process w+1 hosts worker w (``run_worker``). A worker computes,
+sends its message and waits for the answer, which it applies; the server takes the messages in
+the order they reach it (``inbox.Inbox``) and runs the algorithm's ``on_message`` on each. So the
+simulator (``simulated.py``) and a real backend run the same protocol, and count the same bytes
+for the same events. The driver adds its own messages around it:
+
+- stop: after the run's last step every reply carries the STOP flag; the worker applies it, says
+  goodbye (BYE), and leaves once the server has heard every goodbye and
+  released them all together, so no process leaves the group while another still exchanges;
+- loss: a worker that dies or stays silent past the timeout ends only its inbox thread; the
+  algorithm is told (``on_lost``: with backups the others still make N per step; a lost leader's
+  rounds are cancelled) and the summary names it; a send that gloo refuses marks its worker lost;
+- checkpoints, a quiescent cut: after step K the server holds each live worker's next message,
+  answers each holder SAVE, and each worker saves its state as it stands, still waiting for the
+  answer to its held message, and acknowledges (ACK); then the server saves its own state with
+  the held messages, ``latest`` moves to K, and the held messages are handled as if just arrived.
+  A resumed server handles the saved held messages first, and a resumed worker starts by waiting
+  for their answers. A worker that has not sent within half the timeout is left out of the cut;
+- rejoin: a worker with no state in the checkpoint says HELLO and is answered with the algorithm's
+  ``join_reply`` (the parameters it starts from).
+
+Bytes count every header and body the server received or sent (the transport counts them).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import torch
+
+from gradwire.algorithms.protocol import (
+    ACK,
+    BYE,
+    GRADIENT,
+    HELLO,
+    JOIN,
+    REPORT,
+    SAVE,
+    SERVER_KINDS,
+    STOP,
+    WORKER_KINDS,
+    Message,
+)
+from gradwire.errors import CommunicationError
+from gradwire.run import checkpoint
+from gradwire.servers.inbox import RELEASE_TAG, TO_SERVER, TO_WORKER, Inbox, receive_message, send_message
+from gradwire.transports.base import SERVER, PeerLost
+
+COMPUTED = (GRADIENT, REPORT)  # kinds that carry one computed gradient or local step
+
+
+class RealServer:
+    """Runs on process 0; ``step()`` is one step of the algorithm as the run loop sees it."""
+
+    def __init__(self, run):
+        self.run, self.algo, self.transport = run, run.algorithm, run.transport
+        self.n = run.cfg.workers
+        self.timeout_s = run.cfg.timeout_s
+        self.in_flight: dict[int, tuple] = {}  # worker -> the sends of our last reply to it
+        self.lost: dict[int, str] = {}
+        self.said_bye: set[int] = set()
+        self.finished = False
+        self.received = {w: 0 for w in range(self.n)}    # computations taken from each worker
+        self.counts = {w: 0 for w in range(self.n)}      # each worker's count, as it last said
+        self.replay: collections.deque[Message] = collections.deque()  # held over a checkpoint
+        self.orphans: list = []  # sends to workers since lost: their buffers must outlive them
+        self.refused_bytes = 0   # replies the transport refused (their worker had died): never sent
+        self.inbox = Inbox(self.transport, self.n, self.timeout_s, WORKER_KINDS, BYE)
+
+    # -- messages -------------------------------------------------------------------------------------
+
+    def _receive(self, what: str, deadline: float | None = None) -> Message:
+        """The next message (held ones first); raises CommunicationError past the deadline."""
+        while self.replay:
+            msg = self.replay.popleft()
+            if msg.worker not in self.lost:
+                return msg
+        start = time.perf_counter()
+        got = self.inbox.next_message(deadline or start + self.timeout_s, self._lose)
+        if got is None:
+            alive = self.n - len(self.lost)
+            raise CommunicationError(f"server: no message arrived for {what} within {self.timeout_s:g} s "
+                                     f"({alive} of {self.n} workers alive)")
+        self.transport.count(got.nbytes, time.perf_counter() - start)  # the inbox received it ahead
+        previous = self.in_flight.pop(got.worker, None)
+        if previous is not None:  # the worker sent again, so it has received our last reply
+            for sent in previous:
+                sent.wait(self.timeout_s)
+        return got
+
+    def _lose(self, w: int, reason: str) -> None:
+        if w in self.lost:
+            return
+        self.lost[w] = reason
+        if w in self.in_flight:
+            self.orphans.append(self.in_flight.pop(w))
+        self.algo.on_lost(w)
+        if len(self.lost) == self.n and not self.finished:
+            reasons = "; ".join(f"worker {k}: {r}" for k, r in sorted(self.lost.items()))
+            raise CommunicationError(f"server: every worker was lost ({reasons})")
+
+    def _reply(self, msg: Message) -> None:
+        if self.finished:
+            msg.flags |= STOP
+        try:
+            self.in_flight[msg.worker] = send_message(self.transport, msg, SERVER, msg.worker, TO_WORKER)
+        except PeerLost as e:  # gloo refuses a send to a peer that has gone at once
+            self.refused_bytes += msg.nbytes - e.sent_bytes
+            self._lose(msg.worker, str(e))
+
+    def _handle(self, msg: Message) -> dict | None:
+        """One message; returns the step's figures when it completed a step."""
+        w = msg.worker
+        if msg.kind == HELLO:  # a worker with no state in the checkpoint rejoins
+            self.lost.pop(w, None)
+            self._reply(self.algo.join_reply(w))
+            return None
+        if msg.kind == BYE:
+            self.said_bye.add(w)
+            self.counts[w] = msg.count
+            return None
+        if msg.kind == ACK:  # of a checkpoint that failed part-way: nothing to answer
+            return None
+        if msg.kind in COMPUTED:
+            self.received[w] += 1
+            self.counts[w] = msg.count
+        answer = self.algo.on_message(msg, self.finished)
+        for reply in answer.replies:
+            self._reply(reply)
+        return answer.step
+
+    def step(self, step: int) -> dict:
+        while True:
+            info = self._handle(self._receive(f"step {step}"))
+            if info is not None:
+                return info
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+
+    def checkpoint(self, folder: Path, step: int) -> None:
+        """The quiescent cut of the module docstring; whatever was held is handled afterwards, even
+        if the checkpoint fails."""
+        held: list[Message] = []
+        try:
+            deadline = time.perf_counter() + self.timeout_s / 2
+            holders: set[int] = set()
+            while set(range(self.n)) - set(self.lost) - holders:
+                try:
+                    msg = self._receive(f"the checkpoint of step {step}", deadline)
+                except CommunicationError:
+                    break
+                if msg.kind == HELLO:
+                    self._handle(msg)
+                    continue
+                held.append(msg)
+                holders.add(msg.worker)
+            cut = holders - set(self.lost)
+            stepdir = Path(folder) / f"step-{step:08d}"
+            for stale in stepdir.glob("rank*.pt"):  # an earlier attempt's: only this cut may be there
+                stale.unlink()
+            for w in sorted(cut):
+                self._reply(Message(SAVE, w, checkpoint=step))
+            acked: set[int] = set()
+            while cut - set(self.lost) - acked:
+                msg = self._receive(f"the acknowledgements of checkpoint {step}")
+                if msg.kind == ACK and msg.worker in cut:
+                    acked.add(msg.worker)
+                else:  # from a worker outside the cut: handled after the held messages
+                    held.append(msg)
+            state = self.run.state_dict() | {"server": self.state_dict(held)}
+            checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), moves_latest=False)
+            checkpoint.mark_latest(folder, step)
+        finally:
+            self.replay.extend(held)
+
+    def state_dict(self, held: list[Message]) -> dict:
+        return {"held": [m.state_dict() for m in held],
+                "received": {str(w): n for w, n in self.received.items()},
+                "counts": {str(w): n for w, n in self.counts.items()}}
+
+    def load_state_dict(self, state: dict, stepdir: Path) -> None:
+        """A worker with no state file in ``stepdir`` will rejoin with HELLO: its held message is
+        dropped (as far as it knows, it never sent one) and the algorithm forgets it until then."""
+        missing = {w for w in range(self.n) if not (Path(stepdir) / f"rank{w + 1}.pt").exists()}
+        self.replay = collections.deque(m for m in (Message.from_state(s) for s in state["held"])
+                                        if m.worker not in missing)
+        self.received = {w: int(state["received"][str(w)]) for w in range(self.n)}
+        self.counts = {w: int(state["counts"][str(w)]) for w in range(self.n)}
+        for w in sorted(missing):
+            self.algo.on_lost(w)
+
+    # -- the end --------------------------------------------------------------------------------------
+
+    def finish(self) -> dict:
+        """Answer every worker with STOP, hear every goodbye, then release them all together;
+        bounded by the timeout (a worker that never answers is lost)."""
+        deadline = time.perf_counter() + self.timeout_s
+        self.finished = True
+        while len(self.said_bye | set(self.lost)) < self.n:
+            try:
+                self._handle(self._receive("the last messages", deadline))
+            except CommunicationError:
+                break
+        for w in range(self.n):
+            if w not in self.said_bye and w not in self.lost:
+                self.lost[w] = "did not finish"
+        release = torch.ones(1, dtype=torch.int64).view(torch.uint8)
+        sends = []
+        for w in sorted(self.said_bye):
+            try:
+                sends.append(self.transport.send(release, SERVER, w, tag=RELEASE_TAG))
+            except PeerLost:  # gone after its goodbye: nothing left to tell it
+                pass
+        for sent in sends:
+            try:
+                sent.wait(10.0)
+            except PeerLost:
+                pass
+        return {"lost_workers": sorted(self.lost), "lost_reasons": {str(k): v for k, v in self.lost.items()},
+                "gradients_received": {str(w): n for w, n in self.received.items()},
+                "local_steps": {str(w): n for w, n in self.counts.items()},
+                "answers_refused_bytes": self.refused_bytes} | self.algo.server_summary()
+
+
+def run_worker(run) -> dict:
+    """The loop of worker w (process w+1): compute, send, wait for the answer, apply it."""
+    (w,) = run.ctx.local_ranks
+    algo, transport, timeout_s = run.algorithm, run.transport, run.cfg.timeout_s
+
+    def send(msg: Message) -> None:
+        try:
+            for sent in send_message(transport, msg, w, SERVER, TO_SERVER):
+                sent.wait(timeout_s)  # completes once the server's inbox has taken it
+        except PeerLost as e:
+            raise CommunicationError(f"worker {w}: the server took no message within {timeout_s:g} s ({e})") from None
+
+    def answer() -> Message:
+        try:
+            reply = receive_message(transport, SERVER, w, TO_WORKER, timeout_s, SERVER_KINDS)
+        except PeerLost as e:
+            raise CommunicationError(f"worker {w}: the server did not answer within {timeout_s:g} s ({e})") from None
+        if reply.worker != w:
+            raise CommunicationError(f"worker {w}: an answer addressed to worker {reply.worker}")
+        return reply
+
+    count, reply = 0, None
+    if run.worker_resume is not None:  # saved while its last message waited for an answer: wait for it now
+        count = run.worker_resume["count"]
+        reply = answer()
+    elif run.rejoin:  # no state in the checkpoint: start from what the server gives
+        send(Message(HELLO, w))
+        reply = answer()
+    while True:
+        if reply is None:
+            count += 1
+            run.oracle.step = count
+            send(algo.worker_step(run.ctx, w, count))
+            run.kill_point(count, phase="sent")
+            reply = answer()
+        if reply.kind == SAVE:  # a checkpoint: our state as it stands, still waiting for the last answer
+            run.save_worker_checkpoint(reply.checkpoint, {"count": count})
+            send(Message(ACK, w, count=count))
+            reply = answer()
+            continue
+        if reply.kind == JOIN:
+            count = reply.count
+        follow = algo.worker_apply(run.ctx, w, reply)
+        if follow is not None and not reply.stop:
+            follow.count = count
+            send(follow)
+            reply = answer()
+            continue
+        if reply.stop:
+            send(Message(BYE, w, count=count))
+            try:
+                transport.recv(8, SERVER, w, tag=RELEASE_TAG, timeout_s=timeout_s)
+            except PeerLost as e:
+                raise CommunicationError(f"worker {w}: no release from the server ({e})") from None
+            return {"worker": w, "local_steps": count}
+        run.kill_point(count)
+        reply = None

@@ -1,0 +1,79 @@
+"""The simulator's server-mode driver: the protocol's messages in simulated-event order.
+
+Every worker computes, then sends its message to the server; the message arrives its upload time
+later (the network model's price for its bytes, ``transport.send``). The server handles arrivals
+in time order (ties by worker) and sends its replies; a worker that receives one applies it and
+computes its next step (or sends at once what the reply asked for, e.g. a leader's upload). A
+computation runs on what the worker holds when it starts; nothing touches a worker's state in
+between (only replies do, and a worker has one message in flight at a time), so the gradient is
+computed when the computation starts and lands ``compute_time`` later. The clock follows the
+server: it reads the arrival time of the message being handled. A step ends when the algorithm
+says so (``Answer.step``), e.g. after N winners (sync with backups) or n arrivals (async).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from gradwire.algorithms.base import Algorithm, Context
+from gradwire.algorithms.protocol import Message
+from gradwire.transports.base import SERVER
+
+
+class SimulatedServer:
+    def __init__(self, ctx: Context, algorithm: Algorithm):
+        self.ctx, self.algo = ctx, algorithm
+        self.queue: list[tuple[float, int, int]] = []  # (arrival at the server, worker, bytes) in flight
+        self.counts = {w: 0 for w in ctx.local_ranks}    # computations each worker has started
+        self.started = False
+
+    def _compute(self, w: int, ready: float) -> None:
+        """Worker w starts its next computation at simulated time ``ready``."""
+        self.counts[w] += 1
+        msg = self.algo.worker_step(self.ctx, w, self.counts[w])
+        self._send(msg, ready + self.ctx.compute_time(w, self.counts[w]))
+
+    def _send(self, msg: Message, at: float) -> None:
+        sent = self.ctx.transport.send(msg.to_wire(), msg.worker, SERVER)
+        heapq.heappush(self.queue, (at + sent.duration_s, msg.worker, msg.nbytes))
+
+    def _deliver(self, reply: Message, at: float) -> None:
+        """The server sends ``reply`` at ``at``; its worker applies it on arrival and goes on."""
+        sent = self.ctx.transport.send(reply.to_wire(), SERVER, reply.worker)
+        w = reply.worker
+        received = Message.from_wire(self.ctx.transport.recv(reply.nbytes, SERVER, w))
+        follow = self.algo.worker_apply(self.ctx, w, received)
+        if follow is None:
+            self._compute(w, at + sent.duration_s)
+        else:
+            follow.count = self.counts[w]
+            self._send(follow, at + sent.duration_s)
+
+    def step(self, step: int) -> dict:
+        if not self.started:  # every worker starts from the initial parameters
+            self.started = True
+            for w in self.ctx.local_ranks:
+                self._compute(w, self.ctx.clock.now)
+        clock = self.ctx.clock
+        while True:
+            arrival, w, nbytes = heapq.heappop(self.queue)
+            clock.now = max(clock.now, arrival)
+            msg = Message.from_wire(self.ctx.transport.recv(nbytes, w, SERVER))
+            answer = self.algo.on_message(msg, finished=False)
+            for reply in answer.replies:
+                self._deliver(reply, clock.now)
+            if answer.step is not None:
+                return answer.step
+
+    def state_dict(self) -> dict:
+        return {"queue": [{"arrival": torch.tensor(a, dtype=torch.float64), "worker": w, "nbytes": n}
+                          for a, w, n in sorted(self.queue)],
+                "counts": {str(w): c for w, c in self.counts.items()}, "started": int(self.started)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue = [(float(e["arrival"]), int(e["worker"]), int(e["nbytes"])) for e in state["queue"]]
+        heapq.heapify(self.queue)
+        self.counts = {w: int(state["counts"][str(w)]) for w in self.counts}
+        self.started = bool(state["started"])
