@@ -18,6 +18,7 @@ from pathlib import Path
 from gradwire import config as config_mod
 from gradwire.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
+from gradwire.registries import GROUPS, REGISTRIES
 
 EPILOG_RUN = """examples:
   gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
@@ -226,17 +227,9 @@ def cmd_launch(ns) -> int:
 
 
 def cmd_list(ns) -> int:
-    from gradwire.algorithms import ALGORITHMS
-    from gradwire.compress import REGISTRY as COMPRESSORS
-    from gradwire.tasks import PARTITIONS, TASKS
-    from gradwire.transports.network import NETWORKS
-    from gradwire.transports.stragglers import STRAGGLERS
-
-    groups = {"tasks": TASKS, "partitions": PARTITIONS, "stragglers": STRAGGLERS, "networks": NETWORKS,
-              "algorithms": ALGORITHMS, "compressors": COMPRESSORS}
-    for name, reg in groups.items():
-        if ns.what in (None, name):
-            print(f"{name} (spec: name or name:key=value,...):\n{reg.describe()}\n")
+    for ref in REGISTRIES:
+        if ns.what in (None, ref.group):
+            print(f"{ref.group} (spec: name or name:key=value,...):\n{ref.registry.describe()}\n")
     return 0
 
 
@@ -272,8 +265,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                           help="restart the group this often after a failure (use with --resume)")
     p_launch.add_argument("rest", nargs=argparse.REMAINDER, help="-- run [run flags]")
     p_list = sub.add_parser("list", help="show every task, partition, straggler model, network, algorithm, compressor")
-    p_list.add_argument("what", nargs="?", choices=["tasks", "partitions", "stragglers", "networks",
-                                                    "algorithms", "compressors"])
+    p_list.add_argument("what", nargs="?", choices=GROUPS)
     variant_parser = _Parser(prog="gradwire compare --variant", add_help=False)
     _add_run_flags(variant_parser)
     return parser, variant_parser

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gradwire.errors import ConfigError
+from gradwire.registries import REGISTRIES
 
 
 @dataclass
@@ -52,12 +53,6 @@ class RunConfig:
 
     def validate(self) -> RunConfig:
         """Check every value and spec before anything runs; raise ConfigError naming the bad one."""
-        from gradwire.algorithms import ALGORITHMS
-        from gradwire.compress import REGISTRY as COMPRESSORS
-        from gradwire.tasks import PARTITIONS, TASKS
-        from gradwire.transports.network import NETWORKS
-        from gradwire.transports.stragglers import STRAGGLERS
-
         _positive(self.workers, "workers")
         _positive(self.steps, "steps")
         _positive(self.eval_every, "eval_every")
@@ -81,11 +76,11 @@ class RunConfig:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
-        for registry, spec in ((TASKS, self.task), (ALGORITHMS, self.algorithm), (COMPRESSORS, self.compressor),
-                               (PARTITIONS, self.partition), (NETWORKS, self.network)):
-            registry.resolve(spec)
-        STRAGGLERS.build(self.stragglers)
-        COMPRESSORS.build(self.compressor)
+        for ref in REGISTRIES:  # names and keys first, then the range checks of the cheap ones
+            ref.registry.resolve(getattr(self, ref.key))
+        for ref in REGISTRIES:
+            if ref.build_to_validate:
+                ref.registry.build(getattr(self, ref.key))
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -5,6 +5,11 @@ factory's keyword argument is annotated with (``int``, ``float``, ``bool`` or ``
 ``qsgd:levels=4,bucket=512`` calls ``QSGD(levels=4, bucket=512)``. Unknown names, unknown keys and
 values of the wrong type raise :class:`~gradwire.errors.ConfigError` naming the bad part and
 listing the valid choices.
+
+An object knows its own spec: :meth:`Registry.build` records on it its registry name and the
+resolved keyword values (defaults filled in), and :func:`spec_of` renders them back as
+``name:key=value,...`` in the entry's parameter order. Classes that mix in :class:`Specced` get
+that as their ``spec()`` method, so no class re-lists its parameters by hand.
 """
 
 from __future__ import annotations
@@ -86,13 +91,76 @@ class Entry:
     factory: Callable[..., Any]
     help: str
     params: dict[str, Param] = field(default_factory=dict)
+    context: tuple[str, ...] = ()  # parameters the builder supplies (e.g. the run's seed): never rendered
+
+
+RECORD = "_spec_record"  # attribute holding (name, values) on every object a Registry built
+
+
+def format_value(value: Any) -> str:
+    """One spec value as text that :func:`convert` reads back to the same value: bools as
+    true/false, floats in their shortest exact form (``100`` for 100.0, ``0.01``, ``inf``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return str(value)
+
+
+def render(name: str, values: dict[str, Any], fmt: Callable[[Any], str] = format_value) -> str:
+    """``name:key=value,...`` (just ``name`` without values), keys in the order given."""
+    if not values:
+        return name
+    return f"{name}:" + ",".join(f"{key}={fmt(value)}" for key, value in values.items())
+
+
+def _record(obj: Any, entry: Entry, values: dict[str, Any]) -> None:
+    values = {k: v for k, v in values.items() if k not in entry.context}
+    try:  # plain data only (no factory), so the object still pickles
+        setattr(obj, RECORD, (entry.name, values))
+    except (AttributeError, TypeError):  # a plain value (a list, a number, a frozen record): no spec
+        pass
+
+
+def spec_of(obj: Any) -> str:
+    """The spec that rebuilds ``obj``: its registry name and every parameter (defaults included),
+    in the entry's order. An object no registry built, of a class no registry holds, is named by
+    its ``name`` attribute."""
+    record = vars(obj).get(RECORD) if hasattr(obj, "__dict__") else None
+    if record is None:
+        return obj.name
+    name, values = record
+    return render(name, values)
+
+
+class Specced:
+    """Mixin: ``spec()`` is :func:`spec_of`, rendered from the registry declaration.
+
+    An instance built by :meth:`Registry.build` carries the resolved spec values; one constructed
+    directly (``QSGD(levels=4)``) records its keyword arguments here, against the entry its class
+    was registered with, so both render the same spec.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        obj = super().__new__(cls)
+        entry = cls.__dict__.get("_spec_entry")  # only the registered class itself, not subclasses
+        if entry is not None:
+            _record(obj, entry, {k: kwargs.get(k, p.default) for k, p in entry.params.items()})
+        return obj
+
+    def spec(self) -> str:
+        return spec_of(self)
 
 
 def _params_of(factory: Callable[..., Any], helps: dict[str, str]) -> dict[str, Param]:
     target = factory.__init__ if inspect.isclass(factory) else factory
     hints = typing.get_type_hints(target)
+    params = list(inspect.signature(target).parameters.values())
+    if inspect.isclass(factory):  # __init__'s, not the class's: Specced.__new__ takes (*args, **kwargs)
+        params = params[1:]  # self
     out: dict[str, Param] = {}
-    for p in inspect.signature(factory).parameters.values():
+    for p in params:
         if p.kind not in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) or p.name.startswith("_"):
             continue
         kind = hints.get(p.name, str)
@@ -109,13 +177,18 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, *, help: str, params: dict[str, str] | None = None):
-        """Decorator: register ``factory`` under ``name``; ``params`` documents its keywords."""
+    def register(self, name: str, *, help: str, params: dict[str, str] | None = None,
+                 context: tuple[str, ...] = ()):
+        """Decorator: register ``factory`` under ``name``; ``params`` documents its keywords.
+        ``context`` names keywords that the builder passes (not part of the object's spec)."""
 
         def deco(factory):
             if name in self._entries:
                 raise RuntimeError(f"{self.kind} {name!r} registered twice")
-            self._entries[name] = Entry(name, factory, help, _params_of(factory, params or {}))
+            entry = Entry(name, factory, help, _params_of(factory, params or {}), tuple(context))
+            self._entries[name] = entry
+            if inspect.isclass(factory):
+                factory._spec_entry = entry  # for Specced instances constructed directly
             return factory
 
         return deco
@@ -150,11 +223,13 @@ class Registry:
         """Build the object named by ``spec``; ``context`` passes extra keywords (not from the spec)."""
         entry, kwargs = self.resolve(spec)
         try:
-            return entry.factory(**kwargs, **context)
+            obj = entry.factory(**kwargs, **context)
         except ConfigError:
             raise
         except ValueError as e:  # factories validate ranges with ValueError
             raise ConfigError(f"{self.kind} spec {spec!r}: {e}") from None
+        _record(obj, entry, {k: kwargs.get(k, p.default) for k, p in entry.params.items() if k not in context})
+        return obj
 
     def describe(self) -> str:
         """Human-readable listing of every entry and its parameters (for ``gradwire list``)."""

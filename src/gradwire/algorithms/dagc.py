@@ -157,7 +157,7 @@ class DAGC(Algorithm):
     def eval_params(self):
         return self.x
 
-    def spec(self):
+    def spec(self):  # not spec_of: tau only when set, floats as repr (as in earlier run records)
         tau = f",tau={self.tau!r}" if self.tau else ""
         return f"dagc:budget={self.budget!r},mode={self.mode},local_steps={self.local_steps}{tau}"
 

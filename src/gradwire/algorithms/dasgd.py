@@ -73,9 +73,6 @@ class DaSGD(LocalSGD):
         self.average.copy_(average)
         self.handle, self.started_at = None, -1
 
-    def spec(self):
-        return f"dasgd:period={self.period},delay={self.delay}"
-
     def state_dict(self):
         return super().state_dict() | {"snapshot": {str(r): t for r, t in self.snapshot.items()},
                                        "started_at": self.started_at}

@@ -70,7 +70,7 @@ class DIANA(Algorithm):
     def eval_params(self):
         return self.x
 
-    def spec(self):
+    def spec(self):  # not spec_of: alpha and momentum as resolved at setup
         return f"diana:alpha={self.alpha:g},momentum={self.beta:g}"
 
     def state_dict(self):

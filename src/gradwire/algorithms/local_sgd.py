@@ -20,12 +20,12 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm
 from gradwire.algorithms.replicas import Pace, Replicas, mean_of, require_plain_codec
-from gradwire.spec import require
+from gradwire.spec import Specced, require
 
 
 @ALGORITHMS.register("local", help="local SGD (Stich 2019): local steps, parameters averaged every τ steps",
                      params={"period": "τ >= 1: local steps between averagings (1 = synchronous SGD)"})
-class LocalSGD(Algorithm):
+class LocalSGD(Specced, Algorithm):
     name = "local"
     evaluates = "average"
 
@@ -61,9 +61,6 @@ class LocalSGD(Algorithm):
 
     def eval_params(self):
         return self.average
-
-    def spec(self):
-        return f"local:period={self.period}"
 
     def state_dict(self):
         return {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(),

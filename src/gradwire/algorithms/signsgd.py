@@ -15,12 +15,12 @@ import torch
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, soft_threshold_
 from gradwire.compress import Packet
 from gradwire.compress import build as build_compressor
-from gradwire.spec import require
+from gradwire.spec import Specced, require
 
 
 @ALGORITHMS.register("signsgd", help="signSGD with majority vote through rank 0 (Bernstein 2019); Signum with momentum",
                      params={"momentum": "worker-side momentum β (Signum); 0 = plain signSGD"})
-class SignSGD(Algorithm):
+class SignSGD(Specced, Algorithm):
     name = "signsgd"
 
     def __init__(self, *, momentum: float = 0.0):
@@ -61,9 +61,6 @@ class SignSGD(Algorithm):
 
     def eval_params(self):
         return self.x
-
-    def spec(self):
-        return f"signsgd:momentum={self.momentum:g}"
 
     def state_dict(self):
         out = {"x": self.x}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from gradwire.errors import ConfigError
-from gradwire.spec import Registry
+from gradwire.spec import Registry, Specced
 
 REGISTRY = Registry("compressor")
 
@@ -42,7 +42,7 @@ class Packet:
         return int(torch.Size(self.shape).numel())
 
 
-class Compressor(ABC):
+class Compressor(Specced, ABC):
     """Base class of every compressor.
 
     Subclasses set ``name``, ``unbiased`` (E[decode(encode(x))] == x) and ``summable`` (buffers of
@@ -68,9 +68,6 @@ class Compressor(ABC):
     @abstractmethod
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int | None:
         """Exact payload size for a tensor of ``numel`` elements, or None where it depends on the data."""
-
-    def spec(self) -> str:
-        return self.name
 
     def __repr__(self) -> str:
         return f"<compressor {self.spec()}>"

@@ -50,9 +50,6 @@ class PQuant(GridCompressor):
         require(block >= 1, f"block must be >= 1, got {block}")
         self.p, self.block = float(p), block
 
-    def spec(self) -> str:
-        return f"pquant:p={self.p:g},block={self.block}"
-
     def omega(self, numel: int) -> float:
         d = min(self.block, numel)
         return 1 / alpha(self.p, d) - 1 if d else 0.0

@@ -49,9 +49,6 @@ class QSGD(GridCompressor):
         self.levels, self.bucket = levels, bucket
         self.bits = (2 * levels).bit_length()  # = ceil(log2(2s + 1))
 
-    def spec(self) -> str:
-        return f"qsgd:levels={self.levels},bucket={self.bucket}"
-
     def omega(self, numel: int) -> float:
         d = min(self.bucket, numel)
         return min(d / self.levels**2, math.sqrt(d) / self.levels)

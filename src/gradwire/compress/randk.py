@@ -61,7 +61,7 @@ class RandK(Compressor):
         check_ratio(ratio)
         self.ratio = ratio
 
-    def spec(self) -> str:
+    def spec(self) -> str:  # not spec_of: repr keeps "ratio=1.0" as earlier records have it
         return f"randk:ratio={self.ratio!r}"
 
     def omega(self, numel: int) -> float:

@@ -78,9 +78,6 @@ class Sign(Compressor):
     def __init__(self, *, scaled: bool = False):
         self.scaled = bool(scaled)
 
-    def spec(self) -> str:
-        return f"sign:scaled={str(self.scaled).lower()}"
-
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return (4 if self.scaled else 0) + -(-numel // 8)
 

@@ -112,7 +112,7 @@ class TopK(Compressor):
         check_ratio(ratio)
         self.ratio = ratio
 
-    def spec(self) -> str:
+    def spec(self) -> str:  # not spec_of: repr keeps "ratio=1.0" as earlier records have it
         return f"topk:ratio={self.ratio!r}"
 
     def count(self, numel: int) -> int:
@@ -164,7 +164,7 @@ class Threshold(Compressor):
         require(math.isfinite(tau) and tau >= 0, f"tau must be a finite number >= 0, got {tau}")
         self.tau = tau
 
-    def spec(self) -> str:
+    def spec(self) -> str:  # not spec_of: repr keeps "tau=1.0" as earlier records have it
         return f"threshold:tau={self.tau!r}"
 
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> None:

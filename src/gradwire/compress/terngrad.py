@@ -44,9 +44,6 @@ class TernGrad(GridCompressor):
         self.clip = clip
         self.unbiased = clip == 0
 
-    def spec(self) -> str:
-        return f"terngrad:clip={self.clip:g}"
-
     def omega(self, numel: int) -> float | None:
         if self.clip:
             return None

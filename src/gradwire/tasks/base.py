@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gradwire.errors import ConfigError
-from gradwire.spec import Registry
+from gradwire.spec import Registry, render
 
 TASKS = Registry("task")
 
@@ -90,10 +90,8 @@ def logistic(output: Tensor, labels: Tensor) -> Tensor:
 def resolved_spec(spec: str) -> str:
     """``spec`` with every parameter spelled out, defaults included (reproducible run records)."""
     entry, kwargs = TASKS.resolve(spec)
-    if not entry.params:
-        return entry.name
     values = {name: kwargs.get(name, p.default) for name, p in entry.params.items()}
-    return entry.name + ":" + ",".join(f"{k}={v}" for k, v in values.items())
+    return render(entry.name, values, fmt=str)  # str(value): the task names of existing run records
 
 
 def build_task(

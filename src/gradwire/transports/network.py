@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradwire.spec import Registry, require
+from gradwire.spec import Registry, Specced, require
 
 NETWORKS = Registry("network")
 
@@ -35,7 +35,7 @@ class Cost:
     time_s: float
 
 
-class Network:
+class Network(Specced):
     name = "?"
 
     def __init__(self, *, mbps: float, latency_ms: float):
@@ -51,9 +51,6 @@ class Network:
     def gather(self, sizes: list[int], root_index: int) -> Cost:
         total = sum(sizes) - sizes[root_index]
         return Cost(total, self.latency_s + total / self.bytes_per_s)
-
-    def spec(self) -> str:
-        return f"{self.name}:mbps={self.mbps:g},latency_ms={self.latency_ms:g}"
 
 
 @NETWORKS.register("ps", help="star through a parameter server whose link serialises all traffic",

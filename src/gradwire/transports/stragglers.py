@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from gradwire.seeding import hash_seed
-from gradwire.spec import Registry, require
+from gradwire.spec import Registry, Specced, require
 
 STRAGGLERS = Registry("straggler model")
+FROM_RUN = ("seed",)  # the run passes its seed when it builds a model: not part of the model's spec
 
 
-class Stragglers:
+class Stragglers(Specced):
     name = "?"
 
     def __init__(self, *, compute_s: float, seed: int = 0):
@@ -35,7 +36,7 @@ class Stragglers:
 
 
 @STRAGGLERS.register("none", help="every worker takes exactly compute_s per step",
-                     params={"compute_s": "seconds per step"})
+                     params={"compute_s": "seconds per step"}, context=FROM_RUN)
 class NoStragglers(Stragglers):
     name = "none"
 
@@ -45,12 +46,10 @@ class NoStragglers(Stragglers):
     def factor(self, worker, step):
         return 1.0
 
-    def spec(self):
-        return f"none:compute_s={self.compute_s:g}"
-
 
 @STRAGGLERS.register("lognormal", help="compute_s times a log-normal factor exp(sigma·Z - sigma²/2) (mean 1)",
-                     params={"sigma": "log-space standard deviation", "compute_s": "mean seconds per step"})
+                     params={"sigma": "log-space standard deviation", "compute_s": "mean seconds per step"},
+                     context=FROM_RUN)
 class LogNormal(Stragglers):
     name = "lognormal"
 
@@ -63,13 +62,10 @@ class LogNormal(Stragglers):
         z = self._rng(worker, step).standard_normal()
         return float(np.exp(self.sigma * z - 0.5 * self.sigma**2))
 
-    def spec(self):
-        return f"lognormal:sigma={self.sigma:g},compute_s={self.compute_s:g}"
-
 
 @STRAGGLERS.register("tail", help="heavy tail: with probability p a step is slowdown times longer",
                      params={"p": "probability of a slow step", "slowdown": "factor of a slow step",
-                             "compute_s": "seconds per normal step"})
+                             "compute_s": "seconds per normal step"}, context=FROM_RUN)
 class Tail(Stragglers):
     name = "tail"
 
@@ -82,13 +78,10 @@ class Tail(Stragglers):
     def factor(self, worker, step):
         return self.slowdown if self._rng(worker, step).random() < self.p else 1.0
 
-    def spec(self):
-        return f"tail:p={self.p:g},slowdown={self.slowdown:g},compute_s={self.compute_s:g}"
-
 
 @STRAGGLERS.register("slow", help="persistent stragglers: the first `count` workers are always slowdown times slower",
                      params={"count": "how many workers (the lowest ranks) are slow", "slowdown": "their factor",
-                             "compute_s": "seconds per step of the other workers"})
+                             "compute_s": "seconds per step of the other workers"}, context=FROM_RUN)
 class Slow(Stragglers):
     """A heterogeneous cluster (older machines, a shared node): the same workers are slow at every
     step, which is what the asynchronous variants exploit (fast workers take more local steps)."""
@@ -103,6 +96,3 @@ class Slow(Stragglers):
 
     def factor(self, worker, step):
         return self.slowdown if worker < self.count else 1.0
-
-    def spec(self):
-        return f"slow:count={self.count},slowdown={self.slowdown:g},compute_s={self.compute_s:g}"

@@ -1,0 +1,38 @@
+"""Every registry of pluggable components, declared once.
+
+``RunConfig.validate`` checks the spec held by each config key below, and ``gradwire list`` prints
+the registries in this order (its ``what`` choices are their group names). A registry is imported
+only when asked for, so reading this table (the command-line parser does) imports no torch code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from gradwire.spec import Registry
+
+
+@dataclass(frozen=True)
+class RegistryRef:
+    group: str                       # plural name: ``gradwire list GROUP``
+    key: str                         # the RunConfig field that holds a spec of this kind
+    module: str                      # where the registry lives ...
+    attr: str                        # ... and its name there
+    build_to_validate: bool = False  # validate builds it (cheap; runs the range checks), else only resolves
+
+    @property
+    def registry(self) -> Registry:
+        return getattr(importlib.import_module(self.module), self.attr)
+
+
+REGISTRIES: tuple[RegistryRef, ...] = (
+    RegistryRef("tasks", "task", "gradwire.tasks", "TASKS"),
+    RegistryRef("partitions", "partition", "gradwire.tasks", "PARTITIONS"),
+    RegistryRef("stragglers", "stragglers", "gradwire.transports.stragglers", "STRAGGLERS", build_to_validate=True),
+    RegistryRef("networks", "network", "gradwire.transports.network", "NETWORKS"),
+    RegistryRef("algorithms", "algorithm", "gradwire.algorithms", "ALGORITHMS"),
+    RegistryRef("compressors", "compressor", "gradwire.compress", "REGISTRY", build_to_validate=True),
+)
+
+GROUPS: tuple[str, ...] = tuple(r.group for r in REGISTRIES)
