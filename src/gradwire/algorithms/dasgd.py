@@ -26,7 +26,7 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS
 from gradwire.algorithms.local_sgd import LocalSGD
-from gradwire.algorithms.replicas import mean_of
+from gradwire.algorithms.replicas import mean_or_nan
 from gradwire.spec import require
 
 
@@ -66,7 +66,7 @@ class DaSGD(LocalSGD):
     def _merge(self, ctx, info: dict) -> None:
         average = self.handle.wait()
         self.pace.joined(ctx, self.handle.finish_s)  # a worker waits only if it is ahead of the average
-        info["spread"] = mean_of(float(torch.dist(s, average)) for s in self.snapshot.values())
+        info["spread"] = mean_or_nan(float(torch.dist(s, average)) for s in self.snapshot.values())
         info["merged_from_step"] = self.started_at
         for r, x in self.replicas.x.items():
             x.sub_(self.snapshot[r]).add_(average)   # the average, plus the progress made during the delay

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm
-from gradwire.algorithms.replicas import Pace, Replicas, mean_of, require_plain_codec
+from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan, require_plain_codec
 from gradwire.spec import Specced, require
 
 
@@ -43,11 +43,11 @@ class LocalSGD(Specced, Algorithm):
     def local_steps(self, ctx, step: int) -> dict:
         losses = [self.replicas.sgd_step(ctx, r) for r in ctx.local_ranks]
         self.pace.computed(ctx, step)
-        return {"loss": mean_of(losses), "gradients": ctx.world_size}
+        return {"loss": mean_or_nan(losses), "gradients": ctx.world_size}
 
     def adopt(self, average: torch.Tensor, info: dict) -> None:
         """Every local replica becomes ``average``; records how far apart they had drifted."""
-        info["spread"] = mean_of(float(torch.dist(x, average)) for x in self.replicas.x.values())
+        info["spread"] = mean_or_nan(float(torch.dist(x, average)) for x in self.replicas.x.values())
         for x in self.replicas.x.values():
             x.copy_(average)
         self.average.copy_(average)
