@@ -7,7 +7,7 @@ digest file. Run it before and after a change and compare:
 
     python scripts/golden_metrics.py record runs/golden-before          # on the old commit
     python scripts/golden_metrics.py record runs/golden-after           # on the new one
-    python scripts/golden_metrics.py diff runs/golden-before runs/golden-after
+    python scripts/golden_metrics.py diff runs/golden-before runs/golden-after [--rename OLD=NEW ...]
 
 ``diff`` prints each variant as IDENTICAL or CHANGED (with the first differing line) and exits 1
 when any changed. ``--jobs`` runs that many configs at once (default 2, this machine's cores).
@@ -64,8 +64,12 @@ def record(folder: Path, jobs: int) -> int:
     return 0
 
 
-def diff(before: Path, after: Path) -> int:
-    a = json.loads((before / "digests.json").read_text())
+def diff(before: Path, after: Path, renames: list[str]) -> int:
+    """``renames``: OLD=NEW pairs of example file stems renamed between the two recordings."""
+    moved = dict(r.split("=", 1) for r in renames)
+    a = {"/".join([moved.get(k.split("/")[0], k.split("/")[0]), k.split("/", 1)[1]]): v
+         for k, v in json.loads((before / "digests.json").read_text()).items()}
+    back = {new: old for old, new in moved.items()}
     b = json.loads((after / "digests.json").read_text())
     changed = 0
     for name in sorted(set(a) | set(b)):
@@ -78,7 +82,9 @@ def diff(before: Path, after: Path) -> int:
             continue
         changed += 1
         file = name.replace("/", "__") + ".jsonl"
-        old = (before / "metrics" / file).read_text().splitlines()
+        stem, rest = name.split("/", 1)
+        old_file = f"{back.get(stem, stem)}/{rest}".replace("/", "__") + ".jsonl"
+        old = (before / "metrics" / old_file).read_text().splitlines()
         new = (after / "metrics" / file).read_text().splitlines()
         first = next((i for i, (x, y) in enumerate(zip(old, new)) if x != y), min(len(old), len(new)))
         print(f"CHANGED   {name}: first difference at row {first}")
@@ -95,8 +101,10 @@ def main() -> int:
     d = sub.add_parser("diff", help="compare two recorded folders")
     d.add_argument("before", type=Path)
     d.add_argument("after", type=Path)
+    d.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                   help="an example file renamed between the recordings (its stem, without .yaml)")
     ns = p.parse_args()
-    return record(ns.folder, ns.jobs) if ns.command == "record" else diff(ns.before, ns.after)
+    return record(ns.folder, ns.jobs) if ns.command == "record" else diff(ns.before, ns.after, ns.rename)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ Every key can come from a YAML or TOML file (``--config``) and from a flag of th
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,8 @@ class RunConfig:
     partition: str = "iid"                    # how the training data is split among workers
     stragglers: str = "none"                  # per-worker compute-time model (simulated seconds)
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
-    backend: str = "sim"                      # sim: simulated cluster in one process; torch: torch.distributed
+    backend: str = "sim"                      # sim: simulated cluster; torch: torch.distributed; threads: its dry run
+
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float = 0.05                          # step size γ
@@ -39,7 +39,7 @@ class RunConfig:
     name: str = ""                            # label in reports (default: algorithm + compressor)
     data_dir: str = "data-cache"              # where generated datasets are cached
     threads: int = 1                          # torch intra-op threads (the simulator runs many tiny ops)
-    timeout_s: float = 120.0                  # torch backend: longest wait on any peer before failing
+    timeout_s: float = 120.0                  # real backends: longest wait on any peer before failing
     checkpoint_every: int = 0                 # save a checkpoint every K steps into OUT/checkpoint (0 = never)
     resume: bool = False                      # continue from OUT/checkpoint/latest when there is one
 
@@ -70,8 +70,8 @@ class RunConfig:
             raise ConfigError(f"weight_decay={self.weight_decay} must be >= 0")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"dtype={self.dtype!r}: valid choices are float32, float64")
-        if self.backend not in ("sim", "torch"):
-            raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch")
+        if self.backend not in ("sim", "torch", "threads"):
+            raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch, threads")
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
         if not self.timeout_s > 0:
@@ -156,10 +156,3 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def from_mapping(data: dict[str, Any], base: RunConfig | None = None) -> RunConfig:
     cfg = base or RunConfig()
     return cfg.replace(**{k.replace("-", "_"): coerce(k, v) for k, v in data.items()})
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write atomically: a crash never leaves a half-written file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)

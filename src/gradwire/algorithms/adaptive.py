@@ -9,7 +9,6 @@
   gradient of the loss averaged over all samples.
 * :func:`budgeted_counts`: integers proportional to weights, each within [lo, hi], summing exactly to
   a total (DAGC's per-worker top-k counts).
-* :class:`KeepTopK`: top-k with an exact count k, in the wire format of ``topk``.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from gradwire.compress.sparse import TopK
 from gradwire.spec import require
 
 
@@ -92,21 +90,3 @@ def _water_level(w: np.ndarray, total: float, lo: float, hi: float) -> float:
         return float(points[-1])
     c0, c1, s0, s1 = points[j - 1], points[j], sums[j - 1], sums[j]
     return float(c0 + (c1 - c0) * (total - s0) / (s1 - s0))
-
-
-class KeepTopK(TopK):
-    """Top-k by magnitude with an exact count ``k`` (``topk`` derives k from a ratio, whose
-    rounding cannot hit every integer). Wire format as ``topk``: ``[k values][positions]``; the
-    receiver knows k from the allocation, so no header travels."""
-
-    name = "keep-topk"
-
-    def __init__(self, *, k: int):
-        require(k >= 0, f"k must be >= 0, got {k}")
-        self.k = int(k)
-
-    def spec(self) -> str:
-        return f"keep-topk:k={self.k}"
-
-    def count(self, numel: int) -> int:
-        return min(self.k, numel)

@@ -96,9 +96,6 @@ class AsyncSGD(Algorithm):
     def eval_params(self):
         return self.x
 
-    def spec(self):
-        return f"async:max_staleness={self.max_staleness}"
-
     def state_dict(self):
         return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict(), "version": self.version,
                 "held": {str(r): t for r, t in self.held.items()}, "read": {str(r): v for r, v in self.read.items()},

@@ -27,7 +27,7 @@ from gradwire.algorithms.protocol import Answer, Message
 from gradwire.compress import ErrorFeedback, Packet
 from gradwire.compress import build as build_compressor
 from gradwire.seeding import hash_seed
-from gradwire.spec import Registry
+from gradwire.spec import Registry, Specced
 from gradwire.tasks.oracle import GradientOracle
 from gradwire.transports.base import Transport
 from gradwire.transports.clocks import Clock
@@ -156,7 +156,7 @@ class Codec:
                 ef.load_state_dict(state["error_feedback"][str(r)])
 
 
-class Algorithm(ABC):
+class Algorithm(Specced, ABC):
     """Base class; subclasses are registered in ALGORITHMS with their spec parameters."""
 
     name = "?"
@@ -181,9 +181,6 @@ class Algorithm(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: dict) -> None: ...
-
-    def spec(self) -> str:
-        return self.name
 
     # -- server mode (algorithms/protocol.py): for algorithms whose needs_server is true --------------
 

@@ -37,12 +37,12 @@ import math
 import numpy as np
 import torch
 
-from gradwire.algorithms.adaptive import KeepTopK, budgeted_counts, data_shares, weighted_gather
+from gradwire.algorithms.adaptive import budgeted_counts, data_shares, weighted_gather
 from gradwire.algorithms.base import ALGORITHMS, Algorithm
 from gradwire.algorithms.optim import HeavyBall
 from gradwire.compress import ErrorFeedback, Packet
 from gradwire.compress.positions import keep_count
-from gradwire.compress.sparse import Threshold, top_indices
+from gradwire.compress.sparse import KeepTopK, Threshold, top_indices
 from gradwire.spec import require
 
 MODES = ("relative", "absolute", "uniform")

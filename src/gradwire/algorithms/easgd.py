@@ -137,7 +137,7 @@ class EASGD(Algorithm):
     def eval_params(self):
         return self.center
 
-    def spec(self):
+    def spec(self):  # not spec_of: alpha as resolved at setup (0 -> beta / workers), async only when on
         return (f"easgd:alpha={self.alpha:g},beta={self.beta:g},period={self.period}"
                 + (",async=true" if self.asynchronous else ""))
 

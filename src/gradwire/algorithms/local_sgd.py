@@ -20,12 +20,12 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm
 from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan, require_plain_codec
-from gradwire.spec import Specced, require
+from gradwire.spec import require
 
 
 @ALGORITHMS.register("local", help="local SGD (Stich 2019): local steps, parameters averaged every τ steps",
                      params={"period": "τ >= 1: local steps between averagings (1 = synchronous SGD)"})
-class LocalSGD(Specced, Algorithm):
+class LocalSGD(Algorithm):
     name = "local"
     evaluates = "average"
 

@@ -218,7 +218,7 @@ class LeaderSGD(Algorithm):
     def eval_params(self):
         return self.leader_x
 
-    def spec(self):
+    def spec(self):  # not spec_of: the group keys (and the resolved groups) only with several groups
         text = f"lsgd:pull={self.pull:g},period={self.period}"
         if self.multi:
             text += (f",groups={len(self.members)},global_pull={self.global_pull:g},"

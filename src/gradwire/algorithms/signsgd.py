@@ -15,12 +15,12 @@ import torch
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, soft_threshold_
 from gradwire.compress import Packet
 from gradwire.compress import build as build_compressor
-from gradwire.spec import Specced, require
+from gradwire.spec import require
 
 
 @ALGORITHMS.register("signsgd", help="signSGD with majority vote through rank 0 (Bernstein 2019); Signum with momentum",
                      params={"momentum": "worker-side momentum β (Signum); 0 = plain signSGD"})
-class SignSGD(Specced, Algorithm):
+class SignSGD(Algorithm):
     name = "signsgd"
 
     def __init__(self, *, momentum: float = 0.0):

@@ -108,9 +108,6 @@ class SyncSGD(Algorithm):
     def eval_params(self):
         return self.x
 
-    def spec(self):
-        return f"sync:backups={self.backups}"
-
     def state_dict(self):
         state = {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict()}
         if self.needs_server:
@@ -149,8 +146,5 @@ class DQGD(SyncSGD):
 
     def __init__(self):
         super().__init__(backups=0)
-
-    def spec(self):
-        return "dqgd"
 
 

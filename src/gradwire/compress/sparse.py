@@ -208,3 +208,20 @@ class Threshold(Compressor):
         index = decode_positions(buf[4 + size:], n, count, self.name)
         return scatter(n, index, read(buf[4: 4 + size], dtype), dtype, self.name).reshape(packet.shape)
 
+
+class KeepTopK(TopK):
+    """Top-k by magnitude with an exact count ``k`` (``topk`` derives k from a ratio, whose
+    rounding cannot hit every integer). Wire format as ``topk``: ``[k values][positions]``; the
+    receiver knows k from the allocation, so no header travels."""
+
+    name = "keep-topk"
+
+    def __init__(self, *, k: int):
+        require(k >= 0, f"k must be >= 0, got {k}")
+        self.k = int(k)
+
+    def spec(self) -> str:  # not registered (an algorithm sets k per worker): no spec string to derive
+        return f"keep-topk:k={self.k}"
+
+    def count(self, numel: int) -> int:
+        return min(self.k, numel)

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 from gradwire.report.plots import plot_runs
+from gradwire.report.run_folder import read_jsonl
 
 COLUMNS = [("label", "variant"), ("status", "status"), ("steps", "steps"), ("test_acc", "final test acc"),
            ("best_test_acc", "best test acc"), ("train_loss", "final train objective"),
            ("suboptimality", "final f - f*"), ("mb_sent", "MB sent"), ("sim_time_s", "sim time (s)"),
            ("wall_time_s", "wall time (s)")]
-
-
-def load_records(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def row_of(summary: dict) -> dict:
@@ -45,7 +40,8 @@ def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: 
         w.writerow([k for k, _ in keep])
         for r in rows:
             w.writerow([r.get(k) for k, _ in keep])
-    png = plot_runs({s["label"]: load_records(d) for s, d in zip(summaries, run_dirs)}, out / "comparison.png", title)
+    curves = {s["label"]: read_jsonl(Path(d) / "metrics.jsonl") for s, d in zip(summaries, run_dirs)}
+    png = plot_runs(curves, out / "comparison.png", title)
     lines = [f"# {title}", "", "| " + " | ".join(h for _, h in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in keep) + " |" for r in rows]
     lines += ["", f"![curves]({png.name})", "", "Each variant's own folder holds its config.json, "

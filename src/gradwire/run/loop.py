@@ -9,7 +9,6 @@ trains and rank 0 alone evaluates and writes.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -18,10 +17,11 @@ from pathlib import Path
 
 import torch
 
+from gradwire import checkpoint
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
-from gradwire.config import RunConfig, write_json
+from gradwire.config import RunConfig
 from gradwire.errors import ConfigError, DivergenceError
-from gradwire.run import checkpoint
+from gradwire.report.run_folder import RunFolder
 from gradwire.seeding import hash_seed
 from gradwire.servers.real import RealServer, run_worker
 from gradwire.servers.simulated import SimulatedServer
@@ -196,13 +196,6 @@ class Run:
         return True
 
 
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of steps <= ``step`` (a resumed run rewrites what came after its checkpoint)."""
-    if path.exists():
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        path.write_text("".join(x + "\n" for x in keep))
-
-
 def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     """``--backend threads``: every process of a real run as a thread (``transports/threads.py``);
     returns process 0's summary, or raises the first process's error."""
@@ -250,91 +243,66 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
             return run_worker(r)
         finally:
             r.transport.close()
-    writer = r.is_writer
     resumed = cfg.resume and r.try_resume(out / "checkpoint")
-    if writer:
-        out.mkdir(parents=True, exist_ok=True)
-        resolved = cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(), "shard_sizes": r.shard_sizes,
-                                    "num_parameters": r.model.numel, "evaluates": r.algorithm.evaluates,
-                                    "torch_version": torch.__version__}
-        write_json(out / "config.json", resolved)
-        info = r.algorithm.setup_info()
-        if info:
-            write_json(out / "algorithm.json", info)
-        if resumed:
-            for name in ("metrics.jsonl", "steps.jsonl"):
-                _truncate_jsonl(out / name, r.step)
-    records: list[dict] = []
-    if resumed and writer and (out / "metrics.jsonl").exists():
-        records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    folder = RunFolder(out, enabled=r.is_writer)
+    folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(), "shard_sizes": r.shard_sizes,
+                                 "num_parameters": r.model.numel, "evaluates": r.algorithm.evaluates,
+                                 "torch_version": torch.__version__},
+                r.algorithm.setup_info(), r.step if resumed else None)
+    records = folder.records
     status, error = "finished", None
-    progress = writer and (_progress_enabled() if progress is None else progress)
+    progress = r.is_writer and (_progress_enabled() if progress is None else progress)
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=not progress, leave=False,
                dynamic_ncols=True)
-    mode = "a" if resumed else "w"
     sync_counters = None if r.server_process else getattr(r.transport, "sync_counters", None)
-    devnull = os.devnull
-    with open(out / "metrics.jsonl" if writer else devnull, mode) as metrics, \
-         open(out / "steps.jsonl" if writer else devnull, mode) as steps_log:
-        def record(extra: dict) -> None:
-            if not writer:
-                return
-            rec = {"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started,
-                   "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
-                   "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate() \
-                | {"evaluated": r.algorithm.evaluates} | extra  # whose parameters: model, leader, center, ...
-            records.append(rec)
-            metrics.write(json.dumps(rec) + "\n")
-            metrics.flush()
 
-        if not resumed:
-            record({})
-        try:
-            while r.step < cfg.steps:
-                info = r.train_step()
-                steps_log.write(json.dumps({"step": r.step, "sim_time_s": r.clock.now,
-                                            "bytes_sent": r.transport.bytes_sent} | info) + "\n")
-                steps_log.flush()  # a crash loses no step already taken
-                bar.update(1)
-                if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
-                    if sync_counters is not None:
-                        sync_counters()  # every rank, at the same steps
-                    record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
-                    r.window.clear()
-                    if records:
-                        bar.set_postfix(loss=f"{records[-1]['train_loss']:.4g}", acc=f"{records[-1]['test_acc']:.3f}")
-                if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
-                    r.save_checkpoint(out / "checkpoint")
-                r.kill_point(r.step)
-        except DivergenceError as e:
-            status, error = "diverged", str(e)
-            raise
-        except BaseException as e:  # a communication error, a bad checkpoint, Ctrl-C: say so
-            status, error = "failed", f"{type(e).__name__}: {e}"
-            raise
-        finally:
-            bar.close()
-            lost, finish_error = {}, None
-            if isinstance(r.server, RealServer) and status == "finished":
-                try:  # the server's goodbyes: a failure there still gets a summary
-                    lost = r.server.finish()
-                except Exception as e:  # noqa: BLE001 - re-raised below, once the summary is written
-                    status, error, finish_error = "failed", f"{type(e).__name__}: {e}", e
-            summary = lost | {"label": cfg.label(), "status": status, "error": error, "steps": r.step,
-                       "resumed": bool(resumed), "final": records[-1] if records else None,
-                       "best_test_acc": max((x["test_acc"] for x in records), default=None),
-                       "bytes_sent": r.transport.bytes_sent, "comm_time_s": r.transport.comm_time_s,
-                       "sim_time_s": r.clock.now,
-                       "wall_time_s": time.perf_counter() - started}
-            if writer:
-                write_json(out / "summary.json", summary)
+    def record(extra: dict) -> None:
+        if r.is_writer:
+            folder.metrics({"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started,
+                            "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
+                            "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate()
+                           | {"evaluated": r.algorithm.evaluates} | extra)  # whose: model, leader, center, ...
+
+    if not resumed:
+        record({})
+    try:
+        while r.step < cfg.steps:
+            info = r.train_step()
+            folder.step({"step": r.step, "sim_time_s": r.clock.now, "bytes_sent": r.transport.bytes_sent} | info)
+            bar.update(1)
+            if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
+                if sync_counters is not None:
+                    sync_counters()  # every rank, at the same steps
+                record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
+                r.window.clear()
                 if records:
-                    from gradwire.report.plots import plot_runs
-
-                    plot_runs({cfg.label(): records}, out / "curves.png")
-            if finish_error is not None:
-                raise finish_error
+                    bar.set_postfix(loss=f"{records[-1]['train_loss']:.4g}", acc=f"{records[-1]['test_acc']:.3f}")
+            if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
+                r.save_checkpoint(out / "checkpoint")
+            r.kill_point(r.step)
+    except DivergenceError as e:
+        status, error = "diverged", str(e)
+        raise
+    except BaseException as e:  # a communication error, a bad checkpoint, Ctrl-C: say so
+        status, error = "failed", f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        bar.close()
+        lost, finish_error = {}, None
+        if isinstance(r.server, RealServer) and status == "finished":
+            try:  # the server's goodbyes: a failure there still gets a summary
+                lost = r.server.finish()
+            except Exception as e:  # noqa: BLE001 - re-raised below, once the summary is written
+                status, error, finish_error = "failed", f"{type(e).__name__}: {e}", e
+        summary = lost | {"label": cfg.label(), "status": status, "error": error, "steps": r.step,
+                          "resumed": bool(resumed), "final": records[-1] if records else None,
+                          "best_test_acc": max((x["test_acc"] for x in records), default=None),
+                          "bytes_sent": r.transport.bytes_sent, "comm_time_s": r.transport.comm_time_s,
+                          "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started}
+        folder.finish(summary, cfg.label())
+        if finish_error is not None:
+            raise finish_error
     r.transport.close()  # leave the process group cleanly (gloo's threads abort the process otherwise)
     return summary

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from gradwire import checkpoint
 from gradwire.algorithms.protocol import (
     ACK,
     BYE,
@@ -46,7 +47,6 @@ from gradwire.algorithms.protocol import (
     Message,
 )
 from gradwire.errors import CommunicationError
-from gradwire.run import checkpoint
 from gradwire.servers.inbox import RELEASE_TAG, TO_SERVER, TO_WORKER, Inbox, receive_message, send_message
 from gradwire.transports.base import SERVER, PeerLost
 
