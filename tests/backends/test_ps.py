@@ -111,7 +111,7 @@ def test_checkpoints_in_ps_mode_resume_after_a_restart(tmp_path, data_dir):
     # the worker's saved state says (21, or earlier when it is late), at the parameters it saved
     held = [Message.from_state(m) for m in server["state"]["server"]["held"]]
     mine = next(m for m in held if m.worker == 1)
-    assert mine.tag == worker["state"]["algorithm"]["server"]["tag"]["1"] <= 21
+    assert mine.tag == worker["state"]["algorithm"]["server"]["workers"]["tag"]["1"] <= 21
     assert mine.count == worker["state"]["worker_position"]["count"]
 
 

@@ -23,7 +23,7 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
 from gradwire.algorithms.optim import HeavyBall
-from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Answer, Message, as_body
+from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
 from gradwire.spec import require
 
 
@@ -46,8 +46,7 @@ class AsyncSGD(Algorithm):
         self.opt = HeavyBall(self.x, optim)
         self.codec = Codec(ctx, codec)
         self.version = 0
-        self.held = {r: params.clone() for r in ctx.local_ranks}  # what each worker computes at
-        self.read = {r: 0 for r in ctx.local_ranks}               # ... and their version
+        self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=0)  # tag: the version read
         self.round: list[tuple[float, int | None]] = []           # this step's (loss, staleness)
 
     def server_apply(self, buffer, read_version: int) -> int | None:
@@ -61,9 +60,7 @@ class AsyncSGD(Algorithm):
         return stale
 
     def worker_step(self, ctx, rank, count):
-        loss, g = ctx.gradient(rank, self.held[rank])
-        return Message(GRADIENT, rank, tag=self.read[rank], count=count, value=loss,
-                       body=self.codec.encode(rank, g).buffer)
+        return self.workers.message(ctx, rank, count, self.codec)
 
     def _params(self, worker: int) -> Message:
         return Message(PARAMS, worker, tag=self.version, body=as_body(self.x))
@@ -83,8 +80,7 @@ class AsyncSGD(Algorithm):
         return answer
 
     def worker_apply(self, ctx, rank, reply):
-        self.held[rank].copy_(reply.tensor(self.x))
-        self.read[rank] = reply.tag
+        self.workers.apply(rank, reply)
         return None
 
     def join_reply(self, worker):
@@ -98,7 +94,7 @@ class AsyncSGD(Algorithm):
 
     def state_dict(self):
         return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict(), "version": self.version,
-                "held": {str(r): t for r, t in self.held.items()}, "read": {str(r): v for r, v in self.read.items()},
+                "workers": self.workers.state_dict(),
                 "round": [{"loss": torch.tensor(loss, dtype=torch.float64), "staleness": -1 if s is None else s}
                           for loss, s in self.round]}
 
@@ -107,8 +103,6 @@ class AsyncSGD(Algorithm):
         self.opt.load_state_dict(state["opt"])
         self.codec.load_state_dict(state["codec"])
         self.version = int(state["version"])
-        for r in self.held:
-            self.held[r].copy_(state["held"][str(r)])
-            self.read[r] = int(state["read"][str(r)])
+        self.workers.load_state_dict(state["workers"])
         self.round = [(float(e["loss"]), None if int(e["staleness"]) < 0 else int(e["staleness"]))
                       for e in state["round"]]

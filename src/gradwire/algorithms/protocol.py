@@ -122,3 +122,32 @@ class Answer:
 
     replies: list[Message] = field(default_factory=list)
     step: dict | None = None
+
+
+class GradientWorkers:
+    """The worker side of the parameter-server protocols (sync with backups, async): each local
+    worker holds the parameters of the server's last PARAMS answer and the tag that came with them
+    (the step to compute for, or the parameter version read), computes its gradient there and
+    sends it as GRADIENT with that tag."""
+
+    def __init__(self, ranks, params: torch.Tensor, first_tag: int):
+        self.held = {r: params.clone() for r in ranks}
+        self.tag = {r: first_tag for r in ranks}
+
+    def message(self, ctx, rank: int, count: int, codec) -> Message:
+        loss, g = ctx.gradient(rank, self.held[rank])
+        return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=loss, body=codec.encode(rank, g).buffer)
+
+    def apply(self, rank: int, reply: Message) -> None:
+        """A PARAMS (or JOIN) answer: compute at its parameters, for its tag, next."""
+        self.held[rank].copy_(reply.tensor(self.held[rank]))
+        self.tag[rank] = reply.tag
+
+    def state_dict(self) -> dict:
+        return {"held": {str(r): t for r, t in self.held.items()}, "tag": {str(r): v for r, v in self.tag.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for r in self.held:
+            self.held[r].copy_(state["held"][str(r)])
+            self.tag[r] = int(state["tag"][str(r)])
+

@@ -22,7 +22,7 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
 from gradwire.algorithms.optim import HeavyBall
-from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Answer, Message, as_body
+from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
 from gradwire.spec import require
 
 
@@ -48,8 +48,7 @@ class SyncSGD(Algorithm):
             self.current = 1     # the server's step in progress
             self.arrived: dict[int, tuple[torch.Tensor, float, int]] = {}  # its gradients so far
             self.late: list[int] = []
-            self.held = {r: params.clone() for r in ctx.local_ranks}  # what each worker computes at
-            self.tag = {r: 1 for r in ctx.local_ranks}                # ... and for which step
+            self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=1)  # tag: the step
 
     @property
     def needs_server(self) -> bool:
@@ -64,9 +63,7 @@ class SyncSGD(Algorithm):
     # -- with backups: the server's protocol ----------------------------------------------------------
 
     def worker_step(self, ctx, rank, count):
-        loss, g = ctx.gradient(rank, self.held[rank])
-        return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=loss,
-                       body=self.codec.encode(rank, g).buffer)
+        return self.workers.message(ctx, rank, count, self.codec)
 
     def _params(self, worker: int, step: int) -> Message:
         return Message(PARAMS, worker, tag=step, body=as_body(self.x))
@@ -90,8 +87,7 @@ class SyncSGD(Algorithm):
         return Answer(replies, info)
 
     def worker_apply(self, ctx, rank, reply):
-        self.held[rank].copy_(reply.tensor(self.x))
-        self.tag[rank] = reply.tag
+        self.workers.apply(rank, reply)
         return None
 
     def join_reply(self, worker):
@@ -115,8 +111,7 @@ class SyncSGD(Algorithm):
                                "arrived": [{"worker": w, "body": b, "loss": torch.tensor(loss, dtype=torch.float64),
                                             "count": c}
                                            for w, (b, loss, c) in self.arrived.items()],
-                               "held": {str(r): t for r, t in self.held.items()},
-                               "tag": {str(r): v for r, v in self.tag.items()}}
+                               "workers": self.workers.state_dict()}
         return state
 
     def load_state_dict(self, state):
@@ -128,9 +123,7 @@ class SyncSGD(Algorithm):
             self.current, self.late = int(s["current"]), [int(w) for w in s["late"]]
             self.arrived = {int(e["worker"]): (e["body"].clone(), float(e["loss"]), int(e["count"]))
                             for e in s["arrived"]}
-            for r in self.held:
-                self.held[r].copy_(s["held"][str(r)])
-                self.tag[r] = int(s["tag"][str(r)])
+            self.workers.load_state_dict(s["workers"])
 
 
 @ALGORITHMS.register("dqgd", help="quantized gradient descent without memory (Khirirat 2018): the baseline DIANA fixes",
