@@ -10,22 +10,65 @@ Each file is written to a temporary name and renamed, and ``latest`` is replaced
 every rank has written (a barrier), so a crash at any moment leaves the previous checkpoint
 intact. Files hold tensors, numbers and strings only and are read with
 ``torch.load(weights_only=True)``: a checkpoint cannot run code.
+
+Each file also holds ``sha256``: the digest of a canonical serialization of everything else in it
+(type tags, keys, numbers, and every tensor's dtype, shape and raw bytes; see :func:`digest`),
+so it does not depend on the device a tensor was saved from or on torch.save's byte layout.
+:func:`load` checks it, so a file that changed after it was written (a flipped byte, a truncated
+or empty file, a file that is no gradwire checkpoint) is a ConfigError naming the file and what is
+wrong, never a silent resume from corrupted state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
+import struct
 from pathlib import Path
 
 import torch
 
 from gradwire.errors import ConfigError
 
-FORMAT = 1
+FORMAT = 2  # 2: with the sha256 digest (format 1 had none)
 # Keys that must agree between the run that wrote a checkpoint and the run that resumes it.
 MUST_MATCH = ("task", "workers", "algorithm", "compressor", "error_feedback", "partition", "stragglers",
               "network", "backend", "batch_size", "lr", "momentum", "weight_decay", "dtype", "seed")
+
+
+def digest(obj) -> str:
+    """sha256 (hex) of a canonical serialization of ``obj``: nested dicts (keys in order), lists,
+    tuples, numbers, strings and tensors (dtype, shape and raw bytes, whatever their device)."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _feed(h, obj) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().resolve_conj().resolve_neg()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():
+            try:
+                h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            except (RuntimeError, TypeError):  # a layout without plain bytes (sparse, quantized)
+                h.update(repr(t.tolist()).encode())
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)};".encode())
+        for key, value in obj.items():
+            _feed(h, key)
+            _feed(h, value)
+    elif isinstance(obj, list | tuple):
+        h.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)};".encode())
+        for value in obj:
+            _feed(h, value)
+    elif type(obj) is float:
+        h.update(b"F" + struct.pack("<d", obj))
+    else:  # bool, int, str, None, bytes, torch.dtype, ...: the type and the exact repr
+        text = repr(obj).encode("utf-8", "surrogatepass")
+        h.update(f"{type(obj).__name__}{len(text)}:".encode() + text)
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -40,6 +83,7 @@ def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barr
     stepdir = Path(folder) / f"step-{step:08d}"
     stepdir.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "step": step, "config": {k: config[k] for k in MUST_MATCH}, "state": state}
+    payload["sha256"] = digest(payload)
     _atomic_save(payload, stepdir / f"{label}.pt")
     if barrier is not None:
         barrier()  # every rank has written before `latest` moves
@@ -63,28 +107,76 @@ def latest(folder: Path) -> Path | None:
     marker = Path(folder) / "latest"
     if not marker.exists():
         return None
-    stepdir = Path(folder) / marker.read_text().strip()
+    name = marker.read_text(errors="replace").strip()
+    if not re.fullmatch(r"step-\d{8,}", name):
+        raise ConfigError(f"checkpoint marker {marker} is corrupt: it holds {name[:40]!r}, not a step folder "
+                          "name such as 'step-00000120'")
+    stepdir = Path(folder) / name
     if not stepdir.is_dir():
         raise ConfigError(f"checkpoint marker {marker} names {stepdir.name}, which does not exist")
     return stepdir
 
 
 def load(stepdir: Path, label: str, config: dict) -> tuple[int, dict]:
-    """This process's state from ``stepdir``; ConfigError for a corrupt or mismatched file."""
+    """This process's (step, state) from ``stepdir``; ConfigError for a corrupt or mismatched file,
+    or one at a step past ``config["steps"]`` (resuming it would silently report more steps)."""
     path = Path(stepdir) / f"{label}.pt"
     if not path.exists():
         have = ", ".join(sorted(p.name for p in Path(stepdir).glob("*.pt"))) or "none"
         raise ConfigError(f"checkpoint {stepdir} has no {label}.pt (it has: {have}); was it written with "
                           "another backend or number of workers?")
-    try:
-        payload = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
-        raise ConfigError(f"checkpoint {path} is unreadable (corrupt or truncated): "
-                          f"{str(e).splitlines()[0][:200]}") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT or "state" not in payload:
-        raise ConfigError(f"checkpoint {path} is not a gradwire checkpoint of format {FORMAT}")
+    payload = read(path)
     saved = payload["config"]
     diff = [f"{k}: checkpoint {saved.get(k)!r} vs now {config[k]!r}" for k in MUST_MATCH if saved.get(k) != config[k]]
     if diff:
         raise ConfigError(f"checkpoint {path} was written by a different run configuration ({'; '.join(diff)})")
-    return int(payload["step"]), payload["state"]
+    step = int(payload["step"])
+    steps = config.get("steps")
+    if steps is not None and step > int(steps):
+        raise ConfigError(f"checkpoint {path} is at step {step}, past --steps {steps}: pass --steps {step} or more "
+                          "to continue it, or another --out to start afresh")
+    return step, payload["state"]
+
+
+def read(path: Path) -> dict:
+    """The verified payload of one checkpoint file: ConfigError naming the file when it is empty,
+    truncated, no gradwire checkpoint, unreadable, or its contents do not match its checksum."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(4)
+            f.seek(max(0, size - 65_557))  # the zip's end record is within 22 + 65535 bytes of the end
+            tail = f.read()
+    except OSError as e:
+        raise ConfigError(f"checkpoint {path} cannot be read: {e.strerror}") from None
+    if size == 0:
+        raise ConfigError(f"checkpoint {path} is empty (0 bytes), so it cannot be resumed; start afresh "
+                          "with another --out")
+    if head != b"PK\x03\x04":
+        raise ConfigError(f"checkpoint {path} is not a gradwire checkpoint (not a file written by torch.save)")
+    if b"PK\x05\x06" not in tail:
+        raise ConfigError(f"checkpoint {path} is unreadable (corrupt or truncated): truncated at {size} bytes, "
+                          "before the end of its zip archive")
+    try:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ConfigError(f"checkpoint {path} is unreadable (corrupt or truncated): {first}") from None
+    if not isinstance(payload, dict) or "format" not in payload or "state" not in payload:
+        raise ConfigError(f"checkpoint {path} is not a gradwire checkpoint (no format, step and state in it)")
+    if payload["format"] != FORMAT:
+        raise ConfigError(f"checkpoint {path} has format {payload['format']!r}, this gradwire reads format {FORMAT} "
+                          "(format 1 had no checksum); resume with the gradwire that wrote it, or start afresh "
+                          "with another --out")
+    stored = payload.pop("sha256", None)
+    if not isinstance(stored, str):
+        raise ConfigError(f"checkpoint {path} is not a gradwire checkpoint (no sha256 checksum in it)")
+    actual = digest(payload)
+    if actual != stored:
+        raise ConfigError(f"checkpoint {path} is corrupt: checksum mismatch (stored sha256 {stored[:16]}..., "
+                          f"contents give {actual[:16]}...): it changed after it was written "
+                          "and cannot be resumed; start afresh with another --out")
+    if not isinstance(payload.get("config"), dict) or not isinstance(payload.get("step"), int):
+        raise ConfigError(f"checkpoint {path} is not a gradwire checkpoint (no config or step in it)")
+    return payload

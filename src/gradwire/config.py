@@ -7,6 +7,9 @@ Every key can come from a YAML or TOML file (``--config``) and from a flag of th
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -62,14 +65,14 @@ class RunConfig:
                 raise ConfigError(f"batch_size={self.batch_size!r}: expected a positive integer or 'full'")
         else:
             _positive(self.batch_size, "batch_size")
-        if not self.lr > 0:
-            raise ConfigError(f"lr={self.lr} must be > 0")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"momentum={self.momentum} must be in [0, 1)")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay={self.weight_decay} must be >= 0")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"dtype={self.dtype!r}: valid choices are float32, float64")
+        _step_size(self.lr, "lr", self.dtype, positive=True)
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum={self.momentum} must be in [0, 1)")
+        _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed={self.seed} must be an integer in [0, 2**63) (--seed)")
         if self.backend not in ("sim", "torch", "threads"):
             raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch, threads")
         if self.checkpoint_every < 0:
@@ -81,6 +84,11 @@ class RunConfig:
         for ref in REGISTRIES:
             if ref.build_to_validate:
                 ref.registry.build(getattr(self, ref.key))
+        if self.error_feedback and self.compressor == "none" and _compresses_only_with_flag(self.algorithm):
+            raise ConfigError(f"--error-feedback needs --compressor: algorithm {self.algorithm!r} sends uncompressed "
+                              "gradients without one, so there is no compression error to feed back (e.g. "
+                              "--compressor topk:ratio=0.01 --error-feedback)")
+        check_out_folder(self.out)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,6 +132,51 @@ def _int(value: Any) -> int:
     if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise ValueError
     return int(value)
+
+
+def _step_size(value: float, key: str, dtype: str, *, positive: bool) -> None:
+    """A float hyperparameter multiplied into the parameters: finite, > 0 (or >= 0), and
+    representable in the training dtype (a larger one cannot even be applied: torch refuses to
+    convert it to a float32 scale factor)."""
+    bound = "> 0" if positive else ">= 0"
+    if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
+        raise ConfigError(f"{key}={value} must be a finite number {bound} (--{key.replace('_', '-')})")
+    largest = 3.4028234663852886e38 if dtype == "float32" else 1.7976931348623157e308
+    if value > largest:
+        raise ConfigError(f"{key}={value:g} is too large for dtype {dtype} (at most {largest:.4g}); a step that "
+                          f"size cannot be applied (--{key.replace('_', '-')})")
+
+
+def _compresses_only_with_flag(algorithm: str) -> bool:
+    """Whether ``algorithm`` compresses only what --compressor names (sync, async): then
+    --error-feedback without --compressor has nothing to feed back. An algorithm with a compressor
+    of its own (dqgd's ``default_compressor``, dagc's top-k) uses error feedback without the flag,
+    and the others refuse --error-feedback themselves, with their own reason (diana, dqsgd, signsgd,
+    the local-update algorithms)."""
+    from gradwire.algorithms import ALGORITHMS
+
+    algo = ALGORITHMS.build(algorithm)
+    # async declares no default_compressor (algorithms/async_ps.py); its Codec's default is "none"
+    default = getattr(algo, "default_compressor", "none" if algo.name == "async" else None)
+    return default == "none"
+
+
+def check_out_folder(out: str) -> None:
+    """ConfigError unless ``out`` is a folder, or can be created as one, that this process can
+    write into; creates nothing that stays (it tries a temporary folder, then removes it)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out={out!r} is an existing file, not a folder: name a folder for the run (--out)")
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"out={out!r} cannot be created: {str(parent)!r} is a file, not a folder (--out)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".gradwire-probe-", dir=parent))
+    except OSError as e:
+        where = "write into it" if parent == path else f"create folders in {str(parent)!r}"
+        raise ConfigError(f"out={out!r} cannot be used: cannot {where} ({e.strerror}) (--out)") from None
 
 
 def _positive(value: int, key: str) -> None:

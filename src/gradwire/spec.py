@@ -31,15 +31,21 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """Split ``name:k=v,k=v`` into the name and a dict of raw string values."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"empty spec {spec!r}: expected 'name' or 'name:key=value,...'")
-    name, _, rest = spec.strip().partition(":")
+    name, colon, rest = spec.strip().partition(":")
     name = name.strip()
     if not name:
         raise ConfigError(f"spec {spec!r} has no name before ':'")
     kwargs: dict[str, str] = {}
+    if colon and not rest.strip():
+        raise ConfigError(f"spec {spec!r} has nothing after ':'; write {name!r} alone, or "
+                          f"'{name}:key=value,...' (see gradwire list)")
     if rest.strip():
         for item in rest.split(","):
             key, eq, value = item.partition("=")
             key, value = key.strip(), value.strip()
+            if not item.strip():
+                raise ConfigError(f"spec {spec!r} has an empty item (a stray ','); expected "
+                                  f"'{name}:key=value,key=value'")
             if not eq or not key or not value:
                 raise ConfigError(f"spec {spec!r}: {item.strip()!r} is not of the form key=value")
             if key in kwargs:

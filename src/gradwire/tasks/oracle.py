@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from gradwire.errors import DivergenceError
+from gradwire.errors import ConfigError, DivergenceError
 from gradwire.seeding import hash_seed
 
 
@@ -74,8 +74,11 @@ class WorkerData:
     def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int | None, seed: int, rank: int):
         if len(x) == 0:
             raise ValueError(f"worker {rank} has no training data")
+        if batch_size is not None and batch_size > len(x):  # never shrunk silently: say so
+            raise ConfigError(f"batch_size={batch_size} is larger than worker {rank}'s shard of {len(x)} samples: "
+                              "--batch-size can be at most the smallest worker's shard, or pass --batch-size full")
         self.x, self.y = x, y
-        self.batch_size = None if batch_size is None else min(batch_size, len(x))
+        self.batch_size = batch_size
         self.seed, self.rank = seed, rank
         self.epoch, self.position = 0, 0
         self._perm = self._permutation()
@@ -100,6 +103,18 @@ class WorkerData:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._perm = self._permutation()
+
+
+def check_batch_size(batch_size: int | None, shard_sizes: list[int]) -> None:
+    """ConfigError when ``batch_size`` exceeds a worker's shard, naming the smallest shard (the
+    largest batch every worker can draw); ``None`` is the full local batch, always fine."""
+    if batch_size is None or not shard_sizes:
+        return
+    smallest = min(range(len(shard_sizes)), key=lambda r: shard_sizes[r])
+    if batch_size > shard_sizes[smallest]:
+        raise ConfigError(f"batch_size={batch_size} is larger than the smallest shard, worker {smallest}'s "
+                          f"{shard_sizes[smallest]} samples; pass --batch-size {shard_sizes[smallest]} or less, "
+                          "or --batch-size full")
 
 
 class GradientOracle:

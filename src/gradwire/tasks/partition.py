@@ -131,6 +131,8 @@ def build_partition(spec: str, *, labels: torch.Tensor, num_workers: int, seed: 
     """
     if num_workers < 1:
         raise ConfigError(f"num_workers must be >= 1, got {num_workers}")
+    if not 0 <= seed < 2**63:  # numpy's default_rng would blame the partition spec for it
+        raise ConfigError(f"seed={seed} must be an integer in [0, 2**63) (--seed)")
     labels_np = torch.as_tensor(labels).detach().cpu().numpy()
     if labels_np.ndim != 1:
         raise ConfigError(f"partition needs a 1-D tensor of labels, got shape {tuple(labels_np.shape)}")

@@ -1,0 +1,105 @@
+"""Bad values reach the user as exactly one line ``gradwire run: error: ...`` naming the value, and
+exit code 2, before anything trains; nothing is silently accepted or changed."""
+
+from pathlib import Path
+
+import pytest
+
+from gradwire.cli import main
+from gradwire.config import RunConfig, check_out_folder
+from gradwire.errors import ConfigError
+from gradwire.spec import parse_spec
+from tests.helpers import gw
+
+COMMON = ["--task", "digits-logreg", "--workers", "4", "--steps", "2", "--eval-every", "2"]
+
+
+def one_error_line(capsys, argv, tmp_path, data_dir) -> str:
+    """Run ``gradwire run ARGV`` in this process; assert exit 2 and one error line; return it."""
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "o")]
+    code = main(["run", *COMMON, *argv, "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gradwire run: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, needles", [
+    # step sizes: finite, > 0, and representable in the training dtype
+    (["--lr", "1e308"], ["lr=1e+308", "too large for dtype float32", "--lr"]),
+    (["--lr", "inf"], ["lr=inf", "finite number > 0"]),
+    (["--lr", "nan"], ["lr=nan", "finite number > 0"]),
+    (["--lr", "-0.1"], ["lr=-0.1", "finite number > 0"]),
+    (["--weight-decay", "nan"], ["weight_decay=nan", "finite number >= 0"]),
+    (["--weight-decay", "1e39"], ["weight_decay=1e+39", "too large for dtype float32"]),
+    # the seed: blamed on itself, not on the partition
+    (["--seed", "-1"], ["seed=-1", "[0, 2**63)", "--seed"]),
+    (["--seed", str(2**63)], [f"seed={2**63}", "--seed"]),
+    # spec strings with an empty tail
+    (["--algorithm", "sync:"], ["'sync:' has nothing after ':'", "'sync:key=value,...'"]),
+    (["--compressor", "qsgd:"], ["'qsgd:' has nothing after ':'", "'qsgd:key=value,...'"]),
+    (["--compressor", "qsgd: "], ["'qsgd: ' has nothing after ':'"]),
+    (["--compressor", "qsgd:levels=4,"], ["'qsgd:levels=4,' has an empty item", "qsgd:key=value"]),
+    (["--stragglers", "tail:p=0.1,,slowdown=2"], ["'tail:p=0.1,,slowdown=2' has an empty item"]),
+    # error feedback with nothing to feed back
+    (["--error-feedback"], ["--error-feedback needs --compressor", "'sync'"]),
+    (["--error-feedback", "--algorithm", "sync:backups=1"], ["--error-feedback needs --compressor"]),
+    (["--error-feedback", "--algorithm", "async"], ["--error-feedback needs --compressor", "'async'"]),
+    # a batch larger than a worker's shard (digits-logreg on 4 workers: 359 or 360 samples each)
+    (["--batch-size", "100000"], ["batch_size=100000", "shard", "--batch-size full"]),
+    (["--batch-size", "360"], ["batch_size=360", "359 samples"]),
+])
+def test_bad_value_is_one_line(capsys, tmp_path, data_dir, args, needles):
+    line = one_error_line(capsys, args, tmp_path, data_dir)
+    for needle in needles:
+        assert needle in line
+
+
+def test_out_naming_a_file(capsys, tmp_path, data_dir):
+    (tmp_path / "f").write_text("not a folder")
+    line = one_error_line(capsys, ["--out", str(tmp_path / "f")], tmp_path, data_dir)
+    assert f"out='{tmp_path / 'f'}' is an existing file, not a folder" in line
+    assert (tmp_path / "f").read_text() == "not a folder"
+
+
+def test_out_under_a_file(capsys, tmp_path, data_dir):
+    (tmp_path / "f").write_text("")
+    line = one_error_line(capsys, ["--out", str(tmp_path / "f" / "a" / "run")], tmp_path, data_dir)
+    assert f"out='{tmp_path / 'f' / 'a' / 'run'}' cannot be created: '{tmp_path / 'f'}' is a file" in line
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_out_where_no_folder_can_be_made(capsys, tmp_path, data_dir):
+    line = one_error_line(capsys, ["--out", "/proc/gradwire-run"], tmp_path, data_dir)
+    assert "out='/proc/gradwire-run' cannot be used: cannot create folders in '/proc'" in line
+
+
+def test_out_check_leaves_nothing_behind(tmp_path):
+    check_out_folder(str(tmp_path / "a" / "b"))  # creatable: fine, and nothing is created
+    check_out_folder(str(tmp_path))              # an existing folder: fine
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_valid_neighbours_still_pass(tmp_path, data_dir):
+    """The rules reject only what they name: the largest representable step sizes, the largest
+    seed, error feedback with a compressor or with an algorithm that compresses by itself."""
+    base = dict(task="digits-logreg", out=str(tmp_path / "o"), data_dir=str(data_dir))
+    for kw in (dict(lr=1e38), dict(lr=1e300, dtype="float64"), dict(weight_decay=0.0), dict(seed=2**63 - 1),
+               dict(error_feedback=True, compressor="topk:ratio=0.1"), dict(error_feedback=True, algorithm="dqgd"),
+               dict(error_feedback=True, algorithm="dagc"), dict(algorithm="sync:backups=1")):
+        RunConfig(**base, **kw).validate()
+
+
+@pytest.mark.parametrize("bad", ["sync:", "sync: ", "qsgd:levels=4,", "qsgd:,levels=4", "qsgd:levels=4,,bucket=8"])
+def test_parse_spec_rejects_empty_tails(bad):
+    with pytest.raises(ConfigError, match="has nothing after ':'|has an empty item"):
+        parse_spec(bad)
+
+
+def test_one_line_in_a_real_process(tmp_path, data_dir):
+    """The same through ``python -m gradwire``: exit 2, one line, no traceback."""
+    p = gw("run", *COMMON, "--lr", "1e308", "--out", str(tmp_path / "o"), "--data-dir", str(data_dir))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("gradwire run: error: lr=1e+308") and len(p.stderr.strip().splitlines()) == 1
