@@ -1,28 +1,62 @@
 """``gradwire launch``: torchrun's own launcher and rendezvous, with the command line built for you.
 
 Every process runs ``gradwire run --backend torch``; ``--workers`` is the number of processes, less
-one when the algorithm has a server (it takes a process of its own). Nothing of ours listens on a
-port: the rendezvous is torchrun's (``torch.distributed.run.main``).
+one when the algorithm has a server (it takes a process of its own). The run command line is read
+with ``gradwire run``'s own parser and config file (``--algorithm X``, ``--algorithm=X`` or a
+``--config`` file count alike). Nothing of ours listens on a port: the rendezvous is torchrun's
+(``torch.distributed.run.main``).
+
+torchrun starts a supervisor per process (``gradwire/supervise.py``), which runs ``gradwire run``
+as its child: with a server, a worker process that dies is lost, not fatal (torchrun would stop
+the whole group for it) unless a restart is left; killing the launcher kills every process; a
+restarted group (``--max-restarts``) resumes from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from gradwire.errors import ConfigError
 
 EPILOG_LAUNCH = """examples:
   gradwire launch --nproc-per-node 4 -- run --task mnist1d-cnn --algorithm diana --steps 500 --out runs/d4
+  gradwire launch --nproc-per-node 4 -- run --config run.yaml      # 3 workers if run.yaml's algorithm has a server
   # two machines, 2 processes each (run the same line on both, --node-rank 0 and 1):
   gradwire launch --nnodes 2 --node-rank 0 --nproc-per-node 2 --rdzv-endpoint HOST:29400 -- run ...
-  # restart the whole group up to 3 times after a failure; resume from the last checkpoint:
-  gradwire launch --nproc-per-node 2 --max-restarts 3 -- run --checkpoint-every 50 --resume ...
-Everything after -- is a `gradwire run` command line; --backend torch and --workers are added."""
+  # restart the whole group up to 3 times after a failure, resuming from the last checkpoint:
+  gradwire launch --nproc-per-node 2 --max-restarts 3 -- run --checkpoint-every 50 ...
+Everything after -- is a `gradwire run` command line; --backend torch and --workers (the processes,
+less one for the server of sync:backups=b, async, easgd:async=true, lsgd:async=true) are added.
+Faults: any failure stops every process, except that with a server a worker process that dies
+is lost and the others finish the run. --max-restarts R restarts the group up to R times (a lost
+worker too: the group comes back whole; the last attempt carries on without it); each restarted
+attempt gets --resume (unless the run command says --resume or --no-resume itself).
+Killing the launcher (SIGTERM, SIGINT, SIGKILL) stops every process it started."""
+
+
+def run_options(run_args: list[str]):
+    """The run command line as ``gradwire run`` reads it: (the resolved RunConfig, the keys given
+    as flags, the keys in the --config file)."""
+    from gradwire.cli import _config_from, build_parser
+    from gradwire.config import read_config_file
+
+    parser, _ = build_parser()
+    ns = parser.parse_args(["run", *run_args])  # a bad flag: gradwire run's own message, exit 2
+    flags = {k for k in vars(ns) if k not in ("command", "config")}
+    in_file = {k.replace("-", "_") for k in read_config_file(ns.config)} if ns.config else set()
+    return _config_from(ns), flags, in_file
+
+
+def _note(text: str) -> None:
+    print(f"gradwire launch: note: {text}", file=sys.stderr, flush=True)
 
 
 def torchrun_argv(ns) -> list[str]:
     """torchrun's own command line for ``gradwire launch`` (its launcher and rendezvous, not ours)."""
+    from gradwire.algorithms import ALGORITHMS
+
     rest = list(ns.rest or [])
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -30,14 +64,43 @@ def torchrun_argv(ns) -> list[str]:
         raise ConfigError("launch needs a run command after --, e.g. gradwire launch --nproc-per-node 2 -- run ...")
     if ns.nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node {ns.nproc_per_node} must be >= 1")
-    if not str(ns.nnodes).isdigit() and "--workers" not in rest:
-        raise ConfigError(f"--nnodes {ns.nnodes} is a range: pass --workers explicitly in the run command")
+    if ns.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {ns.max_restarts} must be >= 0")
     run_args = rest[1:]
-    if "--backend" not in run_args:
-        run_args += ["--backend", "torch"]
-    if "--workers" not in run_args:
+    cfg, flags, in_file = run_options(run_args)
+    if "backend" in flags and cfg.backend != "torch":
+        raise ConfigError(f"launch runs --backend torch; drop --backend {cfg.backend} from the run command")
+    server = ALGORITHMS.build(cfg.algorithm).needs_server
+    if not str(ns.nnodes).isdigit():
+        if "workers" not in flags:
+            raise ConfigError(f"--nnodes {ns.nnodes} is a range: pass --workers explicitly in the run command")
+    else:
         total = int(ns.nnodes) * ns.nproc_per_node
-        run_args += ["--workers", str(total - int(_needs_server(run_args)))]
+        workers = total - int(server)
+        started = f"{total} are started (--nnodes {ns.nnodes} x --nproc-per-node {ns.nproc_per_node})"
+        if "workers" in flags and cfg.workers != workers:
+            extra = " plus one server process" if server else ""
+            raise ConfigError(f"--workers {cfg.workers}{extra} needs {cfg.workers + int(server)} processes but "
+                              f"{started}; leave --workers out (launch counts it) or start "
+                              f"{cfg.workers + int(server)}")
+        if workers < 1:
+            raise ConfigError(f"algorithm {cfg.algorithm!r} has a server, which takes a process of its own: one "
+                              f"worker needs 2 processes but {started}")
+        if "workers" not in flags:
+            if "workers" in in_file and cfg.workers != workers:
+                _note(f"--workers {workers} ({total} processes{', one of them the server' if server else ''}) "
+                      f"replaces workers: {cfg.workers} of the config file")
+            run_args += ["--workers", str(workers)]
+    if "backend" not in flags:
+        run_args += ["--backend", "torch"]
+    supervisor = ["-m", "gradwire.supervise", "--launcher-pid", str(os.getpid())]
+    if server:
+        supervisor.append("--server-algorithm")  # its worker processes may be lost
+    if ns.max_restarts > 0 and "resume" not in flags | in_file:
+        supervisor.append("--resume-on-restart")
+        if not cfg.checkpoint_every:
+            _note(f"--max-restarts {ns.max_restarts} without --checkpoint-every: a restarted group starts "
+                  "again from step 0")
     argv = ["--nproc-per-node", str(ns.nproc_per_node), "--nnodes", str(ns.nnodes),
             "--max-restarts", str(ns.max_restarts)]
     if ns.local_addr:
@@ -49,26 +112,23 @@ def torchrun_argv(ns) -> list[str]:
         argv += ["--standalone"]  # rendezvous on a free local port
     else:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    return argv + ["-m", "gradwire", "run", *run_args]
-
-
-def _needs_server(run_args: list[str]) -> bool:
-    """Whether the run's algorithm has a server, which takes a process of its own on torch."""
-    from gradwire.algorithms import ALGORITHMS
-
-    spec = run_args[run_args.index("--algorithm") + 1] if "--algorithm" in run_args[:-1] else "sync"
-    return ALGORITHMS.build(spec).needs_server
+    return argv + supervisor + [sys.executable, "-u", "-m", "gradwire", "run", *run_args]
 
 
 def cmd_launch(ns) -> int:
     argv = torchrun_argv(ns)
     if ns.ifname:  # the children inherit the environment
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = ns.ifname
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     try:
         torchrun_main(argv)
+    except SignalException as e:  # torchrun has already stopped every process (SIGTERM, then SIGKILL)
+        name = signal.Signals(e.sigval).name
+        print(f"gradwire launch: stopped by {name}; every process was told to stop", file=sys.stderr)
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         failures = "; ".join(f"rank {rank} exited with {f.exitcode}" for rank, f in e.failures.items())
         print(f"gradwire launch: error: worker processes failed ({failures}); see their messages above",
