@@ -12,7 +12,9 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
+import time
 from pathlib import Path
 
 from gradwire import config as config_mod
@@ -20,6 +22,7 @@ from gradwire.config import KEYS, RunConfig, coerce, from_mapping, read_config_f
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
 from gradwire.launch import EPILOG_LAUNCH, cmd_launch
 from gradwire.registries import GROUPS, REGISTRIES
+from gradwire.report.run_folder import refuse_existing, require_named
 
 EPILOG_RUN = """examples:
   gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
@@ -74,6 +77,48 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80] or "run"
 
 
+def version() -> str:
+    """The installed package's version, or the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("gradwire")
+    except PackageNotFoundError:
+        from gradwire import __version__
+
+        return __version__
+
+
+def _out_given(ns) -> bool:
+    """Whether --out (or ``out:`` in the --config file) names the folder."""
+    return "out" in vars(ns) or bool(getattr(ns, "config", None) and "out" in read_config_file(ns.config))
+
+
+def fresh_out(name: str, cfg: RunConfig) -> str:
+    """The folder of a run given no --out: ``runs/NAME-YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when
+    taken), so no run lands on another. A time stamp (not a counter) names runs in the order they
+    ran and needs no look at the others; under torchrun every process must find the same name, so
+    ``gradwire launch`` fixes the stamp for its processes (GRADWIRE_RUN_STAMP), which also brings a
+    restarted group back to its folder; plain torchrun, or several nodes, need --out."""
+    stamp = os.environ.get("GRADWIRE_RUN_STAMP")
+    if cfg.resume and not stamp:
+        raise ConfigError("--resume continues the run in --out: name its folder")
+    base = Path("runs") / f"{_slug(name)}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
+    if cfg.backend == "torch" and "WORLD_SIZE" in os.environ:  # every process must agree: no suffix
+        if not stamp:
+            raise ConfigError("under torchrun every process must name the same run folder: pass --out "
+                              "(gradwire launch picks a fresh one for you)")
+        if os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]) != os.environ["WORLD_SIZE"]:
+            raise ConfigError("a run on several nodes needs --out, the same folder on every node")
+        return str(base)
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)
+
+
 def describe_setup(algorithm: str, info: dict, workers: int) -> str:
     """An algorithm's set-up choices: scalars on one line, per-worker lists as a small table."""
     per_worker = {k: v for k, v in info.items() if isinstance(v, list) and len(v) == workers}
@@ -93,6 +138,8 @@ def cmd_run(ns) -> int:
     from gradwire.run.loop import run
 
     cfg = _config_from(ns).validate()
+    if not _out_given(ns):
+        cfg = cfg.replace(out=fresh_out(cfg.label(), cfg))
     summary = run(cfg)
     if cfg.backend == "torch" and os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 reports for the group
@@ -128,6 +175,9 @@ def variants_of(ns, parser) -> tuple[RunConfig, list[RunConfig]]:
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
         raise ConfigError(f"variants share the label(s) {dupes}; give each a distinct --name")
+    if not _out_given(ns):
+        common = common.replace(out=fresh_out("compare", common))
+    require_named(common.out)
     root = Path(common.out)
     specs = [c.replace(out=str(root / _slug(c.label()))) for c in specs]
     for c in specs:
@@ -135,11 +185,23 @@ def variants_of(ns, parser) -> tuple[RunConfig, list[RunConfig]]:
     return common, specs
 
 
+def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
+    """Before any variant runs: a comparison or variant run already in the folder is replaced only
+    with --overwrite (or continued with --resume)."""
+    root = Path(common.out)
+    if (root / "comparison.md").exists() and not (common.overwrite or common.resume):
+        raise ConfigError(f"compare folder {root} already holds a comparison (comparison.md); pass --overwrite "
+                          "to replace it or --resume to continue its runs (or choose another --out)")
+    for c in specs:
+        refuse_existing(Path(c.out), overwrite=c.overwrite, resume=c.resume)
+
+
 def cmd_compare(ns, variant_parser) -> int:
     from gradwire.report.compare import write_report
     from gradwire.run.loop import run
 
     common, specs = variants_of(ns, variant_parser)
+    refuse_to_replace(common, specs)
     root = Path(common.out)
     root.mkdir(parents=True, exist_ok=True)
     summaries = []
@@ -153,8 +215,8 @@ def cmd_compare(ns, variant_parser) -> int:
         s = summaries[-1]
         acc = (s.get("final") or {}).get("test_acc")
         print(f"  {s['status']}: test_acc={acc if acc is None else round(acc, 4)}, "
-              f"{s['bytes_sent'] / 1e6:.2f} MB, {s['sim_time_s']:.1f} s simulated, {s['wall_time_s']:.1f} s wall",
-              flush=True)
+              f"{s['bytes_sent'] / 1e6:.2f} MB, {s['sim_time_s']:.1f} s "
+              f"{'simulated' if c.backend == 'sim' else 'elapsed'}, {s['wall_time_s']:.1f} s wall", flush=True)
     title = f"{common.task}, {common.workers} workers, {common.stragglers} stragglers, {common.network}"
     files = write_report(root, summaries, [Path(c.out) for c in specs], title)
     print((root / "comparison.md").read_text())
@@ -172,6 +234,7 @@ def cmd_list(ns) -> int:
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = _Parser(prog="gradwire", description="Communication-efficient, straggler-tolerant distributed "
                      "training: compare algorithms and compressors on a simulated cluster.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p_run = sub.add_parser("run", help="train once and write a run folder", epilog=EPILOG_RUN,
                            formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -215,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(ns)
         if ns.command == "compare":
             return cmd_compare(ns, variant_parser)
-        if ns.command == "launch":
+        if ns.command == "launch":  # one time stamp for the group's default --out, kept across restarts
+            os.environ.setdefault("GRADWIRE_RUN_STAMP", time.strftime("%Y%m%d-%H%M%S"))
             return cmd_launch(ns)
         return cmd_list(ns)
     except ConfigError as e:
@@ -227,9 +291,24 @@ def main(argv: list[str] | None = None) -> int:
     except CommunicationError as e:
         print(f"gradwire {ns.command}: communication error: {e}", file=sys.stderr)
         return 4
-    except KeyboardInterrupt:
-        print(f"gradwire {ns.command}: interrupted (metrics so far are in the run folder)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # SIGTERM or SIGINT: the run wrote its summary ("stopped")
+        return _stopped(ns.command, e)
+
+
+def _stopped(command: str, e: KeyboardInterrupt) -> int:
+    """One line on stderr for a run ended by a signal; the exit status is 128 + the signal."""
+    loop = sys.modules.get("gradwire.run.loop")  # imported once a run started; Stopped is its
+    if loop is None or not isinstance(e, loop.Stopped) or e.step is None:
+        signum = e.signum if loop is not None and isinstance(e, loop.Stopped) else signal.SIGINT
+        print(f"gradwire {command}: stopped by {signal.Signals(signum).name} (metrics so far are in the run folder)",
+              file=sys.stderr)
+        return 128 + signum
+    resume = (f"--resume continues from step {e.checkpoint_step}" if e.checkpoint_step is not None
+              else "no checkpoint to resume from")
+    written = f"{Path(e.out) / 'summary.json'} written" if e.out is not None else "rank 0 writes the summary"
+    print(f"gradwire {command}: stopped by {signal.Signals(e.signum).name} at step {e.step}; {written}; {resume}",
+          file=sys.stderr)
+    return 128 + e.signum
 
 
 if __name__ == "__main__":

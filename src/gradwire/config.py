@@ -45,6 +45,7 @@ class RunConfig:
     timeout_s: float = 120.0                  # real backends: longest wait on any peer before failing
     checkpoint_every: int = 0                 # save a checkpoint every K steps into OUT/checkpoint (0 = never)
     resume: bool = False                      # continue from OUT/checkpoint/latest when there is one
+    overwrite: bool = False                   # replace the run already in OUT (its files and checkpoint/)
 
     def label(self) -> str:
         if self.name:

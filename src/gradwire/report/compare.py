@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from gradwire.report.plots import plot_runs
-from gradwire.report.run_folder import read_jsonl
+from gradwire.report.plots import plot_runs, time_label
+from gradwire.report.run_folder import read_json_or_empty, read_jsonl
 
 COLUMNS = [("label", "variant"), ("status", "status"), ("steps", "steps"), ("test_acc", "final test acc"),
            ("best_test_acc", "best test acc"), ("train_loss", "final train objective"),
@@ -34,14 +34,17 @@ def _fmt(v) -> str:
 def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: str) -> dict[str, Path]:
     """Write comparison.md, comparison.csv and comparison.png into ``out``."""
     rows = [row_of(s) for s in summaries]
+    backends = [read_json_or_empty(Path(d) / "config.json").get("backend", "sim") for d in run_dirs]
     keep = [(k, h) for k, h in COLUMNS if any(r.get(k) is not None for r in rows)]
+    if set(backends) != {"sim"}:  # real seconds in sim_time_s: say so
+        keep = [(k, time_label(backends) if k == "sim_time_s" else h) for k, h in keep]
     with open(out / "comparison.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow([k for k, _ in keep])
         for r in rows:
             w.writerow([r.get(k) for k, _ in keep])
     curves = {s["label"]: read_jsonl(Path(d) / "metrics.jsonl") for s, d in zip(summaries, run_dirs)}
-    png = plot_runs(curves, out / "comparison.png", title)
+    png = plot_runs(curves, out / "comparison.png", title, backends=backends)
     lines = [f"# {title}", "", "| " + " | ".join(h for _, h in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in keep) + " |" for r in rows]
     lines += ["", f"![curves]({png.name})", "", "Each variant's own folder holds its config.json, "

@@ -1,7 +1,9 @@
-"""Paper-style curves: loss and accuracy (or suboptimality) against steps, bytes and simulated time."""
+"""Paper-style curves: loss and accuracy (or suboptimality) against steps, bytes and time: simulated
+seconds on the simulator, elapsed ones on a real backend (the runs' backends name the axis)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import matplotlib
@@ -10,7 +12,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 AXES = [("step", "steps", 1.0), ("bytes_sent", "MB sent (all messages)", 1e-6),
-        ("sim_time_s", "simulated time (s)", 1.0)]
+        ("sim_time_s", "simulated time (s)", 1.0)]  # the time axis's label follows the backends
+
+
+def time_label(backends: Iterable[str]) -> str:
+    """What ``sim_time_s`` measures: simulated seconds on ``sim``, real elapsed ones otherwise."""
+    kinds = set(backends) or {"sim"}
+    if kinds == {"sim"}:
+        return "simulated time (s)"
+    if "sim" not in kinds:
+        return "elapsed time (s)"
+    return "time (s): simulated on sim, elapsed otherwise"
 
 
 def _rows(records_by_label: dict[str, list[dict]]) -> list[tuple[str, str, bool]]:
@@ -22,12 +34,16 @@ def _rows(records_by_label: dict[str, list[dict]]) -> list[tuple[str, str, bool]
     return rows
 
 
-def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = "") -> Path:
-    """One PNG with a grid: a row per quantity, a column per x-axis, a line per run."""
+def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = "", *,
+              backends: Iterable[str] = ("sim",)) -> Path:
+    """One PNG with a grid: a row per quantity, a column per x-axis, a line per run. ``backends``:
+    those the runs used (config.json's ``backend``), which name the time axis."""
     rows = _rows(records_by_label)
-    fig, axes = plt.subplots(len(rows), len(AXES), figsize=(4.2 * len(AXES), 3.0 * len(rows)), squeeze=False)
+    columns = [(k, time_label(backends) if k == "sim_time_s" else x, s) for k, x, s in AXES]
+    fig, axes = plt.subplots(len(rows), len(columns), figsize=(4.2 * len(columns), 3.0 * len(rows)),
+                             squeeze=False)
     for i, (key, ylabel, log) in enumerate(rows):
-        for j, (xkey, xlabel, scale) in enumerate(AXES):
+        for j, (xkey, xlabel, scale) in enumerate(columns):
             ax = axes[i][j]
             for label, recs in records_by_label.items():
                 pts = [(rec[xkey] * scale, rec[key]) for rec in recs if rec.get(key) is not None]

@@ -6,13 +6,108 @@ per evaluation, flushed as it is written, so a crash loses nothing already measu
 ``summary.json`` (written last, also after a divergence or a failure) and ``curves.png``. JSON
 files are replaced atomically. Only the process that evaluates (rank 0) writes; on the others a
 ``RunFolder(enabled=False)`` takes the same calls and writes nothing.
+
+A folder is claimed before a run writes it (:func:`claim`): an OS lock (``.gradwire.lock``, held
+for the run, released by the OS however the process ends) keeps a second writer out, and a folder
+that already holds a run is replaced only when asked (``overwrite``) or continued (``resume``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
+
+from gradwire.errors import ConfigError
+
+# What shows that a folder holds a run, and what --overwrite removes (nothing else in the folder).
+RUN_MARKERS = ("summary.json", "metrics.jsonl", "steps.jsonl", "config.json", "checkpoint")
+RUN_FILES = ("config.json", "algorithm.json", "metrics.jsonl", "steps.jsonl", "summary.json", "curves.png")
+LOCK_NAME = ".gradwire.lock"
+
+
+def holds_run(folder: Path) -> str | None:
+    """The first file or folder that shows ``folder`` holds a run, or None."""
+    return next((name for name in RUN_MARKERS if (Path(folder) / name).exists()), None)
+
+
+def refuse_existing(folder: Path, *, overwrite: bool, resume: bool) -> None:
+    """Raise ConfigError when ``folder`` holds a run and neither ``overwrite`` nor ``resume`` asks
+    to touch it."""
+    if overwrite and resume:
+        raise ConfigError(f"--overwrite replaces the run in {folder} and --resume continues it: pass one of them")
+    found = None if (overwrite or resume) else holds_run(folder)
+    if found is not None:
+        raise ConfigError(f"run folder {folder} already holds a run ({found}); pass --overwrite to replace it "
+                          "or --resume to continue it (or choose another --out)")
+
+
+def clear_run(folder: Path) -> None:
+    """Remove an earlier run's files and checkpoint/ from ``folder`` (nothing else in it)."""
+    folder = Path(folder)
+    for name in RUN_FILES:
+        for path in (folder / name, folder / (name + ".tmp")):
+            path.unlink(missing_ok=True)
+    shutil.rmtree(folder / "checkpoint", ignore_errors=True)
+
+
+class FolderLock:
+    """An exclusive ``flock`` on ``FOLDER/.gradwire.lock`` while a run writes the folder. The OS
+    drops it when the process ends, however it ends; the file stays (removing it would race)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self._file = None
+
+    def acquire(self) -> FolderLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        f = open(self.folder / LOCK_NAME, "a+")  # noqa: SIM115 - held until release()
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise ConfigError(f"run folder {self.folder} is being written by another gradwire process (pid {holder}); "
+                              "wait for it to end or choose another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+def require_named(out: str | Path) -> None:
+    """An empty ``--out`` would write into the current directory: refused."""
+    if not str(out).strip():
+        raise ConfigError("--out '' names no folder (it would write into the current directory); name one, or "
+                          "leave --out off for a fresh folder under runs/")
+
+
+def claim(folder: str | Path, *, overwrite: bool, resume: bool) -> FolderLock:
+    """Lock ``folder`` for this process and check that writing it loses nothing unasked: refused
+    when it holds a run unless ``overwrite`` (the old run's files are removed) or ``resume``."""
+    require_named(folder)  # before Path(), which reads "" as "."
+    folder = Path(folder)
+    lock = FolderLock(folder).acquire()
+    try:
+        refuse_existing(folder, overwrite=overwrite, resume=resume)
+        if overwrite:
+            clear_run(folder)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -20,6 +115,15 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     tmp.replace(path)
+
+
+def read_json_or_empty(path: Path) -> dict:
+    """A JSON object file's contents, or {} when it is missing or unreadable."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -37,12 +141,14 @@ def _truncate_jsonl(path: Path, step: int) -> None:
 class RunFolder:
     def __init__(self, out: Path, *, enabled: bool):
         self.out, self.enabled = Path(out), enabled
+        self.backend = "sim"  # from the config (open): names the plots' time axis
         self.records: list[dict] = []  # metrics.jsonl, as written (a resumed run's earlier rows first)
         self._metrics = self._steps = None
 
     def open(self, config: dict, setup_info: dict, resumed_step: int | None) -> None:
         """Write the config and start the logs; ``resumed_step``: the checkpoint's step, whose later
         rows are dropped and rewritten."""
+        self.backend = config.get("backend", "sim")
         if not self.enabled:
             return
         self.out.mkdir(parents=True, exist_ok=True)
@@ -83,4 +189,4 @@ class RunFolder:
         if self.records:
             from gradwire.report.plots import plot_runs
 
-            plot_runs({label: self.records}, self.out / "curves.png")
+            plot_runs({label: self.records}, self.out / "curves.png", backends=[self.backend])

@@ -5,11 +5,18 @@ algorithm figures), ``metrics.jsonl`` (one object per evaluation, flushed as it 
 crash loses nothing already measured), ``summary.json`` (written last, also after a divergence),
 ``curves.png`` and, with ``checkpoint_every``, ``checkpoint/``. On the torch backend every rank
 trains and rank 0 alone evaluates and writes.
+
+The writing process claims the folder first (``report/run_folder.claim``: an OS lock for the run's
+duration; a folder holding a run only with ``overwrite`` or ``resume``). SIGTERM and SIGINT end a
+run as "stopped" with its summary written; on the simulator the loop stops between steps and, with
+``checkpoint_every``, saves the step reached, so ``--resume`` continues it. Away from a terminal a
+progress line goes to stderr every ``GRADWIRE_PROGRESS_S`` seconds (default 10).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -19,9 +26,11 @@ import torch
 
 from gradwire import checkpoint
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
+from gradwire.algorithms.base import Algorithm, Codec
+from gradwire.compress import Compressor
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError, DivergenceError
-from gradwire.report.run_folder import RunFolder
+from gradwire.report.run_folder import RunFolder, claim
 from gradwire.seeding import hash_seed
 from gradwire.servers.real import RealServer, run_worker
 from gradwire.servers.simulated import SimulatedServer
@@ -35,8 +44,134 @@ from gradwire.transports.sim import SimTransport
 from gradwire.transports.stragglers import STRAGGLERS
 
 
-def _progress_enabled() -> bool:
-    return sys.stderr.isatty() and not os.environ.get("CI")
+def _progress_mode(progress: bool | None) -> tuple[str | None, float]:
+    """How the writer shows progress: ``"bar"`` (tqdm) on a terminal, ``"lines"`` (a line on stderr
+    every ``interval`` seconds and at the end) elsewhere, or None. ``progress``: None = on unless CI
+    is set; True or False decides. GRADWIRE_PROGRESS_S is the lines' interval (default 10 s, 0 = no
+    lines); when it is set, lines are on under CI too."""
+    given = os.environ.get("GRADWIRE_PROGRESS_S")
+    try:
+        interval = 10.0 if given is None else float(given)
+    except ValueError:
+        raise ConfigError(f"GRADWIRE_PROGRESS_S={given!r} is not a number of seconds") from None
+    if progress is False:
+        return None, interval
+    if sys.stderr.isatty():
+        return ("bar" if progress or not os.environ.get("CI") else None), interval
+    wanted = progress or given is not None or not os.environ.get("CI")
+    return ("lines" if wanted and interval > 0 else None), interval
+
+
+class _ProgressLines:
+    """``LABEL: step 120/800 loss=0.53 acc=0.81 3.1 MB 12 s`` on stderr, at most every ``interval``
+    seconds (and once at the end): what a log shows of a run that has no terminal."""
+
+    def __init__(self, label: str, total: int, interval: float, started: float):
+        self.label, self.total, self.interval, self.started = label, total, interval, started
+        self.due = time.perf_counter() + interval
+
+    def tick(self, step: int, records: list[dict], bytes_sent: int, *, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now < self.due:
+            return
+        self.due = now + self.interval
+        last = records[-1] if records else {}
+        parts = [f"step {step}/{self.total}"]
+        if last.get("train_loss") is not None:
+            parts.append(f"loss={last['train_loss']:.4g}")
+        if last.get("test_acc") is not None:
+            parts.append(f"acc={last['test_acc']:.3f}")
+        parts += [f"{bytes_sent / 1e6:.1f} MB", f"{now - self.started:.0f} s"]
+        print(f"{self.label}: {' '.join(parts)}", file=sys.stderr, flush=True)
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal ended the run (SIGTERM from a scheduler, SIGINT from Ctrl-C); the command exits with
+    128 + ``signum``. The run fills in ``step``, ``out`` (None where no summary was written) and
+    ``checkpoint_step`` (where ``--resume`` continues; None without a checkpoint)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.step: int | None = None
+        self.out: str | None = None
+        self.checkpoint_step: int | None = None
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT while a run trains, handled in the main thread only (the previous handlers
+    come back after). ``deferred`` (the simulator): the first signal asks the loop to stop after the
+    step it is in, where the state is whole and can be checkpointed; a second one stops at once.
+    Otherwise (a real backend, possibly blocked on its peers) a signal stops the run at once."""
+
+    def __init__(self, deferred: bool):
+        self.deferred, self.pending, self.stopping = deferred, None, False
+        self._previous: dict = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._previous[s] = signal.signal(s, self._handle)
+
+    def restore(self) -> None:
+        for s, previous in self._previous.items():
+            signal.signal(s, signal.SIG_DFL if previous is None else previous)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.stopping:  # already on the way out: let the summary be written
+            return
+        if self.deferred and self.pending is None:
+            self.pending = signum
+            return
+        self.stopping = True
+        raise Stopped(signum)
+
+    def stop_now(self) -> None:
+        self.stopping = True
+        raise Stopped(self.pending)
+
+
+def compressor_resolved(algorithm: Algorithm, configured: str) -> str:
+    """The compressor that really runs (config.json's ``compressor_resolved``): the algorithm's
+    Codec's, defaults included (DIANA under ``--compressor none`` runs ``pquant:p=inf``), else one
+    it holds itself (signSGD's ``sign``, DAGC's per-worker ones), else the configured one. Read
+    from the algorithm's attributes by type until Algorithm states it itself."""
+    held = list(vars(algorithm).values())
+    for value in held:
+        if isinstance(value, Codec):
+            return value.compressor.spec()
+    for value in held:
+        if isinstance(value, Compressor):
+            return value.spec()
+    for value in held:
+        if isinstance(value, dict) and value and all(isinstance(c, Compressor) for c in value.values()):
+            specs = sorted({c.spec() for c in value.values()})
+            return specs[0] if len(specs) == 1 else f"{specs[0].split(':')[0]} (per worker)"
+    return configured
+
+
+def _stop_record(cfg: RunConfig, stopped: Stopped, step: int, writer: bool) -> dict:
+    """What summary.json says of a stop, also filled into ``stopped`` for the command's message
+    (``out`` only where this process wrote the summary)."""
+    stepdir = checkpoint.latest(Path(cfg.out) / "checkpoint") if cfg.checkpoint_every else None
+    stopped.step, stopped.out = step, cfg.out if writer else None
+    stopped.checkpoint_step = int(stepdir.name.split("-")[-1]) if stepdir is not None else None
+    record = {"stopped_by": signal.Signals(stopped.signum).name, "checkpoint_step": stopped.checkpoint_step}
+    if cfg.checkpoint_every and cfg.backend != "sim":
+        record["checkpoint_note"] = ("no checkpoint at the stop: on a real backend every rank must save at the "
+                                     "same step; --resume continues from the last periodic checkpoint")
+    return record
+
+
+def _refuse_one_process_backend_under_torchrun(cfg: RunConfig) -> None:
+    """``--backend sim`` (or threads) is the whole cluster in one process: under torchrun with
+    several processes each would believe it is the one writer."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if cfg.backend != "torch" and world.isdigit() and int(world) > 1:
+        raise ConfigError(f"--backend {cfg.backend} runs the whole cluster in one process, but torchrun started "
+                          f"{world} (WORLD_SIZE={world}); use --backend torch (gradwire launch adds it when "
+                          "--backend is not given)")
 
 
 def _transport(cfg: RunConfig, server: bool, given: Transport | None):
@@ -224,12 +359,32 @@ def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
 
 def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | None = None) -> dict:
     """Train as configured and write the run folder; returns the summary. Raises DivergenceError
-    (after writing the metrics so far and a summary saying so) when training blows up.
+    (after writing the metrics so far and a summary saying so) when training blows up, Stopped on
+    SIGTERM or SIGINT (after writing a summary with status "stopped"), ConfigError when the folder
+    holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
     ``transport``: this process's, for the threads backend (``run_threads``)."""
-    if cfg.backend == "threads" and transport is None:
-        return run_threads(cfg, progress=progress)
+    if transport is not None:  # a process of the threads backend: run_threads claimed the folder
+        return _run(cfg, progress, transport, None)
+    cfg.validate()  # before the folder is claimed (and made)
+    _refuse_one_process_backend_under_torchrun(cfg)
+    writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock
+    lock = claim(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume) if writer else None
+    signals = _StopSignals(deferred=cfg.backend == "sim")
+    try:
+        if cfg.backend == "threads":
+            return run_threads(cfg, progress=progress)
+        signals.install()
+        return _run(cfg, progress, None, signals)
+    finally:
+        signals.restore()
+        if lock is not None:
+            lock.release()
+
+
+def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: _StopSignals | None) -> dict:
     started = time.perf_counter()
     out = Path(cfg.out)
+    mode, interval = _progress_mode(progress)
     r = Run(cfg, transport)
     if r.server_process and not r.is_writer:  # a server-mode worker process: no folder, no evaluation
         if cfg.resume:
@@ -245,17 +400,21 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
             r.transport.close()
     resumed = cfg.resume and r.try_resume(out / "checkpoint")
     folder = RunFolder(out, enabled=r.is_writer)
-    folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(), "shard_sizes": r.shard_sizes,
+    folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(),
+                                 "compressor_resolved": compressor_resolved(r.algorithm, cfg.compressor),
+                                 "shard_sizes": r.shard_sizes,
                                  "num_parameters": r.model.numel, "evaluates": r.algorithm.evaluates,
                                  "torch_version": torch.__version__},
                 r.algorithm.setup_info(), r.step if resumed else None)
     records = folder.records
-    status, error = "finished", None
-    progress = r.is_writer and (_progress_enabled() if progress is None else progress)
+    status, error, stopped = "finished", None, None
+    if not r.is_writer:
+        mode = None
     from tqdm import tqdm
 
-    bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=not progress, leave=False,
+    bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=mode != "bar", leave=False,
                dynamic_ncols=True)
+    lines = _ProgressLines(cfg.label(), cfg.steps, interval, started) if mode == "lines" else None
     sync_counters = None if r.server_process else getattr(r.transport, "sync_counters", None)
 
     def record(extra: dict) -> None:
@@ -269,6 +428,10 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
         record({})
     try:
         while r.step < cfg.steps:
+            if signals is not None and signals.pending is not None:  # between steps: the state is whole
+                if cfg.checkpoint_every and r.step % cfg.checkpoint_every:  # (else saved at this step)
+                    r.save_checkpoint(out / "checkpoint")
+                signals.stop_now()
             info = r.train_step()
             folder.step({"step": r.step, "sim_time_s": r.clock.now, "bytes_sent": r.transport.bytes_sent} | info)
             bar.update(1)
@@ -282,15 +445,25 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
             if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
                 r.save_checkpoint(out / "checkpoint")
             r.kill_point(r.step)
+            if lines is not None:
+                lines.tick(r.step, records, r.transport.bytes_sent)
     except DivergenceError as e:
         status, error = "diverged", str(e)
         raise
-    except BaseException as e:  # a communication error, a bad checkpoint, Ctrl-C: say so
+    except KeyboardInterrupt as e:  # SIGTERM or SIGINT (Stopped), or a Ctrl-C nobody handled
+        stopped = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
+        status, error = "stopped", f"stopped by {signal.Signals(stopped.signum).name} at step {r.step}"
+        raise stopped from None
+    except BaseException as e:  # a communication error, a bad checkpoint: say so
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
     finally:
         bar.close()
+        if lines is not None:
+            lines.tick(r.step, records, r.transport.bytes_sent, force=True)
         lost, finish_error = {}, None
+        if stopped is not None:
+            lost = _stop_record(cfg, stopped, r.step, r.is_writer)
         if isinstance(r.server, RealServer) and status == "finished":
             try:  # the server's goodbyes: a failure there still gets a summary
                 lost = r.server.finish()

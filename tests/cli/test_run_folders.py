@@ -1,0 +1,244 @@
+"""Nothing lost, nothing silent: a run folder is replaced only when asked, one process writes it,
+SIGTERM and SIGINT end a run with its summary (and a checkpoint that resumes it), progress shows
+in logs, and what config.json and the plots say is what ran."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gradwire.cli import main, version
+from tests.helpers import gw, read_jsonl
+
+TINY = ["--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2"]
+
+
+def tiny(data_dir, *args: str) -> list[str]:
+    return ["run", *TINY, "--data-dir", str(data_dir), *args]
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("gradwire run: error:") or err[0].startswith("gradwire compare: error:"), err
+    return err[0]
+
+
+def test_a_folder_holding_a_run_is_replaced_only_when_asked(tmp_path, data_dir, capsys):
+    out = tmp_path / "o"
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2")) == 0
+    before = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main(tiny(data_dir, "--out", str(out), "--lr", "0.5")) == 2
+    line = one_error_line(capsys)
+    assert str(out) in line and "--overwrite" in line and "--resume" in line and "already holds a run" in line
+    assert (out / "metrics.jsonl").read_text() == before  # untouched
+    assert main(tiny(data_dir, "--out", str(out), "--lr", "0.5", "--overwrite")) == 0
+    assert (out / "metrics.jsonl").read_text() != before
+    assert not (out / "checkpoint").exists()  # the old run's checkpoint went with it
+    assert json.loads((out / "config.json").read_text())["lr"] == 0.5
+    capsys.readouterr()
+    assert main(tiny(data_dir, "--out", str(out), "--overwrite", "--resume")) == 2
+    assert "pass one of them" in one_error_line(capsys)
+
+
+def test_empty_out_is_refused(tmp_path, data_dir, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(tiny(data_dir, "--out", "")) == 2
+    assert "--out '' names no folder" in one_error_line(capsys)
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", "", "--variant", "--algorithm sync"]) == 2
+    assert "--out '' names no folder" in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_without_out_each_run_gets_a_fresh_folder(tmp_path, data_dir, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(tiny(data_dir)) == 0
+    assert main(tiny(data_dir)) == 0
+    folders = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(folders) == 2 and all(re.fullmatch(r"sync-\d{8}-\d{6}(-2)?", f) for f in folders), folders
+    assert all((tmp_path / "runs" / f / "summary.json").exists() for f in folders)
+    assert f"-> runs/{folders[-1]}" in capsys.readouterr().out
+    assert main(tiny(data_dir, "--resume")) == 2  # nothing to continue in a fresh folder
+    assert "--resume continues the run in --out" in one_error_line(capsys)
+
+
+def test_compare_replaces_variant_folders_only_when_asked(tmp_path, data_dir, capsys):
+    args = ["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "cmp"),
+            "--variant", "--algorithm sync"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 2
+    line = one_error_line(capsys)
+    assert str(tmp_path / "cmp") in line and "--overwrite" in line
+    (tmp_path / "cmp" / "comparison.md").unlink()  # the variant's own folder still holds its run
+    assert main(args) == 2
+    line = one_error_line(capsys)
+    assert str(tmp_path / "cmp" / "sync") in line and "--overwrite" in line and "--resume" in line
+    assert main([*args, "--overwrite"]) == 0
+
+
+def test_a_folder_being_written_is_locked(tmp_path, data_dir, capsys):
+    from gradwire.report.run_folder import FolderLock
+
+    out = tmp_path / "busy"
+    held = FolderLock(out).acquire()  # as another writer would hold it (flock: per open file)
+    try:
+        assert main(tiny(data_dir, "--out", str(out))) == 2
+        line = one_error_line(capsys)
+        assert f"run folder {out} is being written by another gradwire process (pid {os.getpid()})" in line
+        assert not (out / "metrics.jsonl").exists()
+    finally:
+        held.release()
+    assert main(tiny(data_dir, "--out", str(out))) == 0  # ... and a finished run lets go of it
+    assert main(tiny(data_dir, "--out", str(out), "--overwrite")) == 0
+
+
+def test_simulator_under_torchrun_is_refused(tmp_path, data_dir, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(tiny(data_dir, "--out", str(tmp_path / "o"), "--backend", "sim")) == 2
+    line = one_error_line(capsys)
+    assert "torchrun started 2" in line and "use --backend torch" in line
+    assert not (tmp_path / "o").exists()
+
+
+def _metrics(folder) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "wall_time_s"} for row in read_jsonl(folder / "metrics.jsonl")]
+
+
+def test_sigterm_stops_with_summary_and_a_checkpoint_that_resumes(tmp_path, data_dir):
+    common = ["--task", "digits-logreg", "--workers", "2", "--eval-every", "1", "--checkpoint-every", "50",
+              "--data-dir", str(data_dir)]
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "gradwire", "run", *common, "--steps", "100000", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not ((out / "metrics.jsonl").exists() and len(read_jsonl(out / "metrics.jsonl")) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    summary = json.loads((out / "summary.json").read_text())
+    stop = summary["steps"]
+    assert summary["status"] == "stopped" and summary["stopped_by"] == "SIGTERM" and 1 <= stop < 50
+    assert summary["checkpoint_step"] == stop and summary["error"] == f"stopped by SIGTERM at step {stop}"
+    assert err.strip().splitlines() == [f"gradwire run: stopped by SIGTERM at step {stop}; {out / 'summary.json'} "
+                                        f"written; --resume continues from step {stop}"]
+    # --resume continues to the same figures as a run never stopped
+    steps = str(stop + 4)
+    assert main(["run", *common, "--steps", steps, "--out", str(out), "--resume"]) == 0
+    assert main(["run", *common, "--steps", steps, "--out", str(tmp_path / "whole")]) == 0
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished"
+    assert _metrics(out) == _metrics(tmp_path / "whole")
+
+
+def test_sigint_stops_between_steps_with_a_checkpoint(tmp_path, data_dir, capsys, monkeypatch):
+    from gradwire.run import loop
+
+    original = loop.Run.train_step
+
+    def train_step(self):
+        info = original(self)
+        if self.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # handled after this step, before the next
+        return info
+
+    monkeypatch.setattr(loop.Run, "train_step", train_step)
+    out = tmp_path / "o"
+    previous = signal.getsignal(signal.SIGINT)
+    assert main(tiny(data_dir, "--out", str(out), "--steps", "10", "--checkpoint-every", "5")) == 130
+    assert signal.getsignal(signal.SIGINT) is previous  # the run's handler is gone
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["steps"] == 3 and summary["stopped_by"] == "SIGINT"
+    assert (out / "checkpoint" / "latest").read_text().strip() == "step-00000003"
+    assert "stopped by SIGINT at step 3" in capsys.readouterr().err
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, data_dir):
+    env = dict(os.environ, GRADWIRE_PROGRESS_S="0.001")
+    p = gw(*tiny(data_dir, "--out", str(tmp_path / "o"), "--steps", "6"), env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.strip().splitlines()
+    pattern = r"sync: step \d+/6( loss=\S+ acc=\S+)? \d+\.\d MB \d+ s"
+    assert lines and all(re.fullmatch(pattern, x) for x in lines), lines
+    assert lines[-1].startswith("sync: step 6/6 loss=")
+
+
+def test_progress_mode(monkeypatch):
+    from gradwire.errors import ConfigError
+    from gradwire.run.loop import _progress_mode
+
+    monkeypatch.setenv("CI", "1")
+    monkeypatch.delenv("GRADWIRE_PROGRESS_S", raising=False)
+    assert _progress_mode(None) == (None, 10.0)  # quiet in CI unless asked
+    assert _progress_mode(True) == ("lines", 10.0)
+    monkeypatch.setenv("GRADWIRE_PROGRESS_S", "2.5")
+    assert _progress_mode(None) == ("lines", 2.5)
+    assert _progress_mode(False)[0] is None
+    monkeypatch.setenv("GRADWIRE_PROGRESS_S", "0")
+    assert _progress_mode(True)[0] is None
+    monkeypatch.setenv("GRADWIRE_PROGRESS_S", "soon")
+    with pytest.raises(ConfigError, match="GRADWIRE_PROGRESS_S='soon' is not a number of seconds"):
+        _progress_mode(None)
+
+
+def test_version():
+    p = gw("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"gradwire {version()}"
+
+
+@pytest.mark.parametrize("backend, label", [("sim", "simulated time (s)"),
+                                            ("torch", "elapsed time (s)")])
+def test_time_axis_is_named_by_backend(tmp_path, monkeypatch, backend, label):
+    from matplotlib.axes import Axes
+
+    from gradwire.report.compare import write_report
+    from gradwire.report.run_folder import RunFolder
+
+    seen = []
+    original = Axes.set_xlabel
+    monkeypatch.setattr(Axes, "set_xlabel", lambda self, text, *a, **k: (seen.append(text), original(self, text))[1])
+    folder = RunFolder(tmp_path / "r", enabled=True)
+    folder.open({"backend": backend}, {}, None)
+    for step in (0, 1):
+        folder.metrics({"step": step, "sim_time_s": step * 0.5, "bytes_sent": step * 10, "train_loss": 1.0 - step / 4,
+                        "test_acc": 0.5})
+    summary = {"label": "x", "status": "finished", "steps": 1, "final": {"test_acc": 0.5}, "bytes_sent": 10,
+               "sim_time_s": 0.5, "wall_time_s": 1.0}
+    folder.finish(summary, "x")
+    assert label in seen and seen.count(label) == 2  # curves.png: one time column, two rows
+    seen.clear()
+    write_report(tmp_path, [summary], [tmp_path / "r"], "t")
+    assert label in seen
+    header = (tmp_path / "comparison.md").read_text().splitlines()[2]
+    assert ("sim time (s)" if backend == "sim" else label) in header
+
+
+@pytest.mark.parametrize("args, resolved", [(["--algorithm", "diana"], "pquant:p=inf,block=512"),
+                                            (["--compressor", "qsgd:levels=4"], "qsgd:levels=4,bucket=512"),
+                                            (["--algorithm", "signsgd", "--lr", "0.01"], "sign:scaled=false"),
+                                            ([], "none")])
+def test_config_json_names_the_compressor_that_ran(tmp_path, data_dir, args, resolved):
+    assert main(tiny(data_dir, "--out", str(tmp_path / "o"), "--steps", "1", *args)) == 0
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert config["compressor_resolved"] == resolved
+    assert config["compressor"] == (args[1] if args[:1] == ["--compressor"] else "none")
+
+
+def test_an_algorithm_choosing_its_own_compressors_is_not_recorded_as_none(tmp_path, data_dir):
+    from gradwire.config import RunConfig
+    from gradwire.run.loop import Run, compressor_resolved
+
+    r = Run(RunConfig(task="digits-logreg", workers=2, out=str(tmp_path / "x"), data_dir=str(data_dir),
+                      algorithm="dagc:budget=0.05"))
+    assert compressor_resolved(r.algorithm, "none") != "none"  # its own, one per worker
