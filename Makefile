@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/gradwire compare --config examples/demo.yaml --out runs/demo
+	$(VENV)/bin/gradwire compare --config examples/demo.yaml --out runs/demo --overwrite
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts

@@ -261,7 +261,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                           "(sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)")
     p_launch.add_argument("--local-addr", default="", help="this node's address as the rendezvous should see it")
     p_launch.add_argument("--max-restarts", type=int, default=0,
-                          help="restart the group this often after a failure (use with --resume)")
+                          help="restart the group this often after a failure (restarted attempts resume from the last "
+                               "checkpoint)")
     p_launch.add_argument("rest", nargs=argparse.REMAINDER, help="-- run [run flags]")
     p_list = sub.add_parser("list", help="show every task, partition, straggler model, network, algorithm, compressor")
     p_list.add_argument("what", nargs="?", choices=GROUPS)

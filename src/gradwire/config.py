@@ -156,10 +156,7 @@ def _compresses_only_with_flag(algorithm: str) -> bool:
     the local-update algorithms)."""
     from gradwire.algorithms import ALGORITHMS
 
-    algo = ALGORITHMS.build(algorithm)
-    # async declares no default_compressor (algorithms/async_ps.py); its Codec's default is "none"
-    default = getattr(algo, "default_compressor", "none" if algo.name == "async" else None)
-    return default == "none"
+    return ALGORITHMS.build(algorithm).default_compressor == "none"
 
 
 def check_out_folder(out: str) -> None:

@@ -251,8 +251,6 @@ def test_killing_the_launcher_leaves_no_process(tmp_path, data_dir):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=False, reason="SIGTERM writing summary.json with status 'stopped' (run/loop.py) is "
-                   "another change, not in the tree yet")
 def test_sigterm_to_launch_stops_with_a_summary(tmp_path, data_dir):
     p, out = start_launch(tmp_path, data_dir, 2, [])
     p.send_signal(signal.SIGTERM)

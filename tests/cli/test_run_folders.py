@@ -235,10 +235,14 @@ def test_config_json_names_the_compressor_that_ran(tmp_path, data_dir, args, res
     assert config["compressor"] == (args[1] if args[:1] == ["--compressor"] else "none")
 
 
-def test_an_algorithm_choosing_its_own_compressors_is_not_recorded_as_none(tmp_path, data_dir):
+@pytest.mark.parametrize("algorithm, resolved", [("dagc:budget=0.05", "keep-topk (per worker)"),
+                                                 ("dqsgd", "qsgd:bucket=512 (levels per step)"),
+                                                 ("local:period=2", None)])
+def test_an_algorithm_choosing_its_own_compressors_is_not_recorded_as_none(tmp_path, data_dir, algorithm,
+                                                                            resolved):
     from gradwire.config import RunConfig
-    from gradwire.run.loop import Run, compressor_resolved
+    from gradwire.run.loop import Run
 
     r = Run(RunConfig(task="digits-logreg", workers=2, out=str(tmp_path / "x"), data_dir=str(data_dir),
-                      algorithm="dagc:budget=0.05"))
-    assert compressor_resolved(r.algorithm, "none") != "none"  # its own, one per worker
+                      algorithm=algorithm))
+    assert r.algorithm.compressor_spec() == resolved  # its own (one per worker), or none at all

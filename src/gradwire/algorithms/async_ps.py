@@ -38,6 +38,7 @@ class AsyncSGD(Algorithm):
         self.max_staleness = max_staleness
 
     needs_server = True
+    default_compressor = "none"  # gradients travel as they are unless --compressor says otherwise
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
@@ -48,6 +49,9 @@ class AsyncSGD(Algorithm):
         self.version = 0
         self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=0)  # tag: the version read
         self.round: list[tuple[float, int | None]] = []           # this step's (loss, staleness)
+
+    def compressor_spec(self):
+        return self.codec.spec()
 
     def server_apply(self, buffer, read_version: int) -> int | None:
         """Apply one gradient unless it is staler than max_staleness; returns its staleness, or

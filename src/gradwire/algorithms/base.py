@@ -109,6 +109,9 @@ class Codec:
         self.ef = {r: ErrorFeedback(self.compressor) for r in ctx.local_ranks} if cfg.error_feedback else None
         self.gen = {r: ctx.generator(r, "compress") for r in ctx.local_ranks}
 
+    def spec(self) -> str:
+        return self.compressor.spec()
+
     def encode(self, rank: int, x: torch.Tensor) -> Packet:
         if self.ef is not None:
             return self.ef[rank].encode(x, key="grad", generator=self.gen[rank])
@@ -160,13 +163,22 @@ class Algorithm(Specced, ABC):
     """Base class; subclasses are registered in ALGORITHMS with their spec parameters."""
 
     name = "?"
-    evaluates = "model"  # which parameters evaluation uses (recorded in the metrics)
+    evaluates = "model"
+    # the compressor a Codec uses when --compressor is "none" ("none": gradients travel as they
+    # are); None: the algorithm has no Codec (it sends parameters, or chooses its compressors itself)
+    default_compressor: str | None = None  # which parameters evaluation uses (recorded in the metrics)
 
     def setup(self, ctx: Context, params: torch.Tensor, optim: OptimConfig, codec: CodecConfig) -> None:
         self.optim = optim
 
     @abstractmethod
     def step(self, ctx: Context, step: int) -> dict: ...
+
+    def compressor_spec(self) -> str | None:
+        """The compressor that really runs (``compressor_resolved`` in config.json), defaults
+        included; None when the algorithm compresses nothing (it sends parameters or dense
+        gradients as they are)."""
+        return None
 
     def setup_info(self) -> dict:
         """Choices made at setup worth showing the user (e.g. per-worker ratios); written to

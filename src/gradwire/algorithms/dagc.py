@@ -157,6 +157,9 @@ class DAGC(Algorithm):
     def eval_params(self):
         return self.x
 
+    def compressor_spec(self):  # one count (or threshold) per worker: algorithm.json lists them
+        return f"{next(iter(self.compressors.values())).name} (per worker)"
+
     def spec(self):  # not spec_of: tau only when set, floats as repr (as in earlier run records)
         tau = f",tau={self.tau!r}" if self.tau else ""
         return f"dagc:budget={self.budget!r},mode={self.mode},local_steps={self.local_steps}{tau}"

@@ -24,6 +24,7 @@ from gradwire.spec import require
                      params={"alpha": "memory step α (0 = 1/(ω+1) from the compressor)",
                              "momentum": "heavy-ball β of the master update (overrides --momentum when > 0)"})
 class DIANA(Algorithm):
+    default_compressor = "pquant:p=inf"  # the paper's p-norm quantization (Mishchenko 2019)
     name = "diana"
 
     def __init__(self, *, alpha: float = 0.0, momentum: float = 0.0):
@@ -35,7 +36,7 @@ class DIANA(Algorithm):
         super().setup(ctx, params, optim, codec)
         require(not codec.error_feedback, "diana takes no --error-feedback: its memories h_i already correct "
                 "the compression error (use sync with --error-feedback for error feedback)")
-        self.codec = Codec(ctx, codec, default="pquant:p=inf")
+        self.codec = Codec(ctx, codec, default=self.default_compressor)
         omega = self.codec.compressor.omega(params.numel())
         self.alpha = self.alpha_arg or (1.0 / (1.0 + omega) if omega is not None else 0.5)
         self.beta = self.momentum_arg or optim.momentum
@@ -69,6 +70,9 @@ class DIANA(Algorithm):
 
     def eval_params(self):
         return self.x
+
+    def compressor_spec(self):
+        return self.codec.spec()
 
     def spec(self):  # not spec_of: alpha and momentum as resolved at setup
         return f"diana:alpha={self.alpha:g},momentum={self.beta:g}"

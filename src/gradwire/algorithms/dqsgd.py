@@ -124,6 +124,9 @@ class DQSGD(Algorithm):
         self.error_bound, self.bits_budget, self.levels = error_bound, bits_budget, levels
         self.bucket = bucket
 
+    def compressor_spec(self):  # the levels are chosen every step (steps.jsonl has them)
+        return f"qsgd:bucket={self.bucket}" + (f",levels={self.levels}" if self.levels else " (levels per step)")
+
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require(codec.compressor == "none",

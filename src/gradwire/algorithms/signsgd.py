@@ -59,6 +59,9 @@ class SignSGD(Algorithm):
         soft_threshold_(self.x, self.optim.lr * self.optim.l1)
         return {"loss": sum(losses.values()) / len(losses), "gradients": ctx.world_size}
 
+    def compressor_spec(self):
+        return self.sign.spec()
+
     def eval_params(self):
         return self.x
 

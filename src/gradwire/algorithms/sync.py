@@ -55,6 +55,9 @@ class SyncSGD(Algorithm):
         """With backups a server takes the first N arrivals; plain sync needs none."""
         return self.backups > 0
 
+    def compressor_spec(self):
+        return self.codec.spec()
+
     def aggregate(self, buffers: dict[int, torch.Tensor]) -> torch.Tensor:
         """Mean of the winners' decoded payloads, summed in rank order (as the collectives in
         ``step`` sum)."""

@@ -26,8 +26,6 @@ import torch
 
 from gradwire import checkpoint
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
-from gradwire.algorithms.base import Algorithm, Codec
-from gradwire.compress import Compressor
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError, DivergenceError
 from gradwire.report.run_folder import RunFolder, claim
@@ -36,7 +34,7 @@ from gradwire.servers.real import RealServer, run_worker
 from gradwire.servers.simulated import SimulatedServer
 from gradwire.tasks import build_partition, build_task
 from gradwire.tasks.evaluate import evaluate
-from gradwire.tasks.oracle import FlatModel, GradientOracle, WorkerData
+from gradwire.tasks.oracle import FlatModel, GradientOracle, WorkerData, check_batch_size
 from gradwire.transports.base import Transport
 from gradwire.transports.clocks import SimClock, WallClock
 from gradwire.transports.network import NETWORKS
@@ -132,25 +130,6 @@ class _StopSignals:
         raise Stopped(self.pending)
 
 
-def compressor_resolved(algorithm: Algorithm, configured: str) -> str:
-    """The compressor that really runs (config.json's ``compressor_resolved``): the algorithm's
-    Codec's, defaults included (DIANA under ``--compressor none`` runs ``pquant:p=inf``), else one
-    it holds itself (signSGD's ``sign``, DAGC's per-worker ones), else the configured one. Read
-    from the algorithm's attributes by type until Algorithm states it itself."""
-    held = list(vars(algorithm).values())
-    for value in held:
-        if isinstance(value, Codec):
-            return value.compressor.spec()
-    for value in held:
-        if isinstance(value, Compressor):
-            return value.spec()
-    for value in held:
-        if isinstance(value, dict) and value and all(isinstance(c, Compressor) for c in value.values()):
-            specs = sorted({c.spec() for c in value.values()})
-            return specs[0] if len(specs) == 1 else f"{specs[0].split(':')[0]} (per worker)"
-    return configured
-
-
 def _stop_record(cfg: RunConfig, stopped: Stopped, step: int, writer: bool) -> dict:
     """What summary.json says of a stop, also filled into ``stopped`` for the command's message
     (``out`` only where this process wrote the summary)."""
@@ -190,8 +169,9 @@ def _transport(cfg: RunConfig, server: bool, given: Transport | None):
     if transport.world_size != expected:
         extra = " plus one server process" if server else ""
         raise ConfigError(f"--workers {cfg.workers}{extra} needs {expected} processes but {transport.world_size} "
-                          f"were started; pass --workers {transport.world_size - int(server)} (gradwire launch "
-                          "does it for you)")
+                          f"were started; start {expected} (gradwire launch --nproc-per-node {expected}) or pass "
+                          f"--workers {transport.world_size - int(server)} (gradwire launch counts it when "
+                          "--workers is left out)")
     if server:  # process 0 serves; process p hosts worker p-1
         transport.local_ranks = () if transport.rank == 0 else (transport.rank - 1,)
         transport.first_worker_process = 1
@@ -221,6 +201,7 @@ class Run:
         self.is_writer = getattr(self.transport, "rank", 0) == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
         self.shard_sizes = [len(s) for s in shards]
+        check_batch_size(None if cfg.batch_size == "full" else int(cfg.batch_size), self.shard_sizes)
         workers = {r: WorkerData(self.task.x_train[shards[r]], self.task.y_train[shards[r]], batch_size=batch,
                                  seed=cfg.seed, rank=r) for r in self.transport.local_ranks}
         module = self.task.model_fn(torch.Generator().manual_seed(hash_seed(cfg.seed, "model")))
@@ -401,7 +382,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
     resumed = cfg.resume and r.try_resume(out / "checkpoint")
     folder = RunFolder(out, enabled=r.is_writer)
     folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(),
-                                 "compressor_resolved": compressor_resolved(r.algorithm, cfg.compressor),
+                                 "compressor_resolved": r.algorithm.compressor_spec() or "none",
                                  "shard_sizes": r.shard_sizes,
                                  "num_parameters": r.model.numel, "evaluates": r.algorithm.evaluates,
                                  "torch_version": torch.__version__},
