@@ -250,12 +250,23 @@ def test_killing_the_launcher_leaves_no_process(tmp_path, data_dir):
     wait_until(lambda: not processes_with(str(out)), 20, "every process of the killed launcher ended")
 
 
-@pytest.mark.timeout(180)
-def test_sigterm_to_launch_stops_with_a_summary(tmp_path, data_dir):
-    p, out = start_launch(tmp_path, data_dir, 2, [])
+@pytest.mark.timeout(240)
+def test_sigterm_to_launch_stops_with_a_summary_and_a_resumable_checkpoint(tmp_path, data_dir):
+    p, out = start_launch(tmp_path, data_dir, 2, ["--checkpoint-every", "2"])
+    wait_until(lambda: (out / "checkpoint" / "latest").exists(), 60, "a checkpoint was taken")
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=60) == 128 + signal.SIGTERM
     wait_until(lambda: not processes_with(str(out)), 20, "every process of the stopped launcher ended")
     assert "stopped by SIGTERM" in (tmp_path / "launch.log").read_text()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "stopped" and 0 < summary["steps"] < 1000000
+    saved = summary["checkpoint_step"]  # the last regular checkpoint: every rank saved there
+    assert saved is not None and saved % 2 == 0
+    # --resume continues from it and finishes
+    done = subprocess.run([sys.executable, "-m", "gradwire", "launch", "--nproc-per-node", "2", "--", "run", *RUN,
+                           "--steps", str(saved + 2), "--checkpoint-every", "2", "--resume", "--out", str(out),
+                           "--data-dir", str(data_dir), "--timeout-s", "30"], capture_output=True, text=True,
+                          timeout=180, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["resumed"] and summary["steps"] == saved + 2
