@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gradwire import config as config_mod
 from gradwire.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
-from gradwire.errors import CommunicationError, ConfigError, DivergenceError
+from gradwire.errors import CommunicationError, ConfigError, DivergenceError, Stopped
 from gradwire.launch import EPILOG_LAUNCH, cmd_launch
 from gradwire.registries import GROUPS, REGISTRIES
 from gradwire.report.run_folder import refuse_existing, require_named
@@ -298,9 +298,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stopped(command: str, e: KeyboardInterrupt) -> int:
     """One line on stderr for a run ended by a signal; the exit status is 128 + the signal."""
-    loop = sys.modules.get("gradwire.run.loop")  # imported once a run started; Stopped is its
-    if loop is None or not isinstance(e, loop.Stopped) or e.step is None:
-        signum = e.signum if loop is not None and isinstance(e, loop.Stopped) else signal.SIGINT
+    if not isinstance(e, Stopped) or e.step is None:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
         print(f"gradwire {command}: stopped by {signal.Signals(signum).name} (metrics so far are in the run folder)",
               file=sys.stderr)
         return 128 + signum

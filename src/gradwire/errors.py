@@ -4,6 +4,8 @@ Every user-facing mistake (a bad spec string, config key, value, file or checkpo
 :class:`ConfigError`; the CLI prints its message as one line and exits non-zero.
 """
 
+import signal
+
 
 class ConfigError(ValueError):
     """A value given by the user is invalid; the message names it and the valid choices."""
@@ -20,3 +22,16 @@ class DivergenceError(RuntimeError):
 
 class CommunicationError(RuntimeError):
     """A peer did not answer in time or sent a malformed payload."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal ended the run (SIGTERM from a scheduler, SIGINT from Ctrl-C); the command exits with
+    128 + ``signum``. The run fills in ``step``, ``out`` (None where no summary was written) and
+    ``checkpoint_step`` (where ``--resume`` continues; None without a checkpoint)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.step: int | None = None
+        self.out: str | None = None
+        self.checkpoint_step: int | None = None

@@ -174,22 +174,22 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path, data_dir):
     assert lines[-1].startswith("sync: step 6/6 loss=")
 
 
-def test_progress_mode(monkeypatch):
+def testprogress_mode(monkeypatch):
     from gradwire.errors import ConfigError
-    from gradwire.run.loop import _progress_mode
+    from gradwire.report.progress import progress_mode
 
     monkeypatch.setenv("CI", "1")
     monkeypatch.delenv("GRADWIRE_PROGRESS_S", raising=False)
-    assert _progress_mode(None) == (None, 10.0)  # quiet in CI unless asked
-    assert _progress_mode(True) == ("lines", 10.0)
+    assert progress_mode(None) == (None, 10.0)  # quiet in CI unless asked
+    assert progress_mode(True) == ("lines", 10.0)
     monkeypatch.setenv("GRADWIRE_PROGRESS_S", "2.5")
-    assert _progress_mode(None) == ("lines", 2.5)
-    assert _progress_mode(False)[0] is None
+    assert progress_mode(None) == ("lines", 2.5)
+    assert progress_mode(False)[0] is None
     monkeypatch.setenv("GRADWIRE_PROGRESS_S", "0")
-    assert _progress_mode(True)[0] is None
+    assert progress_mode(True)[0] is None
     monkeypatch.setenv("GRADWIRE_PROGRESS_S", "soon")
     with pytest.raises(ConfigError, match="GRADWIRE_PROGRESS_S='soon' is not a number of seconds"):
-        _progress_mode(None)
+        progress_mode(None)
 
 
 def test_version():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,8 +26,10 @@ import torch
 from gradwire import checkpoint
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.config import RunConfig
-from gradwire.errors import ConfigError, DivergenceError
+from gradwire.errors import ConfigError, DivergenceError, Stopped
+from gradwire.report.progress import ProgressLines, progress_mode
 from gradwire.report.run_folder import RunFolder, claim
+from gradwire.run.stops import StopSignals, stop_record
 from gradwire.seeding import hash_seed
 from gradwire.servers.real import RealServer, run_worker
 from gradwire.servers.simulated import SimulatedServer
@@ -40,107 +41,6 @@ from gradwire.transports.clocks import SimClock, WallClock
 from gradwire.transports.network import NETWORKS
 from gradwire.transports.sim import SimTransport
 from gradwire.transports.stragglers import STRAGGLERS
-
-
-def _progress_mode(progress: bool | None) -> tuple[str | None, float]:
-    """How the writer shows progress: ``"bar"`` (tqdm) on a terminal, ``"lines"`` (a line on stderr
-    every ``interval`` seconds and at the end) elsewhere, or None. ``progress``: None = on unless CI
-    is set; True or False decides. GRADWIRE_PROGRESS_S is the lines' interval (default 10 s, 0 = no
-    lines); when it is set, lines are on under CI too."""
-    given = os.environ.get("GRADWIRE_PROGRESS_S")
-    try:
-        interval = 10.0 if given is None else float(given)
-    except ValueError:
-        raise ConfigError(f"GRADWIRE_PROGRESS_S={given!r} is not a number of seconds") from None
-    if progress is False:
-        return None, interval
-    if sys.stderr.isatty():
-        return ("bar" if progress or not os.environ.get("CI") else None), interval
-    wanted = progress or given is not None or not os.environ.get("CI")
-    return ("lines" if wanted and interval > 0 else None), interval
-
-
-class _ProgressLines:
-    """``LABEL: step 120/800 loss=0.53 acc=0.81 3.1 MB 12 s`` on stderr, at most every ``interval``
-    seconds (and once at the end): what a log shows of a run that has no terminal."""
-
-    def __init__(self, label: str, total: int, interval: float, started: float):
-        self.label, self.total, self.interval, self.started = label, total, interval, started
-        self.due = time.perf_counter() + interval
-
-    def tick(self, step: int, records: list[dict], bytes_sent: int, *, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not force and now < self.due:
-            return
-        self.due = now + self.interval
-        last = records[-1] if records else {}
-        parts = [f"step {step}/{self.total}"]
-        if last.get("train_loss") is not None:
-            parts.append(f"loss={last['train_loss']:.4g}")
-        if last.get("test_acc") is not None:
-            parts.append(f"acc={last['test_acc']:.3f}")
-        parts += [f"{bytes_sent / 1e6:.1f} MB", f"{now - self.started:.0f} s"]
-        print(f"{self.label}: {' '.join(parts)}", file=sys.stderr, flush=True)
-
-
-class Stopped(KeyboardInterrupt):
-    """A signal ended the run (SIGTERM from a scheduler, SIGINT from Ctrl-C); the command exits with
-    128 + ``signum``. The run fills in ``step``, ``out`` (None where no summary was written) and
-    ``checkpoint_step`` (where ``--resume`` continues; None without a checkpoint)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-        self.step: int | None = None
-        self.out: str | None = None
-        self.checkpoint_step: int | None = None
-
-
-class _StopSignals:
-    """SIGTERM and SIGINT while a run trains, handled in the main thread only (the previous handlers
-    come back after). ``deferred`` (the simulator): the first signal asks the loop to stop after the
-    step it is in, where the state is whole and can be checkpointed; a second one stops at once.
-    Otherwise (a real backend, possibly blocked on its peers) a signal stops the run at once."""
-
-    def __init__(self, deferred: bool):
-        self.deferred, self.pending, self.stopping = deferred, None, False
-        self._previous: dict = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self._previous[s] = signal.signal(s, self._handle)
-
-    def restore(self) -> None:
-        for s, previous in self._previous.items():
-            signal.signal(s, signal.SIG_DFL if previous is None else previous)
-        self._previous.clear()
-
-    def _handle(self, signum, frame) -> None:
-        if self.stopping:  # already on the way out: let the summary be written
-            return
-        if self.deferred and self.pending is None:
-            self.pending = signum
-            return
-        self.stopping = True
-        raise Stopped(signum)
-
-    def stop_now(self) -> None:
-        self.stopping = True
-        raise Stopped(self.pending)
-
-
-def _stop_record(cfg: RunConfig, stopped: Stopped, step: int, writer: bool) -> dict:
-    """What summary.json says of a stop, also filled into ``stopped`` for the command's message
-    (``out`` only where this process wrote the summary)."""
-    stepdir = checkpoint.latest(Path(cfg.out) / "checkpoint") if cfg.checkpoint_every else None
-    stopped.step, stopped.out = step, cfg.out if writer else None
-    stopped.checkpoint_step = int(stepdir.name.split("-")[-1]) if stepdir is not None else None
-    record = {"stopped_by": signal.Signals(stopped.signum).name, "checkpoint_step": stopped.checkpoint_step}
-    if cfg.checkpoint_every and cfg.backend != "sim":
-        record["checkpoint_note"] = ("no checkpoint at the stop: on a real backend every rank must save at the "
-                                     "same step; --resume continues from the last periodic checkpoint")
-    return record
 
 
 def _refuse_one_process_backend_under_torchrun(cfg: RunConfig) -> None:
@@ -350,7 +250,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     _refuse_one_process_backend_under_torchrun(cfg)
     writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock
     lock = claim(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume) if writer else None
-    signals = _StopSignals(deferred=cfg.backend == "sim")
+    signals = StopSignals(deferred=cfg.backend == "sim")
     try:
         if cfg.backend == "threads":
             return run_threads(cfg, progress=progress)
@@ -362,10 +262,10 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
             lock.release()
 
 
-def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: _StopSignals | None) -> dict:
+def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None) -> dict:
     started = time.perf_counter()
     out = Path(cfg.out)
-    mode, interval = _progress_mode(progress)
+    mode, interval = progress_mode(progress)
     r = Run(cfg, transport)
     if r.server_process and not r.is_writer:  # a server-mode worker process: no folder, no evaluation
         if cfg.resume:
@@ -395,7 +295,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
 
     bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=mode != "bar", leave=False,
                dynamic_ncols=True)
-    lines = _ProgressLines(cfg.label(), cfg.steps, interval, started) if mode == "lines" else None
+    lines = ProgressLines(cfg.label(), cfg.steps, interval, started) if mode == "lines" else None
     sync_counters = None if r.server_process else getattr(r.transport, "sync_counters", None)
 
     def record(extra: dict) -> None:
@@ -444,7 +344,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
             lines.tick(r.step, records, r.transport.bytes_sent, force=True)
         lost, finish_error = {}, None
         if stopped is not None:
-            lost = _stop_record(cfg, stopped, r.step, r.is_writer)
+            lost = stop_record(cfg, stopped, r.step, r.is_writer)
         if isinstance(r.server, RealServer) and status == "finished":
             try:  # the server's goodbyes: a failure there still gets a summary
                 lost = r.server.finish()
