@@ -53,12 +53,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+# what the command line does when a flag is left out, where that is not the field's own default
+SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>"}
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     helps = _field_help()
     p.add_argument("--config", help="YAML or TOML file with any of the keys below")
     for key, f in KEYS.items():
         flag = "--" + key.replace("_", "-")
-        text = f"{helps.get(key, '')} (default: {f.default})"
+        text = f"{helps.get(key, '')} (default: {SHOWN_DEFAULTS.get(key, f.default)})"
         if isinstance(f.default, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text)
         else:

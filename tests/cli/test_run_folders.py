@@ -246,3 +246,10 @@ def test_an_algorithm_choosing_its_own_compressors_is_not_recorded_as_none(tmp_p
     r = Run(RunConfig(task="digits-logreg", workers=2, out=str(tmp_path / "x"), data_dir=str(data_dir),
                       algorithm=algorithm))
     assert r.algorithm.compressor_spec() == resolved  # its own (one per worker), or none at all
+
+
+def test_help_says_what_a_run_without_out_writes(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps the help; compare without spaces
+    assert "--outOUTrunfolder(default:afreshruns/<label>-<YYYYmmdd-HHMMSS>)" in text
