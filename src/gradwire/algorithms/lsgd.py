@@ -181,7 +181,7 @@ class LeaderSGD(Algorithm):
             return Answer([self.server.serve(w, finished, self.info)])
         self.local_steps[w] = msg.count
         if not finished:
-            self.server.report(w, msg.value, self.info)
+            self.server.report(w, msg.value)
         answer = Answer([self.server.serve(w, finished, self.info)])
         if finished:
             return answer

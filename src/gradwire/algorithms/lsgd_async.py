@@ -107,7 +107,8 @@ class RoundServer:
         self.triggered = {"global": 0, "group": 0}
         self.late_uploads = 0  # leaders' parameters that arrived after the last step
 
-    def report(self, w: int, loss: float, info: dict) -> list[Round]:
+    def report(self, w: int, loss: float) -> list[Round]:
+        """Worker w reported a local step: the rounds it triggers, opened and queued for their members."""
         rounds = self.rounds.completed(w, loss)
         for rd in rounds:
             self.open[rd.id] = rd
