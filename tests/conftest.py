@@ -20,6 +20,16 @@ torch.set_num_threads(1)
 os.environ.setdefault("CI", "1")  # no progress bars in test output
 
 
+NO_CUDA = "no CUDA device here (CI has none): the cuda case runs on a machine with a GPU"
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """Each device a test should pass on: the CPU always, CUDA where one is present."""
+    return torch.device(request.param)
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """One dataset cache for the whole session (MNIST-1D is generated once)."""

@@ -38,6 +38,19 @@ MUST_MATCH = ("task", "workers", "algorithm", "compressor", "error_feedback", "p
               "network", "backend", "batch_size", "lr", "momentum", "weight_decay", "dtype", "seed")
 
 
+def floats_to(obj, device: torch.device):
+    """``obj`` with its floating-point tensors moved to ``device`` (checkpoints load onto the CPU;
+    parameters, momenta and residuals belong on the run's device). Integer and byte tensors, such
+    as random generators' states, which ``set_state`` wants on the CPU, stay where they are."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device) if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        return {key: floats_to(value, device) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(floats_to(value, device) for value in obj)
+    return obj
+
+
 def digest(obj) -> str:
     """sha256 (hex) of a canonical serialization of ``obj``: nested dicts (keys in order), lists,
     tuples, numbers, strings and tensors (dtype, shape and raw bytes, whatever their device)."""

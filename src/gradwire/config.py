@@ -29,6 +29,7 @@ class RunConfig:
     stragglers: str = "none"                  # per-worker compute-time model (simulated seconds)
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
     backend: str = "sim"                      # sim: simulated cluster; torch: torch.distributed; threads: its dry run
+    device: str = "cpu"                       # where workers compute: cpu, or cuda (torch: NCCL, a GPU per local rank)
 
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
@@ -76,6 +77,7 @@ class RunConfig:
             raise ConfigError(f"seed={self.seed} must be an integer in [0, 2**63) (--seed)")
         if self.backend not in ("sim", "torch", "threads"):
             raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch, threads")
+        _check_device(self.device)
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
         if not self.timeout_s > 0:
@@ -175,6 +177,19 @@ def check_out_folder(out: str) -> None:
     except OSError as e:
         where = "write into it" if parent == path else f"create folders in {str(parent)!r}"
         raise ConfigError(f"out={out!r} cannot be used: cannot {where} ({e.strerror}) (--out)") from None
+
+
+def _check_device(device: str) -> None:
+    """cpu or cuda, and cuda only where torch sees a GPU (never a silent fall back to the CPU)."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r}: valid choices are cpu, cuda (--device)")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ConfigError(f"device='cuda': torch {torch.__version__} ({built}) sees no CUDA device here; "
+                              "use --device cpu")
 
 
 def _positive(value: int, key: str) -> None:

@@ -21,48 +21,52 @@ def reference_stream(symbols: list[int], bits: int) -> list[int]:
 
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 61, 256])
-def test_pack_matches_reference(bits, n):
+def test_pack_matches_reference(bits, n, device):
     sym = torch.randint(0, 1 << bits, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    sym = sym.to(device)
     packed = bitpack.pack(sym, bits)
+    assert packed.device == device
     assert packed.tolist() == reference_stream(sym.tolist(), bits)
     assert torch.equal(bitpack.unpack(packed, n, bits), sym)
 
 
 @pytest.mark.parametrize("width", [0, 1, 5, 10, 17, 33, 63])
-def test_pack_uint(width):
-    values = torch.randint(0, 1 << min(width, 62), (37,))
+def test_pack_uint(width, device):
+    values = torch.randint(0, 1 << min(width, 62), (37,)).to(device)
     packed = bitpack.pack_uint(values, width)
+    assert packed.device == device
     assert packed.numel() == (37 * width + 7) // 8
     assert torch.equal(bitpack.unpack_uint(packed, 37, width), values)
 
 
-def test_trits_are_base_three():
-    trits = torch.randint(0, 3, (500,), dtype=torch.uint8)
-    out = torch.empty(100, dtype=torch.uint8)
+def test_trits_are_base_three(device):
+    trits = torch.randint(0, 3, (500,), dtype=torch.uint8).to(device)
+    out = torch.empty(100, dtype=torch.uint8, device=device)
     bitpack.pack_trits(trits.clone(), out)
     t = trits.view(-1, 5).long()
-    assert out.long().tolist() == (t * torch.tensor([1, 3, 9, 27, 81])).sum(1).tolist()
-    back = torch.empty(500, dtype=torch.uint8)
+    assert out.long().tolist() == (t * torch.tensor([1, 3, 9, 27, 81], device=device)).sum(1).tolist()
+    back = torch.empty(500, dtype=torch.uint8, device=device)
     bitpack.unpack_trits(out, back)
     assert torch.equal(back, trits)
 
 
 @pytest.mark.parametrize("bits", [None, 1, 2, 3, 4, 7, 8])
-def test_float_stream_matches_bitpack(bits):
+def test_float_stream_matches_bitpack(bits, device):
     """The float fast path writes the same bytes as the uint8 packers and decodes a*q + b."""
     count = 3 if bits is None else (1 << bits) - 1
-    stream = SymbolStream(bits, count, 0.5, -1.0, torch.float32)
+    stream = SymbolStream(bits, count, 0.5, -1.0, torch.float32, device)
     n = 40 * 7
-    q = torch.randint(0, count, (n,), dtype=torch.uint8)
-    t = q.float() + torch.rand(n) * 0.99  # floats in [q, q + 1): packing floors them
-    out = torch.empty(stream.nbytes(n), dtype=torch.uint8)
-    stream.pack(t, out, torch.empty(n), torch.empty(n, dtype=torch.uint8))
+    q = torch.randint(0, count, (n,), dtype=torch.uint8).to(device)
+    t = q.float() + torch.rand(n).to(device) * 0.99  # floats in [q, q + 1): packing floors them
+    out = torch.empty(stream.nbytes(n), dtype=torch.uint8, device=device)
+    stream.pack(t, out, torch.empty(n, device=device), torch.empty(n, dtype=torch.uint8, device=device))
     if bits is None:
-        ref = torch.empty(n // 5, dtype=torch.uint8)
+        ref = torch.empty(n // 5, dtype=torch.uint8, device=device)
         bitpack.pack_trits(q.clone(), ref)
     else:
         ref = bitpack.pack(q, bits)
     assert torch.equal(out, ref)
-    values = torch.empty(n)
-    stream.unpack(out, values, torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.int64), "test")
+    values = torch.empty(n, device=device)
+    stream.unpack(out, values, torch.empty(n, dtype=torch.uint8, device=device),
+                  torch.empty(n, dtype=torch.int64, device=device), "test")
     assert torch.equal(values, q.float() * 0.5 - 1.0)

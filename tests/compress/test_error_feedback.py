@@ -11,13 +11,13 @@ from gradwire.compress import ErrorFeedback, build
 @pytest.mark.parametrize("spec", ["topk:ratio=0.05", "sign:scaled=true", "qsgd:levels=1", "natural",
                                   "threshold:tau=1", "randk:ratio=0.1", "fp16", "terngrad"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
-def test_identity_over_steps(spec, dtype):
+def test_identity_over_steps(spec, dtype, device):
     ef = ErrorFeedback(build(spec))
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
     for _ in range(5):
-        x = torch.randn(3, 100, generator=g).to(dtype)
+        x = torch.randn(3, 100, generator=g, device=device).to(dtype)
         before = ef.residual("w")
-        before = torch.zeros(3, 100, dtype=torch.float64) if before is None else before.double()
+        before = torch.zeros(3, 100, dtype=torch.float64, device=device) if before is None else before.double()
         packet = ef.encode(x, key="w", generator=g)
         assert packet.dtype == dtype and packet.shape == x.shape
         decoded = ef.decode(packet)

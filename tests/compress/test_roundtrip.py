@@ -18,11 +18,11 @@ def test_every_registered_compressor_is_covered():
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_round_trip_shapes_and_sizes(spec, dtype):
+def test_round_trip_shapes_and_sizes(spec, dtype, device):
     c = build(spec)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
     for shape in SHAPES:
-        x = torch.randn(shape, generator=g).to(dtype)
+        x = torch.randn(shape, generator=g, device=device).to(dtype)
         packet = c.encode(x, generator=g)
         assert packet.buffer.dtype == torch.uint8 and packet.buffer.dim() == 1
         count = int((x.double().abs() >= float(params(spec)[1].get("tau", 0))).sum())

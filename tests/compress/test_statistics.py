@@ -51,11 +51,11 @@ def exact_variance(spec: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def draws(spec: str, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """K decoded draws of C(x) as a (K, n) float64 tensor."""
-    c, g = build(spec), torch.Generator().manual_seed(seed)
+    """K decoded draws of C(x) as a (K, n) float64 tensor on the CPU (encoded on x's device)."""
+    c, g = build(spec), torch.Generator(device=x.device).manual_seed(seed)
     if spec.startswith("randk"):  # the index set is global: one encode per draw
-        return torch.stack([c.decode(c.encode(x, generator=g)).double() for _ in range(K)])
-    return c.decode(c.encode(x.repeat(K), generator=g)).double().view(K, -1)
+        return torch.stack([c.decode(c.encode(x, generator=g)).double().cpu() for _ in range(K)])
+    return c.decode(c.encode(x.repeat(K), generator=g)).double().view(K, -1).cpu()
 
 
 def bias_ratio(samples: torch.Tensor, x: torch.Tensor, v: torch.Tensor) -> float:
@@ -78,13 +78,13 @@ def sample_x(spec: str, dtype: torch.dtype) -> torch.Tensor:
 
 @pytest.mark.parametrize("spec", STOCHASTIC)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_unbiased_and_variance_matches_formula(spec, dtype):
+def test_unbiased_and_variance_matches_formula(spec, dtype, device):
     if spec == "terngrad":
         spec = "terngrad:clip=1e9"  # the clipping path, with a threshold that clips nothing
     x = sample_x(spec, dtype)
     xd = x.double()
     v = exact_variance(spec, xd)
-    samples = draws(spec, x)
+    samples = draws(spec, x.to(device))
     assert bias_ratio(samples, xd, v) < 1.5
     measured = float(samples.var(0).sum())
     assert measured == pytest.approx(float(v.sum()), rel=0.1)

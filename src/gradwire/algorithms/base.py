@@ -62,6 +62,7 @@ class Context:
     clock: Clock                 # simulated seconds, or real ones on a real backend
     seed: int
     shard_sizes: tuple[int, ...] = ()  # training samples held by each worker (data-aware algorithms)
+    device: torch.device = torch.device("cpu")  # where the workers' tensors live (--device)
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
     gradient_counts: dict = field(default_factory=dict)
 
@@ -87,7 +88,8 @@ class Context:
         self.wait_compute(max(self.compute_times(step)))
 
     def generator(self, rank: int, purpose: str) -> torch.Generator:
-        return torch.Generator().manual_seed(hash_seed(self.seed, purpose, rank))
+        """A seeded random stream on the workers' device (CUDA draws need a CUDA generator)."""
+        return torch.Generator(device=self.device).manual_seed(hash_seed(self.seed, purpose, rank))
 
 
 def soft_threshold_(x: torch.Tensor, tau: float) -> torch.Tensor:

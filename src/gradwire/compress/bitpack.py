@@ -9,10 +9,13 @@ Trits (symbols 0, 1, 2) can instead be packed five to a byte in base 3,
 trit instead of 2. A short last group is padded with zero trits.
 
 The word-level tricks view eight uint8 symbols as one int64, so they assume a little-endian host.
+Every buffer is made on the input's device; on the CPU the whole-tensor packers work in
+cache-sized passes, on a GPU in one pass (there, each pass costs a kernel launch).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -93,34 +96,38 @@ def pack_trits(trits: torch.Tensor, out: torch.Tensor) -> None:
     out.add_(t[:, 0])
 
 
-def _trit_table() -> torch.Tensor:
+@functools.lru_cache(maxsize=8)
+def _trit_table(device: torch.device) -> torch.Tensor:
     """byte -> its five trits, stored in the low five bytes of an int64 (so one gather per byte)."""
-    table = torch.zeros(256, 8, dtype=torch.uint8)
-    for value in range(243):
-        for j in range(5):
-            table[value, j] = (value // 3**j) % 3
+    value = torch.arange(243, dtype=torch.int64, device=device)
+    table = torch.zeros(256, 8, dtype=torch.uint8, device=device)
+    for j in range(5):
+        table[:243, j] = (value // 3**j % 3).to(torch.uint8)
     return table.view(torch.int64).view(-1)
-
-
-_TRITS = _trit_table()
 
 
 def unpack_trits(packed: torch.Tensor, out: torch.Tensor) -> None:
     """Inverse of :func:`pack_trits`; bytes above 242 must have been rejected by the caller."""
-    words = _TRITS[packed.long()]
+    words = _trit_table(packed.device)[packed.long()]
     out.view(-1, 5).copy_(words.view(torch.uint8).view(-1, 8)[:, :5])
 
 
 _GROUPS = 1 << 13  # groups of 8 symbols per pass of the whole-tensor packers (scratch stays in cache)
 
 
+def groups_per_pass(groups: int, device: torch.device) -> int:
+    """Groups of 8 symbols per pass: cache-sized on the CPU, all of them at once elsewhere."""
+    return max(1, min(_GROUPS, groups) if device.type == "cpu" else groups)
+
+
 def pack(symbols: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack a whole 1-D uint8 tensor of ``bits``-bit symbols into ``packed_bytes(n, bits)`` bytes."""
     n = symbols.numel()
-    out = torch.empty((n + 7) // 8 * bits, dtype=torch.uint8)
-    scratch = torch.empty(min(_GROUPS, (n + 7) // 8) * 8, dtype=torch.uint8)
-    for lo in range(0, n, 8 * _GROUPS):
-        hi = min(n, lo + 8 * _GROUPS)
+    per_pass = groups_per_pass((n + 7) // 8, symbols.device)
+    out = torch.empty((n + 7) // 8 * bits, dtype=torch.uint8, device=symbols.device)
+    scratch = torch.empty(min(per_pass, (n + 7) // 8) * 8, dtype=torch.uint8, device=symbols.device)
+    for lo in range(0, n, 8 * per_pass):
+        hi = min(n, lo + 8 * per_pass)
         padded = (hi - lo + 7) // 8 * 8
         scratch[hi - lo: padded] = 0
         scratch[: hi - lo] = symbols[lo:hi]  # pack_bits works in place: never on the caller's tensor
@@ -131,9 +138,10 @@ def pack(symbols: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
     """Inverse of :func:`pack`; returns ``n`` uint8 symbols (the padding symbols are dropped)."""
     groups = (n + 7) // 8
-    out = torch.empty(groups * 8, dtype=torch.uint8)
-    for g in range(0, groups, _GROUPS):
-        h = min(groups, g + _GROUPS)
+    per_pass = groups_per_pass(groups, packed.device)
+    out = torch.empty(groups * 8, dtype=torch.uint8, device=packed.device)
+    for g in range(0, groups, per_pass):
+        h = min(groups, g + per_pass)
         src = packed[g * bits: h * bits]
         if src.numel() < (h - g) * bits:  # the stream's last group is cut short: pad with zeros
             src = torch.cat([src, src.new_zeros((h - g) * bits - src.numel())])
@@ -147,12 +155,12 @@ def pack_uint(values: torch.Tensor, width: int) -> torch.Tensor:
     Used for the sparse compressors' indices, where ``count * width`` is below the tensor size, so
     the bit-plane scratch of ``count * width`` bytes stays small.
     """
-    k = values.numel()
+    k, device = values.numel(), values.device
     if k * width == 0:
-        return torch.zeros(0, dtype=torch.uint8)
-    planes = torch.empty(k * width, dtype=torch.uint8)  # bit j of value i at i*width + j
-    shifts = torch.arange(width, dtype=torch.int64)
-    step = max(1, (1 << 16) // max(width, 1))
+        return torch.zeros(0, dtype=torch.uint8, device=device)
+    planes = torch.empty(k * width, dtype=torch.uint8, device=device)  # bit j of value i at i*width + j
+    shifts = torch.arange(width, dtype=torch.int64, device=device)
+    step = max(1, (1 << 16) // max(width, 1)) if device.type == "cpu" else k
     for lo in range(0, k, step):
         v = values[lo: lo + step].unsqueeze(1)
         planes[lo * width: (lo + step) * width].view(-1, width).copy_((v >> shifts).bitwise_and_(1))
@@ -161,12 +169,13 @@ def pack_uint(values: torch.Tensor, width: int) -> torch.Tensor:
 
 def unpack_uint(packed: torch.Tensor, count: int, width: int) -> torch.Tensor:
     """Inverse of :func:`pack_uint`: ``count`` int64 values."""
-    values = torch.zeros(count, dtype=torch.int64)
+    device = packed.device
+    values = torch.zeros(count, dtype=torch.int64, device=device)
     if count * width == 0:
         return values
     planes = unpack(packed, count * width, 1).view(count, width)
-    shifts = torch.arange(width, dtype=torch.int64)
-    step = max(1, (1 << 16) // max(width, 1))
+    shifts = torch.arange(width, dtype=torch.int64, device=device)
+    step = max(1, (1 << 16) // max(width, 1)) if device.type == "cpu" else count
     for lo in range(0, count, step):
         values[lo: lo + step] = (planes[lo: lo + step].long() << shifts).sum(1)  # distinct bits: sum = or
     return values

@@ -21,10 +21,6 @@ from gradwire.compress.base import REGISTRY, Compressor, Packet, raise_non_finit
 from gradwire.compress.wire import flat, make_packet, payload, read
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
-
-
 class Dense(Compressor):
     """Send every element in the dtype ``cast_to`` (None: the input's own dtype)."""
 
@@ -36,12 +32,12 @@ class Dense(Compressor):
         return dtype if self.cast_to is None else self.cast_to
 
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        return numel * _itemsize(self.wire_dtype(dtype))
+        return numel * self.wire_dtype(dtype).itemsize
 
     def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
         xf = flat(x)
         wire = self.wire_dtype(xf.dtype)
-        out = torch.empty(self.nbytes(xf.numel(), xf.dtype), dtype=torch.uint8)
+        out = torch.empty(self.nbytes(xf.numel(), xf.dtype), dtype=torch.uint8, device=xf.device)
         values = out.view(wire)
         values.copy_(xf)
         if xf.numel():

@@ -23,8 +23,8 @@ from gradwire.compress import bitpack
 from gradwire.compress.base import Compressor, Packet, raise_non_finite
 from gradwire.compress.stream import SymbolStream
 from gradwire.compress.wire import (
-    CHUNK,
     check_scales,
+    chunk_size,
     flat,
     make_packet,
     payload,
@@ -46,7 +46,7 @@ def bucket_norms(x: torch.Tensor, bucket: int, p: float, dtype: torch.dtype) -> 
     if p != _INF and bucket > _LONG_ROW:  # few long buckets: accumulate each in float64 by rows
         kind = "l1" if p == 1 else "l2sq"
         sums = [reduce_f64(x[a: a + bucket], kind, dtype) for a in range(0, n, bucket)]
-        return torch.tensor(sums, dtype=torch.float64).pow_(1 / p).to(dtype)
+        return torch.tensor(sums, dtype=torch.float64, device=x.device).pow_(1 / p).to(dtype)
     full = n // bucket * bucket
     parts = [x[:full].view(-1, bucket)] if full else []
     if full < n:
@@ -57,7 +57,7 @@ def bucket_norms(x: torch.Tensor, bucket: int, p: float, dtype: torch.dtype) -> 
             out.append(torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg()).to(dtype))
         else:
             out.append(torch.linalg.vector_norm(rows, p, dim=1, dtype=dtype))
-    return torch.cat(out) if out else torch.zeros(0, dtype=dtype)
+    return torch.cat(out) if out else torch.zeros(0, dtype=dtype, device=x.device)
 
 
 def wire_scales(x: torch.Tensor, norms: torch.Tensor, bucket: int, p: float, name: str) -> torch.Tensor:
@@ -84,15 +84,16 @@ def encode_grid(x: torch.Tensor, bucket: int, scales: torch.Tensor, levels: int,
     if not bool(torch.isfinite(mult).all()):  # s/levels overflows for subnormal scales: use float64
         work, s = torch.float64, scales.double()
         mult = torch.where(s > 0, levels / s, torch.zeros_like(s))
-    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work)
-    size = min(CHUNK, -(-n // stream.group) * stream.group)
-    t, u = torch.empty(size, dtype=work), torch.empty(size, dtype=work)
-    words = torch.empty((size + 3) // 4, dtype=torch.int64)
-    sym = torch.empty(0 if stream.per_byte else size, dtype=torch.uint8)
+    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work, x.device)
+    chunk, device = chunk_size(n, x.device), x.device
+    size = min(chunk, -(-n // stream.group) * stream.group)
+    t, u = torch.empty(size, dtype=work, device=device), torch.empty(size, dtype=work, device=device)
+    words = torch.empty((size + 3) // 4, dtype=torch.int64, device=device)
+    sym = torch.empty(0 if stream.per_byte else size, dtype=torch.uint8, device=device)
     # u = (r + 2^15 + 1/2) / 2^16 for the random int16 r, so y + s + u = y + r/2^16 + offset
     offset = levels + 0.5 + 2.0**-17
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
         m, padded = hi - lo, -(-(hi - lo) // stream.group) * stream.group
         for a, b, first, rows in spans(lo, hi, bucket):
             dst, scale = t[a - lo: b - lo].view(rows, -1), mult[first: first + rows].unsqueeze(1)
@@ -114,14 +115,16 @@ def decode_grid(data: torch.Tensor, n: int, bucket: int, scales: torch.Tensor, l
                 bits: int | None, dtype: torch.dtype, name: str) -> torch.Tensor:
     """Inverse of :func:`encode_grid`; ``data`` holds exactly the stream bytes of ``n`` symbols."""
     work = work_dtype(dtype)
-    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work)
+    device = data.device
+    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work, device)
     step = scales.to(work) / levels
-    out = torch.empty(n, dtype=dtype)
-    size = min(CHUNK, -(-n // stream.group) * stream.group)
-    f, sym = torch.empty(size, dtype=work), torch.empty(size, dtype=torch.uint8)
-    index = torch.empty(-(-size // max(stream.per_byte, 1)), dtype=torch.int64)
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
+    out = torch.empty(n, dtype=dtype, device=device)
+    chunk = chunk_size(n, device)
+    size = min(chunk, -(-n // stream.group) * stream.group)
+    f, sym = torch.empty(size, dtype=work, device=device), torch.empty(size, dtype=torch.uint8, device=device)
+    index = torch.empty(-(-size // max(stream.per_byte, 1)), dtype=torch.int64, device=device)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
         m, padded = hi - lo, -(-(hi - lo) // stream.group) * stream.group
         first, stop = stream.span(lo, padded)
         src = data[first:stop]
@@ -170,7 +173,8 @@ class GridCompressor(Compressor):
         scales = self._scales(xf)
         head = 4 * scales.numel()
         group = 8 if self.bits else 5
-        out = torch.empty(head + self._stream_bytes(-(-n // group) * group), dtype=torch.uint8)
+        out = torch.empty(head + self._stream_bytes(-(-n // group) * group), dtype=torch.uint8,
+                          device=xf.device)
         write(out[:head], scales)
         encode_grid(xf, self._bucket(n), scales, self.levels, self.bits, out[head:], generator)
         return make_packet(out[: head + self._stream_bytes(n)], x)

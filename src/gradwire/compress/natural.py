@@ -27,7 +27,7 @@ import torch
 from gradwire.compress import bitpack
 from gradwire.compress.base import REGISTRY, Compressor, CorruptPayload, Packet, raise_non_finite
 from gradwire.compress.sign import pack_signs
-from gradwire.compress.wire import CHUNK, flat, make_packet, payload
+from gradwire.compress.wire import chunk_size, flat, make_packet, payload
 
 _INF_BITS = 0x7F800000
 
@@ -38,12 +38,14 @@ def max_exponent(dtype: torch.dtype) -> int:
 
 
 def _exponents_f32(x: torch.Tensor, out: torch.Tensor, limit: int, gen: torch.Generator | None) -> None:
-    n = x.numel()
-    size = min(CHUNK, n)
-    a, f = torch.empty(size, dtype=torch.int32), torch.empty(size, dtype=torch.float32)
-    words = torch.empty((size + 1) // 2, dtype=torch.int64)
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
+    n, device = x.numel(), x.device
+    chunk = chunk_size(n, device)
+    size = min(chunk, n)
+    a = torch.empty(size, dtype=torch.int32, device=device)
+    f = torch.empty(size, dtype=torch.float32, device=device)
+    words = torch.empty((size + 1) // 2, dtype=torch.int64, device=device)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
         m = hi - lo
         if x.dtype == torch.float32:
             bits = x[lo:hi].view(torch.int32)
@@ -65,7 +67,7 @@ def _exponents_f64(x: torch.Tensor, out: torch.Tensor, limit: int, gen: torch.Ge
             raise_non_finite(x, "natural")
     a = x.abs()
     mant, exp = torch.frexp(a)  # a = mant * 2^exp, mant in [0.5, 1): a lies in [2^(exp-1), 2^exp)
-    u = torch.rand(a.shape, dtype=torch.float64, generator=gen)
+    u = torch.rand(a.shape, dtype=torch.float64, generator=gen, device=x.device)
     e = exp.add_(126) + (u < mant.mul_(2).sub_(1))  # 127 + (exp - 1), plus one when rounding up
     tiny = a < 2.0**-126  # below float32's normal range: 0 or 2^-126, unbiased
     e = torch.where(tiny, (u < a * 2.0**126).to(torch.int32), e)
@@ -100,7 +102,7 @@ class Natural(Compressor):
     def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
         xf = flat(x)
         n = xf.numel()
-        out = torch.empty(self.nbytes(n), dtype=torch.uint8)
+        out = torch.empty(self.nbytes(n), dtype=torch.uint8, device=xf.device)
         exponents = _exponents_f64 if xf.dtype == torch.float64 else _exponents_f32
         exponents(xf, out[:n], max_exponent(xf.dtype), generator)
         pack_signs(xf, out[n:])
@@ -111,11 +113,14 @@ class Natural(Compressor):
         buf = payload(packet, self.nbytes(n), self.name)
         if n and int(buf[:n].amax()) > max_exponent(dtype):
             raise CorruptPayload(f"{self.name}: exponent byte above {max_exponent(dtype)} for {dtype}")
-        out = torch.empty(n, dtype=dtype)
-        size = min(CHUNK, -(-n // 8) * 8)
-        v, s = torch.empty(size, dtype=torch.int32), torch.empty(size, dtype=torch.uint8)
-        for lo in range(0, n, CHUNK):
-            hi = min(n, lo + CHUNK)
+        device = buf.device
+        out = torch.empty(n, dtype=dtype, device=device)
+        chunk = chunk_size(n, device)
+        size = min(chunk, -(-n // 8) * 8)
+        v = torch.empty(size, dtype=torch.int32, device=device)
+        s = torch.empty(size, dtype=torch.uint8, device=device)
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
             m, padded = hi - lo, -(-(hi - lo) // 8) * 8
             bitpack.unpack_bits(buf[n + lo // 8: n + (lo + padded) // 8], 1, s[:padded])
             vm = v[:m].copy_(s[:m]).bitwise_left_shift_(8).bitwise_or_(buf[lo:hi])  # sign | exponent

@@ -20,8 +20,8 @@ import torch
 from gradwire.compress.base import REGISTRY, Compressor, Packet, raise_non_finite
 from gradwire.compress.stream import SymbolStream
 from gradwire.compress.wire import (
-    CHUNK,
     check_scales,
+    chunk_size,
     flat,
     make_packet,
     payload,
@@ -31,34 +31,38 @@ from gradwire.compress.wire import (
     write,
 )
 
-_NO_SCRATCH = torch.empty(0, dtype=torch.uint8)  # 1-bit symbols take the table path: no uint8 scratch
-
 
 def pack_signs(x: torch.Tensor, out: torch.Tensor) -> None:
     """Write the bits ``x < 0`` of the 1-D ``x`` into ``out`` (``ceil(n/8)`` bytes), chunk by chunk."""
-    n = x.numel()
-    stream = SymbolStream(1, 2, -2.0, 1.0, torch.float32)
-    size = min(CHUNK, -(-n // 8) * 8)
-    neg, rows = torch.zeros(size), torch.empty(size // 8)
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
+    n, device = x.numel(), x.device
+    stream = SymbolStream(1, 2, -2.0, 1.0, torch.float32, device)
+    chunk = chunk_size(n, device)
+    size = min(chunk, -(-n // 8) * 8)
+    neg, rows = torch.zeros(size, device=device), torch.empty(size // 8, device=device)
+    no_scratch = rows.new_empty(0, dtype=torch.uint8)  # 1-bit symbols take the table path
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
         padded = -(-(hi - lo) // 8) * 8
         neg[hi - lo: padded] = 0
         torch.lt(x[lo:hi], 0, out=neg[: hi - lo])
-        stream.pack(neg[:padded], out[lo // 8: lo // 8 + padded // 8], rows, _NO_SCRATCH)
+        stream.pack(neg[:padded], out[lo // 8: lo // 8 + padded // 8], rows, no_scratch)
 
 
 def unpack_signs(data: torch.Tensor, n: int, out: torch.Tensor, scale: float, name: str) -> None:
     """Write ``scale * (1 - 2*bit)`` for the ``n`` bits of ``data`` into ``out``."""
-    stream = SymbolStream(1, 2, -2.0, 1.0, work_dtype(out.dtype))
-    size = min(CHUNK, -(-n // 8) * 8)
-    f, index = torch.empty(size, dtype=stream.dtype), torch.empty(size // 8, dtype=torch.int64)
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
+    device = data.device
+    stream = SymbolStream(1, 2, -2.0, 1.0, work_dtype(out.dtype), device)
+    chunk = chunk_size(n, device)
+    size = min(chunk, -(-n // 8) * 8)
+    f = torch.empty(size, dtype=stream.dtype, device=device)
+    index = torch.empty(size // 8, dtype=torch.int64, device=device)
+    no_scratch = index.new_empty(0, dtype=torch.uint8)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
         padded = -(-(hi - lo) // 8) * 8
         direct = out.dtype == stream.dtype and padded == hi - lo
         dst = out[lo:hi] if direct else f[:padded]
-        stream.unpack(data[lo // 8: lo // 8 + padded // 8], dst, _NO_SCRATCH, index, name)
+        stream.unpack(data[lo // 8: lo // 8 + padded // 8], dst, no_scratch, index, name)
         if scale != 1.0:
             dst.mul_(scale)
         if not direct:
@@ -85,14 +89,14 @@ class Sign(Compressor):
         xf = flat(x)
         n = xf.numel()
         head = 4 if self.scaled else 0
-        out = torch.empty(head + -(-n // 8), dtype=torch.uint8)
+        out = torch.empty(head + -(-n // 8), dtype=torch.uint8, device=xf.device)
         if n and self.scaled:
             l1 = reduce_f64(xf, "l1")
             if not math.isfinite(l1):  # non-finite input, or a float32 row sum that overflowed
                 if not bool(torch.isfinite(xf).all()):
                     raise_non_finite(xf, self.name)
                 l1 = reduce_f64(xf, "l1", torch.float64)
-            scale = torch.tensor([l1 / n], dtype=torch.float64).to(torch.float32)
+            scale = torch.tensor([l1 / n], dtype=torch.float64, device=xf.device).to(torch.float32)
             if not bool(torch.isfinite(scale)):
                 raise ValueError(f"{self.name}: mean |x| = {l1 / n:g} exceeds the float32 range")
             write(out[:4], scale)
@@ -101,7 +105,7 @@ class Sign(Compressor):
             if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
                 raise_non_finite(xf, self.name)
         elif self.scaled:
-            write(out[:4], torch.zeros(1))
+            write(out[:4], torch.zeros(1, device=xf.device))
         pack_signs(xf, out[head:])
         return make_packet(out, x)
 
@@ -113,6 +117,6 @@ class Sign(Compressor):
             scales = read(buf[:4], torch.float32)
             check_scales(scales, self.name)
             scale = float(scales[0])
-        out = torch.empty(n, dtype=packet.dtype)
+        out = torch.empty(n, dtype=packet.dtype, device=buf.device)
         unpack_signs(buf[4 if self.scaled else 0:], n, out, scale, self.name)
         return out.reshape(packet.shape)

@@ -19,12 +19,13 @@ from gradwire.compress.base import CorruptPayload
 
 
 @functools.lru_cache(maxsize=64)
-def _table(bits: int | None, count: int, a: float, b: float, dtype: torch.dtype) -> torch.Tensor:
+def _table(bits: int | None, count: int, a: float, b: float, dtype: torch.dtype,
+           device: torch.device) -> torch.Tensor:
     """Rows ``byte -> values a*q + b of its symbols q``; NaN marks bytes holding a symbol >= count."""
     base, per_byte = (3, 5) if bits is None else (1 << bits, 8 // bits)
-    q = torch.arange(base, dtype=dtype)
+    q = torch.arange(base, dtype=dtype, device=device)
     lookup = torch.where(q < count, a * q + b, float("nan"))
-    byte = torch.arange(256)
+    byte = torch.arange(256, device=device)
     table = torch.stack([lookup[byte // base**j % base] for j in range(per_byte)], dim=1)
     if bits is None:
         table[243:] = float("nan")  # 3^5 = 243 values fit a byte
@@ -32,21 +33,23 @@ def _table(bits: int | None, count: int, a: float, b: float, dtype: torch.dtype)
 
 
 class SymbolStream:
-    """A stream of symbols ``q`` in ``0..count-1`` that decode to ``a*q + b`` in ``dtype``
-    (``bits=None``: base-3 trits)."""
+    """A stream of symbols ``q`` in ``0..count-1`` that decode to ``a*q + b`` in ``dtype`` on
+    ``device`` (``bits=None``: base-3 trits)."""
 
-    def __init__(self, bits: int | None, count: int, a: float, b: float, dtype: torch.dtype):
+    def __init__(self, bits: int | None, count: int, a: float, b: float, dtype: torch.dtype,
+                 device: torch.device):
         self.bits, self.count, self.a, self.b, self.dtype = bits, count, a, b, dtype
         self.group = 5 if bits is None else 8  # symbols per packing group (a whole number of bytes)
         # symbols per byte for the float fast path; 0: widths 3, 5, 6, 7 and 8 go through bitpack
         self.per_byte = 5 if bits is None else (8 // bits if bits in (1, 2, 4) else 0)
         if self.per_byte:
             base = 3 if bits is None else 1 << bits
-            self.weights = torch.tensor([float(base**j) for j in range(self.per_byte)], dtype=dtype)
-            self.table = _table(bits, count, a, b, dtype)
+            self.weights = torch.tensor([float(base**j) for j in range(self.per_byte)], dtype=dtype,
+                                        device=device)
+            self.table = _table(bits, count, a, b, dtype, torch.device(device))
             narrow = self.per_byte * self.table.element_size() == 8  # e.g. two float32 per byte
             self.words = self.table.view(torch.int64).view(-1) if narrow else None
-            self.checked = bool(torch.isnan(self.table).any())
+            self.checked = bits is None or count < base  # the table holds NaN rows: check decodes
 
     def nbytes(self, n: int) -> int:
         return -(-n // 5) if self.bits is None else bitpack.packed_bytes(n, self.bits)

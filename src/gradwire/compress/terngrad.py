@@ -58,7 +58,7 @@ class TernGrad(GridCompressor):
     def _scales(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
         if n == 0:
-            return torch.zeros(1)
+            return torch.zeros(1, device=x.device)
         lo, hi = torch.aminmax(x)  # propagates NaN and shows +-inf: the finiteness check
         scaler = max(-float(lo), float(hi))
         if not math.isfinite(scaler):
@@ -71,7 +71,7 @@ class TernGrad(GridCompressor):
             sigma = math.sqrt(max(sq / n - mean * mean, 0.0))
             if 0 < self.clip * sigma < scaler:  # sigma = 0 (a constant tensor): nothing to clip to
                 scaler = self.clip * sigma
-        out = to_f32_up(torch.tensor([scaler], dtype=torch.float64))  # it bounds every unclipped |x_j|
+        out = to_f32_up(torch.tensor([scaler], dtype=torch.float64, device=x.device))  # it bounds every unclipped |x_j|
         if not math.isfinite(float(out)):
             raise ValueError(f"{self.name}: max |x| = {scaler:g} exceeds the float32 range of the scaler")
         return out

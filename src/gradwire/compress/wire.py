@@ -15,6 +15,13 @@ from gradwire.compress.base import CorruptPayload, Packet, check_input, expect_s
 # base-3 trits.
 CHUNK = 40 * 2048
 
+
+def chunk_size(n: int, device: torch.device) -> int:
+    """Elements per pass over ``n`` elements on ``device``: ``CHUNK`` on the CPU; on a GPU the
+    whole tensor at once (rounded up to whole groups), since there every pass costs kernel
+    launches and scratch buffers are cheap."""
+    return CHUNK if device.type == "cpu" else max(40, -(-n // 40) * 40)
+
 _F32_MAX = torch.finfo(torch.float32).max
 
 
@@ -40,7 +47,7 @@ def raw(packet: Packet, name: str) -> torch.Tensor:
     buf = packet.buffer
     if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
         raise CorruptPayload(f"{name}: the wire buffer must be a 1-D torch.uint8 tensor")
-    check_input(torch.empty(0, dtype=packet.dtype), "packet")
+    check_input(torch.empty(0, dtype=packet.dtype, device="meta"), "packet")
     return buf.contiguous()
 
 
@@ -53,8 +60,7 @@ def payload(packet: Packet, expected: int, name: str) -> torch.Tensor:
 
 def read(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Reinterpret the bytes ``buf`` as ``dtype``; copies first if the bytes are not aligned for it."""
-    size = torch.empty(0, dtype=dtype).element_size()
-    if buf.storage_offset() % size:
+    if buf.storage_offset() % dtype.itemsize:
         buf = buf.clone()
     return buf.view(dtype)
 
@@ -70,7 +76,7 @@ def to_f32_up(value: torch.Tensor) -> torch.Tensor:
     out = value.to(torch.float32)
     if value.dtype == torch.float64:
         low = out.double() < value
-        out = torch.where(low, torch.nextafter(out, torch.tensor(float("inf"))), out)
+        out = torch.where(low, torch.nextafter(out, torch.full_like(out, float("inf"))), out)
     return out
 
 

@@ -62,9 +62,9 @@ def _transport(cfg: RunConfig, server: bool, given: Transport | None):
     if given is not None:
         transport = given
     else:
-        from gradwire.transports.torch_dist import TorchTransport
+        from gradwire.transports.torch_dist import TorchTransport, local_device
 
-        transport = TorchTransport(timeout_s=cfg.timeout_s)
+        transport = TorchTransport(timeout_s=cfg.timeout_s, device=local_device(cfg.device))
     expected = cfg.workers + int(server)
     if transport.world_size != expected:
         extra = " plus one server process" if server else ""
@@ -98,18 +98,23 @@ class Run:
         # a real backend gives the server of a server-mode algorithm a process of its own
         self.server_process = cfg.backend != "sim" and self.algorithm.needs_server
         self.transport, self.clock = _transport(cfg, self.server_process, transport)
+        # where the workers compute: the torch transport's GPU for this local rank, or --device
+        self.device = getattr(self.transport, "device", None) or torch.device(cfg.device)
+        if self.device.type != "cpu":
+            self.task = self.task.to(self.device)
         self.is_writer = getattr(self.transport, "rank", 0) == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
         self.shard_sizes = [len(s) for s in shards]
         check_batch_size(None if cfg.batch_size == "full" else int(cfg.batch_size), self.shard_sizes)
         workers = {r: WorkerData(self.task.x_train[shards[r]], self.task.y_train[shards[r]], batch_size=batch,
                                  seed=cfg.seed, rank=r) for r in self.transport.local_ranks}
+        # drawn on the CPU, then moved: the same initial model on every device
         module = self.task.model_fn(torch.Generator().manual_seed(hash_seed(cfg.seed, "model")))
-        self.model = FlatModel(module)
+        self.model = FlatModel(module.to(self.device))
         self.oracle = GradientOracle(self.model, self.task.loss_fn, workers, l2=self.task.l2)
         self.ctx = Context(world_size=cfg.workers, local_ranks=self.transport.local_ranks, transport=self.transport,
                            oracle=self.oracle, stragglers=STRAGGLERS.build(cfg.stragglers, seed=cfg.seed),
-                           clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes),
+                           clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes), device=self.device,
                            inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, l1=self.task.l1)
         try:
@@ -174,7 +179,7 @@ class Run:
     def load_state_dict(self, state: dict) -> None:
         try:
             self.step, self.gradients, self.window = int(state["step"]), int(state["gradients"]), list(state["window"])
-            self.algorithm.load_state_dict(state["algorithm"])
+            self.algorithm.load_state_dict(checkpoint.floats_to(state["algorithm"], self.device))
             self.oracle.load_state_dict(state["data"])
             self.clock.load_state_dict(state["clock"])
             self.ctx.gradient_counts = {int(k): int(v) for k, v in state["gradient_counts"].items()}
@@ -206,7 +211,7 @@ class Run:
         if "worker_position" in state:  # a server-mode worker: where it stood
             self.worker_resume = {k: int(v) for k, v in state["worker_position"].items()}
         if isinstance(self.server, RealServer):
-            self.server.load_state_dict(state["server"], stepdir)
+            self.server.load_state_dict(checkpoint.floats_to(state["server"], self.device), stepdir)
         if self.step != step:
             raise ConfigError(f"checkpoint {stepdir} is inconsistent: step {step} vs state step {self.step}")
         return True

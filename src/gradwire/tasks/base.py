@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -63,6 +63,11 @@ class Task:
             loss = self.loss_fn(m(self.x_train.to(torch.float64)), self.y_train)
             w = torch.cat([p.reshape(-1) for p in m.parameters()])
             return float(loss + 0.5 * self.l2 * w.dot(w) + self.l1 * w.abs().sum())
+
+    def to(self, device: torch.device) -> Task:
+        """The same task with its data sets on ``device`` (models are placed by the run)."""
+        return replace(self, x_train=self.x_train.to(device), y_train=self.y_train.to(device),
+                       x_test=self.x_test.to(device), y_test=self.y_test.to(device))
 
     def predict(self, output: Tensor) -> Tensor:
         """Class labels from model outputs: argmax, or the sign of a single logit (binary)."""

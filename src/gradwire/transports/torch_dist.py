@@ -1,5 +1,12 @@
 """The torch.distributed transport: one worker per process, gloo on CPU, NCCL on GPU.
 
+The device decides the backend, never the hardware present: ``--device cpu`` is gloo even on a
+machine with GPUs, and ``--device cuda`` puts local rank r on GPU r with the process group
+``cpu:gloo,cuda:nccl``: collectives of the algorithms' (CUDA) tensors go through NCCL, and the
+few small CPU tensors (size exchanges, byte counters) through gloo. Point-to-point messages (the
+server modes) travel through gloo from a host copy, because they rely on tags and on waits with
+a timeout, which NCCL's send and receive do not offer; what ``recv`` returns is on the device.
+
 The same collectives as the simulator, carried by torch.distributed; payloads are the real uint8
 buffers (variable sizes are padded to the largest, as gloo and NCCL need equal sizes). Every call
 is bounded by the process group's timeout, so a missing peer raises instead of hanging.
@@ -36,15 +43,33 @@ from gradwire.errors import CommunicationError
 from gradwire.transports.base import SERVER, Handle, PeerLost, Sent, Transport
 
 
-def init_from_env(timeout_s: float) -> None:
-    """Join the process group that torchrun (or the caller) described in the environment."""
+def process_group_backend(device: torch.device) -> str:
+    """gloo for CPU tensors; for CUDA ones NCCL, with gloo beside it for CPU tensors."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def local_device(device_type: str) -> torch.device:
+    """This process's device: the CPU, or GPU ``LOCAL_RANK`` (one GPU per local rank)."""
+    if device_type != "cuda":
+        return torch.device("cpu")
+    local_rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if local_rank >= count:
+        raise CommunicationError(f"--device cuda: local rank {local_rank} needs GPU {local_rank}, but this node has "
+                                 f"{count}; start at most {count} processes per node (--nproc-per-node)")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init_from_env(timeout_s: float, device: torch.device | None = None) -> None:
+    """Join the process group that torchrun (or the caller) described in the environment, with the
+    backend that ``device``'s tensors need (gloo for the CPU, the default)."""
     if dist.is_initialized():
         return
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise CommunicationError(f"--backend torch needs torchrun's environment ({', '.join(missing)} unset): "
                                  "start it with `gradwire launch --nproc-per-node N -- run ...` or torchrun")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = process_group_backend(device or torch.device("cpu"))
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
@@ -94,9 +119,10 @@ class _TorchSent(Sent):
 
 
 class TorchTransport(Transport):
-    def __init__(self, timeout_s: float = 120.0):
+    def __init__(self, timeout_s: float = 120.0, device: torch.device | str = "cpu"):
         super().__init__()
-        init_from_env(timeout_s)
+        self.device = torch.device(device)
+        init_from_env(timeout_s, self.device)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.local_ranks = (self.rank,)
@@ -193,9 +219,9 @@ class TorchTransport(Transport):
         mine = buffers[self.rank]
         sizes = self._sizes(int(mine.numel()), size)
         m = max(sizes)
-        padded = torch.zeros(m, dtype=torch.uint8)
+        padded = torch.zeros(m, dtype=torch.uint8, device=self.device)
         padded[: mine.numel()] = mine
-        out = [torch.empty(m, dtype=torch.uint8) for _ in ranks]
+        out = [torch.empty(m, dtype=torch.uint8, device=self.device) for _ in ranks]
         self._guard(lambda: dist.all_gather(out, padded, group=group), "allgather")
         n = len(ranks)
         self._count((n - 1) * n * m, group, ranks)
@@ -206,9 +232,9 @@ class TorchTransport(Transport):
         mine = buffers[self.rank]
         sizes = self._sizes(int(mine.numel()), size)
         m = max(sizes)
-        padded = torch.zeros(m, dtype=torch.uint8)
+        padded = torch.zeros(m, dtype=torch.uint8, device=self.device)
         padded[: mine.numel()] = mine
-        out = [torch.empty(m, dtype=torch.uint8) for _ in ranks] if self.rank == dst else None
+        out = [torch.empty(m, dtype=torch.uint8, device=self.device) for _ in ranks] if self.rank == dst else None
         self._guard(lambda: dist.gather(padded, out, dst=dst), "gather")
         self.bytes_sent += m * (len(ranks) - 1)
         return None if out is None else {r: out[r][: sizes[r]] for r in ranks}
@@ -218,7 +244,7 @@ class TorchTransport(Transport):
         if group is not None:
             if size is None:
                 raise NotImplementedError("a subgroup broadcast needs the buffer size announced (size=)")
-            out = buffer.contiguous() if self.rank == src else torch.empty(size, dtype=torch.uint8)
+            out = self._on_device(buffer) if self.rank == src else self._empty(size)
             self._guard(lambda: dist.broadcast(out, src=src, group=group), "broadcast")
             self._count((len(ranks) - 1) * size, group, ranks)
             return out
@@ -227,16 +253,24 @@ class TorchTransport(Transport):
             self._guard(lambda: dist.broadcast(n, src=src), "size broadcast")
             self.bytes_sent += (len(ranks) - 1) * 8
             size = int(n)
-        out = buffer.contiguous() if self.rank == src else torch.empty(size, dtype=torch.uint8)
+        out = self._on_device(buffer) if self.rank == src else self._empty(size)
         self._guard(lambda: dist.broadcast(out, src=src), "broadcast")
         self.bytes_sent += (len(ranks) - 1) * size
         return out
+
+    def _on_device(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` contiguous on this process's device (NCCL carries device tensors only)."""
+        return t.to(self.device).contiguous()
+
+    def _empty(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def process_of(self, address: int) -> int:
         """The process that hosts worker ``address`` (or the server, ``SERVER``)."""
         return 0 if address == SERVER else address + self.first_worker_process
 
     def send(self, buffer, src, dst, *, tag=0):
+        buffer = buffer.cpu()  # point-to-point goes through gloo (see the module docstring)
         try:  # gloo refuses a send to a peer that has gone at once
             work = dist.isend(buffer, dst=self.process_of(dst), tag=tag)
         except RuntimeError as e:
@@ -254,7 +288,7 @@ class TorchTransport(Transport):
             raise PeerLost(str(e).splitlines()[0][:160]) from None
         if count:
             self.count(nbytes, time.perf_counter() - start)
-        return buffer
+        return buffer.to(self.device)
 
     def barrier(self) -> None:
         self._guard(dist.barrier, "barrier")

@@ -1,0 +1,79 @@
+"""Codecs are device-generic: the input's device decides where every buffer lives.
+
+Two checks that need no GPU: under ``torch.device("meta")`` as the default device, a factory call
+that forgot ``device=`` makes a meta tensor, which fails (or shows in the output) as soon as it
+meets the CPU input; and encoding with a generator on the input's device works. Where CUDA is
+present, the ``device`` fixture adds the same tests on it, and the deterministic codecs must give
+the same bytes on CUDA as on the CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradwire.compress import ErrorFeedback, build
+from gradwire.compress.wire import CHUNK
+from tests.compress.compress_cases import SPECS, STOCHASTIC
+
+# sizes: empty, one element, not a multiple of 8 or 5, and more than one CPU chunk
+SIZES = [0, 1, 13, 1000, CHUNK + 77]
+DETERMINISTIC = [s for s in SPECS if s not in STOCHASTIC]
+
+
+def encode_decode(spec: str, x: torch.Tensor, seed: int = 0):
+    c = build(spec)
+    g = torch.Generator(device=x.device).manual_seed(seed)
+    packet = c.encode(x, generator=g)
+    return packet.buffer, c.decode(packet)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_no_tensor_is_made_on_the_default_device(spec):
+    x = torch.randn(CHUNK + 77, generator=torch.Generator().manual_seed(1))
+    want_bytes, want = encode_decode(spec, x)
+    with torch.device("meta"):  # any factory call without device= now makes a meta tensor
+        buffer, y = encode_decode(spec, x)
+        ef = ErrorFeedback(build(spec))
+        ef_packet = ef.encode(x, key="w", generator=torch.Generator().manual_seed(0))
+    assert buffer.device.type == y.device.type == ef_packet.buffer.device.type == "cpu"
+    assert torch.equal(buffer, want_bytes) and torch.equal(y, want)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_payload_and_output_stay_on_the_device(spec, dtype, device):
+    for n in SIZES:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype).to(device)
+        buffer, y = encode_decode(spec, x)
+        assert buffer.device == y.device == x.device and buffer.dtype == torch.uint8, n
+        assert y.dtype == dtype and y.shape == x.shape
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_same_seed_same_device_same_bytes(spec, device):
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(3)).to(device)
+    assert torch.equal(encode_decode(spec, x, seed=7)[0], encode_decode(spec, x, seed=7)[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (CI has none)")
+@pytest.mark.parametrize("spec", DETERMINISTIC)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+def test_deterministic_codecs_give_the_same_bytes_on_cpu_and_cuda(spec, dtype):
+    for n in SIZES:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+        cpu_bytes, cpu_out = encode_decode(spec, x)
+        cuda_bytes, cuda_out = encode_decode(spec, x.cuda())
+        assert torch.equal(cuda_bytes.cpu(), cpu_bytes), n
+        assert torch.equal(cuda_out.cpu(), cpu_out), n
+
+
+@pytest.mark.parametrize("spec", ["qsgd", "natural", "sign:scaled=true", "topk:ratio=0.05"])
+def test_error_feedback_keeps_its_residual_on_the_device(spec, device):
+    ef = ErrorFeedback(build(spec))
+    x = torch.randn(999, generator=torch.Generator().manual_seed(0)).to(device)
+    packet = ef.encode(x, key="w", generator=torch.Generator(device=device).manual_seed(0))
+    residual = ef.residual("w")
+    assert residual.device == x.device
+    # the error-feedback identity: what was sent plus what is kept is the input
+    torch.testing.assert_close(ef.decode(packet) + residual, x)
