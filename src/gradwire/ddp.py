@@ -84,7 +84,7 @@ class HookState:
 
     __slots__ = ("compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
                  "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
-                 "_params")
+                 "device", "_params")
 
     def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
                  error_feedback: bool = False, seed: int = 0, process_group=None,
@@ -102,12 +102,15 @@ class HookState:
         if not (isinstance(min_compress_numel, int) and min_compress_numel >= 0):
             raise ConfigError(f"min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
         self.min_compress_numel = min_compress_numel
-        self.generator = torch.Generator()  # re-seeded per (step, parameter): see _encode
         self.step = self.bytes_sent = self.wire_bytes_sent = 0
         module = model.module if isinstance(model, DistributedDataParallel) else model
-        devices = {p.device.type for p in module.parameters()}
-        if devices - {"cpu"}:  # the codecs, and this hook's buffers, are CPU-only so far
-            raise NotImplementedError(f"gradwire.ddp handles CPU parameters (gloo) only, not {devices}")
+        devices = {p.device for p in module.parameters()}
+        if len(devices) != 1:  # DDP itself wants one device per process
+            raise ConfigError(f"gradwire.ddp: the model's parameters are on {sorted(map(str, devices))}; "
+                              "the hook compresses one device's gradients per process")
+        # where the codecs run and the payloads live: the gradients' device (NCCL sends CUDA buffers)
+        self.device = devices.pop()
+        self.generator = torch.Generator(device=self.device)  # re-seeded per (step, parameter): see _encode
         # id(parameter) -> (index, name, numel): bucket.parameters() returns the module's own tensors
         self._params = {id(p): (i, name, p.numel()) for i, (name, p) in enumerate(module.named_parameters())}
 
@@ -233,7 +236,7 @@ def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
     except ValueError as error:
         refused = _refused(state, bucket, layout, error)
         # NaN everywhere: the sum tells every peer, who then stops too instead of waiting for us
-        values = torch.full((buffer.numel(),), math.nan, dtype=wire_dtype)
+        values = torch.full((buffer.numel(),), math.nan, dtype=wire_dtype, device=buffer.device)
     nbytes = values.numel() * values.element_size()
     state.bytes_sent += nbytes * (state.world_size - 1)
     state.wire_bytes_sent += nbytes * (state.world_size - 1)
@@ -278,10 +281,11 @@ def _allgather(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
         compressed = iter(p.nbytes for p in packets[bool(small):])
         # one size per parameter (raw ones: their own bytes), so that totals do not depend on the layout
         sizes = torch.tensor([k * buffer.element_size() if r else next(compressed)
-                              for (*_, k), r in zip(layout, raw, strict=True)], dtype=torch.int64)
+                              for (*_, k), r in zip(layout, raw, strict=True)], dtype=torch.int64,
+                             device=buffer.device)
     except ValueError as error:
         refused = _refused(state, bucket, layout, error)
-        sizes = torch.full((len(layout),), -1, dtype=torch.int64)  # tells the peers to stop too
+        sizes = torch.full((len(layout),), -1, dtype=torch.int64, device=buffer.device)  # the peers stop too
     # Sizes first: payloads differ in size (threshold) and gloo's all_gather wants equal ones.
     all_sizes = [torch.empty_like(sizes) for _ in range(world)]
     _wait(state, dist.all_gather(all_sizes, sizes, group=group, async_op=True), bucket, "payload sizes")
@@ -293,14 +297,14 @@ def _allgather(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
                               "could not encode their gradient (see their error); every rank stops",
                               step=state.step, worker=failed[0])
     totals = [int(s.sum()) for s in all_sizes]
-    send = torch.zeros(max(totals), dtype=torch.uint8)
+    send = torch.zeros(max(totals), dtype=torch.uint8, device=buffer.device)
     torch.cat([p.buffer for p in packets], out=send[:totals[state.rank]])
     received = [torch.empty_like(send) for _ in range(world)]
     _wait(state, dist.all_gather(received, send, group=group, async_op=True), bucket, "payloads")
     state.bytes_sent += totals[state.rank] * (world - 1)
     state.wire_bytes_sent += (sizes.numel() * 8 + send.numel()) * (world - 1)
 
-    mean = torch.zeros(buffer.numel(), dtype=work_dtype(buffer.dtype))
+    mean = torch.zeros(buffer.numel(), dtype=work_dtype(buffer.dtype), device=buffer.device)
     for rank in range(world):  # in rank order, so that every rank adds the same numbers in the same order
         payload, rank_sizes = received[rank], all_sizes[rank].tolist()
         start = sum(size for size, r in zip(rank_sizes, raw, strict=True) if r)

@@ -20,10 +20,12 @@ import torch.multiprocessing as mp
 from torch import nn
 
 
-def _child(scenario, rank: int, world_size: int, folder: str, args: tuple) -> None:
+def _child(scenario, rank: int, world_size: int, folder: str, args: tuple, backend: str) -> None:
     torch.set_num_threads(1)  # 2 cores, 2 ranks
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU per rank
     store = dist.FileStore(os.path.join(folder, "store"), world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     try:
         result = scenario(rank, world_size, *args)
         torch.save(result, os.path.join(folder, f"result-{rank}.pt"))
@@ -36,9 +38,10 @@ def _child(scenario, rank: int, world_size: int, folder: str, args: tuple) -> No
     os._exit(0)
 
 
-def launch(scenario, tmp_path: Path, *args, world_size: int = 2, timeout_s: float = 60.0) -> list:
+def launch(scenario, tmp_path: Path, *args, world_size: int = 2, timeout_s: float = 60.0,
+           backend: str = "gloo") -> list:
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(scenario, rank, world_size, str(tmp_path), args))
+    procs = [ctx.Process(target=_child, args=(scenario, rank, world_size, str(tmp_path), args, backend))
              for rank in range(world_size)]
     for p in procs:
         p.start()
@@ -54,7 +57,8 @@ def launch(scenario, tmp_path: Path, *args, world_size: int = 2, timeout_s: floa
     assert not hung, f"ranks {hung} still running after {timeout_s} s{errors}"
     codes = [p.exitcode for p in procs]
     assert codes == [0] * world_size, f"exit codes {codes}{errors}"
-    return [torch.load(tmp_path / f"result-{rank}.pt", weights_only=True) for rank in range(world_size)]
+    return [torch.load(tmp_path / f"result-{rank}.pt", weights_only=True, map_location="cpu")
+            for rank in range(world_size)]
 
 
 # --- what the scenarios share: a small MLP and a synthetic regression, sharded by rank ----------
