@@ -1,10 +1,15 @@
-"""Step time of plain DDP against the gradwire.ddp hook, 2 gloo processes on this machine.
+"""Step time of plain DDP against the gradwire.ddp hook and PyTorch's own hooks.
 
     python benchmarks/ddp_hook.py [--rounds 12] [--steps-per-round 10] [--batch 64] [--only fp16 ...]
+    python benchmarks/ddp_hook.py --device cuda --model gpt2 [--dtype bfloat16]   # NCCL, a GPU per rank
 
-Model: an MLP 512-1024-512-10 (1.05M float32 parameters, 4.2 MB of gradient; three buckets once
-DDP has rebuilt them), one synthetic batch per rank, SGD. A step is forward, backward (where the
-hook runs) and the update.
+CPU (default): 2 gloo processes, one thread each, and an MLP 512-1024-512-10 (1.05M float32
+parameters, 4.2 MB of gradient; three buckets once DDP has rebuilt them). CUDA: one NCCL process
+per visible GPU. ``--model gpt2`` is a GPT-2-small-sized decoder (12 layers, width 768, 12 heads,
+vocabulary 50257, 124M parameters; ``--layers``/``--width``/``--vocab``/``--seq`` shrink it),
+trained on random tokens. ``--dtype bfloat16`` or ``float16`` casts the model, so the gradients
+the hook gets are 16-bit. One synthetic batch per rank, SGD. A step is forward, backward (where
+the hook runs) and the update. On a GPU each step is timed with CUDA events.
 
 Timing: one pair of processes (spawn, FileStore, one thread each) builds one DDP model per
 configuration and runs them in interleaved rounds (``--steps-per-round`` steps of each in turn),
@@ -28,46 +33,111 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from torch import nn
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 # (label, gradwire spec or "torch:<hook>", error feedback). PyTorch's own Python hooks
 # (torch.distributed.algorithms.ddp_comm_hooks.default_hooks) show what any Python hook costs
 # against DDP's built-in C++ allreduce.
 CONFIGS = [("plain DDP", None, False), ("torch allreduce_hook", "torch:allreduce_hook", False),
-           ("torch fp16_compress_hook", "torch:fp16_compress_hook", False), ("none", "none", False),
+           ("torch fp16_compress_hook", "torch:fp16_compress_hook", False),
+           ("torch powerSGD_hook rank 4", "torch:powerSGD_hook", False), ("none", "none", False),
            ("fp16", "fp16", False), ("qsgd:levels=4", "qsgd:levels=4", False),
-           ("topk:ratio=0.01 + EF", "topk:ratio=0.01", True)]
+           ("sign:scaled=true + EF", "sign:scaled=true", True), ("topk:ratio=0.01 + EF", "topk:ratio=0.01", True)]
+POWERSGD_RANK = 4
 
 
-def build(spec: str | None, ef: bool):
+def make_model(args: dict):
+    """The benchmark's model and a function drawing one batch (inputs, targets) for a rank."""
+    if args["model"] == "mlp":
+        model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10))
+        return model, lambda g: (torch.randn(args["batch"], 512, generator=g),
+                                 torch.randint(0, 10, (args["batch"],), generator=g))
+    width, vocab, seq = args["width"], args["vocab"], args["seq"]
+    model = Decoder(vocab, width, args["layers"], max(1, width // 64), seq)
+    return model, lambda g: (torch.randint(0, vocab, (args["batch"], seq), generator=g),
+                             torch.randint(0, vocab, (args["batch"] * seq,), generator=g))
+
+
+class Decoder(nn.Module):
+    """A GPT-2-style decoder: token and position embeddings, pre-norm causal self-attention blocks,
+    a final norm and an output projection (GPT-2 small: 12 blocks of width 768, 12 heads)."""
+
+    def __init__(self, vocab: int, width: int, layers: int, heads: int, seq: int):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(seq, width)
+        block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+
+    def forward(self, tokens):
+        h = self.tokens(tokens) + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
+        h = self.blocks(h, mask=self.mask.to(h.dtype), is_causal=True)
+        return self.head(self.norm(h)).flatten(0, 1)
+
+
+def build(spec: str | None, ef: bool, args: dict, device):
     import torch
-    from torch import nn
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from gradwire import ddp as gwddp
 
     torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(),
-                              nn.Linear(512, 10)))
+    module, _ = make_model(args)
+    module = module.to(device, getattr(torch, args["dtype"]))
+    model = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
     state = None
-    if spec and spec.startswith("torch:"):
+    if spec == "torch:powerSGD_hook":  # error feedback and warm start on, compressing from step 2
+        model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=POWERSGD_RANK,
+                                                             start_powerSGD_iter=2), powerSGD_hook.powerSGD_hook)
+    elif spec and spec.startswith("torch:"):
         model.register_comm_hook(None, getattr(default_hooks, spec.removeprefix("torch:")))
     elif spec:
         state = gwddp.register(model, spec, error_feedback=ef)
     return model, state, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
+def powersgd_bytes(model, world_size: int, min_compression_rate: float = 2.0) -> int:
+    """Bytes per step of PyTorch's powerSGD_hook by the hook's rule: each matrix (a tensor seen as
+    shape[0] x rest) worth compressing sends P and Q, (n + m) * rank elements; the rest travel
+    whole (PowerSGD's rule of compressing only when n*m >= rate * (n + m) * rank)."""
+    total = 0
+    for p in model.parameters():
+        size = p.element_size()
+        n, m = p.shape[0], p.numel() // max(p.shape[0], 1)
+        if p.dim() > 1 and n * m >= min_compression_rate * (n + m) * POWERSGD_RANK:
+            total += (n + m) * POWERSGD_RANK * size
+        else:
+            total += p.numel() * size
+    return total * (world_size - 1)
+
+
 def steps(model, opt, x, y, count: int) -> list[float]:
+    import torch
     from torch import nn
 
+    cuda = x.device.type == "cuda"
     times = []
     for _ in range(count):
-        start = time.perf_counter()
+        if cuda:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            start_s = time.perf_counter()
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        nn.functional.cross_entropy(model(x).float(), y).backward()
         opt.step()
-        times.append(time.perf_counter() - start)
+        if cuda:
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) / 1e3)
+        else:
+            times.append(time.perf_counter() - start_s)
     return times
 
 
@@ -76,11 +146,18 @@ def child(rank: int, world_size: int, folder: str, configs: list, args: dict) ->
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), world_size),
+    device = torch.device("cpu")
+    if args["device"] == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            store=dist.FileStore(os.path.join(folder, "store"), world_size),
                             rank=rank, world_size=world_size)
     g = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(args["batch"], 512, generator=g), torch.randint(0, 10, (args["batch"],), generator=g)
-    runs = [build(spec, ef) for _, spec, ef in configs]
+    x, y = (t.to(device) for t in make_model(args)[1](g))
+    if x.is_floating_point():
+        x = x.to(getattr(torch, args["dtype"]))
+    runs = [build(spec, ef, args, device) for _, spec, ef in configs]
     times: list[list[float]] = [[] for _ in configs]
     counted = [0] * len(configs)
     for round_ in range(args["rounds"]):
@@ -94,19 +171,25 @@ def child(rank: int, world_size: int, folder: str, configs: list, args: dict) ->
     numel = sum(p.numel() for p in runs[0][0].parameters())
     out = []
     for (_, spec, _), (_, state, _), t, sent in zip(configs, runs, times, counted, strict=True):
-        if not state:  # the same rule: the gradient's bytes (2 per element for fp16) to each peer
-            sent = (2 if spec and "fp16" in spec else 4) * numel * (world_size - 1) * len(t)
+        if spec == "torch:powerSGD_hook":
+            sent = powersgd_bytes(runs[0][0], world_size) * len(t)
+        elif not state:  # the same rule: the gradient's bytes (2 per element for fp16) to each peer
+            size = runs[0][0].module.parameters().__next__().element_size()
+            sent = (2 if spec and "fp16" in spec else size) * numel * (world_size - 1) * len(t)
         out.append({"mean_ms": 1e3 * statistics.fmean(t), "p50_ms": 1e3 * statistics.median(t),
                     "bytes": sent / len(t), "numel": numel})
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if device.type == "cuda":  # device memory, not the host's
+        peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
     torch.save({"rows": out, "peak_mib": peak_mib}, os.path.join(folder, f"r{rank}.pt"))
     dist.destroy_process_group()
 
 
-def launch(configs: list, args: dict, world_size: int = 2) -> list[dict]:
+def launch(configs: list, args: dict) -> list[dict]:
     import torch
     import torch.multiprocessing as mp
 
+    world_size = torch.cuda.device_count() if args["device"] == "cuda" else 2
     with tempfile.TemporaryDirectory() as folder:
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=child, args=(r, world_size, folder, configs, args))
@@ -129,17 +212,35 @@ def main() -> None:
     parser.add_argument("--steps-per-round", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--only", action="append", help="only these labels (plain DDP always runs)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu: 2 gloo processes; cuda: one NCCL process per visible GPU")
+    parser.add_argument("--model", choices=["mlp", "gpt2"], default="mlp")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                        help="the model's dtype, hence the gradients' (16-bit: mixed-precision training)")
+    parser.add_argument("--layers", type=int, default=12, help="gpt2: blocks")
+    parser.add_argument("--width", type=int, default=768, help="gpt2: model width")
+    parser.add_argument("--vocab", type=int, default=50257, help="gpt2: vocabulary")
+    parser.add_argument("--seq", type=int, default=512, help="gpt2: tokens per sequence")
     a = parser.parse_args()
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("ddp_hook: --device cuda, but torch sees no CUDA device here; use --device cpu")
     configs = [c for c in CONFIGS if not a.only or c[0] in a.only or c[0] == "plain DDP"]
-    args = {"rounds": a.rounds, "steps_per_round": a.steps_per_round, "batch": a.batch}
+    args = {"rounds": a.rounds, "steps_per_round": a.steps_per_round, "batch": a.batch, "device": a.device,
+            "model": a.model, "dtype": a.dtype, "layers": a.layers, "width": a.width, "vocab": a.vocab,
+            "seq": a.seq}
     timing = launch(configs, args)[0]["rows"]
     peaks = [max(r["peak_mib"] for r in launch([c], {**args, "rounds": 2})) for c in configs]
     base = timing[0]["mean_ms"]
     timed = (a.rounds - 1) * a.steps_per_round
-    print(f"{timing[0]['numel']:,} parameters, batch {a.batch} per rank, 2 gloo processes x 1 thread, "
+    where = "NCCL, a GPU per process" if a.device == "cuda" else "2 gloo processes x 1 thread"
+    print(f"{a.model}, {timing[0]['numel']:,} {a.dtype} parameters, batch {a.batch} per rank, {where}, "
           f"{timed} timed steps per configuration in {a.rounds - 1} interleaved rounds, "
           f"load average {os.getloadavg()[0]:.1f}\n")
-    print("| configuration | mean ms/step | p50 ms/step | mean vs plain | bytes/step sent | peak RSS MiB |")
+    peak_label = "peak GPU MiB" if a.device == "cuda" else "peak RSS MiB"
+    print(f"| configuration | mean ms/step | p50 ms/step | mean vs plain | bytes/step sent | {peak_label} |")
     print("|---|---:|---:|---:|---:|---:|")
     for (label, _, _), row, peak in zip(configs, timing, peaks, strict=True):
         print(f"| {label} | {row['mean_ms']:.2f} | {row['p50_ms']:.2f} | {row['mean_ms'] / base:.2f} "
