@@ -48,6 +48,12 @@ _STAGES = {
 }
 
 
+# One-bit symbols: eight 0/1 bytes b0..b7 viewed as an int64 word (b_i at bit 8i), times this
+# constant (bits 56 - 7i set), put b_i at bit 56 + i and no carry in between: the top byte is then
+# the packed byte, LSB first. One multiply and one shift per eight symbols.
+_GATHER_BITS = sum(1 << (56 - 7 * i) for i in range(8))
+
+
 def packed_bytes(n: int, bits: int) -> int:
     """Bytes of a stream of ``n`` symbols of ``bits`` bits each."""
     return (n * bits + 7) // 8
@@ -62,6 +68,10 @@ def pack_bits(symbols: torch.Tensor, bits: int, out: torch.Tensor) -> None:
         out.copy_(symbols)
         return
     w = symbols.view(torch.int64)
+    if bits == 1:
+        w.mul_(_GATHER_BITS).bitwise_right_shift_(56).bitwise_and_(0xFF)  # bits 56..63, as 0..255
+        out.copy_(w)
+        return
     tmp = torch.empty_like(w)
     for lane, used, low, high, _ in _STAGES[bits]:
         torch.bitwise_right_shift(w, lane - used, out=tmp)

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from gradwire.compress import bitpack
 from gradwire.compress.base import REGISTRY, Compressor, Packet, raise_non_finite
 from gradwire.compress.stream import SymbolStream
 from gradwire.compress.wire import (
@@ -33,19 +34,18 @@ from gradwire.compress.wire import (
 
 
 def pack_signs(x: torch.Tensor, out: torch.Tensor) -> None:
-    """Write the bits ``x < 0`` of the 1-D ``x`` into ``out`` (``ceil(n/8)`` bytes), chunk by chunk."""
+    """Write the bits ``x < 0`` of the 1-D ``x`` into ``out`` (``ceil(n/8)`` bytes), chunk by chunk:
+    one comparison into 0/1 bytes, then eight of them to a byte by one multiply (``bitpack``)."""
     n, device = x.numel(), x.device
-    stream = SymbolStream(1, 2, -2.0, 1.0, torch.float32, device)
     chunk = chunk_size(n, device)
     size = min(chunk, -(-n // 8) * 8)
-    neg, rows = torch.zeros(size, device=device), torch.empty(size // 8, device=device)
-    no_scratch = rows.new_empty(0, dtype=torch.uint8)  # 1-bit symbols take the table path
+    neg = torch.zeros(size, dtype=torch.bool, device=device)
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         padded = -(-(hi - lo) // 8) * 8
-        neg[hi - lo: padded] = 0
+        neg[hi - lo: padded] = False
         torch.lt(x[lo:hi], 0, out=neg[: hi - lo])
-        stream.pack(neg[:padded], out[lo // 8: lo // 8 + padded // 8], rows, no_scratch)
+        bitpack.pack_bits(neg[:padded].view(torch.uint8), 1, out[lo // 8: lo // 8 + padded // 8])
 
 
 def unpack_signs(data: torch.Tensor, n: int, out: torch.Tensor, scale: float, name: str) -> None:
