@@ -57,6 +57,7 @@ def simulate(spec: str, *, steps: int = 300, lr: float = 0.05, noise: float = 0.
     path = [{r: x.clone() for r, x in alg.replicas.x.items()} | {"eval": alg.eval_params().clone()}]
     for t in range(1, steps + 1):
         alg.step(ctx, t)
+        alg.before_evaluation(ctx)  # evaluated at every step (LSGD's default: the workers' average)
         path.append({r: x.clone() for r, x in alg.replicas.x.items()} | {"eval": alg.eval_params().clone()})
     return alg, path
 

@@ -1,7 +1,7 @@
 """Trajectories of Leader SGD as gradwire ran it before the authors' protocol (issue 17) was added:
 no proximal pull, the election window equal to τ, the leader evaluated. Recorded once at commit
 5587257 into ``data/lsgd_reference.json``; ``test_leader_sgd.py`` checks that ``prox=0`` and
-``window=τ`` (``gprox=0`` and ``gwindow=τ_G`` for multi-leader) with ``eval=leader`` still give
+``window=τ`` (``global_prox=0`` and ``global_window=τ_G`` for multi-leader) with ``eval=leader`` still give
 these steps bit for bit.
 
 Each step is recorded as its figures and a sha256 of every worker's parameters, so the file stays
@@ -27,7 +27,8 @@ FILE = Path(__file__).parent / "data" / "lsgd_reference.json"
 # the spec as it was, and the keys that reproduce it now
 CASES = {
     "lsgd:pull=0.3,period=3": ",prox=0,window=3,eval=leader",
-    "lsgd:groups=2,pull=0.5,period=2,global_pull=0.2,global_period=4": ",prox=0,window=2,gprox=0,gwindow=4,eval=leader",
+    "lsgd:groups=2,pull=0.5,period=2,global_pull=0.2,global_period=4":
+        ",prox=0,window=2,global_prox=0,global_window=4,eval=leader",
     "lsgd:async=true,pull=0.5,period=2": ",prox=0,window=2,eval=leader",
 }
 STEPS = 12
