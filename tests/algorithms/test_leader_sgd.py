@@ -326,3 +326,14 @@ def test_fixed_shards_warn_that_they_measure_shard_bias(make_config, partition, 
     assert ("warning" in info) == warned
     if warned:
         assert info["warning"].startswith("fixed shards measure shard bias, not the algorithm")
+
+
+def test_gradwire_run_prints_the_fixed_shard_warning(tmp_path, data_dir, capsys):
+    from gradwire.cli import main
+
+    common = ["run", "--task", "digits-logreg", "--workers", "2", "--steps", "2", "--eval-every", "2",
+              "--algorithm", "lsgd", "--data-dir", str(data_dir)]
+    assert main([*common, "--out", str(tmp_path / "iid")]) == 0
+    assert "warning=fixed shards measure shard bias, not the algorithm" in capsys.readouterr().out
+    assert main([*common, "--partition", "shared", "--out", str(tmp_path / "shared")]) == 0
+    assert "fixed shards" not in capsys.readouterr().out
