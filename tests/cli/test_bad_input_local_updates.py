@@ -57,3 +57,11 @@ def test_nesterov_needs_momentum(tmp_path, data_dir, capsys):
                  "--data-dir", str(data_dir)])
     err = capsys.readouterr().err
     assert code == 2 and "nesterov=true needs momentum > 0" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("algorithm", ["diana", "signsgd"])
+def test_nesterov_is_refused_where_the_algorithm_has_its_own_momentum(tmp_path, data_dir, capsys, algorithm):
+    code = main(["run", "--algorithm", algorithm, "--momentum", "0.9", "--nesterov", "--steps", "1", "--task",
+                 "digits-logreg", "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--nesterov does not apply" in err and len(err.strip().splitlines()) == 1, err
