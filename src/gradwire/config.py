@@ -35,6 +35,7 @@ class RunConfig:
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float = 0.05                          # step size γ
     momentum: float = 0.0                     # heavy-ball momentum β
+    nesterov: bool = False                    # Nesterov momentum (as torch.optim.SGD's); needs momentum > 0
     weight_decay: float = 0.0                 # extra L2 decay on the update
     dtype: str = "float32"                    # float32 or float64, end to end
     eval_every: int = 50                      # evaluate every E steps (and at the last)
@@ -72,6 +73,8 @@ class RunConfig:
         _step_size(self.lr, "lr", self.dtype, positive=True)
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum={self.momentum} must be in [0, 1)")
+        if self.nesterov and not self.momentum:
+            raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0")
         _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed={self.seed} must be an integer in [0, 2**63) (--seed)")

@@ -57,6 +57,7 @@ def simulate(spec: str, *, steps: int = 300, lr: float = 0.05, noise: float = 0.
     path = [{r: x.clone() for r, x in alg.replicas.x.items()} | {"eval": alg.eval_params().clone()}]
     for t in range(1, steps + 1):
         alg.step(ctx, t)
+        alg.before_evaluation(ctx)  # evaluated at every step (LSGD's default: the workers' average)
         path.append({r: x.clone() for r, x in alg.replicas.x.items()} | {"eval": alg.eval_params().clone()})
     return alg, path
 
@@ -70,8 +71,9 @@ def plot(out: str, lsgd_spec: str, easgd_spec: str) -> None:
     g1, g2 = torch.meshgrid(torch.linspace(-1.6, 1.6, 200), torch.linspace(-1.0, 1.0, 120), indexing="xy")
     z = (g1**2 - 1) ** 2 + g2**2
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, spec, label in ((axes[0], easgd_spec, "center"), (axes[1], lsgd_spec, "leader")):
-        _, path = simulate(spec)
+    for ax, spec in ((axes[0], easgd_spec), (axes[1], lsgd_spec)):
+        alg, path = simulate(spec)
+        label = alg.evaluates
         ax.contour(g1, g2, z, levels=[0.02, 0.1, 0.3, 0.6, 1.0, 1.5, 2.5], colors="0.75", linewidths=0.8)
         for r in range(WORKERS):
             pts = torch.stack([p[r] for p in path])

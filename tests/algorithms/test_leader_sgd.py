@@ -1,5 +1,9 @@
 """Leader SGD: the invariants of its update, leader election, multi-leader groups, the asynchronous
-version, and the curse of symmetry it avoids (Teng et al. 2019)."""
+version, and the curse of symmetry it avoids (Teng et al. 2019); the authors' protocol (issue 17):
+the per-step proximal pull, the election window, what is evaluated, and the old trajectories that
+prox=0, window=τ still give."""
+
+import json
 
 import numpy as np
 import pytest
@@ -9,8 +13,10 @@ from gradwire.algorithms import ALGORITHMS, CodecConfig, OptimConfig
 from gradwire.algorithms.protocol import HEADER_BYTES
 from gradwire.run.loop import Run
 from gradwire.servers.simulated import SimulatedServer
+from gradwire.tasks.evaluate import evaluate
 from gradwire.tasks.oracle import WorkerData
 from tests.algorithms.double_well import EASGD_SPEC, LSGD_SPEC, WORKERS, f, simulate
+from tests.algorithms.lsgd_reference import CASES, FILE, trajectory
 from tests.helpers import LOCAL_UPDATES, read_jsonl
 
 
@@ -26,8 +32,10 @@ class Spy:
         return loss, grad
 
 
-def test_pull_zero_is_independent_sgd_on_each_worker(make_config):
-    r = Run(make_config(LOCAL_UPDATES, algorithm="lsgd:pull=0,period=2", weight_decay=1e-3))
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_pull_zero_is_independent_sgd_on_each_worker(make_config, nesterov):
+    r = Run(make_config(LOCAL_UPDATES, algorithm="lsgd:pull=0,prox=0,period=2", weight_decay=1e-3,
+                        nesterov=nesterov))
     start = r.model.flatten()
     for _ in range(10):
         r.train_step()
@@ -35,7 +43,7 @@ def test_pull_zero_is_independent_sgd_on_each_worker(make_config):
         module = r.task.model_fn(torch.Generator())
         r.model.load(start)
         module.load_state_dict(r.model.module.state_dict())
-        opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+        opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3, nesterov=nesterov)
         data = r.oracle.workers[rank]
         replay = WorkerData(data.x, data.y, batch_size=16, seed=0, rank=rank)
         for _ in range(10):
@@ -48,7 +56,7 @@ def test_pull_zero_is_independent_sgd_on_each_worker(make_config):
 
 
 def test_pull_one_period_one_makes_every_worker_the_leader(make_config):
-    r = Run(make_config(LOCAL_UPDATES, algorithm="lsgd:pull=1,period=1"))
+    r = Run(make_config(LOCAL_UPDATES, algorithm="lsgd:pull=1,period=1,eval=leader"))
     leaders = set()
     for _ in range(8):
         info = r.train_step()
@@ -63,7 +71,7 @@ def test_pull_one_period_one_makes_every_worker_the_leader(make_config):
 
 def test_leader_is_the_lowest_running_mean_loss_ties_to_lowest_rank(make_config):
     period = 3
-    r = Run(make_config(LOCAL_UPDATES, algorithm=f"lsgd:pull=0.3,period={period}", workers=5))
+    r = Run(make_config(LOCAL_UPDATES, algorithm=f"lsgd:pull=0.3,period={period},window={period}", workers=5))
     spy = Spy(r.oracle)
     r.ctx.oracle = spy
     history = {k: [] for k in range(5)}
@@ -86,7 +94,7 @@ def test_leader_is_the_lowest_running_mean_loss_ties_to_lowest_rank(make_config)
 
 
 def test_multi_leader_pulls_to_group_and_global_leaders(make_config):
-    spec = "lsgd:groups=2,pull=1,period=1,global_pull=0,global_period=3"
+    spec = "lsgd:groups=2,pull=1,period=1,global_pull=0,global_period=3,global_prox=0,eval=leader"
     r = Run(make_config(LOCAL_UPDATES, algorithm=spec))
     assert r.algorithm.members == [[0, 1], [2, 3]] and r.algorithm.setup_info()["groups"] == [[0, 1], [2, 3]]
     for step in range(1, 7):
@@ -156,8 +164,10 @@ def test_curse_of_symmetry_lsgd_picks_a_well_easgd_center_stalls():
         assert f(easgd.eval_params()) > 0.9                   # at the saddle's value f = 1
 
 
-@pytest.mark.parametrize("spec, evaluated", [("lsgd:period=2", "leader"), ("easgd:period=2", "center"),
-                                             ("local:period=2", "average"), ("sync", "model")])
+@pytest.mark.parametrize("spec, evaluated", [
+    ("lsgd:period=2", "average"), ("lsgd:period=2,eval=leader", "leader"), ("lsgd:async=true", "leader"),
+    ("easgd:period=2", "center"), ("easgd:period=2,eval=each", "each"), ("local:period=2", "last_average"),
+    ("local:period=2,eval=average", "average"), ("sync", "model")])
 def test_metrics_say_whose_parameters_were_evaluated(make_config, tmp_path, spec, evaluated):
     from gradwire.run.loop import run
 
@@ -173,3 +183,157 @@ def test_default_groups_follow_nodes_but_never_groups_of_one(make_config, per_no
     alg = ALGORITHMS.build("lsgd:pull=0.5,period=2")
     alg.setup(r.ctx, r.model.flatten(), OptimConfig(lr=0.1), CodecConfig())
     assert alg.members == groups and alg.multi == (len(groups) > 1)
+
+
+# -- the authors' protocol (issue 17) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("old", list(CASES))
+def test_prox_zero_and_window_tau_reproduce_the_recorded_trajectories(data_dir, tmp_path, old):
+    """Recorded before the proximal pull and the window existed (lsgd_reference.py): every step's
+    figures, clock, bytes and every replica's sha256, and the last evaluation, bit for bit."""
+    recorded = json.loads(FILE.read_text())[old]
+    assert trajectory(old + CASES[old], str(data_dir), str(tmp_path / "run")) == recorded
+    # ... and the new defaults do move them (the reference can fail)
+    assert trajectory(old, str(data_dir), str(tmp_path / "new")) != recorded
+
+
+def _spy_prox(alg):
+    calls = []
+    pull = alg.proximal_pull
+
+    def spy(rank):
+        before = alg.replicas.x[rank].clone()
+        snapshot = {k: t.clone() for k, t in alg.snapshots[rank].items()}
+        pull(rank)
+        calls.append((rank, before, snapshot, alg.replicas.x[rank].clone()))
+
+    alg.proximal_pull = spy
+    return calls
+
+
+def test_prox_moves_every_worker_leader_included_by_the_stated_formula(make_config):
+    prox, period = 0.4, 3
+    r = Run(make_config(LOCAL_UPDATES, algorithm=f"lsgd:pull=0.5,period={period},prox={prox},eval=leader"))
+    assert torch.equal(r.algorithm.leader_x, r.model.flatten())  # the snapshot before any round: the start
+    calls = _spy_prox(r.algorithm)
+    w = prox / period
+    leaders = set()
+    for _ in range(12):
+        calls.clear()
+        snapshot_before = r.algorithm.leader_x.clone()  # the last round's leader, as broadcast
+        info = r.train_step()
+        assert sorted(c[0] for c in calls) == [0, 1, 2, 3]  # every worker, every step
+        for _rank, before, snapshot, after in calls:
+            assert torch.equal(snapshot["global"], snapshot_before)
+            expected = (1 - w) * before.double() + w * snapshot["global"].double()   # x <- (1 - p/τ) x + (p/τ) x̃
+            torch.testing.assert_close(after.double(), expected, rtol=0, atol=1e-6)
+            assert (after - before).abs().max() > 1e-4  # moved, the leader too
+        if "leader_loss" in info:
+            leaders.add(info["leader"])
+            assert torch.equal(r.algorithm.leader_x, r.algorithm.replicas.x[info["leader"]])
+    assert leaders  # there were rounds, and their leaders were pulled at the steps after them
+
+
+def test_prox_pulls_towards_both_leaders_with_groups(make_config):
+    spec = "lsgd:groups=2,pull=0.5,period=2,global_pull=0.5,global_period=4,prox=0.6,global_prox=2,eval=leader"
+    r = Run(make_config(LOCAL_UPDATES, algorithm=spec))
+    for _ in range(4):
+        r.train_step()  # a group round at steps 2 and 4, a global round at 4
+    alg = r.algorithm
+    calls = _spy_prox(alg)
+    r.train_step()
+    # the global leader led its group too, so only the other group has two different snapshots
+    assert sum(not torch.equal(c[2]["group"], c[2]["global"]) for c in calls) == 2
+    for _rank, before, snapshot, after in calls:
+        x = before.double()
+        x = (1 - 0.6 / 2) * x + 0.6 / 2 * snapshot["group"].double()     # towards the group leader: p/τ
+        x = (1 - 2 / 4) * x + 2 / 4 * snapshot["global"].double()        # towards the global leader: p_G/τ_G
+        torch.testing.assert_close(after.double(), x, rtol=0, atol=1e-6)
+    assert torch.equal(calls[0][2]["global"], alg.leader_x)
+
+
+def test_async_workers_pull_towards_the_last_leader_they_received(make_config):
+    r = Run(make_config(LOCAL_UPDATES, algorithm="lsgd:async=true,pull=0.5,period=1,prox=0.5"))
+    alg = r.algorithm
+    calls = _spy_prox(alg)
+    start = r.model.flatten()
+    for _ in range(6):
+        r.train_step()
+    assert sorted({c[0] for c in calls}) == [0, 1, 2, 3]
+    for _rank, before, snapshot, after in calls:
+        torch.testing.assert_close(after.double(), 0.5 * before.double() + 0.5 * snapshot["global"].double(),
+                                   rtol=0, atol=1e-6)
+    # the snapshots moved off the start: to uploaded leader parameters, which the server also holds
+    assert all(not torch.equal(s["global"], start) for s in alg.snapshots.values())
+    uploaded = [s["global"] for s in alg.snapshots.values()]
+    assert any(torch.equal(u, alg.leader_x) for u in uploaded)
+
+
+@pytest.mark.parametrize("spec", ["lsgd:period=2", "easgd:period=2,eval=average", "local:period=3,eval=average"])
+def test_average_evaluation_is_the_mean_of_the_replicas_and_costs_the_run_nothing(make_config, spec):
+    r = Run(make_config(LOCAL_UPDATES, algorithm=spec))
+    for _ in range(5):  # step 5: between rounds, the replicas differ
+        r.train_step()
+    xs = r.algorithm.replicas.x
+    assert not torch.equal(xs[0], xs[1])
+    bytes_sent, now = r.transport.bytes_sent, r.clock.now
+    r.algorithm.before_evaluation(r.ctx)
+    assert (r.transport.bytes_sent, r.clock.now) == (bytes_sent, now)
+    mean = (xs[0] + xs[1] + xs[2] + xs[3]) / 4  # summed in rank order, as the allreduce does
+    assert torch.equal(r.algorithm.eval_params(), mean)
+    assert r.evaluate() == evaluate(r.task, r.model, mean)
+    assert r.algorithm.evaluates == "average"
+
+
+def test_each_evaluation_evaluates_every_worker(make_config):
+    r = Run(make_config(LOCAL_UPDATES, algorithm="lsgd:period=2,eval=each"))
+    for _ in range(3):
+        r.train_step()
+    r.algorithm.before_evaluation(r.ctx)
+    stack = r.algorithm.eval_params()
+    assert all(torch.equal(stack[k], r.algorithm.replicas.x[k]) for k in range(4))
+    got = r.evaluate()
+    each = [evaluate(r.task, r.model, r.algorithm.replicas.x[k]) for k in range(4)]
+    assert got["test_acc_each"] == [e["test_acc"] for e in each]
+    assert got["test_loss"] == pytest.approx(np.mean([e["test_loss"] for e in each]), rel=1e-12)
+
+
+def test_default_window_is_a_quarter_period_and_elects_on_it(make_config):
+    assert ALGORITHMS.build("lsgd:period=8").window_size == 2
+    assert ALGORITHMS.build("lsgd:period=2").window_size == 1
+    assert ALGORITHMS.build("lsgd:period=8,window=5").window_size == 5
+    r = Run(make_config(LOCAL_UPDATES, algorithm="lsgd:period=4,window=2,prox=0"))
+    spy = Spy(r.oracle)
+    r.ctx.oracle = spy
+    history = {k: [] for k in range(4)}
+    for step in range(1, 9):
+        spy.calls.clear()
+        info = r.train_step()
+        for rank, loss in spy.calls:
+            history[rank].append(loss)
+        if step % 4 == 0:
+            means = {k: np.float32(np.mean(v[-2:])) for k, v in history.items()}
+            assert info["leader"] == min(means, key=lambda k: (means[k], k))
+            assert info["leader_loss"] == float(means[info["leader"]])
+    assert r.algorithm.spec() == "lsgd:pull=0.1,period=4,prox=0,window=2,eval=average"
+
+
+@pytest.mark.parametrize("partition, warned", [("iid", True), ("shared", False)])
+def test_fixed_shards_warn_that_they_measure_shard_bias(make_config, partition, warned):
+    r = Run(make_config(LOCAL_UPDATES, algorithm="lsgd", partition=partition))
+    info = r.algorithm.setup_info()
+    assert ("warning" in info) == warned
+    if warned:
+        assert info["warning"].startswith("fixed shards measure shard bias, not the algorithm")
+
+
+def test_gradwire_run_prints_the_fixed_shard_warning(tmp_path, data_dir, capsys):
+    from gradwire.cli import main
+
+    common = ["run", "--task", "digits-logreg", "--workers", "2", "--steps", "2", "--eval-every", "2",
+              "--algorithm", "lsgd", "--data-dir", str(data_dir)]
+    assert main([*common, "--out", str(tmp_path / "iid")]) == 0
+    assert "warning=fixed shards measure shard bias, not the algorithm" in capsys.readouterr().out
+    assert main([*common, "--partition", "shared", "--out", str(tmp_path / "shared")]) == 0
+    assert "fixed shards" not in capsys.readouterr().out

@@ -13,13 +13,16 @@ from gradwire.transports.network import NETWORKS
 from tests.helpers import LOCAL_UPDATES
 
 SPECS = [
-    "lsgd:pull=0.3,period=3",
-    "lsgd:groups=2,pull=0.5,period=2,global_pull=0.2,global_period=3",
-    "lsgd:async=true,pull=0.3,period=2",
+    "lsgd",  # the authors' defaults: proximal pull, window τ/4, the average evaluated
+    "lsgd:pull=0.3,period=3,prox=0,window=3,eval=leader",
+    "lsgd:groups=2,pull=0.5,period=2,global_pull=0.2,global_period=3,prox=0.5,global_prox=0.3,eval=each",
+    "lsgd:async=true,pull=0.3,period=2,prox=0.2",
     "lsgd:async=true,groups=2,period=1,global_period=2",
     "easgd:period=2",
+    "easgd:period=2,eval=average",
     "easgd:async=true,period=2",
     "local:period=3",
+    "local:period=3,eval=each",
     "dasgd:period=4,delay=3",   # the checkpoint at step 5 falls while the average of step 4 travels
     "dasgd:period=2,delay=2",   # always one in flight
     "dasgd:period=3,delay=1",   # none in flight at step 5
@@ -40,6 +43,7 @@ def only_tensors_and_ints(obj, where="state") -> None:
 
 
 def snapshot(r: Run) -> dict:
+    r.algorithm.before_evaluation(r.ctx)  # what eval=average or each gathers: from the resumed state too
     return {"x": {k: t.clone() for k, t in r.algorithm.replicas.x.items()}, "eval": r.algorithm.eval_params().clone()}
 
 

@@ -26,11 +26,13 @@ def run_one_worker_per_thread(cfg: RunConfig, steps: int) -> dict[int, dict]:
             ctx = Context(world_size=cfg.workers, local_ranks=(rank,), transport=transport, oracle=r.oracle,
                           stragglers=r.ctx.stragglers, clock=SimClock(), seed=cfg.seed)
             alg = ALGORITHMS.build(cfg.algorithm)
-            alg.setup(ctx, r.model.flatten(), OptimConfig(lr=cfg.lr, momentum=cfg.momentum), CodecConfig())
+            alg.setup(ctx, r.model.flatten(), OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov),
+                      CodecConfig())
             infos = []
             for t in range(1, steps + 1):
                 r.oracle.step = t
                 infos.append(alg.step(ctx, t))
+            alg.before_evaluation(ctx)  # every process, as the run loop at an evaluation step
             results[rank] = {"infos": infos, "x": alg.replicas.x[rank].clone(), "eval": alg.eval_params().clone()}
         except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
             errors.append(e)

@@ -17,6 +17,17 @@ from tests.helpers import gw
     ("lsgd:pull=-0.1", "pull must be in [0, 1]"),
     ("lsgd:global_pull=2", "global_pull must be in [0, 1]"),
     ("lsgd:async=maybe", "algorithm 'lsgd': async='maybe' is not a valid bool"),
+    ("lsgd:prox=5", "prox must be in [0, period=4] (each step pulls prox/period of the way to the leader's "
+                    "snapshot), got 5"),
+    ("lsgd:groups=2,global_prox=-1", "global_prox must be in [0, global_period=16]"),
+    ("lsgd:window=-2", "window must be >= 1 (minibatch losses in the running mean), or 0 for the authors' "
+                       "period/4; got -2"),
+    ("lsgd:eval=center", "eval='center': valid choices are average, leader, each"),
+    ("lsgd:async=true,eval=average", "eval=average does not apply with async=true: the server holds only the "
+                                     "leader's parameters (valid choice: leader)"),
+    ("easgd:eval=leader", "eval='leader': valid choices are center, average, each"),
+    ("easgd:async=true,eval=each", "eval=each does not apply with async=true"),
+    ("local:eval=center", "eval='center': valid choices are last_average, average, each"),
     ("lsgd:asynch=true", "algorithm 'lsgd' has no parameter 'asynch'; valid parameters: pull, period"),
     ("easgd:alpha=1.5", "alpha must be in [0, 1] (0 = beta / workers), got 1.5"),
     ("easgd:beta=-1", "beta must be in [0, 1], got -1"),
@@ -39,3 +50,18 @@ def test_compressor_does_not_apply_to_parameter_exchange(tmp_path, data_dir):
            "--out", str(tmp_path / "o"), "--data-dir", str(data_dir))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "easgd exchanges parameters uncompressed: --compressor and --error-feedback do not apply" in p.stderr
+
+
+def test_nesterov_needs_momentum(tmp_path, data_dir, capsys):
+    code = main(["run", "--nesterov", "--steps", "1", "--task", "digits-logreg", "--out", str(tmp_path / "o"),
+                 "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and "nesterov=true needs momentum > 0" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("algorithm", ["diana", "signsgd"])
+def test_nesterov_is_refused_where_the_algorithm_has_its_own_momentum(tmp_path, data_dir, capsys, algorithm):
+    code = main(["run", "--algorithm", algorithm, "--momentum", "0.9", "--nesterov", "--steps", "1", "--task",
+                 "digits-logreg", "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--nesterov does not apply" in err and len(err.strip().splitlines()) == 1, err

@@ -93,7 +93,7 @@ def test_spec_comes_from_the_registry_declaration():
     assert QSGD(bucket=128, levels=3).spec() == "qsgd:levels=3,bucket=128"
     assert REGISTRY["stragglers"].build("slow:compute_s=0.5", seed=7).spec() == "slow:count=1,slowdown=3,compute_s=0.5"
     assert REGISTRY["networks"].build("ring").spec() == "ring:mbps=100,latency_ms=1"
-    assert spec_of(REGISTRY["algorithms"].build("local:period=2")) == "local:period=2"
+    assert spec_of(REGISTRY["algorithms"].build("local:period=2")) == "local:period=2,eval=last_average"
 
 
 @pytest.mark.parametrize("value", [True, False, 3, -1, 0.01, 100.0, 1e-05, 0.123456789, math.inf, "relative"])

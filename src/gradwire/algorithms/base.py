@@ -40,6 +40,7 @@ ALGORITHMS = Registry("algorithm")
 class OptimConfig:
     lr: float = 0.1              # step size γ
     momentum: float = 0.0        # heavy-ball momentum β
+    nesterov: bool = False       # Nesterov momentum: step along g + β v instead of v (needs β > 0)
     weight_decay: float = 0.0    # extra L2 decay added to the aggregated gradient
     l1: float = 0.0              # the task's L1 weight: a proximal step x <- soft(x, lr*l1)
 
@@ -62,6 +63,7 @@ class Context:
     clock: Clock                 # simulated seconds, or real ones on a real backend
     seed: int
     shard_sizes: tuple[int, ...] = ()  # training samples held by each worker (data-aware algorithms)
+    shared_data: bool = False    # every worker samples the whole training set (--partition shared)
     device: torch.device = torch.device("cpu")  # where the workers' tensors live (--device)
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
     gradient_counts: dict = field(default_factory=dict)
@@ -186,6 +188,10 @@ class Algorithm(Specced, ABC):
         """Choices made at setup worth showing the user (e.g. per-worker ratios); written to
         ``algorithm.json`` in the run folder and printed by ``gradwire run``."""
         return {}
+
+    def before_evaluation(self, ctx: Context) -> None:  # noqa: B027 - most evaluate what every process holds
+        """Every process calls this at an evaluation step, before rank 0 evaluates ``eval_params()``:
+        an algorithm that evaluates something it must first gather (the workers' average) does so here."""
 
     @abstractmethod
     def eval_params(self) -> torch.Tensor: ...

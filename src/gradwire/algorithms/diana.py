@@ -36,6 +36,8 @@ class DIANA(Algorithm):
         super().setup(ctx, params, optim, codec)
         require(not codec.error_feedback, "diana takes no --error-feedback: its memories h_i already correct "
                 "the compression error (use sync with --error-feedback for error feedback)")
+        require(not optim.nesterov, "diana's master update is heavy-ball momentum of its own: --nesterov does not "
+                "apply (leave it off)")
         self.codec = Codec(ctx, codec, default=self.default_compressor)
         omega = self.codec.compressor.omega(params.numel())
         self.alpha = self.alpha_arg or (1.0 / (1.0 + omega) if omega is not None else 0.5)

@@ -20,7 +20,11 @@ REPORT, or after every τ of its own steps a REPORT carrying x_i, which the mast
 after applying it to x̃ (``elastic_at_center``): read and write at one moment, as the master's
 lock makes it in the paper. Other reports are answered GO. An exchange delays only that worker's
 next step. Both backends run this protocol (``gradwire/servers/``). One ``step`` is n reports.
-Evaluation uses the center x̃ (``evaluates = "center"``).
+
+Evaluation (``eval``) uses the center x̃ (``center``, the default), or, as LSGD and local SGD can
+(so that comparisons evaluate like for like), the workers' mean at evaluation (``average``) or
+every worker (``each``); see ``replicas.EvaluatedReplicas``. The asynchronous form evaluates the
+center only: its master holds nothing else.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from gradwire.algorithms.base import Algorithm
 from gradwire.algorithms.protocol import ELASTIC, GO, JOIN, REPORT, Answer, Message, as_body
 from gradwire.algorithms.replicas import (
+    EvaluatedReplicas,
     Pace,
     Replicas,
     mean_or_nan,
@@ -38,16 +43,22 @@ from gradwire.algorithms.replicas import (
 )
 from gradwire.spec import require
 
+EVAL_CHOICES = ("center", "average", "each")
+
 
 class EASGD(Algorithm):
     name = "easgd"
-    evaluates = "center"
 
-    def __init__(self, *, alpha: float = 0.0, beta: float = 0.9, period: int = 4, asynchronous: bool = False):
+    def __init__(self, *, alpha: float = 0.0, beta: float = 0.9, period: int = 4, eval: str = "center",
+                 asynchronous: bool = False):
         require(0 <= alpha <= 1, f"alpha must be in [0, 1] (0 = beta / workers), got {alpha}")
         require(0 <= beta <= 1, f"beta must be in [0, 1], got {beta}")
         require(period >= 1, f"period must be >= 1 (local steps between communications), got {period}")
+        require(eval in EVAL_CHOICES, f"eval={eval!r}: valid choices are {', '.join(EVAL_CHOICES)}")
+        require(not asynchronous or eval == "center", f"eval={eval} does not apply with async=true: the master "
+                "holds only the center (valid choice: center)")
         self.alpha_arg, self.beta, self.period, self.asynchronous = alpha, beta, period, asynchronous
+        self.evaluates = eval
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
@@ -61,6 +72,8 @@ class EASGD(Algorithm):
             self.round: dict = {"losses": [], "exchanges": 0, "distances": []}  # this step's, at the master
         else:
             self.pace = Pace(ctx)
+            if self.evaluates != "center":
+                self.evaluated = EvaluatedReplicas(ctx, params, self.evaluates)
 
     @property
     def needs_server(self) -> bool:
@@ -134,11 +147,16 @@ class EASGD(Algorithm):
     def join_reply(self, worker):
         return Message(JOIN, worker, count=self.local_steps[worker], body=as_body(self.center))
 
-    def eval_params(self):
-        return self.center
+    def before_evaluation(self, ctx):
+        if self.evaluates != "center":
+            self.evaluated.refresh(ctx, self.replicas)
 
-    def spec(self):  # not spec_of: alpha as resolved at setup (0 -> beta / workers), async only when on
+    def eval_params(self):
+        return self.center if self.evaluates == "center" else self.evaluated.params
+
+    def spec(self):  # not spec_of: alpha as resolved at setup (0 -> beta / workers), eval and async only when set
         return (f"easgd:alpha={self.alpha:g},beta={self.beta:g},period={self.period}"
+                + (f",eval={self.evaluates}" if self.evaluates != "center" else "")
                 + (",async=true" if self.asynchronous else ""))
 
     def state_dict(self):
@@ -150,6 +168,8 @@ class EASGD(Algorithm):
                               "distances": torch.tensor(self.round["distances"], dtype=torch.float64)}
         else:
             state["pace"] = self.pace.state_dict()
+            if self.evaluates != "center":
+                state["evaluated"] = self.evaluated.state_dict()
         return state
 
     def load_state_dict(self, state):
@@ -162,6 +182,8 @@ class EASGD(Algorithm):
                           "distances": r["distances"].tolist()}
         else:
             self.pace.load_state_dict(state["pace"])
+            if self.evaluates != "center":
+                self.evaluated.load_state_dict(state["evaluated"])
 
 
 register_with_async_key(
@@ -169,4 +191,6 @@ register_with_async_key(
     params={"alpha": "elastic pull α of a worker towards the center, in [0, 1] (0 = beta / workers)",
             "beta": "moving rate β of the center towards the workers' mean, in [0, 1] (paper: 0.9)",
             "period": "τ >= 1: local steps between elastic rounds (async: each worker's own steps)",
+            "eval": "what is evaluated: center (default), average (the workers' mean), each (every worker); "
+                    "async=true: center only",
             "asynchronous": "event-driven asynchronous EASGD: each worker exchanges with the master alone"})

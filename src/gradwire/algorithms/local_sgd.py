@@ -10,8 +10,12 @@ the replicas are replaced by their average, one allreduce of the parameters:
 Momentum buffers stay local (Lin et al. 2020 do the same): averaging them as well would double the
 bytes. τ = 1 without momentum is synchronous SGD; with momentum too, since averaging is linear.
 Between averagings fast workers run ahead of slow ones, so a round waits for the slowest worker's
-*sum* of τ compute times rather than τ times the slowest step. Evaluation uses the average of the
-last round (``evaluates = "average"``), which every process holds.
+*sum* of τ compute times rather than τ times the slowest step.
+
+Evaluation (``eval``) uses the average of the last round (``last_average``, the default: every
+process holds it, no communication), or, as LSGD and EASGD can (so comparisons evaluate like for
+like), the workers' mean at the evaluation step (``average``, which equals ``last_average`` at a
+round) or every worker (``each``); see ``replicas.EvaluatedReplicas``.
 """
 
 from __future__ import annotations
@@ -19,19 +23,23 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm
-from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan, require_plain_codec
+from gradwire.algorithms.replicas import EvaluatedReplicas, Pace, Replicas, mean_or_nan, require_plain_codec
 from gradwire.spec import require
+
+EVAL_CHOICES = ("last_average", "average", "each")
 
 
 @ALGORITHMS.register("local", help="local SGD (Stich 2019): local steps, parameters averaged every τ steps",
-                     params={"period": "τ >= 1: local steps between averagings (1 = synchronous SGD)"})
+                     params={"period": "τ >= 1: local steps between averagings (1 = synchronous SGD)",
+                             "eval": "what is evaluated: last_average (the last round's; default), average (the "
+                                     "workers' mean at evaluation), each (every worker)"})
 class LocalSGD(Algorithm):
     name = "local"
-    evaluates = "average"
 
-    def __init__(self, *, period: int = 4):
+    def __init__(self, *, period: int = 4, eval: str = "last_average"):
         require(period >= 1, f"period must be >= 1 (local steps between averagings), got {period}")
-        self.period = period
+        require(eval in EVAL_CHOICES, f"eval={eval!r}: valid choices are {', '.join(EVAL_CHOICES)}")
+        self.period, self.evaluates = period, eval
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
@@ -39,6 +47,8 @@ class LocalSGD(Algorithm):
         self.replicas = Replicas(ctx, params, optim)
         self.pace = Pace(ctx)
         self.average = params.clone()
+        if self.evaluates != "last_average":
+            self.evaluated = EvaluatedReplicas(ctx, params, self.evaluates)
 
     def local_steps(self, ctx, step: int) -> dict:
         losses = [self.replicas.sgd_step(ctx, r) for r in ctx.local_ranks]
@@ -59,14 +69,22 @@ class LocalSGD(Algorithm):
             self.pace.joined(ctx)
         return info
 
+    def before_evaluation(self, ctx):
+        if self.evaluates != "last_average":
+            self.evaluated.refresh(ctx, self.replicas)
+
     def eval_params(self):
-        return self.average
+        return self.average if self.evaluates == "last_average" else self.evaluated.params
 
     def state_dict(self):
-        return {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(),
-                "average": self.average}
+        state = {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(), "average": self.average}
+        if self.evaluates != "last_average":
+            state["evaluated"] = self.evaluated.state_dict()
+        return state
 
     def load_state_dict(self, state):
         self.replicas.load_state_dict(state["replicas"])
         self.pace.load_state_dict(state["pace"])
         self.average.copy_(state["average"])
+        if self.evaluates != "last_average":
+            self.evaluated.load_state_dict(state["evaluated"])

@@ -6,11 +6,13 @@ value). The reports count local steps in total (and per group): when a count tri
 the leader is elected from the loss windows the reports filled (``AsyncRounds``). The leader's next
 answer asks it to upload its parameters as they are then (UPLOAD; it sends LEAD); each other
 member's first answer after the upload carries them (PULL, the pull weight as its value), and the
-member moves towards them. No worker waits for another: a member whose round has not been
-uploaded yet steps on and pulls at a later report, and a newer round of the same scope (group, or
-global) that has been uploaded supersedes the older ones its members missed (one never uploaded is
-then cancelled, so the evaluated leader never goes back to an older election). A leader lost
-before uploading cancels its rounds.
+member moves towards them. Both answers carry the round's scope in ``count`` (``GLOBAL_SCOPE``,
+or the group's index + 1), so that the worker knows which of its leader snapshots (the targets of
+the per-step proximal pull, ``lsgd.py``) the parameters replace. No worker waits for another: a
+member whose round has not been uploaded yet steps on and pulls at a later report, and a newer
+round of the same scope (group, or global) that has been uploaded supersedes the older ones its
+members missed (one never uploaded is then cancelled, so the evaluated leader never goes back to
+an older election). A leader lost before uploading cancels its rounds.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ class Round:
                    int(s["leader"]), float(s["score"]), float(s["weight"]))
 
 
+GLOBAL_SCOPE = 0  # ``count`` of an UPLOAD or PULL for a global round; group k's rounds carry k + 1
+
+
+def scope_of(rd: Round) -> int:
+    return GLOBAL_SCOPE if rd.group is None else rd.group + 1
+
+
 def _f32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
@@ -56,7 +65,7 @@ class AsyncRounds:
 
     def __init__(self, algo, n: int):
         self.algo = algo
-        self.window = LossWindow(range(n), max(algo.period, algo.top_period))
+        self.window = LossWindow(range(n), max(algo.window_size, algo.top_window))
         self.done, self.group_done, self.next_id = 0, [0] * len(algo.members), 1
         self.lost: set[int] = set()
 
@@ -75,10 +84,10 @@ class AsyncRounds:
         k = algo.group_of[rank]
         self.group_done[k] += 1
         if algo.multi and self.group_done[k] % (algo.period * len(algo.members[k])) == 0:
-            rounds.append(self._round(k, algo.members[k], algo.period, algo.pull))
+            rounds.append(self._round(k, algo.members[k], algo.window_size, algo.pull))
         if self.done % (algo.top_period * len(self.window.values)) == 0:
             everyone = sorted(self.window.values)
-            rounds.append(self._round(None, everyone, algo.top_period, algo.top_pull))
+            rounds.append(self._round(None, everyone, algo.top_window, algo.top_pull))
         return rounds
 
     def state_dict(self) -> dict:
@@ -155,7 +164,7 @@ class RoundServer:
             rd = self.open[rid]
             if rd.leader == w and rid not in self.uploaded:
                 pending.remove(rid)
-                return Message(UPLOAD, w, tag=rid)
+                return Message(UPLOAD, w, tag=rid, count=scope_of(rd))
         ready = [rid for rid in pending if rid in self.uploaded]
         if not ready:
             return Message(GO, w)
@@ -165,7 +174,7 @@ class RoundServer:
         lead = self.uploaded[rid]
         self._close_if_done(rid)
         info["pulls"] = info.get("pulls", 0) + 1
-        return Message(PULL, w, tag=rid, value=rd.weight, body=lead.reshape(-1).view(torch.uint8))
+        return Message(PULL, w, tag=rid, count=scope_of(rd), value=rd.weight, body=lead.reshape(-1).view(torch.uint8))
 
     def lead(self, w: int, rid: int, params: torch.Tensor, finished: bool, info: dict) -> None:
         """Leader w's parameters for round ``rid`` have come."""

@@ -1,9 +1,12 @@
 """The server-side update shared by the gradient-averaging algorithms.
 
-Heavy-ball SGD, as torch.optim.SGD without dampening: v <- β v + (g + wd·x); x <- x - γ v,
-followed by the proximal step of the L1 term, x <- soft(x, γ·l1) (proximal SGD; Parikh & Boyd
-2014, §4.2). Kept here rather than in torch.optim so the prox is part of the same update and the
-whole state is one tensor in the checkpoint.
+Heavy-ball SGD, as torch.optim.SGD without dampening: v <- β v + (g + wd·x); x <- x - γ v; with
+``nesterov`` the step is x <- x - γ (g + wd·x + β v), Nesterov momentum in the form torch.optim
+uses (Sutskever, Martens, Dahl, Hinton 2013, "On the importance of initialization and momentum in
+deep learning", ICML, eqs. (3)-(4); the LSGD authors train with it, Teng et al. 2019). Then the
+proximal step of the L1 term, x <- soft(x, γ·l1) (proximal SGD; Parikh & Boyd 2014, §4.2). Kept
+here rather than in torch.optim so the prox is part of the same update and the whole state is one
+tensor in the checkpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ class HeavyBall:
         if cfg.weight_decay:
             grad = grad.add(self.x, alpha=cfg.weight_decay)
         if self.velocity is not None:
-            grad = self.velocity.mul_(cfg.momentum).add_(grad)
+            velocity = self.velocity.mul_(cfg.momentum).add_(grad)
+            grad = grad.add(velocity, alpha=cfg.momentum) if cfg.nesterov else velocity
         self.x.sub_(grad, alpha=cfg.lr)
         soft_threshold_(self.x, cfg.lr * cfg.l1)
 

@@ -9,6 +9,7 @@ simulator) and with one worker per process (the torch backend).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -60,6 +61,57 @@ class Replicas:
         for r in self.x:
             self.x[r].copy_(state["x"][str(r)])
             self.opt[r].load_state_dict(state["opt"][str(r)])
+
+
+@contextlib.contextmanager
+def uncharged(ctx):
+    """Communication that serves evaluation only, kept out of the run's bytes, communication time and
+    simulated clock: what a run reports is what training costs, however often it is evaluated."""
+    transport = ctx.transport
+    saved = transport.bytes_sent, transport.comm_time_s, ctx.clock.now
+    try:
+        yield
+    finally:
+        transport.bytes_sent, transport.comm_time_s = saved[0], saved[1]
+        ctx.clock.now = saved[2]  # a wall clock ignores this: real time passed
+
+
+class EvaluatedReplicas:
+    """What evaluation uses when it is the workers' replicas themselves (``eval=`` of LSGD, EASGD and
+    local SGD, so that comparisons evaluate like for like):
+
+    - ``average``: the mean of every worker's parameters at the evaluation step, one allreduce (the
+      "center variable" the LSGD authors test, Teng et al. 2019; their code all-reduces the
+      workers' parameters before each test);
+    - ``each``: every worker's parameters, gathered at rank 0 as a (workers × parameters) stack;
+      ``tasks.evaluate`` evaluates each row and reports the means (and ``test_acc_each``).
+
+    ``refresh`` runs on every process at evaluation steps (``Algorithm.before_evaluation``); its
+    communication is not charged to the run (``uncharged``). Before the first refresh every worker
+    still holds the common starting point, which ``params`` is then."""
+
+    def __init__(self, ctx, params: torch.Tensor, how: str):
+        self.how = how
+        self.params = params.clone() if how != "each" else params.repeat(ctx.world_size, 1)
+
+    def refresh(self, ctx, replicas: Replicas) -> None:
+        if self.how == "average":
+            with uncharged(ctx):
+                self.params.copy_(ctx.transport.allreduce_mean(dict(replicas.x)))
+        elif self.how == "each":
+            like = self.params[0]
+            nbytes = like.numel() * like.element_size()
+            with uncharged(ctx):
+                gathered = ctx.transport.gather({r: x.view(torch.uint8) for r, x in replicas.x.items()}, 0,
+                                                size=nbytes)
+            for r, buffer in (gathered or {}).items():  # None where rank 0 is not local
+                self.params[r].copy_(buffer.view(like.dtype))
+
+    def state_dict(self) -> dict:
+        return {"params": self.params}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.params.copy_(state["params"])
 
 
 class LossWindow:

@@ -29,6 +29,8 @@ class SignSGD(Algorithm):
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
+        require(not optim.nesterov, "signsgd takes its momentum from its own spec (signsgd:momentum=β): --nesterov "
+                "does not apply (leave it off)")
         require(codec.compressor in ("none", "sign") and not codec.error_feedback,
                 "signsgd sends signs by definition: leave --compressor and --error-feedback unset")
         self.sign = build_compressor("sign")

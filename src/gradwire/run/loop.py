@@ -115,8 +115,10 @@ class Run:
         self.ctx = Context(world_size=cfg.workers, local_ranks=self.transport.local_ranks, transport=self.transport,
                            oracle=self.oracle, stragglers=STRAGGLERS.build(cfg.stragglers, seed=cfg.seed),
                            clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes), device=self.device,
+                           shared_data=cfg.partition == "shared" and self.task.worker_indices is None,
                            inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"))
-        optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, l1=self.task.l1)
+        optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
+                            l1=self.task.l1)
         try:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim,
                                  CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback))
@@ -324,6 +326,8 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
             if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
                 if sync_counters is not None:
                     sync_counters()  # every rank, at the same steps
+                if not r.server_process:
+                    r.algorithm.before_evaluation(r.ctx)  # every rank: e.g. the workers' average
                 record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
                 r.window.clear()
                 if records:

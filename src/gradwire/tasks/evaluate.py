@@ -20,7 +20,15 @@ def _pass(model: FlatModel, task, params, x, y, chunk: int = 4096) -> tuple[floa
 
 def evaluate(task, model: FlatModel, params: torch.Tensor) -> dict:
     """train_loss is the full training objective (mean loss + l2/2·||w||² + l1·||w||_1);
-    suboptimality = objective - f* in float64 where the task knows f*."""
+    suboptimality = objective - f* in float64 where the task knows f*.
+
+    ``params`` may be a stack, one row per worker (``eval=each`` of the local-update algorithms):
+    then each row is evaluated, every metric is the mean over the rows, and ``test_acc_each``
+    lists each row's test accuracy."""
+    if params.dim() == 2:
+        each = [evaluate(task, model, row) for row in params]
+        out = {k: sum(e[k] for e in each) / len(each) for k in each[0]}
+        return out | {"test_acc_each": [e["test_acc"] for e in each]}
     train_loss, train_acc = _pass(model, task, params, task.x_train, task.y_train)
     reg = 0.5 * task.l2 * float(params.double().square().sum()) + task.l1 * float(params.double().abs().sum())
     test_loss, test_acc = _pass(model, task, params, task.x_test, task.y_test)
