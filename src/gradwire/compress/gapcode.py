@@ -115,8 +115,8 @@ def quotient_sum(n: int, index: torch.Tensor) -> int:
 # --- bit streams: uint8 tensors of 0/1 ("bits") <-> packed bytes, LSB first -----------------------
 
 def bits_to_bytes(bits: torch.Tensor) -> torch.Tensor:
-    """Pack a uint8 0/1 tensor (length a multiple of 8, fresh: 8-byte aligned) into bytes."""
-    w = bits.view(torch.int64).clone()  # byte j of a word holds stream bit j, as bit 0
+    """Pack a uint8 0/1 tensor (length a multiple of 8, 8-byte aligned; used as scratch) into bytes."""
+    w = bits.view(torch.int64)  # byte j of a word holds stream bit j, as bit 0 (bits: overwritten)
     w.bitwise_or_(w >> 7)  # byte j: bits 0,1 = stream bits j, j+1
     w.bitwise_or_(w >> 14)  # byte j: bits 0..3 = stream bits j..j+3
     w.bitwise_or_(w >> 28)  # byte 0: bits 0..7 = stream bits 0..7 (bit 63 is never set: no sign)
