@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gradwire.compress import bitpack, build, gapcode  # noqa: E402
-from gradwire.compress.positions import scatter  # noqa: E402
+from gradwire.compress.positions import check_finite, scatter  # noqa: E402
 from gradwire.compress.sparse import TopK, top_indices  # noqa: E402
 from gradwire.compress.wire import flat, make_packet, read  # noqa: E402
 
@@ -147,6 +147,7 @@ class IndexListTopK(TopK):
 
     def encode(self, x, *, generator=None):
         xf = flat(x)
+        check_finite(xf, self.name)
         index = top_indices(xf, self.count(xf.numel()))
         return make_packet(torch.cat([xf[index].view(torch.uint8), index_list_encode(xf.numel(), index)]), x)
 
@@ -157,6 +158,17 @@ class IndexListTopK(TopK):
         return scatter(n, index, read(packet.buffer[:size], packet.dtype), packet.dtype, "topk")
 
 
+def interleaved(fns: dict, repeats: int) -> dict:
+    """Best time and last result of each function, run in turns (so drift hits all alike)."""
+    times, out = {key: float("inf") for key in fns}, {}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            out[key] = fn()
+            times[key] = min(times[key], time.perf_counter() - start)
+    return {key: (times[key], out[key]) for key in fns}
+
+
 def positions_rows(n: int, repeats: int) -> list[dict]:
     x = torch.randn(n, generator=torch.Generator().manual_seed(0))
     rows = []
@@ -165,20 +177,22 @@ def positions_rows(n: int, repeats: int) -> list[dict]:
         k = new.count(n)
         index = top_indices(x, k)
         lg = (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
-        limit = (32 * k + lg) / n
-        formats = (("gap-coded", new, gapcode.encode, lambda b, k: gapcode.decode(b, n, k, "topk")),
-                   ("index list (old)", old, index_list_encode, lambda b, k: index_list_decode(b, n, k)))
-        for label, c, enc_pos, dec_pos in formats:
+        formats = {"gap-coded": (new, gapcode.encode, lambda b, k=k: gapcode.decode(b, n, k, "topk")),
+                   "index list (old)": (old, index_list_encode, lambda b, k=k: index_list_decode(b, n, k))}
+        for c, *_ in formats.values():
             c.decode(c.encode(x[:4096]))  # warm-up
-            enc_s, packet = best(lambda c=c: c.encode(x), repeats)
-            dec_s, y = best(lambda c=c, p=packet: c.decode(p), repeats)
-            pos_enc_s, section = best(lambda f=enc_pos, i=index: f(n, i), repeats)
-            pos_dec_s, _ = best(lambda f=dec_pos, s=section, k=k: f(s, k), repeats)
-            assert torch.equal(y, new.decode(new.encode(x)))
-            bits = 8 * packet.nbytes / n
-            rows.append({"ratio": ratio, "format": label, "n": n, "k": k, "bits": bits, "limit": limit,
-                         "index_bits": 8 * section.numel() / k, "index_limit": lg / k,
-                         "enc": enc_s, "dec": dec_s, "pos_enc": pos_enc_s, "pos_dec": pos_dec_s})
+        enc = interleaved({f: (lambda c=c: c.encode(x)) for f, (c, *_) in formats.items()}, repeats)
+        dec = interleaved({f: (lambda c=c, p=enc[f][1]: c.decode(p)) for f, (c, *_) in formats.items()},
+                          repeats)
+        pos_enc = interleaved({f: (lambda e=e, i=index: e(n, i)) for f, (_, e, _) in formats.items()}, repeats)
+        pos_dec = interleaved({f: (lambda d=d, s=pos_enc[f][1]: d(s)) for f, (*_, d) in formats.items()},
+                              repeats)
+        for f in formats:
+            assert torch.equal(dec[f][1], dec["gap-coded"][1])
+            rows.append({"ratio": ratio, "format": f, "n": n, "k": k, "bits": 8 * enc[f][1].nbytes / n,
+                         "limit": (32 * k + lg) / n, "index_bits": 8 * pos_enc[f][1].numel() / k,
+                         "index_limit": lg / k, "enc": enc[f][0], "dec": dec[f][0],
+                         "pos_enc": pos_enc[f][0], "pos_dec": pos_dec[f][0]})
     return rows
 
 

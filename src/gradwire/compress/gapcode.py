@@ -133,17 +133,18 @@ def bytes_to_bits(buf: torch.Tensor) -> torch.Tensor:
 
 
 def _write_fields(bits: torch.Tensor, values: torch.Tensor, width: int) -> None:
-    """bits[i*width + j] = bit j of values[i]."""
+    """bits[i*width + j] = bit j of values[i] (non-negative int64 below 2**width)."""
     if values.numel() and width:
-        shifts = torch.arange(width, dtype=torch.int64, device=values.device)
-        bits.view(-1, width).copy_((values.unsqueeze(1) >> shifts).bitwise_and_(1))
+        planes = bytes_to_bits(values.contiguous().view(torch.uint8)).view(-1, 64)  # little-endian
+        bits.view(-1, width).copy_(planes[:, :width])
 
 
 def _read_fields(bits: torch.Tensor, width: int) -> torch.Tensor:
-    if width == 0:
-        return torch.zeros(0, dtype=torch.int64, device=bits.device)
-    shifts = torch.arange(width, dtype=torch.int64, device=bits.device)
-    return (bits.view(-1, width).to(torch.int64) << shifts).sum(1)  # distinct bits: sum = or
+    """Inverse of :func:`_write_fields`: each field padded to 64 bits and packed is its int64."""
+    planes = torch.zeros(bits.numel() // width if width else 0, 64, dtype=torch.uint8, device=bits.device)
+    if planes.numel():
+        planes[:, :width] = bits.view(-1, width)
+    return bits_to_bytes(planes.view(-1)).view(torch.int64)
 
 
 def _gaps(index: torch.Tensor) -> torch.Tensor:
