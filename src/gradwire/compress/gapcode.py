@@ -82,6 +82,11 @@ def golomb_parameter(n: int, k: int) -> int:
     alphabets"), which is 1 for p >= 0.382; then, since our remainders cost W/G bits (not the
     truncated binary code that formula assumes), take the b within 25% of b0 with the fewest
     expected bits (at most about 256 candidates, evenly spaced).
+
+    Both ends evaluate the same float expressions (Python's math, IEEE doubles), so they agree; a
+    platform whose libm rounded log or pow differently could in principle flip a near-tie between
+    two candidates, which the receiver would see as a CorruptPayload, not as wrong positions in
+    most cases.
     """
     if k == 0 or 2 * k >= n:
         return 1
