@@ -220,3 +220,16 @@ def test_every_tensor_is_made_on_the_input_device(compressor, n):
     assert packet.buffer.device.type == "cpu" and y.device.type == "cpu"
     assert torch.equal(packet.buffer, reference.buffer)
     assert torch.equal(y, compressor.decode(reference))
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.01", "topk:ratio=0.6", "threshold:tau=1"])
+def test_decodes_from_a_slice_at_any_offset(spec):
+    """Receivers slice payloads out of one gathered buffer (the DDP hook): no alignment is assumed."""
+    c = build(spec)
+    x = torch.randn(4099, generator=torch.Generator().manual_seed(5))
+    buf = c.encode(x).buffer
+    for offset in (1, 3, 7):
+        big = torch.zeros(offset + buf.numel() + 5, dtype=torch.uint8)
+        big[offset: offset + buf.numel()] = buf
+        sliced = Packet(big[offset: offset + buf.numel()], x.shape, x.dtype)
+        assert torch.equal(c.decode(sliced), c.decode(Packet(buf, x.shape, x.dtype)))
