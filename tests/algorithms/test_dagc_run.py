@@ -60,13 +60,16 @@ def test_local_steps_is_fedavg(make_config):
 
 
 def test_relative_mode_sends_the_bytes_of_uniform_topk(make_config, tmp_path):
-    """Same total kept elements as topk:ratio=r on every worker, so (index lists, not bitmaps)
-    the same bytes up to one byte of position padding per message."""
+    """Same total kept elements as topk:ratio=r on every worker, so the same value bytes. Gap-coded
+    positions cost fewer bits per element where more are kept (log2 C(d, k) is concave in k), so
+    the uneven allocation sends no more than uniform top-k (up to a byte of padding per message),
+    and not much less."""
     common = dict(steps=5, error_feedback=True)
     dagc = run(make_config(ADAPTIVE, out="a/run", algorithm="dagc:budget=0.02", **common))
     topk = run(make_config(ADAPTIVE, out="b/run", algorithm="sync", compressor="topk:ratio=0.02", **common))
     n, steps = 4, 5
-    assert abs(dagc["bytes_sent"] - topk["bytes_sent"]) <= steps * n * n  # ps allgather: N copies
+    assert dagc["bytes_sent"] <= topk["bytes_sent"] + steps * n * n  # ps allgather: N copies
+    assert dagc["bytes_sent"] >= 0.98 * topk["bytes_sent"]
     info = json.loads((tmp_path / "a" / "run" / "algorithm.json").read_text())
     assert sum(info["keep"]) == info["total_keep"] == n * int(np.ceil(0.02 * info["parameters"]))
     assert info["ratios"] == sorted(info["ratios"])  # volumes:skew grows with the rank

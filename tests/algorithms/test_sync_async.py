@@ -99,6 +99,30 @@ def test_compressed_sync_counts_exact_payload_bytes(make_config):
     assert r.transport.bytes_sent == NETWORKS.build(c.network).allgather([payload] * 4).bytes == 3 * 4 * payload
 
 
+@pytest.mark.parametrize("spec", ["topk:ratio=0.05", "threshold:tau=0.01"])
+def test_variable_size_payloads_are_counted_exactly(make_config, spec):
+    """topk and threshold payloads depend on the data (nbytes is None): the transport counts the
+    bytes each worker's packet actually has."""
+    c = make_config(SHORT, compressor=spec, error_feedback=True, network="ring:mbps=100,latency_ms=1")
+    r = Run(c)
+    sizes, encode = [], r.algorithm.codec.encode
+
+    def recording(rank, x):
+        packet = encode(rank, x)
+        sizes.append(packet.nbytes)
+        return packet
+
+    r.algorithm.codec.encode = recording
+    total = 0
+    for _ in range(3):
+        sizes.clear()
+        r.train_step()
+        assert len(sizes) == 4
+        total += NETWORKS.build(c.network).allgather(sizes).bytes
+    assert r.transport.bytes_sent == total
+    assert len(set(sizes)) > 1 or spec.startswith("topk")  # threshold counts differ between workers
+
+
 def test_async_records_staleness_and_drops(make_config):
     c = make_config(SHORT, algorithm="async", stragglers="lognormal:sigma=1.0,compute_s=0.1", lr=0.02)
     r = Run(c)

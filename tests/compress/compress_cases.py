@@ -38,13 +38,33 @@ def keep(kw: dict[str, str], n: int) -> int:
     return math.ceil(Fraction(kw.get("ratio", "0.01")) * n)
 
 
-def positions(n: int, k: int) -> int:
-    width = math.ceil(math.log2(n)) if n > 1 else 0
-    return min(ceil_div(k * width, 8), ceil_div(n, 8))
+def radix_group(b: int) -> tuple[int, int]:
+    """G remainders base b per W-bit field (b**G <= 2**62), the fewest bits per remainder; ties: larger G."""
+    groups = [(g, (b**g - 1).bit_length()) for g in range(1, 63) if b**g <= 2**62]
+    return min(groups, key=lambda gw: (Fraction(gw[1], gw[0]), -gw[0]))
 
 
-def expected_nbytes(spec: str, n: int, dtype: torch.dtype, count: int | None = None) -> int:
-    """The wire size each compressor documents, for ``n`` elements (``count`` kept for threshold)."""
+def positions(n: int, kept: list[int]) -> int:
+    """Bytes of the position section for the ascending ``kept`` indices: the Golomb code (remainder
+    fields, then k ones and sum(gap // b) zeros) when smaller than the n-bit bitmap, else the bitmap.
+    b is the library's (a function of n and k it documents); the rest is written out here."""
+    from gradwire.compress.gapcode import golomb_parameter
+
+    k = len(kept)
+    if k == 0:
+        return 0
+    b = golomb_parameter(n, k)
+    gaps = [kept[0]] + [kept[i] - kept[i - 1] - 1 for i in range(1, k)]
+    remainder_bits = 0
+    if b > 1:
+        g, w = radix_group(b)
+        remainder_bits = k // g * w + (b ** (k % g) - 1).bit_length()
+    return min(ceil_div(remainder_bits + k + sum(gap // b for gap in gaps), 8), ceil_div(n, 8))
+
+
+def expected_nbytes(spec: str, n: int, dtype: torch.dtype, kept: list[int] | None = None) -> int:
+    """The wire size each compressor documents, for ``n`` elements (``kept``: the ascending kept
+    positions, for topk and threshold)."""
     name, kw = params(spec)
     size = ITEMSIZE[dtype]
     if name == "none":
@@ -61,12 +81,12 @@ def expected_nbytes(spec: str, n: int, dtype: torch.dtype, count: int | None = N
     if name == "sign":
         return ceil_div(n, 8) + (4 if kw.get("scaled") == "true" else 0)
     if name == "topk":
-        k = keep(kw, n)
-        return k * size + positions(n, k)
+        assert len(kept) == keep(kw, n)
+        return len(kept) * size + positions(n, kept)
     if name == "randk":
         return 8 + keep(kw, n) * size
     if name == "threshold":
-        return 4 + count * size + positions(n, count)
+        return 4 + len(kept) * size + positions(n, kept)
     if name == "natural":
         return n + ceil_div(n, 8)
     raise KeyError(spec)

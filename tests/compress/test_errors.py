@@ -118,12 +118,14 @@ def test_invalid_symbols():
 
 def test_sparse_headers_inconsistent_with_shape():
     x = torch.randn(1000)
-    # topk index list (k = 10 indices of 10 bits after 40 value bytes): an index >= n, then a repeat
+    # topk gap code (k = 10 positions after 40 value bytes): too many ones, then none
     _corrupt("topk:ratio=0.01", x, lambda b: b[40:].fill_(0xFF))
     _corrupt("topk:ratio=0.01", x, lambda b: b[40:].fill_(0))
-    # topk bitmap (k = 500): one marked element too many, and a bit beyond n = 1001
+    # topk bitmap (k = 500): one marked element too many, and a bit beyond n = 1001 (the last
+    # element is kept, so the bitmap runs to its end)
     _corrupt("topk:ratio=0.5", x, lambda b: b[2000:].fill_(0xFF))
-    _corrupt("topk:ratio=0.5", torch.randn(1001), lambda b: b.__setitem__(-1, b[-1] | 0x80))
+    last_kept = torch.cat([torch.randn(1000), torch.tensor([100.0])])
+    _corrupt("topk:ratio=0.5", last_kept, lambda b: b.__setitem__(-1, b[-1] | 0x80))
     # threshold: a count above n, and a count that does not match the size
     for count in (1001, 3):
         header = torch.tensor([count], dtype=torch.int32).view(torch.uint8)

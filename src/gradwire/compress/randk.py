@@ -7,7 +7,9 @@ unbiased, and since each element is kept with probability k/n,
 omega = n/k - 1, with equality.
 
 The sender draws a 64-bit seed from its generator; both ends derive the same index set from it
-(:func:`random_subset`, same torch version on both ends). Wire format:
+(:func:`random_subset`, same torch version on both ends; drawn by a CPU generator whatever the
+tensor's device, so a sender and a receiver on different devices agree, at the price of k indices
+copied to the device). Wire format:
 ``[int64 seed, little-endian][k values, input dtype, in increasing index order]``:
 ``8 + k*itemsize`` bytes. Values travel unscaled (exact); the receiver multiplies by n/k.
 """
@@ -21,8 +23,8 @@ from gradwire.compress.positions import check_finite, check_ratio, itemsize, kee
 from gradwire.compress.wire import flat, make_packet, payload, read
 
 
-def random_subset(n: int, k: int, seed: int) -> torch.Tensor:
-    """A uniformly random k-subset of range(n), sorted, determined by ``seed``.
+def random_subset(n: int, k: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A uniformly random k-subset of range(n), sorted, determined by ``seed``, on ``device``.
 
     ``randperm(n)`` costs O(n) (0.7 s for n = 25M), so for k <= n/2 we draw 2k indices with
     replacement and keep k of the distinct ones at random. The distinct set of iid uniform draws,
@@ -30,18 +32,18 @@ def random_subset(n: int, k: int, seed: int) -> torch.Tensor:
     range(n)), so the result is uniform. Too few distinct draws (rare) means a redraw with twice as
     many, which keeps uniformity.
     """
-    g = torch.Generator()
+    g = torch.Generator(device="cpu")
     g.manual_seed(seed)
     if k == 0:
-        return torch.zeros(0, dtype=torch.int64)
+        return torch.zeros(0, dtype=torch.int64, device=device)
     if 2 * k > n:
-        return torch.randperm(n, generator=g)[:k].sort().values
+        return torch.randperm(n, generator=g, device="cpu")[:k].sort().values.to(device)
     draws = 2 * k
     while True:
-        distinct = torch.unique(torch.randint(n, (draws,), generator=g))
+        distinct = torch.unique(torch.randint(n, (draws,), generator=g, device="cpu"))
         if distinct.numel() >= k:
-            pick = torch.randperm(distinct.numel(), generator=g)[:k]
-            return distinct[pick].sort().values
+            pick = torch.randperm(distinct.numel(), generator=g, device="cpu")[:k]
+            return distinct[pick].sort().values.to(device)
         draws *= 2
 
 
@@ -74,14 +76,17 @@ class RandK(Compressor):
         xf = flat(x)
         n = xf.numel()
         check_finite(xf, self.name)  # also the elements that are not sent: they stay in any residual
-        seed = torch.empty(1, dtype=torch.int64).random_(-(2**63), None, generator=generator)
-        values = xf[random_subset(n, keep_count(self.ratio, n), int(seed))]
+        # the seed comes from the caller's generator, on that generator's device
+        device = generator.device if generator is not None else xf.device
+        seed = torch.empty(1, dtype=torch.int64, device=device).random_(-(2**63), None, generator=generator)
+        values = xf[random_subset(n, keep_count(self.ratio, n), int(seed), xf.device)]
+        seed = seed.to(xf.device)
         return make_packet(torch.cat([seed.view(torch.uint8), values.view(torch.uint8)]), x)
 
     def decode(self, packet: Packet) -> torch.Tensor:
         n, dtype = packet.numel, packet.dtype
         k = keep_count(self.ratio, n)
         buf = payload(packet, self.nbytes(n, dtype), self.name)
-        index = random_subset(n, k, int(read(buf[:8], torch.int64)[0]))
+        index = random_subset(n, k, int(read(buf[:8], torch.int64)[0]), buf.device)
         values = read(buf[8:], dtype)
         return scatter(n, index, values, dtype, self.name, n / k if k else 1.0).reshape(packet.shape)

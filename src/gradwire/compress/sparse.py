@@ -1,6 +1,7 @@
 """Sparsifiers that keep the largest elements: ``topk`` and ``threshold`` (``randk``: randk.py).
 
-Wire formats: values in the input dtype, then their positions (``positions.py``).
+Wire formats: values in the input dtype, then their positions as Golomb-coded gaps (``gapcode``),
+whose size depends on where the kept elements are: ``nbytes`` is None for both.
 """
 
 from __future__ import annotations
@@ -9,28 +10,27 @@ import math
 
 import torch
 
-from gradwire.compress import bitpack
+from gradwire.compress import gapcode
 from gradwire.compress.base import REGISTRY, Compressor, CorruptPayload, Packet
 from gradwire.compress.positions import (
     check_finite,
     check_ratio,
     decode_positions,
     encode_positions,
-    index_width,
     itemsize,
     keep_count,
     positions_bytes,
     scatter,
 )
-from gradwire.compress.wire import CHUNK, flat, make_packet, payload, raw, read, work_dtype
+from gradwire.compress.wire import CHUNK, flat, make_packet, raw, read, work_dtype
 from gradwire.spec import require
 
 
 def round_up(tau: float, dtype: torch.dtype) -> float:
     """The smallest ``dtype`` number >= tau: then, for x in dtype, x >= result  <=>  x >= tau."""
-    t = torch.tensor(tau, dtype=torch.float64).to(dtype)
+    t = torch.tensor(tau, dtype=torch.float64, device="cpu").to(dtype)  # a host scalar
     if float(t) < tau:
-        t = torch.nextafter(t, torch.tensor(math.inf, dtype=dtype))
+        t = torch.nextafter(t, torch.tensor(math.inf, dtype=dtype, device="cpu"))
     return float(t)
 
 
@@ -49,8 +49,9 @@ def abs_at_least(x: torch.Tensor, t: float, limit: int | None = None,
     elements) the full mask is written there instead and None returned."""
     n = x.numel()
     size = min(CHUNK, n)
-    f = torch.empty(size, dtype=work_dtype(x.dtype))
-    part, tmp = torch.empty(size, dtype=torch.bool), torch.empty(size, dtype=torch.bool)
+    f = torch.empty(size, dtype=work_dtype(x.dtype), device=x.device)
+    part = torch.empty(size, dtype=torch.bool, device=x.device)
+    tmp = torch.empty(size, dtype=torch.bool, device=x.device)
     found, count = [], 0
     for lo in range(0, n, CHUNK):
         hi = min(n, lo + CHUNK)
@@ -63,7 +64,7 @@ def abs_at_least(x: torch.Tensor, t: float, limit: int | None = None,
                 return None
     if mask is not None:
         return None
-    return torch.cat(found) if found else torch.zeros(0, dtype=torch.int64)
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.int64, device=x.device)
 
 
 def top_indices(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -77,7 +78,7 @@ def top_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     """
     n = x.numel()
     if k == n:
-        return torch.arange(n)
+        return torch.arange(n, device=x.device)
     if k and 32 * k <= n and n >= 1 << 16:
         sample = x[:: max(1, n // max(1 << 16, 1000 * n // k))].to(work_dtype(x.dtype))
         expected = k * sample.numel() / n
@@ -92,9 +93,18 @@ def top_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(x.abs(), k, sorted=False).indices.sort().values
 
 
+def _values_and_positions(buf: torch.Tensor, n: int, k: int, dtype: torch.dtype, name: str):
+    """Split ``[k values][positions]`` and decode the positions."""
+    size = k * itemsize(dtype)
+    if buf.numel() < size:
+        raise CorruptPayload(f"{name}: payload of {buf.numel()} bytes is shorter than its {k} values "
+                             f"({size} bytes; truncated buffer)")
+    return read(buf[:size], dtype), decode_positions(buf[size:], n, k, name)
+
+
 @REGISTRY.register(
     "topk",
-    help="top-k by magnitude, k = ceil(ratio*n); values in the input dtype + index list or bitmap",
+    help="top-k by magnitude, k = ceil(ratio*n); values in the input dtype + Golomb-coded index gaps",
     params={"ratio": "fraction of elements kept, in (0, 1]"},
 )
 class TopK(Compressor):
@@ -102,8 +112,10 @@ class TopK(Compressor):
     ``||C(x) - x||^2 <= (1 - k/n) ||x||^2`` (the k largest squares are at least a k/n share of the
     sum; Stich, Cordonnier, Jaggi 2018, "Sparsified SGD with memory", NeurIPS), exposed as omega.
 
-    Wire format: ``[k values, input dtype][positions]``; ``k*itemsize + positions`` bytes.
-    Ties in magnitude are broken by ``torch.topk``.
+    Wire format: ``[k values, input dtype][positions]`` (positions: ``gapcode``), no header: the
+    receiver derives k from n. The size depends on the positions, so :meth:`nbytes` returns None
+    and :meth:`payload_bytes` gives it for known positions. Ties in magnitude are broken by
+    ``torch.topk``.
     """
 
     name = "topk"
@@ -122,9 +134,13 @@ class TopK(Compressor):
     def omega(self, numel: int) -> float:
         return 1 - self.count(numel) / numel if numel else 0.0
 
-    def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        k = self.count(numel)
-        return k * itemsize(dtype) + positions_bytes(numel, k)
+    def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> None:
+        return None
+
+    @staticmethod
+    def payload_bytes(numel: int, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> int:
+        """The payload's size when the kept positions are the ascending ``index``."""
+        return index.numel() * itemsize(dtype) + positions_bytes(numel, index)
 
     def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
         xf = flat(x)
@@ -136,11 +152,8 @@ class TopK(Compressor):
 
     def decode(self, packet: Packet) -> torch.Tensor:
         n, dtype = packet.numel, packet.dtype
-        k = self.count(n)
-        buf = payload(packet, self.nbytes(n, dtype), self.name)
-        size = k * itemsize(dtype)
-        index = decode_positions(buf[size:], n, k, self.name)
-        return scatter(n, index, read(buf[:size], dtype), dtype, self.name).reshape(packet.shape)
+        values, index = _values_and_positions(raw(packet, self.name), n, self.count(n), dtype, self.name)
+        return scatter(n, index, values, dtype, self.name).reshape(packet.shape)
 
 
 @REGISTRY.register(
@@ -153,9 +166,9 @@ class Threshold(Compressor):
     "Rethinking gradient sparsification as total error minimization", NeurIPS): deterministic,
     biased; ``||C(x) - x||^2 <= min(||x||^2, n*tau^2)``, no relative omega.
 
-    Wire format: ``[uint32 count c, little-endian][c values, input dtype][positions]``, size
-    ``4 + c*itemsize + min(ceil(c*ceil(log2 n)/8), ceil(n/8))`` bytes; :meth:`nbytes` returns None
-    (data-dependent), :meth:`payload_bytes` gives the size for a known count.
+    Wire format: ``[uint32 count c, little-endian][c values, input dtype][positions]`` (positions
+    as for ``topk`` with k = c); :meth:`nbytes` returns None (data-dependent),
+    :meth:`payload_bytes` gives the size for known positions.
     """
 
     name = "threshold"
@@ -171,8 +184,8 @@ class Threshold(Compressor):
         return None
 
     @staticmethod
-    def payload_bytes(numel: int, count: int, dtype: torch.dtype = torch.float32) -> int:
-        return 4 + count * itemsize(dtype) + positions_bytes(numel, count)
+    def payload_bytes(numel: int, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> int:
+        return 4 + TopK.payload_bytes(numel, index, dtype)
 
     def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
         xf = flat(x)
@@ -181,16 +194,19 @@ class Threshold(Compressor):
             raise ValueError(f"{self.name}: {n} elements do not fit the 32-bit count header")
         check_finite(xf, self.name)
         tau = round_up(self.tau, work_dtype(xf.dtype))
-        width = index_width(n)
-        # more than n/width kept elements: the bitmap is certain, so skip collecting indices
-        index = abs_at_least(xf, tau, n // width if width else n)
+        # Above n/3 kept elements an index list costs more memory than a mask; above 0.382 n the
+        # positions are a bitmap (Golomb b = 1), so the indices are never needed.
+        index = abs_at_least(xf, tau, n // 3)
         if index is None:
-            mask = torch.empty(n, dtype=torch.bool)
+            mask = torch.empty(n, dtype=torch.bool, device=xf.device)
             abs_at_least(xf, tau, mask=mask)
-            values, positions = torch.masked_select(xf, mask), bitpack.pack(mask.view(torch.uint8), 1)
-        else:
+            if gapcode.golomb_parameter(n, int(mask.sum())) == 1:
+                values, positions = torch.masked_select(xf, mask), gapcode.encode_mask(n, mask)
+            else:
+                index = mask.nonzero().view(-1)
+        if index is not None:
             values, positions = xf[index], encode_positions(n, index)
-        count = torch.tensor([values.numel()], dtype=torch.int64).view(torch.uint8)[:4]
+        count = torch.tensor([values.numel()], dtype=torch.int64, device=xf.device).view(torch.uint8)[:4]
         return make_packet(torch.cat([count, values.view(torch.uint8), positions]), x)
 
     def decode(self, packet: Packet) -> torch.Tensor:
@@ -198,15 +214,11 @@ class Threshold(Compressor):
         buf = raw(packet, self.name)
         if buf.numel() < 4:
             raise CorruptPayload(f"{self.name}: payload of {buf.numel()} bytes is shorter than its header")
-        head = torch.zeros(8, dtype=torch.uint8)
-        head[:4] = buf[:4]
-        count = int(head.view(torch.int64)[0])
+        count = int.from_bytes(bytes(buf[:4].tolist()), "little")  # one host read of 4 bytes
         if count > n:
             raise CorruptPayload(f"{self.name}: header counts {count} values for a tensor of {n} elements")
-        buf = payload(packet, self.payload_bytes(n, count, dtype), self.name)
-        size = count * itemsize(dtype)
-        index = decode_positions(buf[4 + size:], n, count, self.name)
-        return scatter(n, index, read(buf[4: 4 + size], dtype), dtype, self.name).reshape(packet.shape)
+        values, index = _values_and_positions(buf[4:], n, count, dtype, self.name)
+        return scatter(n, index, values, dtype, self.name).reshape(packet.shape)
 
 
 class KeepTopK(TopK):
