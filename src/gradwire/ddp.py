@@ -12,10 +12,13 @@ gradwire compressor. The whole integration is a three-line diff::
 
 or, in PyTorch's own style, ``model.register_comm_hook(HookState(model, "fp16"), gradwire.ddp.hook)``.
 
-Two paths. Summable codecs (``none``, ``fp16``, ``bf16``) are one asynchronous allreduce of the
-bucket, like DDP's own. Every other codec is encoded, its variable-size ``uint8`` payloads are
-all-gathered (sizes first, padded to the longest, trimmed) and decoded, and the average is
-summed in rank order, so that every rank applies bit-identical gradients.
+Summable codecs (``none``, ``fp16``, ``bf16``) are one asynchronous allreduce of the bucket,
+like DDP's own. Every other codec is encoded parameter by parameter and its ``uint8`` payloads
+are all-gathered, decoded, and averaged in rank order, so that every rank applies bit-identical
+gradients. Fixed-size codecs (qsgd, terngrad, pquant, sign, natural, randk) know every rank's
+sizes in advance: one asynchronous all-gather, decoded when it completes (the future's
+callback), nothing waited for in the hook. Data-dependent sizes (topk, threshold) exchange the
+sizes first and wait for both gathers.
 
 The unit of compression is the *parameter*, not the bucket: DDP rebuilds its buckets after the
 first iteration (in gradient-ready order, reversed with respect to the first), and a resumed run
@@ -267,26 +270,74 @@ def _wait(state: HookState, work, bucket: dist.GradBucket, what: str) -> None:
 
 
 def _allgather(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
-    buffer, world, group = bucket.buffer(), state.world_size, state.process_group
+    """Encode the bucket parameter by parameter, all-gather the payloads, decode the mean."""
+    buffer = bucket.buffer()
     # Parameters below min_compress_numel travel raw, all of a bucket's in one `none` packet at the
     # front of the payload: lossless, so how DDP groups them changes nothing, and one call instead
     # of a codec's fixed cost (a few tenths of a ms per encode) for every bias.
     raw = [k < state.min_compress_numel for *_, k in layout]
     small = [(o, k) for (_, _, o, k), r in zip(layout, raw, strict=True) if r]
-    refused = None
+    # one size per parameter (raw ones: their own bytes), so that totals do not depend on the layout
+    fixed = [k * buffer.element_size() if r else state.compressor.nbytes(k, buffer.dtype)
+             for (*_, k), r in zip(layout, raw, strict=True)]
+    refused, packets = None, []
     try:
         packets = [_RAW.encode(torch.cat([buffer[o:o + k] for o, k in small]))] if small else []
         packets += [_encode(state, buffer[o:o + k], i, n) for (i, n, o, k), r in zip(layout, raw, strict=True)
                     if not r]
+    except ValueError as error:
+        refused = _refused(state, bucket, layout, error)
+    if None not in fixed:
+        return _gather_fixed(state, bucket, layout, raw, small, fixed, packets, refused)
+    return _gather_variable(state, bucket, layout, raw, small, packets, refused)
+
+
+def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, refused):
+    """Every size is known to every rank (fixed-size codecs): one asynchronous all-gather of
+    ``[status byte][payloads]`` and the decoding when it completes, with no size exchange and no
+    wait inside the hook. The status byte is 1 where a rank could not encode its gradient: every
+    rank then stops after the collective instead of leaving its peers waiting."""
+    buffer, world = bucket.buffer(), state.world_size
+    total = 1 + sum(sizes)
+    send = torch.zeros(total, dtype=torch.uint8, device=buffer.device)
+    if refused is None:
+        send[0] = 0
+        torch.cat([p.buffer for p in packets], out=send[1:])
+    else:
+        send[0] = 1
+    received = torch.empty(world * total, dtype=torch.uint8, device=buffer.device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the name before 2.13
+    future = gather(received, send, group=state.process_group, async_op=True).get_future()
+    state.bytes_sent += sum(sizes) * (world - 1)
+    state.wire_bytes_sent += total * (world - 1)
+    step, index = state.step, bucket.index()
+
+    def finish(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # re-raises a failed collective
+        rows = received.view(world, total)
+        if refused is not None:
+            raise refused
+        failed = rows[:, 0].nonzero().view(-1).tolist()
+        if failed:
+            raise DivergenceError(f"gradwire.ddp: step {step}, bucket {index}: rank(s) {failed} could not "
+                                  "encode their gradient (see their error); every rank stops",
+                                  step=step, worker=failed[0])
+        return _decode_mean(state, buffer, layout, raw, small, [(rows[r, 1:], sizes) for r in range(world)])
+
+    return future.then(finish)
+
+
+def _gather_variable(state: HookState, bucket, layout, raw, small, packets, refused):
+    """Data-dependent sizes (threshold, top-k): the sizes first, then the payloads padded to the
+    longest (gloo's all_gather wants equal sizes), both waited for here."""
+    buffer, world, group = bucket.buffer(), state.world_size, state.process_group
+    if refused is None:
         compressed = iter(p.nbytes for p in packets[bool(small):])
-        # one size per parameter (raw ones: their own bytes), so that totals do not depend on the layout
         sizes = torch.tensor([k * buffer.element_size() if r else next(compressed)
                               for (*_, k), r in zip(layout, raw, strict=True)], dtype=torch.int64,
                              device=buffer.device)
-    except ValueError as error:
-        refused = _refused(state, bucket, layout, error)
+    else:
         sizes = torch.full((len(layout),), -1, dtype=torch.int64, device=buffer.device)  # the peers stop too
-    # Sizes first: payloads differ in size (threshold) and gloo's all_gather wants equal ones.
     all_sizes = [torch.empty_like(sizes) for _ in range(world)]
     _wait(state, dist.all_gather(all_sizes, sizes, group=group, async_op=True), bucket, "payload sizes")
     if refused is not None:
@@ -303,10 +354,18 @@ def _allgather(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
     _wait(state, dist.all_gather(received, send, group=group, async_op=True), bucket, "payloads")
     state.bytes_sent += totals[state.rank] * (world - 1)
     state.wire_bytes_sent += (sizes.numel() * 8 + send.numel()) * (world - 1)
+    mean = _decode_mean(state, buffer, layout, raw, small,
+                        [(received[r], all_sizes[r].tolist()) for r in range(world)])
+    future = torch.futures.Future()
+    future.set_result(mean)
+    return future
 
+
+def _decode_mean(state: HookState, buffer: torch.Tensor, layout, raw, small, payloads) -> torch.Tensor:
+    """The mean of every rank's payload ``(bytes, size per parameter)``, decoded and summed in rank
+    order, so that every rank adds the same numbers in the same order."""
     mean = torch.zeros(buffer.numel(), dtype=work_dtype(buffer.dtype), device=buffer.device)
-    for rank in range(world):  # in rank order, so that every rank adds the same numbers in the same order
-        payload, rank_sizes = received[rank], all_sizes[rank].tolist()
+    for payload, rank_sizes in payloads:
         start = sum(size for size, r in zip(rank_sizes, raw, strict=True) if r)
         if small:
             numels = [k for _, k in small]
@@ -318,6 +377,4 @@ def _allgather(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
                 mean[o:o + k] += state.compressor.decode(Packet(payload[start:start + size], torch.Size([k]),
                                                                 buffer.dtype))
                 start += size
-    future = torch.futures.Future()
-    future.set_result(mean.div_(world).to(buffer.dtype))
-    return future
+    return mean.div_(len(payloads)).to(buffer.dtype)

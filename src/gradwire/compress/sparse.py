@@ -22,7 +22,7 @@ from gradwire.compress.positions import (
     positions_bytes,
     scatter,
 )
-from gradwire.compress.wire import CHUNK, flat, make_packet, raw, read, work_dtype
+from gradwire.compress.wire import chunk_size, flat, make_packet, raw, read, work_dtype
 from gradwire.spec import require
 
 
@@ -48,13 +48,14 @@ def abs_at_least(x: torch.Tensor, t: float, limit: int | None = None,
     dtype), chunk by chunk; None as soon as there are more than ``limit``. With ``mask`` (bool, n
     elements) the full mask is written there instead and None returned."""
     n = x.numel()
-    size = min(CHUNK, n)
+    chunk = chunk_size(n, x.device)  # a GPU takes one pass: one nonzero(), one host sync
+    size = min(chunk, n)
     f = torch.empty(size, dtype=work_dtype(x.dtype), device=x.device)
     part = torch.empty(size, dtype=torch.bool, device=x.device)
     tmp = torch.empty(size, dtype=torch.bool, device=x.device)
     found, count = [], 0
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
         m = mask[lo:hi] if mask is not None else part[: hi - lo]
         _abs_at_least(x[lo:hi], t, m, tmp[: hi - lo], f)
         if mask is None:
