@@ -64,10 +64,11 @@ class HookState:
       a small gain for unbiased ones; residuals cost a float32 copy of the compressed parameters.
     * ``seed``: random draws depend on (seed, rank, step, parameter index) only, so a run and its
       resumption draw the same numbers (a loaded state brings its run's seed and step).
-    * ``timeout_s``: how long the compressed path waits for each collective before raising
-      :class:`~gradwire.errors.CommunicationError` (default: gloo's own 30 minutes; lower it to
-      fail fast). The summable path is asynchronous like DDP's allreduce and is bounded by the
-      process group's timeout (``init_process_group(timeout=...)``).
+    * ``timeout_s``: how long the sizes-first path (topk, threshold) waits for each collective
+      before raising :class:`~gradwire.errors.CommunicationError` (default: gloo's own 30 minutes;
+      lower it to fail fast). The asynchronous paths (the summable casts, and the fixed-size
+      codecs) wait nowhere in the hook, like DDP's own allreduce, and are bounded by the process
+      group's timeout (``init_process_group(timeout=...)``).
     * ``min_compress_numel``: lossy codecs only. Parameters with fewer elements (biases, norms) travel
       uncompressed, all of a bucket's in one packet: a codec call has a fixed cost of a few tenths
       of a millisecond, which for a bias buys nothing (PowerSGD likewise leaves vectors alone,
