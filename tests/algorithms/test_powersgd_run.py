@@ -3,6 +3,8 @@ bitwise resume, the algorithms that refuse it, and ``gradwire list``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -28,7 +30,7 @@ def wire_bytes(rank: int) -> int:
     ("ps:mbps=100,latency_ms=1", lambda nbytes, n: 2 * n * nbytes),          # up to the server and back
 ])
 @pytest.mark.parametrize("rank", [1, 2])
-def test_bytes_per_step_follow_the_formula(make_config, network, rule, rank):
+def test_bytes_per_step_follow_the_formula(make_config, tmp_path, network, rule, rank):
     summary = run(make_config(MLP, out=f"b{rank}", network=network, compressor=f"powersgd:rank={rank}"),
                   progress=False)
     plain = run(make_config(MLP, out=f"p{rank}", network=network), progress=False)
@@ -36,6 +38,9 @@ def test_bytes_per_step_follow_the_formula(make_config, network, rule, rank):
     dense = 4 * sum(torch.Size(s).numel() for s in SHAPES)
     assert plain["bytes_sent"] == MLP["steps"] * rule(dense, MLP["workers"])
     assert summary["bytes_sent"] < plain["bytes_sent"] / 5  # 4810 floats against 478 at rank 2
+    info = json.loads((tmp_path / f"b{rank}" / "algorithm.json").read_text())["powersgd"]
+    assert info == {"compressed": {"0": rank, "2": rank}, "uncompressed": ["1", "3"],
+                    "floats_per_worker_step": wire_bytes(rank) // 4, "floats_uncompressed": 4810}
 
 
 def test_bytes_per_worker_do_not_grow_with_workers(make_config):

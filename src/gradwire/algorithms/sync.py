@@ -58,6 +58,9 @@ class SyncSGD(Algorithm):
     def compressor_spec(self):
         return self.codec.spec()
 
+    def setup_info(self):
+        return self.codec.aggregator.setup_info() if self.codec.aggregator is not None else {}
+
     def aggregate(self, buffers: dict[int, torch.Tensor]) -> torch.Tensor:
         """Mean of the winners' decoded payloads, summed in rank order (as the collectives in
         ``step`` sum)."""

@@ -241,6 +241,15 @@ class PowerSGDCodec:
         self.memory.step += 1
         return torch.cat([t.reshape(-1) for t in averaged])
 
+    def setup_info(self) -> dict:
+        """What compression does to this model (algorithm.json): which tensors are compressed at
+        which rank, and the floats each worker sends per step against plain allreduce's."""
+        ranks = [self.powersgd.matrix_rank(s) for s in self.shapes]
+        return {"powersgd": {"compressed": {k: r for k, r in zip(self.keys, ranks, strict=True) if r},
+                             "uncompressed": [k for k, r in zip(self.keys, ranks, strict=True) if not r],
+                             "floats_per_worker_step": self.powersgd.wire_numel(self.shapes),
+                             "floats_uncompressed": sum(self.numels)}}
+
     def state_dict(self) -> dict:
         return self.memory.state_dict()
 
