@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gradwire.errors import ConfigError
-from gradwire.registries import REGISTRIES
+from gradwire.registries import REGISTRIES, registry_for
 
 
 @dataclass
@@ -85,9 +85,12 @@ class RunConfig:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
-        for ref in REGISTRIES:  # names and keys first, then the range checks of the cheap ones
+        # names and keys first, then the range checks of the cheap ones; a key that several registries
+        # share (compressor) is checked against the one that holds its name
+        chosen = [registry_for(ref.key, getattr(self, ref.key)) for ref in REGISTRIES]
+        for ref in chosen:
             ref.registry.resolve(getattr(self, ref.key))
-        for ref in REGISTRIES:
+        for ref in dict.fromkeys(chosen):
             if ref.build_to_validate:
                 ref.registry.build(getattr(self, ref.key))
         if self.error_feedback and self.compressor == "none" and _compresses_only_with_flag(self.algorithm):

@@ -20,6 +20,10 @@ sizes in advance: one asynchronous all-gather, decoded when it completes (the fu
 callback), nothing waited for in the hook. Data-dependent sizes (topk, threshold) exchange the
 sizes first and wait for both gathers.
 
+``powersgd:rank=R`` (``gradwire.compress.powersgd``, Vogels, Karimireddy, Jaggi 2019) is a third
+path: each parameter's gradient through the same :meth:`PowerSGD.average` that the algorithms use,
+its two allreduces (the Ps with the uncompressed tensors, then the Qs) run by ``dist.all_reduce``.
+
 The unit of compression is the *parameter*, not the bucket: DDP rebuilds its buckets after the
 first iteration (in gradient-ready order, reversed with respect to the first), and a resumed run
 starts again from the first layout, so residuals keyed by bucket index stop matching their
@@ -38,6 +42,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gradwire.compress import Compressor, ErrorFeedback, Packet, build
+from gradwire.compress.powersgd import AGGREGATORS, PowerSGD, PowerSGDMemory, is_aggregator, matrix_shape
 from gradwire.compress.wire import work_dtype
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
 from gradwire.seeding import hash_seed
@@ -69,6 +74,12 @@ class HookState:
       lower it to fail fast). The asynchronous paths (the summable casts, and the fixed-size
       codecs) wait nowhere in the hook, like DDP's own allreduce, and are bounded by the process
       group's timeout (``init_process_group(timeout=...)``).
+    * ``powersgd:rank=R`` (its own error feedback, on by default; ``error_feedback=True`` adds
+      nothing, and contradicts ``powersgd:error_feedback=false``): rank-R approximations of the
+      weight matrices by two allreduces, vectors and small matrices uncompressed (its
+      ``min_compression_rate``; ``min_compress_numel`` does not apply). The bytes per rank stay
+      the same as ranks are added. Its Q memories and errors are kept per parameter name in
+      ``state_dict()["powersgd"]``.
     * ``min_compress_numel``: lossy codecs only. Parameters with fewer elements (biases, norms) travel
       uncompressed, all of a bucket's in one packet: a codec call has a fixed cost of a few tenths
       of a millisecond, which for a bias buys nothing (PowerSGD likewise leaves vectors alone,
@@ -88,12 +99,20 @@ class HookState:
 
     __slots__ = ("compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
                  "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
-                 "device", "_params")
+                 "device", "powersgd_memory", "_params", "_shapes")
 
     def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
                  error_feedback: bool = False, seed: int = 0, process_group=None,
                  timeout_s: float = 1800.0, min_compress_numel: int = 1024):
-        self.compressor = compressor if isinstance(compressor, Compressor) else build(compressor)
+        self.powersgd_memory = None
+        if isinstance(compressor, str) and is_aggregator(compressor):
+            compressor = AGGREGATORS.build(compressor)
+        if isinstance(compressor, PowerSGD):  # Q memories and errors per parameter name, its own EF
+            if error_feedback and not compressor.error_feedback:
+                raise ConfigError(f"error_feedback=True contradicts {compressor.spec()}: PowerSGD keeps its own "
+                                  "error feedback (its error_feedback key, on by default)")
+            self.powersgd_memory, error_feedback = PowerSGDMemory(seed), False
+        self.compressor = compressor if isinstance(compressor, Compressor | PowerSGD) else build(compressor)
         if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not (dist.is_available() and dist.is_initialized()):
@@ -117,13 +136,19 @@ class HookState:
         self.generator = torch.Generator(device=self.device)  # re-seeded per (step, parameter): see _encode
         # id(parameter) -> (index, name, numel): bucket.parameters() returns the module's own tensors
         self._params = {id(p): (i, name, p.numel()) for i, (name, p) in enumerate(module.named_parameters())}
+        self._shapes = {name: p.shape for name, p in module.named_parameters()}
+        if self.powersgd_memory is not None:
+            self.powersgd_memory.seed = self.seed
 
     def state_dict(self) -> dict:
         residuals = self.error_feedback.state_dict() if self.error_feedback else {}
-        return {"compressor": self.compressor.spec(), "error_feedback": self.error_feedback is not None,
-                "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "step": self.step,
-                "bytes_sent": self.bytes_sent, "wire_bytes_sent": self.wire_bytes_sent,
-                "residuals": residuals}
+        state = {"compressor": self.compressor.spec(), "error_feedback": self.error_feedback is not None,
+                 "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "step": self.step,
+                 "bytes_sent": self.bytes_sent, "wire_bytes_sent": self.wire_bytes_sent,
+                 "residuals": residuals}
+        if self.powersgd_memory is not None:
+            state["powersgd"] = self.powersgd_memory.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a :meth:`state_dict` saved by the same rank of a run with the same settings."""
@@ -144,6 +169,9 @@ class HookState:
                               f"size: {bad[:5]}")
         if self.error_feedback:
             self.error_feedback.load_state_dict(state["residuals"])
+        if self.powersgd_memory is not None:
+            shapes = {name: matrix_shape(shape) for name, shape in self._shapes.items() if len(shape) >= 2}
+            self.powersgd_memory.load_state_dict(state["powersgd"], shapes=shapes)
         self.seed, self.step = int(state["seed"]), int(state["step"])
         self.bytes_sent, self.wire_bytes_sent = int(state["bytes_sent"]), int(state["wire_bytes_sent"])
 
@@ -174,12 +202,42 @@ def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = 
 def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: average ``bucket``'s gradients through ``state.compressor``."""
     layout = _layout(state, bucket)
-    if state.compressor.summable:
+    if state.powersgd_memory is not None:
+        future = _powersgd(state, bucket, layout)
+    elif state.compressor.summable:
         future = _allreduce(state, bucket, layout)
     else:
         future = _allgather(state, bucket, layout)
     if bucket.is_last():
         state.step += 1
+    return future
+
+
+def _powersgd(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
+    """The bucket's parameters through :meth:`PowerSGD.average` (one parameter, one key: the
+    memory does not care how DDP buckets them), its allreduces run here, synchronously."""
+    buffer, world = bucket.buffer(), state.world_size
+    grads = [buffer[o:o + k].view(state._shapes[name]) for _, name, o, k in layout]
+
+    def allreduce_mean(tensors: dict[int, torch.Tensor]) -> torch.Tensor:
+        total = tensors[state.rank]  # a new tensor (the concatenated factors): summed in place
+        _wait(state, dist.all_reduce(total, group=state.process_group, async_op=True), bucket, "PowerSGD factors",
+              "allreduce")
+        nbytes = total.numel() * total.element_size()
+        state.bytes_sent += nbytes * (world - 1)
+        state.wire_bytes_sent += nbytes * (world - 1)
+        return total.div_(world)
+
+    state.powersgd_memory.step = state.step
+    averaged = state.compressor.average(state.powersgd_memory, {state.rank: grads}, [n for _, n, _, _ in layout],
+                                        allreduce_mean)
+    mean = torch.cat([t.reshape(-1) for t in averaged]) if averaged else buffer.clone()
+    # A NaN or inf anywhere reaches every rank through the sums, so every rank stops here alike.
+    if not bool(torch.isfinite(mean).all()):
+        raise DivergenceError(f"gradwire.ddp: step {state.step}, bucket {bucket.index()}: non-finite gradients "
+                              f"after {state.compressor.spec()} (a rank's gradient was not finite)", step=state.step)
+    future = torch.futures.Future()
+    future.set_result(mean.to(buffer.dtype))
     return future
 
 
@@ -261,12 +319,12 @@ def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
     return future.then(finish)
 
 
-def _wait(state: HookState, work, bucket: dist.GradBucket, what: str) -> None:
+def _wait(state: HookState, work, bucket: dist.GradBucket, what: str, collective: str = "all-gather") -> None:
     try:
         work.wait(timeout=timedelta(seconds=state.timeout_s))
     except RuntimeError as error:
         raise CommunicationError(f"gradwire.ddp: step {state.step}, rank {state.rank}, bucket "
-                                 f"{bucket.index()}: all-gather of {what} failed or took longer than "
+                                 f"{bucket.index()}: {collective} of {what} failed or took longer than "
                                  f"{state.timeout_s:g} s: {error}") from error
 
 

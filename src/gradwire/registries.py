@@ -33,6 +33,25 @@ REGISTRIES: tuple[RegistryRef, ...] = (
     RegistryRef("networks", "network", "gradwire.transports.network", "NETWORKS"),
     RegistryRef("algorithms", "algorithm", "gradwire.algorithms", "ALGORITHMS"),
     RegistryRef("compressors", "compressor", "gradwire.compress", "REGISTRY", build_to_validate=True),
+    # compressors that average by allreduce themselves (PowerSGD): their specs go in --compressor too
+    RegistryRef("aggregators", "compressor", "gradwire.compress.powersgd", "AGGREGATORS", build_to_validate=True),
 )
 
 GROUPS: tuple[str, ...] = tuple(r.group for r in REGISTRIES)
+
+
+def registry_for(key: str, spec: str) -> RegistryRef:
+    """The registry that holds ``spec`` among those whose specs go in config key ``key`` (several
+    share ``compressor``); an unknown name is a ConfigError listing every valid one."""
+    from gradwire.errors import ConfigError
+    from gradwire.spec import parse_spec
+
+    refs = [r for r in REGISTRIES if r.key == key]
+    if len(refs) == 1:
+        return refs[0]
+    name = parse_spec(spec)[0]
+    for ref in refs:
+        if name in ref.registry.names():
+            return ref
+    valid = "; ".join(f"{ref.group}: {', '.join(ref.registry.names())}" for ref in refs)
+    raise ConfigError(f"unknown {key} {name!r}; valid {key}s are {valid}")

@@ -27,7 +27,8 @@ def names(group: str) -> list[str]:
 
 
 def test_every_registry_is_covered():
-    assert set(REGISTRY) == {"tasks", "partitions", "stragglers", "networks", "algorithms", "compressors"}
+    assert set(REGISTRY) == {"tasks", "partitions", "stragglers", "networks", "algorithms", "compressors",
+                             "aggregators"}
 
 
 @pytest.mark.parametrize("name", names("algorithms"))

@@ -26,6 +26,7 @@ import torch
 from gradwire.algorithms.protocol import Answer, Message
 from gradwire.compress import ErrorFeedback, Packet
 from gradwire.compress import build as build_compressor
+from gradwire.compress.powersgd import PowerSGDCodec, is_aggregator
 from gradwire.seeding import hash_seed
 from gradwire.spec import Registry, Specced
 from gradwire.tasks.oracle import GradientOracle
@@ -66,6 +67,7 @@ class Context:
     shared_data: bool = False    # every worker samples the whole training set (--partition shared)
     device: torch.device = torch.device("cpu")  # where the workers' tensors live (--device)
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
+    param_shapes: tuple[torch.Size, ...] = ()  # the model's tensors, in the flat vector's order (PowerSGD)
     gradient_counts: dict = field(default_factory=dict)
 
     def gradient(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -104,17 +106,32 @@ def soft_threshold_(x: torch.Tensor, tau: float) -> torch.Tensor:
 
 class Codec:
     """Per-worker compression: one compressor, an optional error-feedback memory and a seeded
-    generator per local worker, and the collective that carries the payloads."""
+    generator per local worker, and the collective that carries the payloads.
 
-    def __init__(self, ctx: Context, cfg: CodecConfig, *, default: str = "none"):
+    An aggregator spec (``powersgd:rank=4``, ``gradwire.compress.powersgd``) is no byte compressor:
+    it averages by allreduce itself, so ``mean`` delegates to it and nothing else is available.
+    Only an algorithm that averages through ``mean`` alone says ``mean_only=True``; the others
+    refuse it at setup."""
+
+    def __init__(self, ctx: Context, cfg: CodecConfig, *, default: str = "none", mean_only: bool = False):
         spec = cfg.compressor if cfg.compressor != "none" else default
+        self.aggregator = None
+        if is_aggregator(spec):
+            if not mean_only:
+                raise ValueError(f"--compressor {spec} averages gradients by allreduce itself: it runs with sync "
+                                 "(without backups) and the DDP hook only")
+            self.aggregator = PowerSGDCodec(spec, shapes=ctx.param_shapes, workers=ctx.local_ranks, seed=ctx.seed)
+            if cfg.error_feedback and not self.aggregator.powersgd.error_feedback:
+                raise ValueError(f"--error-feedback contradicts {spec}: PowerSGD keeps its own error feedback "
+                                 "(its error_feedback key, on by default)")
+            return
         self.compressor = build_compressor(spec)
         self.identity = spec == "none"
         self.ef = {r: ErrorFeedback(self.compressor) for r in ctx.local_ranks} if cfg.error_feedback else None
         self.gen = {r: ctx.generator(r, "compress") for r in ctx.local_ranks}
 
     def spec(self) -> str:
-        return self.compressor.spec()
+        return self.aggregator.spec() if self.aggregator is not None else self.compressor.spec()
 
     def encode(self, rank: int, x: torch.Tensor) -> Packet:
         if self.ef is not None:
@@ -128,6 +145,8 @@ class Codec:
         """Mean over the participants of their compressed tensors: a dense allreduce when the
         payload is summable (uncompressed or a cast), else an allgather of the byte buffers,
         each decoded and summed in rank order."""
+        if self.aggregator is not None:
+            return self.aggregator.mean(transport, tensors, ranks)
         like = next(iter(tensors.values()))
         if self.identity and self.ef is None:
             return transport.allreduce_mean(tensors, ranks)
@@ -150,12 +169,17 @@ class Codec:
         return total.div_(len(order))
 
     def state_dict(self) -> dict:
+        if self.aggregator is not None:
+            return {"powersgd": self.aggregator.state_dict()}
         out = {"generators": {str(r): g.get_state() for r, g in self.gen.items()}}
         if self.ef is not None:
             out["error_feedback"] = {str(r): ef.state_dict() for r, ef in self.ef.items()}
         return out
 
     def load_state_dict(self, state: dict) -> None:
+        if self.aggregator is not None:
+            self.aggregator.load_state_dict(state["powersgd"])
+            return
         for r, g in self.gen.items():
             g.set_state(state["generators"][str(r)])
         if self.ef is not None:

@@ -42,7 +42,7 @@ class SyncSGD(Algorithm):
                 f"backups={self.backups} leaves no worker to aggregate with {ctx.world_size} workers")
         self.x = params.clone()
         self.opt = HeavyBall(self.x, optim)
-        self.codec = Codec(ctx, codec, default=self.default_compressor)
+        self.codec = Codec(ctx, codec, default=self.default_compressor, mean_only=not self.needs_server)
         if self.needs_server:
             self.need = ctx.world_size - self.backups
             self.current = 1     # the server's step in progress
@@ -57,6 +57,9 @@ class SyncSGD(Algorithm):
 
     def compressor_spec(self):
         return self.codec.spec()
+
+    def setup_info(self):
+        return self.codec.aggregator.setup_info() if self.codec.aggregator is not None else {}
 
     def aggregate(self, buffers: dict[int, torch.Tensor]) -> torch.Tensor:
         """Mean of the winners' decoded payloads, summed in rank order (as the collectives in

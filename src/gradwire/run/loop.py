@@ -116,7 +116,8 @@ class Run:
                            oracle=self.oracle, stragglers=STRAGGLERS.build(cfg.stragglers, seed=cfg.seed),
                            clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes), device=self.device,
                            shared_data=cfg.partition == "shared" and self.task.worker_indices is None,
-                           inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"))
+                           inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"),
+                           param_shapes=tuple(self.model.shapes))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
                             l1=self.task.l1)
         try:

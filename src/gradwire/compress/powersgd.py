@@ -1,0 +1,258 @@
+"""PowerSGD: rank-r gradient compression averaged by allreduce.
+
+Vogels, Karimireddy, Jaggi (NeurIPS 2019), "PowerSGD: Practical low-rank gradient compression for
+distributed optimization", Algorithms 1 and 2. Each matrix-shaped gradient M (a tensor of shape
+(n, ...) viewed as n x m, m the product of the other sizes, as PyTorch's hook views it) is
+approximated at rank r by one step of power iteration, warm-started from the previous step's Q:
+
+    M_w = g_w + e_w                        error feedback: worker w adds what it lost last step
+    P   = mean_w (M_w Q)                   allreduce 1 (a sum of products is a product of the sum)
+    P^  = orthogonalise(P)                 Gram-Schmidt on the columns
+    Q   = mean_w (M_w^T P^)                allreduce 2; kept as the next step's warm start
+    M~  = P^ Q^T                           the same approximation of the mean at every worker
+    e_w = M_w - M~                         the next step's error feedback
+
+P and Q are means of per-worker matrices, so they travel by allreduce: the bytes per worker,
+(n + m) r floats per matrix, do not grow with the number of workers, unlike an all-gather of
+compressed payloads. Tensors where compression does not pay travel uncompressed in the first
+allreduce, beside the Ps: vectors (biases), and matrices with ``n m <= rate (n + m) r``
+(``min_compression_rate``, 2 by default as in PyTorch's hook). Two allreduces per step in all.
+
+This is not a byte :class:`~gradwire.compress.Compressor` (a tensor in, a payload out, decoded
+alone): it needs the tensors' shapes and runs two collectives with computation between them. So it
+has a registry of its own, :data:`AGGREGATORS` (``gradwire list aggregators``), and its spec goes
+where a compressor's does (``--compressor powersgd:rank=4``); :meth:`PowerSGD.average` is the one
+implementation of the math, which the algorithms' :class:`~gradwire.algorithms.base.Codec` (through
+``Transport.allreduce_mean``, simulator and torch backend alike) and the DDP hook
+(``gradwire.ddp``, through ``dist.all_reduce``) both call with their own ``allreduce_mean``.
+Everything it remembers (Q per matrix, errors per worker and matrix, the step count) is in
+:class:`PowerSGDMemory`, keyed by tensor name, so how tensors are grouped (DDP's buckets) does not
+matter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from gradwire.errors import ConfigError
+from gradwire.seeding import hash_seed
+from gradwire.spec import Registry, Specced, parse_spec, require
+
+# Kind "compressor": its specs are --compressor values, and errors should say so.
+AGGREGATORS = Registry("compressor")
+
+AllreduceMean = Callable[[dict[int, torch.Tensor]], torch.Tensor]  # one flat tensor per local worker -> mean
+
+
+def is_aggregator(spec: str) -> bool:
+    """Whether the compressor spec names an aggregator (PowerSGD) rather than a byte compressor."""
+    return parse_spec(spec)[0] in AGGREGATORS.names()
+
+
+def orthogonalize_(matrix: torch.Tensor) -> torch.Tensor:
+    """In place: the columns of ``matrix`` (n x r) made orthonormal by (modified) Gram-Schmidt, the
+    paper's choice (Vogels 2019, Sec. 3: cheap for small r). A column that is exactly zero stays
+    zero instead of becoming NaN (a layer whose gradient vanished, e.g. a frozen one)."""
+    for i in range(matrix.shape[1]):
+        col = matrix[:, i]
+        norm = torch.linalg.vector_norm(col)
+        col.div_(torch.where(norm > 0, norm, torch.ones_like(norm)))  # no .item(): no GPU sync
+        if i + 1 < matrix.shape[1]:
+            rest = matrix[:, i + 1:]
+            rest.sub_(torch.outer(col, col @ rest))
+    return matrix
+
+
+def matrix_shape(shape: Sequence[int]) -> tuple[int, int] | None:
+    """(n, m): the tensor as n = its first size rows by m = the rest (PyTorch's hook views conv
+    weights this way too), or None for a scalar or vector, which PowerSGD never compresses."""
+    if len(shape) < 2:
+        return None
+    return int(shape[0]), math.prod(int(s) for s in shape[1:])
+
+
+@AGGREGATORS.register(
+    "powersgd", help="PowerSGD (Vogels 2019): rank-r power iteration with error feedback, averaged by two "
+    "allreduces (bytes per worker constant in the number of workers); --compressor of sync (no backups) "
+    "and the DDP hook",
+    params={"rank": "approximation rank r (capped at min(n, m) of each matrix): lower compresses more",
+            "min_compression_rate": "a matrix is compressed only if n*m > rate*(n+m)*r; else sent as it is",
+            "start_step": "steps averaged uncompressed before PowerSGD starts (PyTorch's start_powerSGD_iter)",
+            "warm_start": "start each power iteration from the previous step's Q (else from a fresh random Q)",
+            "error_feedback": "add each worker's compression error to its next gradient (the paper's Alg. 2)"})
+class PowerSGD(Specced):
+    """The configuration and the math; the state lives in a :class:`PowerSGDMemory`."""
+
+    name = "powersgd"
+
+    def __init__(self, *, rank: int = 1, min_compression_rate: float = 2.0, start_step: int = 0,
+                 warm_start: bool = True, error_feedback: bool = True):
+        require(rank >= 1, f"rank must be an integer >= 1, got {rank}")
+        require(math.isfinite(min_compression_rate) and min_compression_rate > 0,
+                f"min_compression_rate must be a finite number > 0, got {min_compression_rate}")
+        require(start_step >= 0, f"start_step must be >= 0, got {start_step}")
+        self.rank, self.min_compression_rate, self.start_step = rank, min_compression_rate, start_step
+        self.warm_start, self.error_feedback = warm_start, error_feedback
+
+    def matrix_rank(self, shape: Sequence[int]) -> int:
+        """The rank this tensor is compressed at, or 0 when it travels uncompressed: vectors, and
+        matrices where ``n m <= min_compression_rate (n + m) r``. r is capped at min(n, m), as in
+        PyTorch's hook (a rank-min(n, m) approximation is already exact)."""
+        nm = matrix_shape(shape)
+        if nm is None:
+            return 0
+        n, m = nm
+        r = min(self.rank, n, m)
+        return r if n * m > self.min_compression_rate * (n + m) * r else 0
+
+    def wire_numel(self, shapes: Sequence[Sequence[int]]) -> int:
+        """Elements each worker contributes to the allreduces of one compressed step: (n + m) r per
+        compressed matrix, numel per other tensor."""
+        total = 0
+        for shape in shapes:
+            r = self.matrix_rank(shape)
+            total += sum(matrix_shape(shape)) * r if r else math.prod(shape)
+        return total
+
+    def average(self, memory: PowerSGDMemory, grads: dict[int, Sequence[torch.Tensor]], keys: Sequence[str],
+                allreduce_mean: AllreduceMean) -> list[torch.Tensor]:
+        """The mean over all workers of their gradients, PowerSGD-compressed: new tensors, one per
+        entry of ``keys`` (same shapes and dtypes as the inputs). ``grads`` holds each local worker's
+        tensors (not modified); ``allreduce_mean`` averages one flat tensor per local worker over
+        every worker. Updates ``memory`` (Q, errors); the caller ends the step (``memory.step``)."""
+        workers = sorted(grads)
+        like = grads[workers[0]]
+        # before start_step (PyTorch's start_powerSGD_iter) everything travels uncompressed
+        ranks = [self.matrix_rank(t.shape) if memory.step >= self.start_step else 0 for t in like]
+        packed = [i for i, r in enumerate(ranks) if r]
+        plain = [i for i, r in enumerate(ranks) if not r]
+        out: list[torch.Tensor | None] = [None] * len(like)
+
+        # M_w = g_w + e_w (Vogels 2019, Alg. 2: error feedback), as n x m matrices
+        matrices = {w: {i: self._corrected(memory, w, keys[i], grads[w][i]) for i in packed} for w in workers}
+        qs = {i: orthogonalize_(self._start_q(memory, keys[i], like[i], ranks[i])) for i in packed}
+
+        # allreduce 1: P = mean_w M_w Q (Alg. 1, line 3), and the uncompressed tensors
+        round1 = {w: torch.cat([(matrices[w][i] @ qs[i]).reshape(-1) for i in packed]
+                               + [grads[w][i].reshape(-1) for i in plain]) for w in workers}
+        if round1[workers[0]].numel():
+            mean = allreduce_mean(round1).to(like[0].dtype)
+            sizes = [like[i].shape[0] * ranks[i] for i in packed] + [like[i].numel() for i in plain]
+            pieces = mean.split(sizes)
+            ps = {i: orthogonalize_(pieces[k].view(-1, ranks[i]).clone()) for k, i in enumerate(packed)}  # line 4
+            for k, i in enumerate(plain):
+                out[i] = pieces[len(packed) + k].view(like[i].shape).clone()
+        if not packed:
+            return out
+
+        # allreduce 2: Q = mean_w M_w^T P^ (Alg. 1, lines 5-6); the next step's warm start
+        round2 = {w: torch.cat([(matrices[w][i].T @ ps[i]).reshape(-1) for i in packed]) for w in workers}
+        qbar = allreduce_mean(round2).to(like[0].dtype)
+        pieces = qbar.split([matrices[workers[0]][i].shape[1] * ranks[i] for i in packed])
+        for k, i in enumerate(packed):
+            q = pieces[k].view(-1, ranks[i]).clone()
+            memory.q[keys[i]] = q
+            approx = ps[i] @ q.T  # M~ = P^ Q^T (Alg. 1, line 7)
+            out[i] = approx.view(like[i].shape)
+            if self.error_feedback:  # e_w = M_w - M~ (Alg. 2)
+                for w in workers:
+                    memory.errors.setdefault(w, {})[keys[i]] = matrices[w][i] - approx
+        return out
+
+    def _corrected(self, memory: PowerSGDMemory, worker: int, key: str, grad: torch.Tensor) -> torch.Tensor:
+        matrix = grad.reshape(grad.shape[0], -1)
+        error = memory.errors.get(worker, {}).get(key) if self.error_feedback else None
+        return matrix + error if error is not None else matrix
+
+    def _start_q(self, memory: PowerSGDMemory, key: str, grad: torch.Tensor, r: int) -> torch.Tensor:
+        """The Q this step's power iteration starts from (a copy, m x r): the previous step's Q with
+        warm start (Vogels 2019, Sec. 3), else a seeded standard normal draw, the same at every
+        worker. Drawn on the CPU then moved, so every device starts from the same Q."""
+        m = grad[0].numel()
+        if self.warm_start and key in memory.q and memory.q[key].shape == (m, r):
+            return memory.q[key].clone()
+        draw = 0 if self.warm_start else memory.step  # without warm start: a new projection each step
+        g = torch.Generator(device="cpu").manual_seed(hash_seed(memory.seed, "powersgd", key, draw))
+        q = torch.randn((m, r), generator=g, device="cpu", dtype=torch.float32)
+        return q.to(device=grad.device, dtype=grad.dtype)
+
+
+class PowerSGDMemory:
+    """What PowerSGD remembers between steps, in one process.
+
+    ``q``: the last Q of each compressed tensor (by key), the allreduced mean, hence the same at
+    every worker and kept once. ``errors``: each local worker's compression error per tensor (n x m).
+    ``step``: steps ended so far (``start_step``, and the draws without warm start, depend on it).
+    ``seed``: the run's seed; the first Q of tensor ``key`` is drawn from ``hash_seed(seed,
+    "powersgd", key, 0)``. ``state_dict()`` holds only tensors, ints and strings."""
+
+    __slots__ = ("seed", "step", "q", "errors")
+
+    def __init__(self, seed: int = 0):
+        self.seed, self.step = int(seed), 0
+        self.q: dict[str, torch.Tensor] = {}
+        self.errors: dict[int, dict[str, torch.Tensor]] = {}
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "step": self.step, "q": dict(self.q),
+                "errors": {str(w): dict(e) for w, e in self.errors.items()}}
+
+    def load_state_dict(self, state: dict, *, shapes: dict[str, tuple[int, int]] | None = None) -> None:
+        """Restore a :meth:`state_dict`. ``shapes`` (key -> (n, m)), where given, rejects Q and
+        errors of unknown tensors or of the wrong size with a ConfigError."""
+        if shapes is not None:
+            bad = sorted({k for k, q in state["q"].items() if k not in shapes or q.shape[0] != shapes[k][1]}
+                         | {k for e in state["errors"].values() for k, t in e.items()
+                            if k not in shapes or tuple(t.shape) != shapes[k]})
+            if bad:
+                raise ConfigError(f"powersgd state has Q or errors for unknown tensors or of the wrong size: {bad[:5]}")
+        self.seed, self.step = int(state["seed"]), int(state["step"])
+        self.q = {k: q.clone() for k, q in state["q"].items()}
+        self.errors = {int(w): {k: t.clone() for k, t in e.items()} for w, e in state["errors"].items()}
+
+
+class PowerSGDCodec:
+    """What :class:`~gradwire.algorithms.base.Codec.mean` delegates to for ``--compressor powersgd``:
+    flat gradient vectors in, their PowerSGD mean out, through the transport's ``allreduce_mean``
+    (so the simulator and the torch backend run the same code and count the bytes themselves)."""
+
+    def __init__(self, spec: str, *, shapes: Sequence[torch.Size], workers: Sequence[int], seed: int):
+        if not shapes:
+            raise ValueError("powersgd needs the model's tensor shapes (Context.param_shapes)")
+        self.powersgd: PowerSGD = AGGREGATORS.build(spec)
+        self.shapes = [torch.Size(s) for s in shapes]
+        self.numels = [s.numel() for s in self.shapes]
+        self.keys = [str(i) for i in range(len(self.shapes))]  # the model's tensors in parameter order
+        self.workers = tuple(workers)
+        self.memory = PowerSGDMemory(seed)
+
+    def spec(self) -> str:
+        return self.powersgd.spec()
+
+    def mean(self, transport, tensors: dict[int, torch.Tensor], ranks=None) -> torch.Tensor:
+        if ranks is not None:
+            raise ValueError("powersgd averages over every worker (no backups)")
+        grads = {w: [t.view(s) for t, s in zip(flat.split(self.numels), self.shapes, strict=True)]
+                 for w, flat in tensors.items()}
+        averaged = self.powersgd.average(self.memory, grads, self.keys, transport.allreduce_mean)
+        self.memory.step += 1
+        return torch.cat([t.reshape(-1) for t in averaged])
+
+    def setup_info(self) -> dict:
+        """What compression does to this model (algorithm.json): which tensors are compressed at
+        which rank, and the floats each worker sends per step against plain allreduce's."""
+        ranks = [self.powersgd.matrix_rank(s) for s in self.shapes]
+        return {"powersgd": {"compressed": {k: r for k, r in zip(self.keys, ranks, strict=True) if r},
+                             "uncompressed": [k for k, r in zip(self.keys, ranks, strict=True) if not r],
+                             "floats_per_worker_step": self.powersgd.wire_numel(self.shapes),
+                             "floats_uncompressed": sum(self.numels)}}
+
+    def state_dict(self) -> dict:
+        return self.memory.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        shapes = {k: matrix_shape(s) for k, s in zip(self.keys, self.shapes, strict=True) if len(s) >= 2}
+        self.memory.load_state_dict(state, shapes=shapes)

@@ -1,0 +1,147 @@
+"""PowerSGD's math in one process: the invariants of Vogels, Karimireddy, Jaggi (2019), shapes and
+ranks, device-generic buffers, and one clear error per bad setting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradwire.compress.powersgd import AGGREGATORS, PowerSGDMemory, matrix_shape, orthogonalize_
+from gradwire.errors import ConfigError
+
+SHAPES = [torch.Size(s) for s in [(40, 30), (40,), (6, 3, 5), (3, 100), (2, 2), ()]]
+KEYS = [f"t{i}" for i in range(len(SHAPES))]
+
+
+def local_mean(tensors: dict[int, torch.Tensor]) -> torch.Tensor:
+    """The allreduce of one process hosting every worker: the mean, summed in rank order."""
+    order = sorted(tensors)
+    total = tensors[order[0]].clone()
+    for w in order[1:]:
+        total += tensors[w]
+    return total / len(order)
+
+
+def gradients(workers: int, seed: int, dtype=torch.float32) -> dict[int, list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return {w: [torch.randn(s, generator=g, dtype=dtype) for s in SHAPES] for w in range(workers)}
+
+
+def test_matrix_rank_follows_the_compression_rule_and_caps_at_min_n_m():
+    p = AGGREGATORS.build("powersgd:rank=4")
+    # 40x30: 1200 > 2*70*4; vectors and scalars never; 6x15: 90 <= 2*21*4; 2x2 never pays
+    assert [p.matrix_rank(s) for s in SHAPES] == [4, 0, 0, 0, 0, 0]
+    assert matrix_shape((6, 3, 5)) == (6, 15) and matrix_shape((7,)) is None
+    # rank 8 on a 3x100 matrix is capped at 3 (already exact); it pays only with a rate below 1
+    assert AGGREGATORS.build("powersgd:rank=8").matrix_rank((3, 100)) == 0
+    assert AGGREGATORS.build("powersgd:rank=8,min_compression_rate=0.5").matrix_rank((3, 100)) == 3
+    assert p.wire_numel(SHAPES) == 70 * 4 + 40 + 90 + 300 + 4 + 1
+
+
+def test_error_feedback_identity_and_same_result_at_every_worker():
+    """g_w + e_w(before) == mean approximation + e_w(after), for every worker and tensor (the
+    compressed ones; the others arrive as their exact mean)."""
+    p = AGGREGATORS.build("powersgd:rank=2,min_compression_rate=1")
+    memory = PowerSGDMemory(seed=1)
+    for step in range(3):
+        grads = gradients(3, step)
+        before = {w: {k: e.clone() for k, e in memory.errors.get(w, {}).items()} for w in grads}
+        out = p.average(memory, grads, KEYS, local_mean)
+        memory.step += 1
+        for i, shape in enumerate(SHAPES):
+            assert out[i].shape == shape and out[i].dtype == torch.float32
+            if not p.matrix_rank(shape):
+                torch.testing.assert_close(out[i], sum(grads[w][i] for w in grads) / 3)
+                continue
+            for w in grads:
+                corrected = grads[w][i].reshape(shape[0], -1) + before[w].get(KEYS[i], 0)
+                torch.testing.assert_close(corrected, out[i].reshape(shape[0], -1) + memory.errors[w][KEYS[i]])
+    assert sorted(memory.q) == ["t0", "t2", "t3"] and memory.q["t3"].shape == (100, 2)
+
+
+def test_a_matrix_of_rank_r_travels_exactly():
+    """P Q^T reproduces M when M (the mean of the workers' matrices) has rank <= r."""
+    g = torch.Generator().manual_seed(0)
+    u, v = torch.randn(50, 2, generator=g, dtype=torch.float64), torch.randn(2, 40, generator=g, dtype=torch.float64)
+    grads = {w: [(w + 1) * u @ v] for w in range(2)}
+    out = AGGREGATORS.build("powersgd:rank=2").average(PowerSGDMemory(), grads, ["m"], local_mean)
+    torch.testing.assert_close(out[0], 1.5 * u @ v)
+
+
+def test_before_start_step_everything_is_averaged_uncompressed():
+    p = AGGREGATORS.build("powersgd:rank=1,start_step=2")
+    memory = PowerSGDMemory()
+    for step in range(3):
+        grads = gradients(2, step)
+        out = p.average(memory, grads, KEYS, local_mean)
+        exact = all(torch.allclose(o, (grads[0][i] + grads[1][i]) / 2) for i, o in enumerate(out))
+        assert exact == (step < 2) and (not memory.q) == (step < 2)
+        memory.step += 1
+
+
+def test_warm_start_and_fresh_draws():
+    grads = gradients(2, 0)
+    for warm in (True, False):
+        p = AGGREGATORS.build(f"powersgd:rank=2,warm_start={str(warm).lower()}")
+        a, b = PowerSGDMemory(seed=4), PowerSGDMemory(seed=4)
+        first = p.average(a, grads, KEYS, local_mean)
+        assert all(torch.equal(x, y) for x, y in zip(first, p.average(b, grads, KEYS, local_mean), strict=True))
+        a.step = 1
+        q_before = a.q["t0"].clone()
+        p.average(a, grads, KEYS, local_mean)
+        assert not torch.equal(a.q["t0"], q_before)  # a new Q each step either way (warm: the last Q improved)
+
+
+def test_orthogonalize_makes_orthonormal_columns_and_keeps_zero_columns_zero():
+    x = torch.randn(30, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    orthogonalize_(x)
+    torch.testing.assert_close(x.T @ x, torch.eye(4, dtype=torch.float64))
+    z = torch.zeros(10, 2)
+    assert torch.equal(orthogonalize_(z), torch.zeros(10, 2))
+    out = AGGREGATORS.build("powersgd:rank=2").average(PowerSGDMemory(), {0: [torch.zeros(40, 30)]}, ["w"], local_mean)
+    assert torch.equal(out[0], torch.zeros(40, 30))  # a vanished gradient is no NaN
+
+
+def test_no_tensor_is_made_on_the_default_device():
+    """Under ``torch.device("meta")`` any factory call without ``device=`` makes a meta tensor,
+    which would fail against the CPU inputs or show in the outputs (as tests/compress/test_devices.py)."""
+    p = AGGREGATORS.build("powersgd:rank=2,min_compression_rate=1")
+    want_memory = PowerSGDMemory(seed=2)
+    want = [p.average(want_memory, gradients(2, s), KEYS, local_mean) for s in range(2)]
+    memory = PowerSGDMemory(seed=2)
+    with torch.device("meta"):
+        got = [p.average(memory, gradients_on_cpu(2, s), KEYS, local_mean) for s in range(2)]
+    for a, b in zip(want, got, strict=True):
+        assert all(y.device.type == "cpu" and torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert all(q.device.type == "cpu" for q in memory.q.values())
+
+
+def gradients_on_cpu(workers: int, seed: int) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return {w: [torch.randn(s, generator=g, device="cpu") for s in SHAPES] for w in range(workers)}
+
+
+def test_state_dict_round_trip_and_shape_check():
+    p = AGGREGATORS.build("powersgd:rank=2")
+    memory = PowerSGDMemory(seed=3)
+    p.average(memory, gradients(2, 0), KEYS, local_mean)
+    state = memory.state_dict()
+    copy = PowerSGDMemory()
+    copy.load_state_dict(state, shapes={"t0": (40, 30), "t2": (6, 15)})
+    assert copy.seed == 3 and torch.equal(copy.q["t0"], memory.q["t0"]) and torch.equal(
+        copy.errors[1]["t0"], memory.errors[1]["t0"])
+    with pytest.raises(ConfigError, match=r"unknown tensors or of the wrong size: \['t0'\]"):
+        PowerSGDMemory().load_state_dict(state, shapes={"t0": (40, 31), "t2": (6, 15)})
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("powersgd:rank=0", "rank must be an integer >= 1, got 0"),
+    ("powersgd:rank=two", "'powersgd': rank='two' is not a valid int"),
+    ("powersgd:min_compression_rate=0", "min_compression_rate must be a finite number > 0"),
+    ("powersgd:start_step=-1", "start_step must be >= 0"),
+    ("powersgd:rnak=2", "has no parameter 'rnak'; valid parameters: rank, min_compression_rate"),
+])
+def test_bad_spec_is_one_clear_error(spec, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        AGGREGATORS.build(spec)
+    assert "\n" not in str(info.value) and "compressor" in str(info.value)
