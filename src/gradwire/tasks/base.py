@@ -51,6 +51,13 @@ class Task:
     f_star: float | None = None  # min of the full training objective (float64), when known
     worker_indices: list[Tensor] | None = None  # set when the task fixes each worker's data
     w_star: Tensor | None = None  # float64 flat minimiser (parameter order of model_fn), when known
+    eval_train: Tensor | None = None  # indices of the training samples train_loss is measured on, when
+    #                                   evaluating all of them is too slow (a language model); None: all
+
+    def partition_labels(self) -> Tensor:
+        """One class label per training sample, for the partitions: ``y_train``, or where the
+        targets are sequences (a language model, 2-D) each sample's last target."""
+        return self.y_train if self.y_train.dim() == 1 else self.y_train[:, -1]
 
     def objective(self, model: nn.Module) -> float:
         """Full training objective in float64 (used for suboptimality ``objective - f_star``).
