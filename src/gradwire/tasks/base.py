@@ -63,11 +63,15 @@ class Task:
         """Full training objective in float64 (used for suboptimality ``objective - f_star``).
 
         ``w`` is all parameters of ``model``; the model is copied to float64, so a float32 model is
-        evaluated exactly at its (rounded) parameters.
+        evaluated exactly at its (rounded) parameters. Token inputs (integers) stay as they are; the
+        loss is over ``eval_train``'s samples where the task names some.
         """
+        x, y = self.x_train, self.y_train
+        if self.eval_train is not None:
+            x, y = x[self.eval_train], y[self.eval_train]
         with torch.no_grad():
             m = copy.deepcopy(model).to(torch.float64)
-            loss = self.loss_fn(m(self.x_train.to(torch.float64)), self.y_train)
+            loss = self.loss_fn(m(x.to(torch.float64) if x.is_floating_point() else x), y)
             w = torch.cat([p.reshape(-1) for p in m.parameters()])
             return float(loss + 0.5 * self.l2 * w.dot(w) + self.l1 * w.abs().sum())
 
