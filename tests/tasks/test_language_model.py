@@ -47,6 +47,9 @@ def test_model_is_causal_has_no_buffers_and_default_size_is_1_to_5_million():
         changed = model.forward(model.flat, x)
     assert out.shape == (3, 16, 256)
     assert torch.equal(out[:, :10], changed[:, :10]) and not torch.equal(out[:, 10:], changed[:, 10:])
+    state = torch.get_rng_state()
+    other = FlatModel(task.model_fn(torch.Generator().manual_seed(1)))
+    assert torch.equal(state, torch.get_rng_state()) and not torch.equal(model.flat, other.flat)  # generator only
     default = build_task("stdlib-lm", num_workers=1, seed=0)
     numel = sum(p.numel() for p in default.model_fn(torch.Generator().manual_seed(0)).parameters())
     assert 1_000_000 <= numel <= 5_000_000
