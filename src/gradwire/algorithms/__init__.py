@@ -5,6 +5,7 @@ from gradwire.algorithms import (  # noqa: F401  (registration)
     dagc,
     dasgd,
     diana,
+    diloco,
     dqsgd,
     easgd,
     local_sgd,

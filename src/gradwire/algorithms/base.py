@@ -30,7 +30,7 @@ from gradwire.compress.powersgd import PowerSGDCodec, is_aggregator
 from gradwire.seeding import hash_seed
 from gradwire.spec import Registry, Specced
 from gradwire.tasks.oracle import GradientOracle
-from gradwire.transports.base import Transport
+from gradwire.transports.base import Handle, Transport
 from gradwire.transports.clocks import Clock
 from gradwire.transports.stragglers import Stragglers
 
@@ -133,9 +133,10 @@ class Codec:
     def spec(self) -> str:
         return self.aggregator.spec() if self.aggregator is not None else self.compressor.spec()
 
-    def encode(self, rank: int, x: torch.Tensor) -> Packet:
+    def encode(self, rank: int, x: torch.Tensor, *, key: str = "grad") -> Packet:
+        """``key`` names the tensor whose residual error feedback keeps (one per key)."""
         if self.ef is not None:
-            return self.ef[rank].encode(x, key="grad", generator=self.gen[rank])
+            return self.ef[rank].encode(x, key=key, generator=self.gen[rank])
         return self.compressor.encode(x, generator=self.gen[rank])
 
     def decode(self, buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -158,6 +159,31 @@ class Codec:
         gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks,
                                        size=self.compressor.nbytes(like.numel(), like.dtype))
         return self.decode_mean(gathered, like)
+
+    def payloads(self, tensors: dict[int, torch.Tensor], *, key: str = "grad") -> dict[int, torch.Tensor]:
+        """What each local participant puts on the wire for ``start_mean``: its tensor (no
+        compression), the decoded cast in the wire dtype (a summable compressor), or its packet's
+        bytes. Encoding happens here, once: a payload kept in a checkpoint can be sent again
+        without touching the residuals or the generators."""
+        if self.identity and self.ef is None:
+            return {r: t.clone() for r, t in tensors.items()}
+        like = next(iter(tensors.values()))
+        packets = {r: self.encode(r, t, key=key) for r, t in tensors.items()}
+        if self.compressor.summable:
+            wire_dtype = self.compressor.wire_dtype(like.dtype)
+            return {r: self.decode(p.buffer, like).to(wire_dtype) for r, p in packets.items()}
+        return {r: p.buffer for r, p in packets.items()}
+
+    def start_mean(self, transport: Transport, payloads: dict[int, torch.Tensor], like: torch.Tensor,
+                   ranks=None) -> Handle:
+        """Start the mean of ``payloads`` without blocking, carried as ``mean`` carries them (a dense
+        allreduce, or an allgather of the bytes decoded and summed in rank order); ``wait()`` gives
+        it in ``like``'s dtype."""
+        if (self.identity and self.ef is None) or self.compressor.summable:
+            return _Finished(transport.allreduce_mean_start(payloads, ranks), lambda mean: mean.to(like.dtype))
+        size = self.compressor.nbytes(like.numel(), like.dtype)
+        return _Finished(transport.allgather_start(payloads, ranks, size=size),
+                         lambda gathered: self.decode_mean(gathered, like))
 
     def decode_mean(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
         """Decode every payload and average them, summed in rank order (so every backend and the
@@ -185,6 +211,19 @@ class Codec:
         if self.ef is not None:
             for r, ef in self.ef.items():
                 ef.load_state_dict(state["error_feedback"][str(r)])
+
+
+class _Finished(Handle):
+    """A collective in flight whose result ``finish`` turns into what the caller wants (once)."""
+
+    def __init__(self, inner: Handle, finish):
+        super().__init__(None, inner.finish_s)
+        self.inner, self.finish, self.done = inner, finish, False
+
+    def wait(self) -> torch.Tensor:
+        if not self.done:
+            self._result, self.done = self.finish(self.inner.wait()), True
+        return self._result
 
 
 class Algorithm(Specced, ABC):

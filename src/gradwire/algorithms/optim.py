@@ -38,3 +38,43 @@ class HeavyBall:
     def load_state_dict(self, state: dict) -> None:
         if self.velocity is not None:
             self.velocity.copy_(state["velocity"])
+
+
+class AdamW:
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019, "Decoupled weight decay
+    regularization", ICLR, Algorithm 2; Adam: Kingma & Ba 2015, Algorithm 1), in the form
+    torch.optim.AdamW uses, on one flat vector:
+
+        x <- x (1 - γ λ);  m <- β1 m + (1 - β1) g;  v <- β2 v + (1 - β2) g²
+        x <- x - γ m / (1 - β1^t) / (sqrt(v / (1 - β2^t)) + ε)
+
+    then the proximal step of the task's L1 term, as HeavyBall. DiLoCo's inner optimizer
+    (Douillard et al. 2023). The state (m, v and the step count t) is part of the checkpoint."""
+
+    def __init__(self, params: torch.Tensor, *, lr: float, betas: tuple[float, float], eps: float,
+                 weight_decay: float, l1: float = 0.0):
+        self.x, self.lr, self.betas, self.eps, self.weight_decay, self.l1 = params, lr, betas, eps, weight_decay, l1
+        self.exp_avg = torch.zeros_like(params)
+        self.exp_avg_sq = torch.zeros_like(params)
+        self.steps = 0
+
+    def apply(self, grad: torch.Tensor) -> None:
+        """One AdamW step on the parameters in place with gradient ``grad`` (not kept)."""
+        beta1, beta2 = self.betas
+        self.steps += 1
+        if self.weight_decay:
+            self.x.mul_(1 - self.lr * self.weight_decay)
+        self.exp_avg.lerp_(grad, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias1, bias2 = 1 - beta1 ** self.steps, 1 - beta2 ** self.steps
+        denominator = (self.exp_avg_sq / bias2).sqrt_().add_(self.eps)
+        self.x.addcdiv_(self.exp_avg, denominator, value=-self.lr / bias1)
+        soft_threshold_(self.x, self.lr * self.l1)
+
+    def state_dict(self) -> dict:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
+        self.steps = int(state["steps"])

@@ -41,14 +41,17 @@ def mean_or_nan(values) -> float:
 
 class Replicas:
     """x_i and the heavy-ball state of every local worker (momentum stays local: only parameters
-    are exchanged, as in local SGD and EASGD)."""
+    are exchanged, as in local SGD and EASGD). ``optimizer(x)``, when given, builds another local
+    optimizer for a replica x (DiLoCo's inner AdamW): anything with ``apply(grad)`` and a state dict."""
 
-    def __init__(self, ctx, params: torch.Tensor, optim):
+    def __init__(self, ctx, params: torch.Tensor, optim, optimizer=None):
         self.x = {r: params.clone() for r in ctx.local_ranks}
-        self.opt = {r: HeavyBall(self.x[r], optim) for r in ctx.local_ranks}
+        make = optimizer or (lambda x: HeavyBall(x, optim))
+        self.opt = {r: make(self.x[r]) for r in ctx.local_ranks}
 
     def sgd_step(self, ctx, rank: int) -> float:
-        """One local step x_i <- x_i - γ (heavy-ball) g_i(x_i); returns the minibatch loss."""
+        """One local step x_i <- x_i - γ (heavy-ball, or the given optimizer) g_i(x_i); returns the
+        minibatch loss."""
         loss, grad = ctx.gradient(rank, self.x[rank])
         self.opt[rank].apply(grad)
         return loss

@@ -88,7 +88,8 @@ class Run:
         self.task = build_task(cfg.task, num_workers=cfg.workers, seed=cfg.seed, dtype=dtype, data_dir=cfg.data_dir)
         shards = self.task.worker_indices
         if shards is None:
-            shards = build_partition(cfg.partition, labels=self.task.y_train, num_workers=cfg.workers, seed=cfg.seed)
+            shards = build_partition(cfg.partition, labels=self.task.partition_labels(), num_workers=cfg.workers,
+                                     seed=cfg.seed)
         elif cfg.partition != "iid":
             raise ConfigError(f"task {cfg.task!r} fixes each worker's data itself; --partition {cfg.partition!r} "
                               "does not apply (leave it at iid)")

@@ -6,7 +6,7 @@
 ``TASKS.describe()`` and ``PARTITIONS.describe()`` list the choices and their parameters.
 """
 
-from gradwire.tasks import datasets, synthetic  # noqa: F401  (registers the tasks)
+from gradwire.tasks import datasets, language, synthetic  # noqa: F401  (registers the tasks)
 from gradwire.tasks.base import TASKS, Task, TaskContext, build_task
 from gradwire.tasks.partition import PARTITIONS, build_partition
 

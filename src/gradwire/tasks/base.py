@@ -51,16 +51,27 @@ class Task:
     f_star: float | None = None  # min of the full training objective (float64), when known
     worker_indices: list[Tensor] | None = None  # set when the task fixes each worker's data
     w_star: Tensor | None = None  # float64 flat minimiser (parameter order of model_fn), when known
+    eval_train: Tensor | None = None  # indices of the training samples train_loss is measured on, when
+    #                                   evaluating all of them is too slow (a language model); None: all
+
+    def partition_labels(self) -> Tensor:
+        """One class label per training sample, for the partitions: ``y_train``, or where the
+        targets are sequences (a language model, 2-D) each sample's last target."""
+        return self.y_train if self.y_train.dim() == 1 else self.y_train[:, -1]
 
     def objective(self, model: nn.Module) -> float:
         """Full training objective in float64 (used for suboptimality ``objective - f_star``).
 
         ``w`` is all parameters of ``model``; the model is copied to float64, so a float32 model is
-        evaluated exactly at its (rounded) parameters.
+        evaluated exactly at its (rounded) parameters. Token inputs (integers) stay as they are; the
+        loss is over ``eval_train``'s samples where the task names some.
         """
+        x, y = self.x_train, self.y_train
+        if self.eval_train is not None:
+            x, y = x[self.eval_train], y[self.eval_train]
         with torch.no_grad():
             m = copy.deepcopy(model).to(torch.float64)
-            loss = self.loss_fn(m(self.x_train.to(torch.float64)), self.y_train)
+            loss = self.loss_fn(m(x.to(torch.float64) if x.is_floating_point() else x), y)
             w = torch.cat([p.reshape(-1) for p in m.parameters()])
             return float(loss + 0.5 * self.l2 * w.dot(w) + self.l1 * w.abs().sum())
 

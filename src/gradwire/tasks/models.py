@@ -78,3 +78,72 @@ def mnist1d_cnn(generator: torch.Generator, *, dtype: torch.dtype, channels: int
         nn.Linear(channels * out_len, num_classes, device="meta", dtype=dtype),
     )
     return _materialise(model, generator)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention in which position t sees positions <= t. The causal mask is
+    computed by ``scaled_dot_product_attention(is_causal=True)``, not stored: FlatModel forbids
+    buffers."""
+
+    def __init__(self, dim: int, heads: int, dtype: torch.dtype):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, device="meta", dtype=dtype)
+        self.out = nn.Linear(dim, dim, device="meta", dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(batch, length, dim))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block (as GPT-2): x + attention(LN(x)), then x + MLP(LN(x)) with a 4x GELU MLP."""
+
+    def __init__(self, dim: int, heads: int, dtype: torch.dtype):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, device="meta", dtype=dtype)
+        self.attention = CausalSelfAttention(dim, heads, dtype)
+        self.norm2 = nn.LayerNorm(dim, device="meta", dtype=dtype)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim, device="meta", dtype=dtype), nn.GELU(),
+                                 nn.Linear(4 * dim, dim, device="meta", dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TransformerLM(nn.Module):
+    """A small decoder-only transformer language model: token and learnt position embeddings,
+    ``layers`` pre-norm blocks, a final LayerNorm and a linear read-out to next-token logits.
+    Input (batch, length) int64 tokens, output (batch, length, vocab) logits. No dropout and no
+    buffers (the run loop's constraints, see the module docstring)."""
+
+    def __init__(self, *, vocab: int, context: int, dim: int, layers: int, heads: int, dtype: torch.dtype):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, device="meta", dtype=dtype)
+        self.position = nn.Parameter(torch.empty(context, dim, device="meta", dtype=dtype))
+        self.blocks = nn.Sequential(*(TransformerBlock(dim, heads, dtype) for _ in range(layers)))
+        self.norm = nn.LayerNorm(dim, device="meta", dtype=dtype)
+        self.head = nn.Linear(dim, vocab, device="meta", dtype=dtype)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        return self.head(self.norm(self.blocks(x)))
+
+
+def transformer_lm(generator: torch.Generator, *, vocab: int, context: int, dim: int, layers: int, heads: int,
+                   dtype: torch.dtype) -> nn.Module:
+    """:class:`TransformerLM` drawn from ``generator``: Linear layers as :func:`init_from`, embeddings
+    N(0, 0.02²) (GPT-2's), LayerNorms at weight 1 and bias 0."""
+    model = TransformerLM(vocab=vocab, context=context, dim=dim, layers=layers, heads=heads,
+                          dtype=dtype).to_empty(device="cpu")
+    with torch.no_grad():
+        model.embed.weight.normal_(0.0, 0.02, generator=generator)
+        model.position.normal_(0.0, 0.02, generator=generator)
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.fill_(1.0)
+                m.bias.zero_()
+    return init_from(model, generator)

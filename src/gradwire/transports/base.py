@@ -118,6 +118,13 @@ class Transport(ABC):
         simulator and the torch backend override it to overlap communication with computation."""
         return Handle(self.allreduce_mean(tensors, ranks))
 
+    def allgather_start(self, buffers: dict[int, torch.Tensor], ranks: Sequence[int] | None = None, *,
+                        size: int | None = None) -> Handle:
+        """Start ``allgather`` without blocking, as ``allreduce_mean_start``; ``handle.wait()``
+        returns the buffers. This default runs the blocking collective (the torch backend does:
+        the same numbers, no overlap); the simulator overlaps it with computation."""
+        return Handle(self.allgather(buffers, ranks, size=size))
+
     @abstractmethod
     def send(self, buffer: torch.Tensor, src: int, dst: int, *, tag: int = 0) -> Sent:
         """Send a uint8 ``buffer`` from ``src`` (a local worker, or ``SERVER``) to ``dst``; does not

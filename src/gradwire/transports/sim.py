@@ -3,9 +3,9 @@
 Collectives compute their exact result (the mean is summed in rank order, as a fixed-order
 reduction would) and advance the simulated clock by the network model's time.
 
-The non-blocking ``allreduce_mean_start`` computes the mean and counts its bytes and ``comm_time_s``
-at the call, but does not advance the clock: the collective is taken to run from the call's
-``clock.now`` (the time its last contribution is ready) to ``finish_s = clock.now + time``, while
+The non-blocking ``allreduce_mean_start`` (and ``allgather_start``) computes the result and counts
+its bytes and ``comm_time_s`` at the call, but does not advance the clock: the collective is taken
+to run from the call's ``clock.now`` (the time its last contribution is ready) to ``finish_s = clock.now + time``, while
 the workers go on computing. ``wait()`` advances the clock to ``max(clock.now, finish_s)``: only
 the part of the communication that computation did not cover is paid. Overlapping collectives
 are priced independently (no contention between them, or with computation, is modelled).
@@ -123,3 +123,10 @@ class SimTransport(Transport):
         cost = self.network.allreduce(first.numel() * first.element_size(), len(ranks))
         seconds = self._charge(cost, advance=False)
         return SimHandle(total.div_(len(ranks)), self.clock.now + seconds, self.clock)
+
+    def allgather_start(self, buffers, ranks=None, *, size=None):
+        """As ``allreduce_mean_start``: priced at the call, the clock paid only by ``wait()``."""
+        ranks = self.participants(ranks)
+        self._check(buffers, ranks)
+        seconds = self._charge(self.network.allgather([int(buffers[r].numel()) for r in ranks]), advance=False)
+        return SimHandle({r: buffers[r].clone() for r in ranks}, self.clock.now + seconds, self.clock)

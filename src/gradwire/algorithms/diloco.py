@@ -1,0 +1,243 @@
+"""DiLoCo and Streaming DiLoCo: local optimisation with an outer optimizer on the averaged
+parameter change.
+
+**DiLoCo** (Douillard, Feng, Rusu, Chhaparwal, Kuncoro, Kuncoro, Ranzato, Szlam, Shen 2023,
+"DiLoCo: Distributed Low-Communication Training of Language Models", arXiv:2311.08105,
+Algorithm 1). Every worker i starts a round from the shared parameters θ, takes H inner steps of
+its own optimizer (AdamW in the paper; its state m, v stays with the worker across rounds), and
+the round ends with one collective, the mean of the *outer gradients*:
+
+    Δ_i = θ - x_i                      (x_i: worker i's parameters after its H inner steps)
+    Δ   = (1/n) Σ_i Δ_i
+    θ  <- OuterOpt(θ, Δ)               (Nesterov momentum SGD; paper: lr 0.7, momentum 0.9)
+    x_i <- θ
+
+With an outer SGD step of learning rate 1 and no momentum θ becomes the workers' mean, local
+SGD; with also H = 1 and plain SGD inside it is synchronous SGD (tested). The outer gradients go
+through gradwire's Codec: ``--compressor`` (with ``--error-feedback``, one residual per fragment)
+compresses them as it compresses gradients elsewhere.
+
+**Streaming DiLoCo** (Douillard, Donchev, Rush, Kale, Rusu, Ranzato, Szlam, Shen, et al. 2025,
+"Streaming DiLoCo with overlapping communication: Towards a Distributed Free Lunch",
+arXiv:2501.18512, Sections 2.2-2.4) changes three things, none of which changes the bytes of a
+round, only when they travel:
+
+1. *Fragments.* The parameters are cut into P fragments; fragment p has its own outer round, at
+   the steps t with (t - t_p) mod H = 0, offsets t_p = ⌊p H / P⌋ staggered across the H steps, so
+   at most about 1/P of the model is on the wire at any moment (the paper's peak bandwidth cut).
+   Here a fragment is a contiguous, equally sized range of the flat parameter vector (the paper
+   groups whole transformer blocks; the outer optimizer is element-wise, so only which elements
+   travel together differs).
+2. *Overlap.* Fragment p's outer gradient, sent at step t, is used at step t + τ: the workers
+   keep training meanwhile, and the communication costs time only where it outlasts those τ
+   steps. The merge mixes the worker's own parameters, which moved on for τ steps, with the new
+   global ones: x_{i,p} <- α x_{i,p} + (1 - α) θ_p (the paper's α; α = 0 discards the τ local
+   steps, α = 0.5 is the paper's choice).
+3. *Quantised outer gradients* (the paper sends 4-bit floats): any gradwire compressor, e.g.
+   ``--compressor qsgd:levels=8`` or ``fp16``.
+
+One class does both: DiLoCo is Streaming DiLoCo with one fragment, no overlap and α = 0 (also
+tested against the streaming form). The workers' replicas, their inner optimizers and the pace of
+workers stepping on their own are local SGD's (``replicas.py``); a fragment in flight is a
+non-blocking collective (``Codec.start_mean``, as DaSGD's ``allreduce_mean_start``): on the
+simulator its time overlaps the next τ steps' compute. Evaluation uses the global θ
+(``evaluates = "global"``), which every process holds.
+
+A checkpoint keeps, for each fragment in flight, the payloads each local worker sent (already
+encoded, so residuals and random streams are untouched on resume); the collective is started
+again from them after a resume: the same numbers, its bytes sent twice (as DaSGD).
+"""
+
+from __future__ import annotations
+
+import math
+
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, OptimConfig
+from gradwire.algorithms.optim import AdamW, HeavyBall
+from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan
+from gradwire.spec import require
+
+INNER_CHOICES = ("adamw", "sgd")
+
+DILOCO_PARAMS = {
+    "inner_steps": "H >= 1: inner steps per outer round (paper: 500; 1 with inner=sgd, outer_lr=1 and "
+                   "outer_momentum=0 is synchronous SGD)",
+    "outer_lr": "outer learning rate (paper: 0.7)",
+    "outer_momentum": "outer Nesterov momentum in [0, 1) (paper: 0.9; 0 = plain outer SGD)",
+    "inner": "inner optimizer: adamw (lr from --lr; paper) or sgd (--lr, --momentum, --nesterov, --weight-decay)",
+    "beta1": "inner AdamW β1 (paper: 0.9)",
+    "beta2": "inner AdamW β2 (paper: 0.95)",
+    "eps": "inner AdamW ε",
+    "weight_decay": "inner AdamW decoupled weight decay λ (paper: 0.1)",
+}
+STREAMING_PARAMS = DILOCO_PARAMS | {
+    "inner_steps": "H >= 1: inner steps between two rounds of a fragment (paper: 100)",
+    "fragments": "P in [1, H]: fragments of the parameters, synchronised at staggered steps",
+    "overlap": "τ in [0, H]: inner steps a fragment's outer gradient travels before it is merged",
+    "alpha": "α in [0, 1]: merge weight of the local parameters, x <- α x + (1-α) θ (paper: 0.5)",
+}
+
+
+class StreamingDiLoCo(Algorithm):
+    name = "streaming-diloco"
+    evaluates = "global"
+    default_compressor = "none"
+
+    def __init__(self, *, inner_steps: int = 100, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
+                 weight_decay: float = 0.1, fragments: int = 4, overlap: int = 1, alpha: float = 0.5):
+        require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
+        require(math.isfinite(outer_lr) and outer_lr > 0, f"outer_lr must be a finite number > 0, got {outer_lr}")
+        require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
+        require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
+        require(0 <= beta1 < 1, f"beta1 must be in [0, 1), got {beta1}")
+        require(0 <= beta2 < 1, f"beta2 must be in [0, 1), got {beta2}")
+        require(math.isfinite(eps) and eps > 0, f"eps must be a finite number > 0, got {eps}")
+        require(math.isfinite(weight_decay) and weight_decay >= 0,
+                f"weight_decay must be a finite number >= 0, got {weight_decay}")
+        require(1 <= fragments <= inner_steps,
+                f"fragments must be in [1, inner_steps={inner_steps}] (one staggered offset each), got {fragments}")
+        require(0 <= overlap <= inner_steps, f"overlap must be in [0, inner_steps={inner_steps}] (at most one "
+                f"round of a fragment in flight), got {overlap}")
+        require(0 <= alpha <= 1, f"alpha must be in [0, 1] (weight of the local parameters at a merge), got {alpha}")
+        self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, outer_lr, outer_momentum
+        self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
+        self.fragments, self.overlap, self.alpha = fragments, overlap, alpha
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    def setup(self, ctx, params, optim, codec):
+        super().setup(ctx, params, optim, codec)
+        if self.inner == "adamw":
+            require(not optim.momentum and not optim.weight_decay,
+                    f"{self.name} with inner=adamw: --momentum and --weight-decay apply to inner=sgd; AdamW's are "
+                    f"the spec's beta1, beta2 and weight_decay")
+        require(self.fragments <= params.numel(),
+                f"fragments={self.fragments} exceeds the model's {params.numel()} parameters")
+        self.replicas = Replicas(ctx, params, optim, optimizer=self._inner_optimizer(optim))
+        self.pace = Pace(ctx)
+        self.theta = params.clone()  # the global parameters θ, the same in every process
+        n, p_count = params.numel(), self.fragments
+        bounds = [p * n // p_count for p in range(p_count + 1)]
+        self.ranges = [(bounds[p], bounds[p + 1]) for p in range(p_count)]
+        self.offsets = [p * self.inner_steps // p_count for p in range(p_count)]
+        outer = OptimConfig(lr=self.outer_lr, momentum=self.outer_momentum, nesterov=self.outer_momentum > 0)
+        self.outer = [HeavyBall(self.theta[a:b], outer) for a, b in self.ranges]  # views into θ
+        self.codec = Codec(ctx, codec, default=self.default_compressor)
+        self.in_flight: dict[int, dict] = {}  # fragment -> {"started_at", "payloads", "handle"}
+        self.resend = False
+
+    def _inner_optimizer(self, optim: OptimConfig):
+        if self.inner == "sgd":
+            return None  # the replicas' heavy ball with --lr, --momentum, --nesterov, --weight-decay
+        return lambda x: AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
+                               l1=optim.l1)
+
+    def compressor_spec(self):
+        return self.codec.spec()
+
+    def setup_info(self):
+        return {"fragments": [{"elements": [a, b], "offset": t} for (a, b), t in zip(self.ranges, self.offsets)]}
+
+    # -- one inner step, and the fragments' rounds that fall on it ----------------------------------
+
+    def due(self, fragment: int, step: int) -> bool:
+        """Whether ``fragment`` starts an outer round after inner step ``step``."""
+        return (step - self.offsets[fragment]) % self.inner_steps == 0
+
+    def step(self, ctx, step):
+        if self.resend:  # resumed with rounds in flight: start them again from their payloads
+            for p in sorted(self.in_flight):
+                self._start_collective(ctx, p)
+            self.resend = False
+        losses = [self.replicas.sgd_step(ctx, r) for r in ctx.local_ranks]
+        self.pace.computed(ctx, step)
+        info = {"loss": mean_or_nan(losses), "gradients": ctx.world_size}
+        merged = []
+        for p in sorted(self.in_flight):
+            if self.in_flight[p]["started_at"] + self.overlap == step:
+                self._merge(ctx, p, info)
+                merged.append(p)
+        for p in range(self.fragments):
+            if self.due(p, step):
+                self._start(ctx, p, step)
+                if self.overlap == 0:
+                    self._merge(ctx, p, info)
+                    merged.append(p)
+        if merged:
+            info["merged"] = merged
+        info["in_flight"] = len(self.in_flight)
+        return info
+
+    def _start(self, ctx, p: int, step: int) -> None:
+        """Send fragment p's outer gradients Δ_i = θ_p - x_{i,p} (Douillard et al. 2023, Alg. 1)."""
+        a, b = self.ranges[p]
+        deltas = {r: self.theta[a:b] - x[a:b] for r, x in self.replicas.x.items()}
+        self.in_flight[p] = {"started_at": step, "payloads": self.codec.payloads(deltas, key=f"fragment{p}")}
+        self._start_collective(ctx, p)
+
+    def _start_collective(self, ctx, p: int) -> None:
+        a, b = self.ranges[p]
+        entry = self.in_flight[p]
+        entry["handle"] = self.codec.start_mean(ctx.transport, entry["payloads"], self.theta[a:b])
+
+    def _merge(self, ctx, p: int, info: dict) -> None:
+        """The averaged outer gradient of fragment p has arrived: the outer step on θ_p, then each
+        worker's x_{i,p} <- α x_{i,p} + (1 - α) θ_p (Douillard et al. 2025; α = 0: x_{i,p} <- θ_p)."""
+        a, b = self.ranges[p]
+        entry = self.in_flight.pop(p)
+        outer_gradient = entry["handle"].wait()
+        self.pace.joined(ctx, entry["handle"].finish_s)  # a worker waits only if it is ahead of the result
+        info.setdefault("outer_gradient_norm", []).append(float(outer_gradient.norm()))
+        self.outer[p].apply(outer_gradient)
+        theta = self.theta[a:b]
+        for x in self.replicas.x.values():
+            x[a:b].lerp_(theta, 1 - self.alpha)  # exact copy of θ_p at α = 0 (lerp is exact at weight 1)
+
+    def eval_params(self):
+        return self.theta
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def state_dict(self):
+        return {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(), "theta": self.theta,
+                "outer": {str(p): o.state_dict() for p, o in enumerate(self.outer)},
+                "codec": self.codec.state_dict(),
+                "in_flight": {str(p): {"started_at": e["started_at"],
+                                       "payloads": {str(r): t for r, t in e["payloads"].items()}}
+                              for p, e in self.in_flight.items()}}
+
+    def load_state_dict(self, state):
+        self.replicas.load_state_dict(state["replicas"])
+        self.pace.load_state_dict(state["pace"])
+        self.theta.copy_(state["theta"])
+        for p, o in enumerate(self.outer):
+            o.load_state_dict(state["outer"][str(p)])
+        self.codec.load_state_dict(state["codec"])
+        device = self.theta.device  # byte payloads load on the CPU (checkpoint.floats_to moves floats only)
+        self.in_flight = {int(p): {"started_at": int(e["started_at"]),
+                                   "payloads": {int(r): t.to(device) for r, t in e["payloads"].items()}}
+                          for p, e in state["in_flight"].items()}
+        self.resend = bool(self.in_flight)
+
+
+class DiLoCo(StreamingDiLoCo):
+    """DiLoCo: Streaming DiLoCo with one fragment, no overlap and α = 0 (module docstring)."""
+
+    name = "diloco"
+
+    def __init__(self, *, inner_steps: int = 500, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
+                 weight_decay: float = 0.1):
+        super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum, inner=inner,
+                         beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, fragments=1, overlap=0,
+                         alpha=0.0)
+
+    def setup_info(self):
+        return {}
+
+
+ALGORITHMS.register("streaming-diloco", help="Streaming DiLoCo (Douillard 2025): DiLoCo on P fragments at staggered "
+                    "steps, each round overlapped with τ inner steps", params=STREAMING_PARAMS)(StreamingDiLoCo)
+ALGORITHMS.register("diloco", help="DiLoCo (Douillard 2023): H inner AdamW steps, then outer Nesterov SGD on the "
+                    "averaged parameter change", params=DILOCO_PARAMS)(DiLoCo)

@@ -1,0 +1,151 @@
+"""DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (Douillard et al. 2025) on the simulator:
+the reductions to synchronous SGD and to each other, the fragments' schedule, compressed outer
+gradients, and checkpoints that resume bitwise."""
+
+import pytest
+import torch
+
+from gradwire.algorithms.optim import AdamW
+from gradwire.run.loop import Run
+from tests.algorithms.test_local_updates_checkpoint import only_tensors_and_ints
+from tests.helpers import through_bytes
+
+DILOCO_AS_SYNC = "diloco:inner_steps=1,outer_lr=1,outer_momentum=0,inner=sgd"
+
+
+def trajectory(cfg, steps: int = 12) -> list[torch.Tensor]:
+    r = Run(cfg)
+    out = []
+    for _ in range(steps):
+        r.train_step()
+        out.append(r.algorithm.eval_params().clone())
+    return out
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float64", 1e-13), ("float32", 1e-6)])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_diloco_with_one_sgd_step_and_outer_lr_1_is_synchronous_sgd(make_config, dtype, tolerance, momentum):
+    """H = 1, plain SGD inside (momentum too: it stays local but averaging is linear), outer SGD at
+    lr 1: θ - mean_i (θ - (θ - γ g_i)) is θ - γ mean_i g_i in exact arithmetic. In floating point
+    the outer gradient θ - x_i rounds differently from γ g_i, so the trajectories agree to a few
+    units in the last place of the parameters, not bitwise: compared with an absolute tolerance
+    near the dtype's resolution at the parameters' scale (|x| < 1 here)."""
+    cfg = make_config(dtype=dtype, momentum=momentum)
+    sync = trajectory(cfg.replace(algorithm="sync"))
+    diloco = trajectory(cfg.replace(algorithm=DILOCO_AS_SYNC))
+    for step, (a, b) in enumerate(zip(sync, diloco, strict=True), 1):
+        torch.testing.assert_close(b, a, rtol=0, atol=tolerance, msg=lambda m, s=step: f"step {s}: {m}")
+    assert not torch.equal(sync[-1], trajectory(cfg.replace(algorithm="diloco:inner_steps=2,outer_lr=1,"
+                                                                      "outer_momentum=0,inner=sgd"))[-1])
+
+
+@pytest.mark.parametrize("inner, extra", [
+    ("inner=adamw", dict(lr=0.01)),
+    ("inner=sgd", dict(momentum=0.9)),
+    ("inner=adamw", dict(lr=0.01, compressor="qsgd:levels=8,bucket=64", error_feedback=True)),
+])
+def test_streaming_diloco_with_one_fragment_and_no_overlap_is_diloco(make_config, inner, extra):
+    """One fragment, τ = 0 and α = 0 (the merge replaces the local parameters): bitwise DiLoCo,
+    compressed outer gradients and error feedback included."""
+    cfg = make_config(**extra)
+    diloco = Run(cfg.replace(algorithm=f"diloco:inner_steps=3,{inner}"))
+    streaming = Run(cfg.replace(algorithm=f"streaming-diloco:inner_steps=3,fragments=1,overlap=0,alpha=0,{inner}"))
+    for _ in range(12):
+        assert diloco.train_step() == streaming.train_step()
+        assert torch.equal(diloco.algorithm.theta, streaming.algorithm.theta)
+    assert diloco.clock.now == streaming.clock.now and diloco.transport.bytes_sent == streaming.transport.bytes_sent
+
+
+def test_fragments_are_staggered_and_merged_tau_steps_later(make_config):
+    r = Run(make_config(algorithm="streaming-diloco:inner_steps=4,fragments=2,overlap=1", lr=0.01))
+    infos = [r.train_step() for _ in range(9)]
+    # fragment 1 (offset 2) starts at steps 2, 6; fragment 0 (offset 0) at 4, 8; each merged one step later
+    assert [i.get("merged", []) for i in infos] == [[], [], [1], [], [0], [], [1], [], [0]]
+    assert [i["in_flight"] for i in infos] == [0, 1, 0, 1, 0, 1, 0, 1, 0]
+    (a0, b0), (a1, b1) = r.algorithm.ranges
+    assert a0 == 0 and b0 == a1 and b1 == r.model.numel and abs((b0 - a0) - (b1 - a1)) <= 1
+
+
+def test_overlap_hides_communication_behind_the_next_steps(make_config):
+    """On the simulator a fragment's collective runs while the workers take the next τ steps: with τ
+    long enough the run takes only the compute time; with τ = 0 it also waits for every round."""
+    slow = dict(network="ring:mbps=10,latency_ms=1", stragglers="none:compute_s=0.05", lr=0.01)
+    hidden = Run(make_config(algorithm="streaming-diloco:inner_steps=4,fragments=2,overlap=3", **slow))
+    blocking = Run(make_config(algorithm="streaming-diloco:inner_steps=4,fragments=2,overlap=0", **slow))
+    for _ in range(12):
+        hidden.train_step()
+        blocking.train_step()
+    assert hidden.transport.bytes_sent == blocking.transport.bytes_sent > 0
+    assert hidden.clock.now == pytest.approx(12 * 0.05, rel=1e-9)
+    assert blocking.clock.now == pytest.approx(12 * 0.05 + blocking.transport.comm_time_s, rel=1e-9)
+
+
+SPECS = [
+    ("diloco:inner_steps=3", {}),
+    ("diloco:inner_steps=3,inner=sgd", dict(momentum=0.9)),
+    ("diloco:inner_steps=2", dict(compressor="qsgd:levels=8,bucket=64", error_feedback=True)),
+    ("streaming-diloco:inner_steps=4,fragments=2,overlap=2", {}),       # a fragment in flight at step 5
+    ("streaming-diloco:inner_steps=3,fragments=3,overlap=3", dict(compressor="qsgd:levels=8,bucket=64",
+                                                                    error_feedback=True)),
+    ("streaming-diloco:inner_steps=4,fragments=2,overlap=1", dict(compressor="fp16")),
+]
+
+
+@pytest.mark.parametrize("spec, extra", SPECS)
+def test_resume_mid_run_equals_never_stopping(make_config, spec, extra):
+    cfg = make_config(algorithm=spec, lr=extra.pop("lr", 0.01), stragglers="lognormal:sigma=0.5,compute_s=0.05",
+                      **extra)
+    straight = Run(cfg)
+    expected = [straight.train_step() for _ in range(12)]
+    first = Run(cfg)
+    for _ in range(5):
+        first.train_step()
+    state = first.state_dict()
+    only_tensors_and_ints(first.algorithm.state_dict(), spec)
+    in_flight = bool(first.algorithm.in_flight)
+    resumed = Run(cfg)
+    resumed.load_state_dict(through_bytes(state))
+    assert [resumed.train_step() for _ in range(7)] == expected[5:]
+    assert [first.train_step() for _ in range(7)] == expected[5:]  # saving changed nothing
+    for r in (resumed, first):
+        assert torch.equal(r.algorithm.theta, straight.algorithm.theta)
+        assert all(torch.equal(r.algorithm.replicas.x[k], x) for k, x in straight.algorithm.replicas.x.items())
+    assert first.clock.now == straight.clock.now and first.transport.bytes_sent == straight.transport.bytes_sent
+    if in_flight:  # its collective started again after the resume: sent twice, the same numbers
+        assert resumed.transport.bytes_sent > straight.transport.bytes_sent
+    else:
+        assert resumed.transport.bytes_sent == straight.transport.bytes_sent
+        assert resumed.clock.now == straight.clock.now
+
+
+def test_adamw_matches_torch_optim_adamw(device):
+    """The flat AdamW is torch.optim.AdamW's update (decoupled weight decay, bias correction)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(37, generator=g, device=device, dtype=torch.float64)
+    reference = torch.nn.Parameter(x.clone())
+    opt = torch.optim.AdamW([reference], lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    ours = AdamW(x, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for _ in range(5):
+        grad = torch.randn(37, generator=g, device=device, dtype=torch.float64)
+        reference.grad = grad.clone()
+        opt.step()
+        ours.apply(grad)
+    torch.testing.assert_close(x, reference.detach(), rtol=1e-12, atol=1e-14)
+    state = ours.state_dict()
+    assert state["steps"] == 5 and state["exp_avg"].device == x.device
+
+
+def test_diloco_runs_on_the_device(make_config, device):
+    """Every tensor the algorithm makes lives on the run's device (byte payloads included)."""
+    r = Run(make_config(algorithm="streaming-diloco:inner_steps=2,fragments=2,overlap=1", lr=0.01,
+                        compressor="qsgd:levels=8,bucket=64", error_feedback=True, device=device.type))
+    for _ in range(5):
+        r.train_step()
+    assert r.algorithm.theta.device.type == device.type
+    for entry in r.algorithm.in_flight.values():
+        assert all(t.device.type == device.type for t in entry["payloads"].values())
+    resumed = Run(r.cfg)
+    resumed.load_state_dict(through_bytes(r.state_dict()))
+    for entry in resumed.algorithm.in_flight.values():
+        assert all(t.device.type == device.type for t in entry["payloads"].values())
+    resumed.train_step()
