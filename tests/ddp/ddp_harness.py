@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -59,6 +60,30 @@ def launch(scenario, tmp_path: Path, *args, world_size: int = 2, timeout_s: floa
     assert codes == [0] * world_size, f"exit codes {codes}{errors}"
     return [torch.load(tmp_path / f"result-{rank}.pt", weights_only=True, map_location="cpu")
             for rank in range(world_size)]
+
+
+def run_scenarios(scenarios) -> dict:
+    """Run ``(name, thunk)`` scenarios in order in one child, the ones that break the process group
+    last; a failure is recorded (and reported by the test that reads that part) and ends the list,
+    since the group may be unusable after it."""
+    out = {}
+    for name, run in scenarios:
+        try:
+            out[name] = run()
+        except Exception:  # noqa: BLE001 - reported by the test that reads this part
+            out[name] = {"error": traceback.format_exc()}
+            break
+    return out
+
+
+def part(results: list, name: str) -> list:
+    """Every rank's result of scenario ``name``, failing the test with the child's traceback."""
+    for rank, out in enumerate(results):
+        if name not in out:
+            pytest.fail(f"{name} did not run on rank {rank} (an earlier scenario failed)")
+        if isinstance(out[name], dict) and "error" in out[name]:
+            pytest.fail(f"{name} failed on rank {rank}:\n{out[name]['error']}")
+    return [out[name] for out in results]
 
 
 # --- what the scenarios share: a small MLP and a synthetic regression, sharded by rank ----------

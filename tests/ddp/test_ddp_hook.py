@@ -10,7 +10,6 @@ rebuilds (in another order) after the first step, so every test also crosses a r
 from __future__ import annotations
 
 import time
-import traceback
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gradwire import ddp as gwddp
 from gradwire.compress import build
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
-from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params
+from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params, part, run_scenarios
 
 SMALL_BUCKETS = 0.004  # MB
 
@@ -164,18 +163,11 @@ STEPS = 150
 def suite(rank, world_size, folder):
     """Every scenario in one pair of processes (spawning and DDP's first set-up cost ~5 s a pair),
     the ones that break the process group last; a scenario's failure is its test's failure only."""
-    out = {}
-    for name, run in [("same_as_plain", lambda: same_as_plain(rank, world_size, 8)),
-                      ("converge", lambda: converge(rank, world_size, STEPS)),
-                      ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
-                      ("non_finite", lambda: non_finite(rank, world_size)),
-                      ("slow_peer", lambda: slow_peer(rank, world_size))]:
-        try:
-            out[name] = run()
-        except Exception:  # noqa: BLE001 - reported by the test that reads this part
-            out[name] = {"error": traceback.format_exc()}
-            break  # the process group may be unusable now
-    return out
+    return run_scenarios([("same_as_plain", lambda: same_as_plain(rank, world_size, 8)),
+                          ("converge", lambda: converge(rank, world_size, STEPS)),
+                          ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
+                          ("non_finite", lambda: non_finite(rank, world_size)),
+                          ("slow_peer", lambda: slow_peer(rank, world_size))])
 
 
 # --- tests (the parent compares) --------------------------------------------------------------
@@ -190,13 +182,6 @@ def results(folder):
     return launch(suite, folder, str(folder), timeout_s=100)
 
 
-def part(results, name) -> list:
-    for rank, out in enumerate(results):
-        if name not in out:
-            pytest.fail(f"{name} did not run on rank {rank} (an earlier scenario failed)")
-        if isinstance(out[name], dict) and "error" in out[name]:
-            pytest.fail(f"{name} failed on rank {rank}:\n{out[name]['error']}")
-    return [out[name] for out in results]
 
 
 def assert_equal_lists(a, b):

@@ -33,8 +33,6 @@ rounding amplified by the power iteration; plain DDP differs from PyTorch's Powe
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gradwire import ddp as gwddp
 from gradwire.compress.powersgd import AGGREGATORS
 from gradwire.errors import ConfigError
-from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params
+from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params, part, run_scenarios
 
 SMALL_BUCKETS = 0.004  # MB: several buckets, rebuilt in another order after the first step
 COMPARE_STEPS = (3, 10, 30)  # compared after these steps (the first two are uncompressed)
@@ -164,16 +162,9 @@ def resume(rank, world_size, folder, first, then):
 
 
 def suite(rank, world_size, folder):
-    out = {}
-    for name, run in [("against_pytorch", lambda: against_pytorch(rank, world_size)),
-                      ("converge", lambda: converge(rank, world_size)),
-                      ("resume", lambda: resume(rank, world_size, folder, 6, 6))]:
-        try:
-            out[name] = run()
-        except Exception:  # noqa: BLE001 - reported by the test that reads this part
-            out[name] = {"error": traceback.format_exc()}
-            break
-    return out
+    return run_scenarios([("against_pytorch", lambda: against_pytorch(rank, world_size)),
+                          ("converge", lambda: converge(rank, world_size)),
+                          ("resume", lambda: resume(rank, world_size, folder, 6, 6))])
 
 
 # --- tests (the parent compares) --------------------------------------------------------------
@@ -188,13 +179,6 @@ def results(folder):
     return launch(suite, folder, str(folder), timeout_s=150)
 
 
-def part(results, name) -> list:
-    for rank, out in enumerate(results):
-        if name not in out:
-            pytest.fail(f"{name} did not run on rank {rank} (an earlier scenario failed)")
-        if isinstance(out[name], dict) and "error" in out[name]:
-            pytest.fail(f"{name} failed on rank {rank}:\n{out[name]['error']}")
-    return [out[name] for out in results]
 
 
 def max_abs_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
