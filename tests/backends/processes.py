@@ -19,6 +19,19 @@ def launch(nproc: int, args: list[str], out, data_dir, timeout=180, extra_env=No
               "--data-dir", str(data_dir), "--timeout-s", "60", env=env, timeout=timeout)
 
 
+def sim_and_torch(tmp_path, data_dir, nproc: int, args: list[str]) -> tuple[list[dict], list[dict]]:
+    """The metrics of one run on ``nproc`` gloo processes (``gradwire launch``) and of the same run on
+    the simulator with ``nproc`` workers: (torch records, simulator records)."""
+    from gradwire.cli import main
+    from tests.helpers import read_jsonl
+
+    p = launch(nproc, args, tmp_path / "torch", data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert main(["run", *args, "--workers", str(nproc), "--out", str(tmp_path / "sim"),
+                 "--data-dir", str(data_dir)]) == 0
+    return read_jsonl(tmp_path / "torch" / "metrics.jsonl"), read_jsonl(tmp_path / "sim" / "metrics.jsonl")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

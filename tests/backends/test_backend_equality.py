@@ -6,9 +6,8 @@ import os
 import pytest
 import torch
 
-from gradwire.cli import main
-from tests.backends.processes import free_port, launch
-from tests.helpers import gw, read_jsonl
+from tests.backends.processes import free_port, sim_and_torch
+from tests.helpers import gw
 
 COMMON = ["--task", "digits-mlp", "--steps", "12", "--eval-every", "1", "--batch-size", "16", "--lr", "0.1",
           "--momentum", "0.9", "--network", "ring:mbps=100,latency_ms=1", "--seed", "3"]
@@ -22,12 +21,7 @@ COMMON = ["--task", "digits-mlp", "--steps", "12", "--eval-every", "1", "--batch
     (3, ["--algorithm", "signsgd", "--lr", "0.01"]),
 ])
 def test_sim_and_torch_backends_agree(tmp_path, data_dir, nproc, extra):
-    p = launch(nproc, COMMON + extra, tmp_path / "torch", data_dir)
-    assert p.returncode == 0, p.stderr[-3000:]
-    real = read_jsonl(tmp_path / "torch" / "metrics.jsonl")
-    assert main(["run", *COMMON, *extra, "--workers", str(nproc), "--out", str(tmp_path / "sim"),
-                 "--data-dir", str(data_dir)]) == 0
-    sim = read_jsonl(tmp_path / "sim" / "metrics.jsonl")
+    real, sim = sim_and_torch(tmp_path, data_dir, nproc, COMMON + extra)
     assert [r["step"] for r in real] == [r["step"] for r in sim] == list(range(13))
     torch.testing.assert_close([r["train_loss"] for r in real], [r["train_loss"] for r in sim], rtol=1e-5, atol=1e-6)
     assert [r["test_acc"] for r in real] == [r["test_acc"] for r in sim]

@@ -5,9 +5,7 @@ gradients."""
 import pytest
 import torch
 
-from gradwire.cli import main
-from tests.backends.processes import launch
-from tests.helpers import read_jsonl
+from tests.backends.processes import sim_and_torch
 
 COMMON = ["--steps", "12", "--eval-every", "2", "--batch-size", "16", "--lr", "0.01",
           "--network", "ring:mbps=100,latency_ms=1", "--seed", "3"]
@@ -22,12 +20,7 @@ LM = "stdlib-lm:context=16,dim=32,layers=1,heads=2,train_bytes=40000,val_bytes=4
          "--compressor", "qsgd:levels=8,bucket=128", "--error-feedback"]),
 ])
 def test_sim_and_torch_backends_agree(tmp_path, data_dir, nproc, extra):
-    p = launch(nproc, COMMON + extra, tmp_path / "torch", data_dir)
-    assert p.returncode == 0, p.stderr[-3000:]
-    real = read_jsonl(tmp_path / "torch" / "metrics.jsonl")
-    assert main(["run", *COMMON, *extra, "--workers", str(nproc), "--out", str(tmp_path / "sim"),
-                 "--data-dir", str(data_dir)]) == 0
-    sim = read_jsonl(tmp_path / "sim" / "metrics.jsonl")
+    real, sim = sim_and_torch(tmp_path, data_dir, nproc, COMMON + extra)
     assert [r["step"] for r in real] == [r["step"] for r in sim] == list(range(0, 13, 2))
     # sums of floats in another order (gloo's ring against the simulator's rank order): close, not bitwise
     torch.testing.assert_close([r["train_loss"] for r in real], [r["train_loss"] for r in sim], rtol=1e-5, atol=1e-6)
