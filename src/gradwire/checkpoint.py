@@ -35,7 +35,10 @@ from gradwire.errors import ConfigError
 FORMAT = 2  # 2: with the sha256 digest (format 1 had none)
 # Keys that must agree between the run that wrote a checkpoint and the run that resumes it.
 MUST_MATCH = ("task", "workers", "algorithm", "compressor", "error_feedback", "partition", "stragglers",
-              "network", "backend", "batch_size", "lr", "momentum", "weight_decay", "dtype", "seed")
+              "network", "backend", "batch_size", "lr", "momentum", "nesterov", "weight_decay", "dtype", "seed")
+# keys added after checkpoints were already written: what an older checkpoint that lacks them meant
+# (--device is not here: a checkpoint resumes on either device)
+ADDED_KEYS = {"nesterov": False}
 
 
 def floats_to(obj, device: torch.device):
@@ -140,7 +143,8 @@ def load(stepdir: Path, label: str, config: dict) -> tuple[int, dict]:
                           "another backend or number of workers?")
     payload = read(path)
     saved = payload["config"]
-    diff = [f"{k}: checkpoint {saved.get(k)!r} vs now {config[k]!r}" for k in MUST_MATCH if saved.get(k) != config[k]]
+    saved = {k: saved.get(k, ADDED_KEYS.get(k)) for k in MUST_MATCH}
+    diff = [f"{k}: checkpoint {saved[k]!r} vs now {config[k]!r}" for k in MUST_MATCH if saved[k] != config[k]]
     if diff:
         raise ConfigError(f"checkpoint {path} was written by a different run configuration ({'; '.join(diff)})")
     step = int(payload["step"])

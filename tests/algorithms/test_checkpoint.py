@@ -50,6 +50,19 @@ def test_mismatched_checkpoint_names_the_difference(make_config):
     run(make_config(CHECKPOINTED, out="a", steps=10), progress=False)
     with pytest.raises(ConfigError, match=r"lr: checkpoint 0.05 vs now 0.1"):
         run(make_config(CHECKPOINTED, out="a", steps=20, lr=0.1, resume=True), progress=False)
+    with pytest.raises(ConfigError, match=r"nesterov: checkpoint False vs now True"):
+        run(make_config(CHECKPOINTED, out="a", steps=20, momentum=0.9, nesterov=True, resume=True), progress=False)
+
+
+def test_checkpoint_from_before_a_key_was_added_reads_as_its_default(make_config, tmp_path, monkeypatch):
+    from gradwire import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MUST_MATCH", tuple(k for k in checkpoint.MUST_MATCH if k != "nesterov"))
+    run(make_config(CHECKPOINTED, out="old", steps=10), progress=False)  # written without the key
+    monkeypatch.undo()
+    assert run(make_config(CHECKPOINTED, out="old", steps=20, resume=True), progress=False)["resumed"]
+    with pytest.raises(ConfigError, match=r"nesterov: checkpoint False vs now True"):
+        run(make_config(CHECKPOINTED, out="old", steps=30, momentum=0.9, nesterov=True, resume=True), progress=False)
 
 
 def test_corrupt_checkpoint_is_a_clear_error(make_config, tmp_path):
