@@ -49,6 +49,8 @@ from gradwire.seeding import hash_seed
 
 _RAW = build("none")  # small parameters travel as they are (see _allgather)
 
+NON_FINITE = ("raise", "propagate")  # what the hook does with a gradient its codec refuses
+
 STATE_KEYS = ("compressor", "error_feedback", "seed", "rank", "world_size", "step", "bytes_sent",
               "wire_bytes_sent", "residuals")
 
@@ -80,6 +82,12 @@ class HookState:
       ``min_compression_rate``; ``min_compress_numel`` does not apply). The bytes per rank stay
       the same as ranks are added. Its Q memories and errors are kept per parameter name in
       ``state_dict()["powersgd"]``.
+    * ``non_finite``: what happens when a rank's codec refuses its gradient (a NaN or inf, or a
+      value beyond fp16's range). ``"raise"`` (default): every rank raises DivergenceError naming
+      the bucket and parameter. ``"propagate"``: every rank gets NaN for that bucket and training
+      goes on, which is what mixed precision's ``torch.amp.GradScaler`` expects: it sees the
+      overflow, skips the step and lowers its scale. Residuals are left as they were. Not with
+      ``powersgd`` (its Q memories would keep the NaN).
     * ``min_compress_numel``: lossy codecs only. Parameters with fewer elements (biases, norms) travel
       uncompressed, all of a bucket's in one packet: a codec call has a fixed cost of a few tenths
       of a millisecond, which for a bias buys nothing (PowerSGD likewise leaves vectors alone,
@@ -99,11 +107,14 @@ class HookState:
 
     __slots__ = ("compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
                  "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
-                 "device", "powersgd_memory", "_params", "_shapes")
+                 "device", "powersgd_memory", "non_finite", "_params", "_shapes")
 
     def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
                  error_feedback: bool = False, seed: int = 0, process_group=None,
-                 timeout_s: float = 1800.0, min_compress_numel: int = 1024):
+                 timeout_s: float = 1800.0, min_compress_numel: int = 1024, non_finite: str = "raise"):
+        if non_finite not in NON_FINITE:
+            raise ConfigError(f"non_finite={non_finite!r}: valid choices are {', '.join(NON_FINITE)}")
+        self.non_finite = non_finite
         self.powersgd_memory = None
         if isinstance(compressor, str) and is_aggregator(compressor):
             compressor = AGGREGATORS.build(compressor)
@@ -111,6 +122,9 @@ class HookState:
             if error_feedback and not compressor.error_feedback:
                 raise ConfigError(f"error_feedback=True contradicts {compressor.spec()}: PowerSGD keeps its own "
                                   "error feedback (its error_feedback key, on by default)")
+            if non_finite != "raise":  # a NaN allreduce would poison the Q memories of every later step
+                raise ConfigError(f"non_finite={non_finite!r} does not combine with {compressor.spec()}: its Q "
+                                  "memories would keep the NaN; use non_finite='raise'")
             self.powersgd_memory, error_feedback = PowerSGDMemory(seed), False
         self.compressor = compressor if isinstance(compressor, Compressor | PowerSGD) else build(compressor)
         if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
@@ -183,7 +197,7 @@ class HookState:
 
 def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = "none", *,
              error_feedback: bool = False, seed: int = 0, process_group=None,
-             timeout_s: float = 1800.0, min_compress_numel: int = 1024) -> HookState:
+             timeout_s: float = 1800.0, min_compress_numel: int = 1024, non_finite: str = "raise") -> HookState:
     """Install the gradwire hook on ``ddp_model`` (before its first backward) and return its state.
 
     ``process_group`` defaults to the model's own. Unknown compressor specs raise ConfigError
@@ -194,7 +208,8 @@ def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = 
                         f"got {type(ddp_model).__name__}")
     group = process_group if process_group is not None else ddp_model.process_group
     state = HookState(ddp_model, compressor, error_feedback=error_feedback, seed=seed,
-                      process_group=group, timeout_s=timeout_s, min_compress_numel=min_compress_numel)
+                      process_group=group, timeout_s=timeout_s, min_compress_numel=min_compress_numel,
+                      non_finite=non_finite)
     ddp_model.register_comm_hook(state, hook)
     return state
 
@@ -265,6 +280,15 @@ def _encode(state: HookState, grad: torch.Tensor, index: int, name: str) -> Pack
     return state.compressor.encode(grad, generator=g)
 
 
+def _stop(state: HookState, error: DivergenceError, buffer: torch.Tensor) -> torch.Tensor:
+    """A bucket that some rank could not encode: raise ``error`` (``non_finite="raise"``), or return
+    NaN for the whole bucket on every rank (``"propagate"``), so that a mixed-precision
+    ``GradScaler`` sees the overflow and skips the step, as it would without the hook."""
+    if state.non_finite == "raise":
+        raise error
+    return torch.full_like(buffer, math.nan)
+
+
 def _refused(state: HookState, bucket: dist.GradBucket, layout, error: ValueError) -> DivergenceError:
     """The error for a gradient the compressor refused, naming the bucket and the parameter."""
     flat = bucket.buffer()
@@ -309,6 +333,8 @@ def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
     # waiting for this rank's allreduces of the later buckets (their hooks would still launch them).
     def finish(done: torch.futures.Future) -> torch.Tensor:
         total = done.value()[0]
+        if state.non_finite == "propagate":  # any rank's NaN is in the sum already: no host read
+            return state.compressor.decode(Packet(total.view(torch.uint8), buffer.shape, buffer.dtype))
         if refused is not None:
             raise refused
         if total.numel() and bool(torch.isnan(total[0])):
@@ -375,12 +401,12 @@ def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, 
         done.value()  # re-raises a failed collective
         rows = received.view(world, total)
         if refused is not None:
-            raise refused
+            return _stop(state, refused, buffer)
         failed = rows[:, 0].nonzero().view(-1).tolist()
         if failed:
-            raise DivergenceError(f"gradwire.ddp: step {step}, bucket {index}: rank(s) {failed} could not "
-                                  "encode their gradient (see their error); every rank stops",
-                                  step=step, worker=failed[0])
+            return _stop(state, DivergenceError(
+                f"gradwire.ddp: step {step}, bucket {index}: rank(s) {failed} could not encode their gradient "
+                "(see their error); every rank stops", step=step, worker=failed[0]), buffer)
         return _decode_mean(state, buffer, layout, raw, small, [(rows[r, 1:], sizes) for r in range(world)])
 
     return future.then(finish)
@@ -399,13 +425,14 @@ def _gather_variable(state: HookState, bucket, layout, raw, small, packets, refu
         sizes = torch.full((len(layout),), -1, dtype=torch.int64, device=buffer.device)  # the peers stop too
     all_sizes = [torch.empty_like(sizes) for _ in range(world)]
     _wait(state, dist.all_gather(all_sizes, sizes, group=group, async_op=True), bucket, "payload sizes")
-    if refused is not None:
-        raise refused
     failed = [r for r, s in enumerate(all_sizes) if bool((s < 0).any())]
-    if failed:
-        raise DivergenceError(f"gradwire.ddp: step {state.step}, bucket {bucket.index()}: rank(s) {failed} "
-                              "could not encode their gradient (see their error); every rank stops",
-                              step=state.step, worker=failed[0])
+    if refused is not None or failed:
+        error = refused or DivergenceError(
+            f"gradwire.ddp: step {state.step}, bucket {bucket.index()}: rank(s) {failed} could not encode "
+            "their gradient (see their error); every rank stops", step=state.step, worker=failed[0])
+        future = torch.futures.Future()
+        future.set_result(_stop(state, error, buffer))
+        return future
     totals = [int(s.sum()) for s in all_sizes]
     send = torch.zeros(max(totals), dtype=torch.uint8, device=buffer.device)
     torch.cat([p.buffer for p in packets], out=send[:totals[state.rank]])

@@ -142,6 +142,39 @@ def non_finite(rank, world_size):
     return out
 
 
+def propagate(rank, world_size):
+    """non_finite="propagate" with a GradScaler-like loop: a step whose gradients are not finite
+    is skipped, and training goes on."""
+    x, y = make_data(rank, world_size)
+    out = {}
+    for spec in NON_FINITE_SPECS:
+        model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
+        gwddp.register(model, spec, error_feedback=spec != "none", non_finite="propagate")
+        calls = {"n": 0}
+
+        def poison(grad, calls=calls):  # rank 1's gradient of layer 2 turns NaN at its step 2
+            calls["n"] += 1
+            if rank == 1 and calls["n"] == 3:
+                grad = grad.clone()
+                grad[3, 5] = float("nan")
+            return grad
+
+        model.module[2].weight.register_hook(poison)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        skipped, nan_grad = [], []
+        for step in range(5):
+            xb, yb = batch(x, y, step)
+            opt.zero_grad()
+            F.mse_loss(model(xb), yb).backward()
+            if all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()):
+                opt.step()
+            else:
+                skipped.append(step)
+                nan_grad.append(bool(torch.isnan(model.module[2].weight.grad).all()))
+        out[spec] = {"skipped": skipped, "params": params(model), "nan_grad": nan_grad}
+    return out
+
+
 def slow_peer(rank, world_size):
     x, y = make_data(rank, world_size)
     model = DDP(make_model())
@@ -167,6 +200,7 @@ def suite(rank, world_size, folder):
                           ("converge", lambda: converge(rank, world_size, STEPS)),
                           ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
                           ("non_finite", lambda: non_finite(rank, world_size)),
+                          ("propagate", lambda: propagate(rank, world_size)),
                           ("slow_peer", lambda: slow_peer(rank, world_size))])
 
 
@@ -277,6 +311,18 @@ def test_non_finite_gradient_stops_every_rank_naming_the_bucket(results):
 
 
 @pytest.mark.timeout(120)
+def test_non_finite_propagate_gives_every_rank_nan_and_training_goes_on(results):
+    ranks = part(results, "propagate")
+    for spec in NON_FINITE_SPECS:
+        first, second = ranks[0][spec], ranks[1][spec]
+        assert first["skipped"] == second["skipped"] == [2], spec  # both ranks saw the NaN at step 2
+        assert first["nan_grad"] == second["nan_grad"] == [True], spec  # all of 2.weight, not one element
+        for a, b in zip(first["params"], second["params"], strict=True):
+            assert bool(torch.isfinite(a).all())
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.timeout(120)
 def test_timeout_raises_instead_of_hanging(results):
     kind, text = part(results, "slow_peer")[0]
     assert kind == "CommunicationError" and "1 s" in text and "bucket 0" in text, text
@@ -287,6 +333,8 @@ def test_bad_input_is_rejected_before_any_communication():
         gwddp.HookState(make_model(), "qsgdd")
     with pytest.raises(ConfigError, match="valid parameters: levels, bucket"):
         gwddp.HookState(make_model(), "qsgd:levles=4")
+    with pytest.raises(ConfigError, match="non_finite='ignore': valid choices are raise, propagate"):
+        gwddp.HookState(make_model(), "none", non_finite="ignore")
     with pytest.raises(ConfigError, match="timeout_s"):
         gwddp.HookState(make_model(), "none", timeout_s=0)
     with pytest.raises(TypeError, match="DistributedDataParallel"):
