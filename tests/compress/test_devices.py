@@ -81,8 +81,8 @@ def test_error_feedback_keeps_its_residual_on_the_device(spec, device):
 
 @pytest.mark.parametrize("spec", ["sign", "natural"])
 def test_sign_bits_across_the_long_sign_passes(spec, device):
-    """The sign packer's passes are 16 chunks long on the CPU: cross two of them, end mid-byte."""
-    n = 2 * 16 * CHUNK + 77
+    """The sign packer's passes are 4 chunks long on the CPU: cross two of them, end mid-byte."""
+    n = 2 * 4 * CHUNK + 77
     x = torch.randn(n, generator=torch.Generator().manual_seed(9)).to(device)
     _, y = encode_decode(spec, x)
     assert torch.equal(y < 0, x < 0)

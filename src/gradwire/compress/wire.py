@@ -8,12 +8,14 @@ import torch
 
 from gradwire.compress.base import CorruptPayload, Packet, check_input, expect_size
 
-# Elements per pass of the chunked codecs. Working chunk by chunk keeps every float scratch
-# buffer in the L2 cache and reused, instead of allocating (and page-faulting) tensors of the full
-# size: on the reference machine a fresh 100 MB tensor costs about as much as the arithmetic of
-# a whole codec. A multiple of 40, so that chunks hold whole groups of 8 bit-packed symbols and of 5
-# base-3 trits.
-CHUNK = 40 * 2048
+# Elements per pass of the chunked codecs. Working chunk by chunk keeps every scratch buffer
+# in cache and reused, instead of allocating (and page-faulting) tensors of the full size: on the
+# reference machine a fresh 100 MB tensor costs about as much as the arithmetic of a whole codec.
+# But every pass also pays a dozen op dispatches of a few microseconds each: at 80k elements that
+# was a third of qsgd's encode; 320k (1.3 MB per float scratch) took qsgd's encode + decode at 4M
+# elements from 22 to 14 ms on one thread (benchmarks/gpu_codecs.py --device cpu). A multiple of
+# 40, so that chunks hold whole groups of 8 bit-packed symbols and of 5 base-3 trits.
+CHUNK = 40 * 8192
 
 
 def chunk_size(n: int, device: torch.device) -> int:
