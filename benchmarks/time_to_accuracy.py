@@ -152,7 +152,7 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
 
     ddp_times = [secs(r, main) for r in ddp.values() if secs(r, main) is not None]
     best_ddp = min(ddp_times) if ddp_times else None
-    head = ["variant", "opt.", *(f"s to {t}" for t in targets), f"speed-up to {main} (same opt. / best DDP)",
+    head = ["variant", "opt.", *(f"s to {t}" for t in targets), f"speed-up to {main}, x (same opt. / best DDP)",
             f"steps to {main}", f"MB to {main}", "ms/step", "MB run (counted / wire)", "tbf drops", "final loss",
             "Δ final vs DDP"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -166,10 +166,43 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
         delta = None if base is None else s["final_loss"] / base["summary"]["final_loss"] - 1
         lines.append("| " + " | ".join([
             r["label"], r["family"], *(fmt(secs(r, str(t)), ".1f", "n/r") for t in targets),
-            f"{fmt(same, '.2f')}x / {fmt(vs_best, '.2f')}x", fmt(hit and hit["step"], "d", "n/r"),
+            f"{fmt(same, '.2f', 'n/r')} / {fmt(vs_best, '.2f', 'n/r')}", fmt(hit and hit["step"], "d", "n/r"),
             fmt(hit and hit["mb"], ".0f", "-"), f"{s['s_per_step'] * 1e3:.0f}",
             f"{s['total_mb']:.0f} / {r['wire_mb']:.0f}", str(r["drops"]), f"{s['final_loss']:.3f}",
             fmt(delta and delta * 100, "+.1f", "0.0") + " %"]) + " |")
+    return "\n".join(lines)
+
+
+def verdict(results: list[dict], rate: float, target: float) -> str:
+    """Issue 13's targets for every gradwire variant: >= 3x faster to ``target`` than DDP (with the
+    same optimiser, and than the faster DDP), faster than PyTorch's PowerSGD hook (same optimiser),
+    final loss within 1 % of DDP's (same optimiser)."""
+    rows = {r["key"]: r for r in results if r["rate"] == rate}
+    t = str(target)
+
+    def secs(key: str) -> float | None:
+        r = rows.get(key)
+        hit = r and r["summary"]["targets"].get(t)
+        return hit["seconds"] if hit else None
+
+    best_ddp = min((x for x in (secs("ddp-sgd"), secs("ddp-adamw")) if x is not None), default=None)
+    lines = []
+    for key, r in rows.items():
+        if r["kind"] != "gradwire" and "-gw-" not in key:
+            continue
+        mine, fam = secs(key), r["family"]
+        ddp, hook = secs(f"ddp-{fam}"), secs(f"ddp-{fam}-powersgd")
+        base = rows.get(f"ddp-{fam}")
+        delta = base and r["summary"]["final_loss"] / base["summary"]["final_loss"] - 1
+        checks = [
+            ("3x DDP (same opt.)", mine is not None and ddp is not None and ddp / mine >= 3),
+            ("3x best DDP", mine is not None and best_ddp is not None and best_ddp / mine >= 3),
+            ("faster than torch PowerSGD hook (same opt.)",
+             None if rows.get(f"ddp-{fam}-powersgd") is None else mine is not None and (hook is None or mine < hook)),
+            ("final loss within 1 % of DDP (same opt.)", delta is not None and delta <= 0.01),
+        ]
+        lines.append(f"- {r['label']}: " + "; ".join(f"{name} {'n/a' if ok is None else 'yes' if ok else 'no'}"
+                                                      for name, ok in checks))
     return "\n".join(lines)
 
 
@@ -180,16 +213,17 @@ def plot(results: list[dict], rates: list[float], targets: list[float], path: Pa
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(rates), 2, figsize=(13, 4.6 * len(rates)), squeeze=False)
-    styles = {"ddp": "-", "gradwire": "--"}
     keys = [v.key for v in VARIANTS]
     cmap = plt.get_cmap("tab20")
     for row, rate in zip(axes, rates, strict=True):
         for r in (x for x in results if x["rate"] == rate):
             c = r["curves"]
-            kw = {"label": r["label"], "ls": styles[r["kind"]], "color": cmap(keys.index(r["key"]) % 20),
-                  "marker": "o", "ms": 2.5, "lw": 1.4}
+            ls = "--" if r["kind"] == "gradwire" else ":" if "-gw-" in r["key"] else "-"
+            kw = {"label": r["label"], "ls": ls, "color": cmap(keys.index(r["key"]) % 20), "marker": "o", "ms": 2.5,
+                  "lw": 1.4}
             row[0].plot(c["seconds"], c["loss"], **kw)
-            row[1].plot([max(m, 1e-1) for m in c["mb"]], c["loss"], **kw)
+            sent = [(m, loss) for m, loss in zip(c["mb"], c["loss"], strict=True) if m > 0]  # log axis: no step 0
+            row[1].plot([m for m, _ in sent], [loss for _, loss in sent], **kw)
         for ax in row:
             for t in targets:
                 ax.axhline(t, color="grey", lw=0.7, ls=":")
@@ -203,7 +237,8 @@ def plot(results: list[dict], rates: list[float], targets: list[float], path: Pa
         row[1].set_title(f"{rate:g} Mbit/s: validation loss against bytes")
     axes[0][1].legend(fontsize=7, loc="upper right")
     fig.suptitle(f"stdlib-lm (1.45M parameters), {WORKERS} workers on the namespace test bed, batch 8/worker, "
-                 "seed 0; solid: PyTorch DDP script, dashed: gradwire run", fontsize=10)
+                 "seed 0; solid: PyTorch DDP (+ its hook), dotted: DDP + gradwire.ddp, dashed: gradwire run",
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -290,7 +325,8 @@ def main() -> int:
     done_rates = [r for r in rates if any(x["rate"] == r for x in results)]
     md = []
     for rate in done_rates:
-        md.append(f"### {rate:g} Mbit/s\n\n{table(results, rate, targets)}")
+        md.append(f"### {rate:g} Mbit/s\n\n{table(results, rate, targets)}\n\nIssue 13's targets at {rate:g} Mbit/s "
+                  f"(validation loss {targets[0]}):\n\n{verdict(results, rate, targets[0])}")
     evals = [x["summary"]["s_per_eval"] for x in results if "s_per_eval" in x["summary"]]
     notes = (f"\n\n{WORKERS} workers (one process per node namespace; 2 cores shared), `{TASK}`, batch 8 per worker, "
              f"{ns.steps} steps, evaluation every {ns.eval_every} steps"
