@@ -104,13 +104,13 @@ FAST_RATE_KEYS = ("ddp-sgd", "ddp-adamw", "ddp-sgd-powersgd", "ddp-adamw-powersg
 QUICK_KEYS = ("ddp-sgd", "ddp-sgd-powersgd", "gw-topk", "gw-diloco")
 
 
-def command(v: Variant, steps: int, eval_every: int, out: Path) -> list[str]:
+def command(v: Variant, steps: int, eval_every: int, out: Path, task: str = TASK) -> list[str]:
     """What follows ``--`` of scripts/testbed.py for variant ``v``."""
     common = ["--batch-size", "8", "--seed", "0", "--steps", str(steps), "--eval-every", str(eval_every),
               "--out", str(out)]
     if v.kind == "ddp":
-        return ["torchrun", DDP_SCRIPT, "--task", TASK, *v.flags, *common, "--name", v.label]
-    return ["run", "--task", TASK, *v.flags, *common, "--name", v.label, "--overwrite"]
+        return ["torchrun", DDP_SCRIPT, "--task", task, *v.flags, *common, "--name", v.label]
+    return ["run", "--task", task, *v.flags, *common, "--name", v.label, "--overwrite"]
 
 
 def burst_for(rate: float) -> float:
@@ -167,7 +167,7 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
         lines.append("| " + " | ".join([
             r["label"], r["family"], *(fmt(secs(r, str(t)), ".1f", "n/r") for t in targets),
             f"{fmt(same, '.2f', 'n/r')} / {fmt(vs_best, '.2f', 'n/r')}", fmt(hit and hit["step"], "d", "n/r"),
-            fmt(hit and hit["mb"], ".0f", "-"), f"{s['s_per_step'] * 1e3:.0f}",
+            fmt(hit and hit["mb"], ".1f", "-"), f"{s['s_per_step'] * 1e3:.0f}",
             f"{s['total_mb']:.0f} / {r['wire_mb']:.0f}", str(r["drops"]), f"{s['final_loss']:.3f}",
             fmt(delta and delta * 100, "+.1f", "0.0") + " %"]) + " |")
     return "\n".join(lines)
@@ -206,7 +206,7 @@ def verdict(results: list[dict], rate: float, target: float) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[dict], rates: list[float], targets: list[float], path: Path) -> None:
+def plot(results: list[dict], rates: list[float], targets: list[float], path: Path, workers: int = WORKERS) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -236,7 +236,7 @@ def plot(results: list[dict], rates: list[float], targets: list[float], path: Pa
         row[1].set_xlabel("MB sent, all workers (log; counted, ring accounting)")
         row[1].set_title(f"{rate:g} Mbit/s: validation loss against bytes")
     axes[0][1].legend(fontsize=7, loc="upper right")
-    fig.suptitle(f"stdlib-lm (1.45M parameters), {WORKERS} workers on the namespace test bed, batch 8/worker, "
+    fig.suptitle(f"stdlib-lm (1.45M parameters), {workers} workers on the namespace test bed, batch 8/worker, "
                  "seed 0; solid: PyTorch DDP (+ its hook), dotted: DDP + gradwire.ddp, dashed: gradwire run",
                  fontsize=10)
     fig.tight_layout()
@@ -256,6 +256,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated (default 100,1000)")
     ap.add_argument("--steps", type=int, default=200, help="steps per run (default 200)")
+    ap.add_argument("--workers", type=int, default=WORKERS, help=f"nodes of the test bed (default {WORKERS})")
+    ap.add_argument("--task", default=TASK, help=f"gradwire task spec (default {TASK}; smaller for a smoke run)")
     ap.add_argument("--eval-every", type=int, default=20, help="evaluate the validation loss every E steps (20)")
     ap.add_argument("--targets", default="3.0,2.6",
                     help="validation losses to time, the first one the main target (default 3.0,2.6: DDP with "
@@ -290,8 +292,9 @@ def main() -> int:
         for i, rate in enumerate(rates):
             for v in chosen(i):
                 folder = out / f"{rate:g}mbps" / v.key
-                print(f"[{rate:g} Mbit/s] {v.key}: scripts/testbed.py --nodes {WORKERS} --mbps {rate:g} "
-                      f"--burst-kbit {burst_for(rate):g} -- {' '.join(command(v, ns.steps, ns.eval_every, folder))}")
+                line = command(v, ns.steps, ns.eval_every, folder, ns.task)
+                print(f"[{rate:g} Mbit/s] {v.key}: scripts/testbed.py --nodes {ns.workers} --mbps {rate:g} "
+                      f"--burst-kbit {burst_for(rate):g} -- {' '.join(line)}")
         return 0
     if not ns.report_only and os.geteuid() != 0:
         print("time_to_accuracy.py: error: the testbed needs root; run with sudo (or --report-only)", file=sys.stderr)
@@ -310,8 +313,8 @@ def main() -> int:
                 k += 1
                 print(f"[{rate:g} Mbit/s] {v.label} ...", flush=True)
                 t = time.perf_counter()
-                beds[(rate, v.key)] = testbed_run(rate, command(v, ns.steps, ns.eval_every, folder), folder,
-                                                  ns.timeout_s, f"tta-{os.getpid()}-{k}",
+                beds[(rate, v.key)] = testbed_run(rate, command(v, ns.steps, ns.eval_every, folder, ns.task), folder,
+                                                  ns.timeout_s, f"tta-{os.getpid()}-{k}", nodes=ns.workers,
                                                   burst_kbit=burst_for(rate), label=v.label)
                 beds[(rate, v.key)]["bench_s"] = time.perf_counter() - t
             if not (folder / "metrics.jsonl").exists() or (rate, v.key) not in beds:
@@ -320,15 +323,19 @@ def main() -> int:
             s = results[-1]["summary"]
             print(f"  final loss {s['final_loss']:.3f}, {s['s_per_step'] * 1e3:.0f} ms/step, "
                   f"to {targets[0]}: {s['targets'][str(targets[0])]}", flush=True)
-            (out / "results.json").write_text(json.dumps({"results": results, "steps": ns.steps,
-                                                          "targets": targets, "task": TASK}, indent=2) + "\n")
+            done = {(x["rate"], x["key"]) for x in results}  # keep earlier runs' records (other rates, --only)
+            kept = [x for x in previous.get("results", []) if (x["rate"], x["key"]) not in done]
+            record = {"results": kept + results, "steps": ns.steps, "targets": targets, "task": ns.task,
+                      "workers": ns.workers}
+            (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     done_rates = [r for r in rates if any(x["rate"] == r for x in results)]
     md = []
     for rate in done_rates:
         md.append(f"### {rate:g} Mbit/s\n\n{table(results, rate, targets)}\n\nIssue 13's targets at {rate:g} Mbit/s "
                   f"(validation loss {targets[0]}):\n\n{verdict(results, rate, targets[0])}")
     evals = [x["summary"]["s_per_eval"] for x in results if "s_per_eval" in x["summary"]]
-    notes = (f"\n\n{WORKERS} workers (one process per node namespace; 2 cores shared), `{TASK}`, batch 8 per worker, "
+    notes = (f"\n\n{ns.workers} workers (one process per node namespace; 2 cores shared), `{ns.task}`, batch 8 per "
+             "worker, "
              f"{ns.steps} steps, evaluation every {ns.eval_every} steps"
              f"{f' (rank 0, {min(evals):.2f}-{max(evals):.2f} s each, measured in the DDP runs)' if evals else ''}, "
              f"targets {', '.join(map(str, targets))}. n/r = not reached."
@@ -337,7 +344,7 @@ def main() -> int:
     text = "\n\n".join(md) + notes + "\n"
     (out / "results.md").write_text(text)
     for path in [out / "time_to_accuracy.png", *([ROOT / ns.plot] if ns.plot else [])]:
-        plot(results, done_rates, targets, path)
+        plot(results, done_rates, targets, path, ns.workers)
     print(text)
     return 0
 
