@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--start-powersgd-iter", type=int, default=2)
     p.add_argument("--error-feedback", action="store_true", help="gradwire:SPEC only")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP's bucket cap (default: DDP's, 1 MiB first bucket then 25 MiB; with --hook powersgd 25, "
+                        "i.e. one bucket for this model, as PyTorch's hook on gloo needs)")
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--out", default="runs/ddp")
     p.add_argument("--name", default=None)
@@ -117,7 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     task, model, data = build(args.task, world=world, rank=rank, seed=args.seed, batch_size=args.batch_size,
                               data_dir=args.data_dir)
-    ddp = DistributedDataParallel(model)
+    bucket_cap_mb = args.bucket_cap_mb
+    if bucket_cap_mb is None and args.hook == "powersgd":
+        # one bucket: with several, powerSGD_hook's allreduces, issued from each bucket's future
+        # callbacks, reach gloo in a different order on different ranks (measured here: "Received
+        # data size doesn't match expected size ... collective mismatch" at step 3 on 4 ranks).
+        # An explicit cap also sets the first bucket's (DDP's default first bucket is 1 MiB).
+        bucket_cap_mb = 25
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     numel = sum(p.numel() for p in model.parameters())
     dense_bytes = 2 * (world - 1) * numel * 4  # one ring allreduce of the float32 gradient, all ranks
     hook_state = None
