@@ -131,7 +131,8 @@ def summarise(rows: list[dict], targets: list[float]) -> dict:
     for target in targets:
         hit = first_reaching(rows, target, "test_loss", lower=True)
         out["targets"][str(target)] = None if hit is None else {
-            "step": hit["step"], "seconds": hit["wall_time_s"] - t0, "mb": hit["bytes_sent"] / 1e6}
+            "step": hit["step"], "seconds": hit["wall_time_s"] - t0, "mb": hit["bytes_sent"] / 1e6,
+            "evals_before": rows.index(hit), "eval_s_before": hit.get("eval_time_s")}
     return out
 
 
@@ -152,7 +153,21 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
 
     ddp_times = [secs(r, main) for r in ddp.values() if secs(r, main) is not None]
     best_ddp = min(ddp_times) if ddp_times else None
-    head = ["variant", "opt.", *(f"s to {t}" for t in targets), f"speed-up to {main}, x (same opt. / best DDP)",
+    measured = sorted(r["summary"]["s_per_eval"] for r in rows if "s_per_eval" in r["summary"])
+    per_eval = measured[len(measured) // 2] if measured else None  # the DDP runs' median
+
+    def without_evals(r: dict) -> str:
+        """Time to the main target less rank 0's evaluations before it: measured by the DDP
+        script; for gradwire runs estimated (≈) as their number times the DDP runs' median."""
+        hit = r["summary"]["targets"].get(main)
+        if hit is None or "evals_before" not in hit:
+            return "n/r" if hit is None else "-"
+        if hit["eval_s_before"] is not None:
+            return f"{hit['seconds'] - hit['eval_s_before']:.1f}"
+        return "-" if per_eval is None else f"≈{hit['seconds'] - hit['evals_before'] * per_eval:.1f}"
+
+    head = ["variant", "opt.", *(f"s to {t}" for t in targets), f"s to {main} less evals",
+            f"speed-up to {main}, x (same opt. / best DDP)",
             f"steps to {main}", f"MB to {main}", "ms/step", "MB run (counted / wire)", "tbf drops", "final loss",
             "Δ final vs DDP"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -165,7 +180,7 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
         vs_best = None if best_ddp is None or mine is None else best_ddp / mine
         delta = None if base is None else s["final_loss"] / base["summary"]["final_loss"] - 1
         lines.append("| " + " | ".join([
-            r["label"], r["family"], *(fmt(secs(r, str(t)), ".1f", "n/r") for t in targets),
+            r["label"], r["family"], *(fmt(secs(r, str(t)), ".1f", "n/r") for t in targets), without_evals(r),
             f"{fmt(same, '.2f', 'n/r')} / {fmt(vs_best, '.2f', 'n/r')}", fmt(hit and hit["step"], "d", "n/r"),
             fmt(hit and hit["mb"], ".1f", "-"), f"{s['s_per_step'] * 1e3:.0f}",
             f"{s['total_mb']:.0f} / {r['wire_mb']:.0f}", str(r["drops"]), f"{s['final_loss']:.3f}",
