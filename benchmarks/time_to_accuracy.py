@@ -36,7 +36,10 @@ Columns:
   gradwire's torch transport uses; DDP's from the shapes, see ddp_train.py); MB run: counted for
   the whole run / what the four veth interfaces really sent (TCP/IP, rendezvous, evaluation waits).
 - final loss: validation loss after the last step; Δ vs DDP: relative to DDP with the same
-  optimiser family (the issue's target: within 1 %).
+  optimiser family (the issue's target: within 1 %). loss at T s: each run's last validation loss
+  measured within T seconds of its step 0, T the shortest run's length (equal wall time).
+- s to L less evals: the main target's time less rank 0's evaluations before it (measured by the
+  DDP script; for gradwire runs estimated, "≈", as their number times the DDP runs' median).
 
 The machine has 2 cores: 4 worker processes (plus torchrun agents) share them, so compute per step
 is contended and wall times move with other load; the load average is recorded.
@@ -153,6 +156,12 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
 
     ddp_times = [secs(r, main) for r in ddp.values() if secs(r, main) is not None]
     best_ddp = min(ddp_times) if ddp_times else None
+    equal_s = min(r["summary"]["run_s"] for r in rows)  # the shortest run: every row's loss at that time
+
+    def loss_at(r: dict, t: float) -> float:
+        c = r["curves"]
+        return [loss for sec, loss in zip(c["seconds"], c["loss"], strict=True) if sec <= t + 1e-9][-1]
+
     measured = sorted(r["summary"]["s_per_eval"] for r in rows if "s_per_eval" in r["summary"])
     per_eval = measured[len(measured) // 2] if measured else None  # the DDP runs' median
 
@@ -169,7 +178,7 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
     head = ["variant", "opt.", *(f"s to {t}" for t in targets), f"s to {main} less evals",
             f"speed-up to {main}, x (same opt. / best DDP)",
             f"steps to {main}", f"MB to {main}", "ms/step", "MB run (counted / wire)", "tbf drops", "final loss",
-            "Δ final vs DDP"]
+            "Δ final vs DDP", f"loss at {equal_s:.0f} s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         s = r["summary"]
@@ -184,7 +193,7 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
             f"{fmt(same, '.2f', 'n/r')} / {fmt(vs_best, '.2f', 'n/r')}", fmt(hit and hit["step"], "d", "n/r"),
             fmt(hit and hit["mb"], ".1f", "-"), f"{s['s_per_step'] * 1e3:.0f}",
             f"{s['total_mb']:.0f} / {r['wire_mb']:.0f}", str(r["drops"]), f"{s['final_loss']:.3f}",
-            fmt(delta and delta * 100, "+.1f", "0.0") + " %"]) + " |")
+            fmt(delta and delta * 100, "+.1f", "0.0") + " %", f"{loss_at(r, equal_s):.3f}"]) + " |")
     return "\n".join(lines)
 
 
