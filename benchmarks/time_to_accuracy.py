@@ -180,6 +180,7 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
             f"steps to {main}", f"MB to {main}", "ms/step", "MB run (counted / wire)", "tbf drops", "final loss",
             "Δ final vs DDP", f"loss at {equal_s:.0f} s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = [f"(*) {r['label']}: {r['note']}" for r in rows if r.get("note")]
     for r in rows:
         s = r["summary"]
         hit = s["targets"].get(main)
@@ -189,12 +190,13 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
         vs_best = None if best_ddp is None or mine is None else best_ddp / mine
         delta = None if base is None else s["final_loss"] / base["summary"]["final_loss"] - 1
         lines.append("| " + " | ".join([
-            r["label"], r["family"], *(fmt(secs(r, str(t)), ".1f", "n/r") for t in targets), without_evals(r),
+            r["label"] + (" (*)" if r.get("note") else ""), r["family"],
+            *(fmt(secs(r, str(t)), ".1f", "n/r") for t in targets), without_evals(r),
             f"{fmt(same, '.2f', 'n/r')} / {fmt(vs_best, '.2f', 'n/r')}", fmt(hit and hit["step"], "d", "n/r"),
             fmt(hit and hit["mb"], ".1f", "-"), f"{s['s_per_step'] * 1e3:.0f}",
             f"{s['total_mb']:.0f} / {r['wire_mb']:.0f}", str(r["drops"]), f"{s['final_loss']:.3f}",
             fmt(delta and delta * 100, "+.1f", "0.0") + " %", f"{loss_at(r, equal_s):.3f}"]) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def verdict(results: list[dict], rate: float, target: float) -> str:
@@ -269,6 +271,24 @@ def plot(results: list[dict], rates: list[float], targets: list[float], path: Pa
     plt.close(fig)
 
 
+def finished_anyway(folder: Path, steps: int) -> dict | None:
+    """The bed's record of a testbed run that exited non-zero although training finished (every
+    step run and its summary written: a process died on the way out), marked as such; else None."""
+    summary = folder / "summary.json"
+    if not summary.exists() or not (folder / "testbed" / "testbed.json").exists():
+        return None
+    done = json.loads(summary.read_text())
+    if done.get("status") != "finished" or done.get("steps") != steps:
+        return None
+    bed = json.loads((folder / "testbed" / "testbed.json").read_text())
+    out = {"wire_mb": sum(x["tx_bytes"] for x in bed["links"]) / 1e6,
+           "drops": sum(x["upload_drops"] + x["download_drops"] for x in bed["links"])}
+    if any(bed["exit_codes"]):
+        out["note"] = (f"training finished (summary written), then the nodes exited {bed['exit_codes']}: "
+                       "a process failed on the way out (OUT/testbed/node*.log)")
+    return out
+
+
 def collect(out: Path, rate: float, v: Variant, targets: list[float], bed: dict) -> dict:
     folder = out / f"{rate:g}mbps" / v.key
     rows = read_metrics(folder)
@@ -337,11 +357,20 @@ def main() -> int:
                 k += 1
                 print(f"[{rate:g} Mbit/s] {v.label} ...", flush=True)
                 t = time.perf_counter()
-                beds[(rate, v.key)] = testbed_run(rate, command(v, ns.steps, ns.eval_every, folder, ns.task), folder,
-                                                  ns.timeout_s, f"tta-{os.getpid()}-{k}", nodes=ns.workers,
-                                                  burst_kbit=burst_for(rate), label=v.label)
+                try:
+                    beds[(rate, v.key)] = testbed_run(rate, command(v, ns.steps, ns.eval_every, folder, ns.task),
+                                                      folder, ns.timeout_s, f"tta-{os.getpid()}-{k}",
+                                                      nodes=ns.workers, burst_kbit=burst_for(rate), label=v.label)
+                except RuntimeError as e:  # one failed run does not end the benchmark: say so, go on
+                    print(f"  {str(e)[:300]}", file=sys.stderr, flush=True)
+                    beds.pop((rate, v.key), None)
+                    beds[(rate, v.key)] = finished_anyway(folder, ns.steps)
+                    if beds[(rate, v.key)] is None:
+                        continue
                 beds[(rate, v.key)]["bench_s"] = time.perf_counter() - t
-            if not (folder / "metrics.jsonl").exists() or (rate, v.key) not in beds:
+            if (rate, v.key) not in beds:  # a run folder without a record in results.json: from its own
+                beds[(rate, v.key)] = finished_anyway(folder, ns.steps)
+            if not (folder / "metrics.jsonl").exists() or beds.get((rate, v.key)) is None:
                 continue
             results.append(collect(out, rate, v, targets, beds[(rate, v.key)]))
             s = results[-1]["summary"]
