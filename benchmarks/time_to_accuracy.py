@@ -346,7 +346,7 @@ def main() -> int:
     started, load_before = time.perf_counter(), os.getloadavg()
     results_path = out / "results.json"
     previous = json.loads(results_path.read_text()) if results_path.exists() else {}
-    beds = {(r["rate"], r["key"]): {"wire_mb": r["wire_mb"], "drops": r["drops"]}
+    beds = {(r["rate"], r["key"]): {k: r[k] for k in ("wire_mb", "drops", "note") if k in r}
             for r in previous.get("results", [])}
     results, k = [], 0
     for i, rate in enumerate(rates):
