@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = {"label": args.name or args.hook, "status": status, "steps": rows[-1]["step"] if rows else 0,
                        "final": rows[-1] if rows else None, "wall_time_s": time.perf_counter() - started}
             (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    dist.barrier()  # leave together: a rank tearing gloo down while a peer still talks can abort it
     dist.destroy_process_group()
     return 0
 

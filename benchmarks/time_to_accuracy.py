@@ -2,7 +2,7 @@
 rate-limited links (the namespace test bed, scripts/testbed.py): PyTorch DDP and its PowerSGD hook
 against gradwire's compressed sync, PowerSGD, local SGD, DiLoCo and Streaming DiLoCo (issue 13).
 
-    sudo .venv/bin/python benchmarks/time_to_accuracy.py                  # both rates, ~40 min
+    sudo .venv/bin/python benchmarks/time_to_accuracy.py                  # both rates, ~35 min
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --quick          # smoke run, ~3 min
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --rates 100 --only ddp-sgd,gw-topk
     .venv/bin/python benchmarks/time_to_accuracy.py --report-only         # table + plot from the run folders
