@@ -61,10 +61,17 @@ def read_metrics(folder: Path) -> list[dict]:
     return [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
+def first_reaching(rows: list[dict], target: float, metric: str = "test_acc", lower: bool = False) -> dict | None:
+    """The first evaluation record whose ``metric`` reaches ``target`` (at or above it; at or
+    below it with ``lower``, for a loss), or None."""
+    return next((r for r in rows if r.get(metric) is not None
+                 and (r[metric] <= target if lower else r[metric] >= target)), None)
+
+
 def at_target(rows: list[dict], target: float, time_key: str) -> dict:
     """The first record reaching ``target``: its step, time since the step-0 record, counted bytes."""
     t0 = rows[0][time_key]
-    hit = next((r for r in rows if r.get("test_acc") is not None and r["test_acc"] >= target), None)
+    hit = first_reaching(rows, target)
     last = rows[-1]
     return {"step": hit and hit["step"], "seconds": hit and hit[time_key] - t0, "mb": hit and hit["bytes_sent"] / 1e6,
             "best_acc": max(r["test_acc"] for r in rows if r.get("test_acc") is not None),
@@ -72,16 +79,32 @@ def at_target(rows: list[dict], target: float, time_key: str) -> dict:
             "s_per_step": (last[time_key] - t0) / max(1, last["step"])}
 
 
-def run_testbed(rate: float, label: str, steps: int, out: Path, timeout_s: float, k: int) -> dict:
-    cmd = [sys.executable, str(TESTBED), "--nodes", str(WORKERS), "--mbps", str(rate), "--timeout-s", str(timeout_s),
-           "--prefix", f"gwb-{os.getpid()}-{k}", "--", "run", *COMMON, *VARIANTS[label], "--steps", str(steps),
-           "--name", label, "--out", str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60, cwd=ROOT)
+def this_checkout_env() -> dict[str, str]:
+    """The environment with this checkout's ``src`` first on PYTHONPATH: every process the bed
+    starts inside the namespaces (they inherit it) imports this gradwire, not an installed one."""
+    path = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=str(ROOT / "src") + (os.pathsep + path if path else ""))
+
+
+def testbed_run(rate: float, command: list[str], out: Path, timeout_s: float, prefix: str, *,
+                nodes: int = WORKERS, burst_kbit: float | None = None, label: str = "") -> dict:
+    """Run ``command`` (what follows ``--`` of scripts/testbed.py: ``["run", ...]`` or ``["torchrun",
+    SCRIPT, ...]``, whose ``--out`` is ``out``) on ``nodes`` namespaces at ``rate`` Mbit/s; the bytes
+    the veth interfaces sent (MB) and the packets tbf dropped, from the bed's record."""
+    burst = [] if burst_kbit is None else ["--burst-kbit", f"{burst_kbit:g}"]
+    cmd = [sys.executable, str(TESTBED), "--nodes", str(nodes), "--mbps", f"{rate:g}", *burst, "--timeout-s",
+           str(timeout_s), "--prefix", prefix, "--", *command]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60, cwd=ROOT, env=this_checkout_env())
     if p.returncode != 0:
-        raise RuntimeError(f"testbed run {label} at {rate} Mbit/s failed ({p.returncode}):\n{p.stderr[-3000:]}")
+        raise RuntimeError(f"testbed run {label} at {rate:g} Mbit/s failed ({p.returncode}):\n{p.stderr[-3000:]}")
     bed = json.loads((out / "testbed" / "testbed.json").read_text())
     return {"wire_mb": sum(x["tx_bytes"] for x in bed["links"]) / 1e6,
             "drops": sum(x["upload_drops"] + x["download_drops"] for x in bed["links"])}
+
+
+def run_testbed(rate: float, label: str, steps: int, out: Path, timeout_s: float, k: int) -> dict:
+    command = ["run", *COMMON, *VARIANTS[label], "--steps", str(steps), "--name", label, "--out", str(out)]
+    return testbed_run(rate, command, out, timeout_s, f"gwb-{os.getpid()}-{k}", label=label)
 
 
 def run_sim(rate: float, label: str, steps: int, out: Path) -> None:

@@ -50,6 +50,10 @@ EPILOG = """examples:
   # 4 workers over 100 Mbit/s links (everything after -- is a `gradwire run` command line)
   sudo .venv/bin/python scripts/testbed.py --nodes 4 --mbps 100 -- run --task mnist1d-cnn \\
       --algorithm diana --compressor qsgd:levels=7,bucket=128 --lr 0.1 --momentum 0.9 --steps 600 --out runs/tb-diana
+  # any torch.distributed script instead of gradwire run (here the plain-DDP baseline of
+  # benchmarks/time_to_accuracy.py): torchrun runs it on every node with the same rendezvous
+  sudo .venv/bin/python scripts/testbed.py --nodes 4 --mbps 100 -- torchrun benchmarks/ddp_train.py \
+      --optimizer adamw --lr 1e-3 --steps 200 --out runs/tb-ddp
   # remove what a SIGKILLed testbed left behind (namespaces whose names start with the prefix)
   sudo .venv/bin/python scripts/testbed.py --cleanup gw-12345
 
@@ -61,6 +65,8 @@ PET_RDZV_CONF=is_host=1 on node 0 only (node 0 serves the rendezvous store; torc
 it, as 10.77.0.10 is not the machine's host name). Every node gets the same --out: only global
 rank 0 writes, and ranks follow node order. Node 0 prints to this terminal; the others log to
 OUT/testbed/node<i>.log. OUT/testbed/testbed.json records the bed and every node's exit code.
+With `-- torchrun SCRIPT.py ARGS` every node runs `python -m torch.distributed.run` with the same
+rendezvous flags and environment on that script instead (OUT is the script's --out, if it has one).
 
 Exit status: 0 when every node exited 0; 1 when one failed or timed out; 2 on bad usage or
 without root. Latency (--latency-ms) needs the kernel's sch_netem; tbf alone adds none.
@@ -347,20 +353,32 @@ def node_env(cfg: BedConfig, i: int) -> dict[str, str]:
     return env
 
 
-def run_nodes(bed: Testbed, run_argv: list[str], timeout_s: float, grace_s: float = 30.0) -> dict:
-    """Start ``gradwire launch`` on every node; wait for all, bounded by ``timeout_s`` (and by
-    ``grace_s`` once one node has failed); stop what is left. Returns exit codes and times."""
+def node_argv(cfg: BedConfig, i: int, mode: str, argv: list[str]) -> list[str]:
+    """What node ``i`` runs: ``gradwire launch ... -- run ARGV`` (mode "run"), or torchrun itself
+    with the same rendezvous on ``SCRIPT ARGS`` (mode "torchrun": any torch.distributed script,
+    e.g. a plain DDP baseline; it reads RANK and WORLD_SIZE from the environment as usual)."""
+    rdzv = ["--nnodes", str(cfg.nodes), "--nproc-per-node", "1", "--rdzv-endpoint", f"{cfg.addr(0)}:{RDZV_PORT}",
+            "--rdzv-id", cfg.prefix]
+    if mode == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *rdzv, "--rdzv-backend", "c10d",
+                "--node-rank", str(i), *argv]
+    return [sys.executable, "-m", "gradwire", "launch", *rdzv, "--node-rank", str(i), "--", "run", *argv]
+
+
+def run_nodes(bed: Testbed, run_argv: list[str], timeout_s: float, grace_s: float = 30.0,
+              mode: str = "run") -> dict:
+    """Start ``gradwire launch`` (or, with mode "torchrun", torchrun on a script: ``run_argv`` is
+    then ``SCRIPT ARGS``) on every node; wait for all, bounded by ``timeout_s`` (and by ``grace_s``
+    once one node has failed); stop what is left. Returns exit codes and times."""
     cfg = bed.cfg
     out = Path(_flag(run_argv, "--out") or "runs/run").resolve()
     logs = out / "testbed"
     logs.mkdir(parents=True, exist_ok=True)
-    launch = [sys.executable, "-m", "gradwire", "launch", "--nnodes", str(cfg.nodes), "--nproc-per-node", "1",
-              "--rdzv-endpoint", f"{cfg.addr(0)}:{RDZV_PORT}", "--rdzv-id", cfg.prefix]
     procs, files = [], []
     started = time.monotonic()
     try:
         for i in range(cfg.nodes):
-            argv = bed.argv(i, [*launch, "--node-rank", str(i), "--", "run", *run_argv])
+            argv = bed.argv(i, node_argv(cfg, i, mode, run_argv))
             sink = None if i == 0 else open(logs / f"node{i}.log", "w")  # noqa: SIM115 (closed below)
             files += [sink] if sink else []
             procs.append(subprocess.Popen(argv, env=node_env(cfg, i), stdout=sink, stderr=sink,
@@ -427,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="--check: print the result as one JSON object")
     p.add_argument("--cleanup", metavar="PREFIX",
                    help="only delete namespaces named PREFIX-* (and kill their processes) left by a killed run")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- run [gradwire run flags]")
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="-- run [gradwire run flags], or -- torchrun SCRIPT.py [its flags]")
     return p
 
 
@@ -468,12 +487,17 @@ def main(argv: list[str] | None = None) -> int:
               + (f"; could not delete {failed}" if failed else ""))
         return 1 if failed else 0
     if not ns.check:
-        if rest[:1] != ["run"]:
-            print("testbed.py: error: give --check, --cleanup PREFIX, or -- run [gradwire run flags] "
-                  "(see --help)", file=sys.stderr)
+        if rest[:1] == ["torchrun"]:
+            if len(rest) < 2 or rest[1].startswith("-"):
+                print("testbed.py: error: -- torchrun needs a script: -- torchrun SCRIPT.py [its flags]",
+                      file=sys.stderr)
+                return 2
+        elif rest[:1] != ["run"]:
+            print("testbed.py: error: give --check, --cleanup PREFIX, -- run [gradwire run flags] or "
+                  "-- torchrun SCRIPT.py [its flags] (see --help)", file=sys.stderr)
             return 2
         workers, backend = _flag(rest, "--workers"), _flag(rest, "--backend")
-        if (workers and int(workers) != ns.nodes) or (backend and backend != "torch"):
+        if rest[0] == "run" and (workers and int(workers) != ns.nodes) or (backend and backend != "torch"):
             print(f"testbed.py: error: the run has --nodes {ns.nodes} workers on the torch backend; leave "
                   "--workers and --backend out", file=sys.stderr)
             return 2
@@ -492,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                 if ns.json:
                     print(json.dumps(report))
                 return 0
-            result = run_nodes(bed, rest[1:] if rest[0] == "run" else rest, ns.timeout_s)
+            result = run_nodes(bed, rest[1:], ns.timeout_s, mode=rest[0])
             return 0 if all(c == 0 for c in result["exit_codes"]) else 1
     except KeyboardInterrupt:
         print("testbed: interrupted (SIGINT); every node stopped, namespaces deleted", file=sys.stderr)

@@ -148,3 +148,23 @@ def test_refuses_without_root(monkeypatch, capsys):
     assert script.main(["--check"]) == 2
     assert "needs root" in capsys.readouterr().err
     assert script.main(["--nodes", "2", "--", "run", "--steps", "5"]) == 2
+
+
+@pytest.mark.timeout(30)
+def test_torchrun_mode_command_line(monkeypatch, capsys):
+    """`-- torchrun SCRIPT ARGS` runs torchrun itself on every node, with the rendezvous `gradwire
+    launch` gets (no root needed to check the command line and the usage errors)."""
+    script = load_script()
+    cfg = script.BedConfig(nodes=3, mbps=100, prefix="gw-x")
+    argv = script.node_argv(cfg, 2, "torchrun", ["bench.py", "--steps", "5"])
+    assert argv[1:4] == ["-m", "torch.distributed.run", "--nnodes"]
+    assert argv[-3:] == ["bench.py", "--steps", "5"]
+    flags = dict(zip(argv[3:-3:2], argv[4:-3:2], strict=False))
+    assert flags["--rdzv-endpoint"] == "10.77.0.10:29400" and flags["--node-rank"] == "2"
+    assert flags["--rdzv-backend"] == "c10d" and flags["--rdzv-id"] == "gw-x"
+    run = script.node_argv(cfg, 2, "run", ["--steps", "5"])
+    assert run[1:4] == ["-m", "gradwire", "launch"] and run[-3:] == ["run", "--steps", "5"]
+    monkeypatch.setattr(script.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(script.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    assert script.main(["--nodes", "2", "--", "torchrun"]) == 2  # no script: usage error, nothing built
+    assert "needs a script" in capsys.readouterr().err
