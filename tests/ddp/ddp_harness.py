@@ -108,5 +108,21 @@ def batch(x: torch.Tensor, y: torch.Tensor, step: int, size: int = 32) -> tuple[
     return x[index], y[index]
 
 
+def train(model, x, y, first: int, steps: int, opt=None, lr: float = 0.05):
+    """``steps`` SGD steps (momentum 0.9) on the batches of steps ``first``... of the MSE loss."""
+    opt = opt or torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for step in range(first, first + steps):
+        xb, yb = batch(x, y, step)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(xb), yb).backward()
+        opt.step()
+    return opt
+
+
+def full_loss(model, x, y) -> float:
+    with torch.no_grad():
+        return float(nn.functional.mse_loss(model.module(x), y))
+
+
 def params(model: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]

@@ -19,24 +19,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gradwire import ddp as gwddp
 from gradwire.compress import build
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
-from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params, part, run_scenarios
+from tests.ddp.ddp_harness import (
+    batch,
+    full_loss,
+    launch,
+    make_data,
+    make_model,
+    params,
+    part,
+    run_scenarios,
+    train,
+)
 
 SMALL_BUCKETS = 0.004  # MB
-
-
-def train(model, x, y, first: int, steps: int, opt=None, lr: float = 0.05):
-    opt = opt or torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    for step in range(first, first + steps):
-        xb, yb = batch(x, y, step)
-        opt.zero_grad()
-        F.mse_loss(model(xb), yb).backward()
-        opt.step()
-    return opt
-
-
-def full_loss(model, x, y) -> float:
-    with torch.no_grad():
-        return float(F.mse_loss(model.module(x), y))
 
 
 # --- scenarios (run in the children) ----------------------------------------------------------
@@ -117,23 +112,27 @@ def resume(rank, world_size, folder, first, then):
 NON_FINITE_SPECS = ("none", "qsgd:levels=4", "topk:ratio=0.1")
 
 
+def poison(model, rank: int) -> None:
+    """Rank 1's gradient of layer 2 turns NaN at its step 2 (its third backward)."""
+    calls = {"n": 0}
+
+    def hook(grad):
+        calls["n"] += 1
+        if rank == 1 and calls["n"] == 3:
+            grad = grad.clone()
+            grad[3, 5] = float("nan")
+        return grad
+
+    model.module[2].weight.register_hook(hook)
+
+
 def non_finite(rank, world_size):
     x, y = make_data(rank, world_size)
     out = {}
     for spec in NON_FINITE_SPECS:
         model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
         gwddp.register(model, spec, error_feedback=spec != "none")
-        target = model.module[2].weight
-        steps = {"n": 0}
-
-        def poison(grad, steps=steps):  # rank 1's gradient of layer 2 turns NaN at its step 2
-            steps["n"] += 1
-            if rank == 1 and steps["n"] == 3:
-                grad = grad.clone()
-                grad[3, 5] = float("nan")
-            return grad
-
-        target.register_hook(poison)
+        poison(model, rank)
         try:
             train(model, x, y, 0, 5)
             out[spec] = ("none", "")
@@ -150,16 +149,7 @@ def propagate(rank, world_size):
     for spec in NON_FINITE_SPECS:
         model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
         gwddp.register(model, spec, error_feedback=spec != "none", non_finite="propagate")
-        calls = {"n": 0}
-
-        def poison(grad, calls=calls):  # rank 1's gradient of layer 2 turns NaN at its step 2
-            calls["n"] += 1
-            if rank == 1 and calls["n"] == 3:
-                grad = grad.clone()
-                grad[3, 5] = float("nan")
-            return grad
-
-        model.module[2].weight.register_hook(poison)
+        poison(model, rank)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         skipped, nan_grad = [], []
         for step in range(5):

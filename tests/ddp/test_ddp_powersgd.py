@@ -35,14 +35,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as pt_powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradwire import ddp as gwddp
 from gradwire.compress.powersgd import AGGREGATORS
 from gradwire.errors import ConfigError
-from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params, part, run_scenarios
+from tests.ddp.ddp_harness import (
+    full_loss,
+    launch,
+    make_data,
+    make_model,
+    params,
+    part,
+    run_scenarios,
+    train,
+)
 
 SMALL_BUCKETS = 0.004  # MB: several buckets, rebuilt in another order after the first step
 COMPARE_STEPS = (3, 10, 30)  # compared after these steps (the first two are uncompressed)
@@ -50,21 +58,6 @@ COMPARE_STEPS = (3, 10, 30)  # compared after these steps (the first two are unc
 # which the power iteration amplifies as training goes on (measured: 1.5e-8, 3e-8, 1.1e-5 at rank 2)
 TOLERANCE = {3: 1e-7, 10: 2e-7, 30: 1e-4}
 CONVERGE_STEPS = 150
-
-
-def train(model, x, y, first: int, steps: int, opt=None, lr: float = 0.05):
-    opt = opt or torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    for step in range(first, first + steps):
-        xb, yb = batch(x, y, step)
-        opt.zero_grad()
-        F.mse_loss(model(xb), yb).backward()
-        opt.step()
-    return opt
-
-
-def full_loss(model, x, y) -> float:
-    with torch.no_grad():
-        return float(F.mse_loss(model.module(x), y))
 
 
 # --- scenarios (run in the children) ----------------------------------------------------------
