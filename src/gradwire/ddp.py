@@ -45,6 +45,7 @@ from gradwire.compress import Compressor, ErrorFeedback, Packet, build
 from gradwire.compress.powersgd import AGGREGATORS, PowerSGD, PowerSGDMemory, is_aggregator, matrix_shape
 from gradwire.compress.wire import work_dtype
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
+from gradwire.registries import registry_for
 from gradwire.seeding import hash_seed
 
 _RAW = build("none")  # small parameters travel as they are (see _allgather)
@@ -116,6 +117,8 @@ class HookState:
             raise ConfigError(f"non_finite={non_finite!r}: valid choices are {', '.join(NON_FINITE)}")
         self.non_finite = non_finite
         self.powersgd_memory = None
+        if isinstance(compressor, str):  # an unknown name: one error listing compressors and aggregators
+            registry_for("compressor", compressor)
         if isinstance(compressor, str) and is_aggregator(compressor):
             compressor = AGGREGATORS.build(compressor)
         if isinstance(compressor, PowerSGD):  # Q memories and errors per parameter name, its own EF
