@@ -387,9 +387,8 @@ def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, 
     rank then stops after the collective instead of leaving its peers waiting."""
     buffer, world = bucket.buffer(), state.world_size
     total = 1 + sum(sizes)
-    send = torch.zeros(total, dtype=torch.uint8, device=buffer.device)
+    send = torch.zeros(total, dtype=torch.uint8, device=buffer.device)  # status 0: encoded
     if refused is None:
-        send[0] = 0
         torch.cat([p.buffer for p in packets], out=send[1:])
     else:
         send[0] = 1
