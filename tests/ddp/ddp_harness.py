@@ -119,6 +119,24 @@ def train(model, x, y, first: int, steps: int, opt=None, lr: float = 0.05):
     return opt
 
 
+def resume_twice(path: str, fresh, x, y, first: int, then: int) -> dict:
+    """Continue the checkpoint at ``path`` (model, optimiser, hook state) for ``then`` steps, as a
+    new process would (``fresh(seed=...)``: a new model with another init, a new DDP with its first
+    bucket layout again): once loading the hook's state, once without it. Parameters of each."""
+    resumed = {}
+    for load_hook in (True, False):
+        model, state = fresh(seed=99)
+        ckpt = torch.load(path, weights_only=True)
+        model.module.load_state_dict(ckpt["model"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        opt.load_state_dict(ckpt["opt"])
+        if load_hook:
+            state.load_state_dict(ckpt["hook"])
+        train(model, x, y, first, then, opt)
+        resumed[load_hook] = params(model)
+    return resumed
+
+
 def full_loss(model, x, y) -> float:
     with torch.no_grad():
         return float(nn.functional.mse_loss(model.module(x), y))

@@ -27,6 +27,7 @@ from tests.ddp.ddp_harness import (
     make_model,
     params,
     part,
+    resume_twice,
     run_scenarios,
     train,
 )
@@ -85,18 +86,8 @@ def resume(rank, world_size, folder, first, then):
         path = f"{folder}/{spec[:4]}-{rank}.pt"
         ckpt = {"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
         torch.save(ckpt, path)
-        # A new process would start here: new model (other init), new DDP (first bucket layout again).
-        resumed = {}
-        for load_hook in (True, False):
-            model, state = fresh(seed=99)
-            ckpt = torch.load(path, weights_only=True)
-            model.module.load_state_dict(ckpt["model"])
-            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-            opt.load_state_dict(ckpt["opt"])
-            if load_hook:
-                state.load_state_dict(ckpt["hook"])
-            train(model, x, y, first, then, opt)
-            resumed[load_hook] = params(model)
+        resumed = resume_twice(path, fresh, x, y, first, then)
+        model, state = fresh(seed=99)  # a hook to try the other rank's state on
         torch.distributed.barrier()  # both checkpoints exist: try the other rank's
         try:
             state.load_state_dict(torch.load(f"{folder}/{spec[:4]}-{1 - rank}.pt", weights_only=True)["hook"])

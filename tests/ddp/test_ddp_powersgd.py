@@ -48,6 +48,7 @@ from tests.ddp.ddp_harness import (
     make_model,
     params,
     part,
+    resume_twice,
     run_scenarios,
     train,
 )
@@ -140,17 +141,7 @@ def resume(rank, world_size, folder, first, then):
     opt = train(model, x, y, 0, first)
     path = f"{folder}/powersgd-{rank}.pt"
     torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": hook.state_dict()}, path)
-    resumed = {}
-    for load_hook in (True, False):  # a new process: another init, DDP's first bucket layout again
-        model, hook = fresh(seed=99)
-        ckpt = torch.load(path, weights_only=True)
-        model.module.load_state_dict(ckpt["model"])
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        opt.load_state_dict(ckpt["opt"])
-        if load_hook:
-            hook.load_state_dict(ckpt["hook"])
-        train(model, x, y, first, then, opt)
-        resumed[load_hook] = params(model)
+    resumed = resume_twice(path, fresh, x, y, first, then)
     return {"straight": straight, "resumed": resumed[True], "no_hook_state": resumed[False]}
 
 
