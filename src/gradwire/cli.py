@@ -1,4 +1,4 @@
-"""gradwire's command line: ``run``, ``compare`` and ``list``.
+"""gradwire's command line: ``run``, ``compare``, ``plan``, ``launch`` and ``list``.
 
 Every ``run`` flag is a key of the run config (see ``gradwire run --help``); a YAML or TOML file
 given with ``--config`` holds the same keys and flags override it.
@@ -37,6 +37,17 @@ EPILOG_COMPARE = """each --variant is a quoted list of run flags applied on top 
       --variant "--name qsgd-ef --compressor qsgd:levels=4 --error-feedback"
 A config file may hold the common keys and a list `variants:` of mappings of keys."""
 
+EPILOG_PLAN = """examples:
+  gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 200 --network ring:mbps=100 \
+      --algorithms sync,sync:backups=2,diana --workers 1,2,4,8 --max-workers 256 --target-loss 0.3
+  gradwire plan --config base.yaml --compressors none,qsgd:levels=4 --workers 2,4,8,16 --deadline 60
+  gradwire plan ... --candidate "--name topk-ef --compressor topk:ratio=0.01 --error-feedback"
+  gradwire plan ... --budget 120 --validate 32,64        (profiling within 120 s wall; held-out m measured)
+Candidates: every --algorithms x --compressors pair, plus each --candidate (quoted run flags on top of the
+common ones). Profiling runs go to OUT/profile/, validation runs to OUT/validate/; OUT gets plan.json,
+plan.md and plan.png. Time is simulated on --backend sim, elapsed on torch (each run a `gradwire launch`).
+The models and the design are explained in docs/planning.md."""
+
 
 def _field_help() -> dict[str, str]:
     """The comment beside each RunConfig field is its --help text (one source of truth)."""
@@ -57,10 +68,12 @@ class _Parser(argparse.ArgumentParser):
 SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>"}
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
+def _add_run_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     helps = _field_help()
     p.add_argument("--config", help="YAML or TOML file with any of the keys below")
     for key, f in KEYS.items():
+        if key in skip:
+            continue
         flag = "--" + key.replace("_", "-")
         text = f"{helps.get(key, '')} (default: {SHOWN_DEFAULTS.get(key, f.default)})"
         if isinstance(f.default, bool):
@@ -228,6 +241,62 @@ def cmd_compare(ns, variant_parser) -> int:
     return 0
 
 
+def spec_list(text: str) -> list[str]:
+    """``sync:backups=2,diana,local:period=8,eval=average`` -> one spec per name: a comma starts a
+    new spec unless what follows is another key=value of the one before."""
+    specs: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if specs and "=" in part and ":" not in part.split("=")[0]:
+            specs[-1] += "," + part
+        elif part:
+            specs.append(part)
+    return specs
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
+
+
+def cmd_plan(ns, variant_parser) -> int:
+    from gradwire.plan.output import prediction_table, validation_table, write_plan
+    from gradwire.plan.planner import PlanRequest, make_plan
+
+    base = _config_from(argparse.Namespace(**{k: v for k, v in vars(ns).items() if k != "workers"}))  # a list here
+    candidates = [base.replace(algorithm=a, compressor=c, name="" if (ns.algorithms or ns.compressors) else base.name)
+                  for a in spec_list(ns.algorithms or base.algorithm)
+                  for c in spec_list(ns.compressors or base.compressor)]
+    if ns.candidate:  # explicit candidates replace the implicit base one unless lists were given
+        candidates = candidates if (ns.algorithms or ns.compressors) else []
+        candidates += [_config_from(variant_parser.parse_args(shlex.split(t)), base) for t in ns.candidate]
+    workers = _int_list(ns.workers, "--workers")
+    if ns.validate == "auto":  # the next two powers of two above the profiled counts
+        validate = [m for m in (2 * max(workers), 4 * max(workers)) if m <= ns.max_workers]
+    else:
+        validate = _int_list(ns.validate or "", "--validate")
+    out = Path(base.out if _out_given(ns) else fresh_out("plan", base))
+    if (out / "plan.json").exists() and not base.overwrite:
+        raise ConfigError(f"plan folder {out} already holds a plan (plan.json); pass --overwrite to replace it "
+                          "(or choose another --out)")
+    req = PlanRequest(candidates=candidates, workers=workers, max_workers=ns.max_workers, out=out,
+                      target=ns.target_loss, deadline_s=ns.deadline, metric=ns.metric, budget_s=ns.budget,
+                      validate=validate, validate_max_steps=ns.validate_max_steps, work=ns.work)
+    plan = make_plan(req)
+    files = write_plan(out, plan)
+    print("\n".join(prediction_table(plan)))
+    val = validation_table(plan)
+    if val:
+        print("\nvalidation (held-out m):\n" + "\n".join(val))
+    r = plan["recommendation"]
+    what = (f"{r['time_s']:.4g} s to the target" if ns.target_loss is not None
+            else f"{ns.metric} {r['objective']:.4g} within the deadline")
+    print(f"recommended: {r['candidate']} on {r['workers']} workers ({what}, {plan['time_kind']})")
+    print(f"plan: {files['markdown']}  {files['json']}  plot: {files['plot']}")
+    return 0
+
+
 def cmd_list(ns) -> int:
     for ref in REGISTRIES:
         if ns.what in (None, ref.group):
@@ -251,6 +320,32 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                            "comparison.md, comparison.csv and comparison.png into --out.")
     _add_run_flags(p_cmp)
     p_cmp.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable")
+    p_plan = sub.add_parser("plan", help="profile short runs, fit time and convergence models, recommend an "
+                            "algorithm, compressor and worker count", epilog=EPILOG_PLAN,
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            description="Run short profiling runs of each candidate at a few worker counts, fit "
+                            "Ernest's time-per-iteration model and a convergence model, predict the time to a target "
+                            "(or the objective within a deadline) up to --max-workers, and recommend one; writes "
+                            "plan.json, plan.md and plan.png into --out.")
+    _add_run_flags(p_plan, skip=("workers",))
+    p_plan.add_argument("--algorithms", help="comma-separated algorithm specs, e.g. sync,sync:backups=2,diana")
+    p_plan.add_argument("--compressors", help="comma-separated compressor specs, e.g. none,qsgd:levels=4")
+    p_plan.add_argument("--candidate", action="append", help="run flags of one more candidate (quoted); repeatable")
+    p_plan.add_argument("--workers", default="1,2,4,8", help="worker counts the profiling may use (default 1,2,4,8; "
+                        "at least 3 distinct)")
+    p_plan.add_argument("--max-workers", type=int, default=64, help="predict up to this many workers (default 64)")
+    goal = p_plan.add_mutually_exclusive_group()
+    goal.add_argument("--target-loss", type=float, help="objective to reach (see --metric): minimise the time to it")
+    goal.add_argument("--deadline", type=float, help="seconds available: minimise the objective reached in them")
+    p_plan.add_argument("--metric", default="train_loss", help="train_loss (default) or suboptimality (f - f*, "
+                        "tasks that know f*)")
+    p_plan.add_argument("--budget", type=float, help="wall-clock seconds for all profiling runs together "
+                        "(default: profile every --workers count)")
+    p_plan.add_argument("--validate", nargs="?", const="auto", help="also measure held-out worker counts M,... (bare: "
+                        "2x and 4x the largest profiled) and the recommendation; report predicted vs measured")
+    p_plan.add_argument("--validate-max-steps", type=int, default=0, help="longest validation run in steps "
+                        "(default 20x --steps)")
+    p_plan.add_argument("--work", type=float, default=1.0, help="s in Ernest's θ1·s/m term (default 1)")
     p_launch = sub.add_parser("launch", help="train on torch.distributed: start `run` on N processes via torchrun",
                               epilog=EPILOG_LAUNCH, formatter_class=argparse.RawDescriptionHelpFormatter,
                               description="Start a `gradwire run --backend torch` group with torchrun's launcher "
@@ -283,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(ns)
         if ns.command == "compare":
             return cmd_compare(ns, variant_parser)
+        if ns.command == "plan":
+            return cmd_plan(ns, variant_parser)
         if ns.command == "launch":  # one time stamp for the group's default --out, kept across restarts
             os.environ.setdefault("GRADWIRE_RUN_STAMP", time.strftime("%Y%m%d-%H%M%S"))
             return cmd_launch(ns)

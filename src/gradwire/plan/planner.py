@@ -1,0 +1,421 @@
+"""``gradwire plan``: profile candidates at a few small m, fit both models, predict, recommend.
+
+For each candidate (an algorithm with its compressor and flags, a RunConfig without ``workers``)
+the planner runs short profiling runs at the worker counts the design chooses (design.py), fits
+Ernest's system model f(m) to their seconds per iteration (system_model.py) and the convergence
+model g(i, m) to their evaluated objective (convergence.py), then predicts for every m up to
+``max_workers``
+
+    time to target(m) = f(m) · min{i : g(i, m) <= target}      (Hemingway, Pan et al. 2017)
+
+or, with a deadline D, the objective g(D / f(m), m) reached in D seconds, and recommends the
+(candidate, m) with the least time (or the lowest objective). ``validate`` runs held-out m (never
+used in a fit) and the recommendation, and compares predicted with measured figures.
+
+Runs go through ``gradwire.run.loop.run`` in this process (as ``gradwire compare`` does) on the
+simulator and the threads backend; with ``backend: torch`` each run is a ``gradwire launch``
+process group (m processes, one more for a server-mode algorithm). Time is the run's
+``sim_time_s``: simulated seconds on the simulator, elapsed seconds on a real backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gradwire.config import KEYS, RunConfig
+from gradwire.errors import ConfigError, DivergenceError
+from gradwire.plan.convergence import ConvergenceModel, crossing
+from gradwire.plan.design import RunCost, choose_workers
+from gradwire.plan.system_model import SystemModel, distinct_enough, log2_grid
+from gradwire.report.run_folder import read_jsonl
+
+METRICS = ("train_loss", "suboptimality")
+EXTRAPOLATED = 10.0  # predicted iterations beyond this many times the profiled steps are flagged
+
+
+@dataclass
+class PlanRequest:
+    candidates: list[RunConfig]       # one per candidate; ``workers`` is set per run
+    workers: list[int]                # worker counts the design may profile
+    max_workers: int                  # predict for m up to this
+    out: Path
+    target: float | None = None       # objective to reach (``metric``), or
+    deadline_s: float | None = None   # seconds available (simulated on sim)
+    metric: str = "train_loss"        # train_loss, or suboptimality where the task knows f*
+    budget_s: float | None = None     # wall-clock seconds for all profiling runs (None = run every m)
+    validate: list[int] = field(default_factory=list)  # held-out m to measure (never fitted)
+    validate_max_steps: int = 0       # longest validation run (0 = 20 x the profiling steps)
+    work: float = 1.0                 # s of Ernest's θ1·s/m term
+
+    def check(self) -> PlanRequest:
+        if (self.target is None) == (self.deadline_s is None):
+            raise ConfigError("plan needs exactly one goal: --target-loss X (time to reach X) or --deadline S "
+                              "(best objective within S seconds)")
+        if self.metric not in METRICS:
+            raise ConfigError(f"metric={self.metric!r}: valid choices are {', '.join(METRICS)} (--metric)")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ConfigError(f"deadline={self.deadline_s} must be > 0 seconds (--deadline)")
+        if self.target is not None and not math.isfinite(self.target):
+            raise ConfigError(f"target-loss={self.target} must be a finite number (--target-loss)")
+        if any(m < 1 for m in self.workers):
+            raise ConfigError(f"workers={self.workers}: every worker count must be >= 1 (--workers)")
+        if not distinct_enough(self.workers):
+            raise ConfigError(f"workers={','.join(map(str, self.workers))} gives {len(set(self.workers))} distinct "
+                              "worker count(s); the system model (4 terms) needs at least 3, e.g. --workers 1,2,4,8")
+        if self.max_workers < max(self.workers):
+            raise ConfigError(f"max-workers={self.max_workers} is below the largest profiled count "
+                              f"{max(self.workers)} (--max-workers)")
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ConfigError(f"budget={self.budget_s} must be > 0 seconds of profiling (--budget)")
+        both = sorted(set(self.validate) & set(self.workers))
+        if both:
+            raise ConfigError(f"validate={self.validate}: {both} also profiled; held-out worker counts must not be "
+                              f"in --workers {','.join(map(str, self.workers))}")
+        if any(m < 1 or m > self.max_workers for m in self.validate):
+            raise ConfigError(f"validate={self.validate}: held-out worker counts must be in 1..{self.max_workers} "
+                              "(--max-workers)")
+        labels = [c.label() for c in self.candidates]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ConfigError(f"candidates share the label(s) {dupes}; give each --candidate a distinct --name")
+        for c in self.candidates:
+            for m in sorted(set(self.workers) | set(self.validate)):
+                try:
+                    c.replace(workers=m).validate()
+                except ConfigError as e:
+                    raise ConfigError(f"candidate {c.label()!r} at {m} workers: {e}") from None
+        return self
+
+
+@dataclass
+class Measurement:
+    """What one run measured."""
+
+    candidate: str
+    workers: int
+    steps: int
+    status: str
+    seconds_per_iteration: float | None
+    sim_time_s: float
+    wall_time_s: float
+    purpose: str                       # profile, validate
+    folder: str
+    points: list[tuple[int, float]]    # (step, objective) of each evaluation
+    reached: tuple[float, float] | None = None  # (iterations, seconds) to the target, interpolated
+    final: float | None = None         # objective at the last evaluation
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "points"} | {"evaluations": len(self.points)}
+
+
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80] or "run"
+
+
+def _torch_argv(cfg: RunConfig) -> list[str]:
+    """``gradwire launch`` for one run: m processes (one more for a server-mode algorithm)."""
+    from gradwire.algorithms import ALGORITHMS
+
+    server = int(ALGORITHMS.build(cfg.algorithm).needs_server)
+    flags: list[str] = []
+    for key, value in cfg.to_dict().items():
+        if key in ("workers", "backend") or value == KEYS[key].default:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return [sys.executable, "-m", "gradwire", "launch", "--nproc-per-node", str(cfg.workers + server), "--",
+            "run", *flags]
+
+
+class Planner:
+    def __init__(self, request: PlanRequest, *, log=print):
+        self.req = request.check()
+        self.log = log
+        self.runs: list[Measurement] = []
+        self.spent_s = 0.0
+        self.count = 0
+
+    # -- running ---------------------------------------------------------------------------------------------
+    def measure(self, cfg: RunConfig, purpose: str) -> Measurement:
+        """Run ``cfg`` (its folder under OUT/<purpose>/<candidate>/m<M>) and read what it measured."""
+        from gradwire.run.loop import run
+
+        self.count += 1
+        self.log(f"[{self.count}] {purpose} {cfg.label()} at m={cfg.workers}: {cfg.steps} steps", flush=True)
+        started = time.perf_counter()
+        try:
+            if purpose == "profile" and (Path(cfg.out) / "summary.json").exists():
+                (Path(cfg.out) / "summary.json").unlink()  # an earlier plan's: never read as this run's
+            if cfg.backend == "torch":
+                timeout = max(600.0, (self.req.budget_s or 0) * 2)
+                proc = subprocess.run(_torch_argv(cfg), timeout=timeout, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                if proc.returncode not in (0, 3):  # 3: diverged, with its summary written
+                    raise ConfigError(f"gradwire launch of {cfg.label()!r} at {cfg.workers} workers exited "
+                                      f"{proc.returncode} (see {cfg.out})")
+            else:
+                run(cfg)
+        except DivergenceError as e:
+            self.log(f"  diverged: {e}", flush=True)
+        except ConfigError as e:  # e.g. sync:backups=2 on 2 workers: this m is not open to the candidate
+            if not (Path(cfg.out) / "summary.json").exists():
+                self.log(f"  refused: {e}", flush=True)
+                m = Measurement(cfg.label(), cfg.workers, 0, f"refused: {e}", None, 0.0,
+                                time.perf_counter() - started, purpose, str(cfg.out), [])
+                self.runs.append(m)
+                return m
+            raise
+        wall = time.perf_counter() - started
+        if purpose == "profile":
+            self.spent_s += wall
+        summary = json.loads((Path(cfg.out) / "summary.json").read_text())
+        records = read_jsonl(Path(cfg.out) / "metrics.jsonl")
+        metric = self.req.metric
+        if records and metric not in records[0]:
+            raise ConfigError(f"metric={metric!r}: task {cfg.task!r} does not report it (it reports "
+                              f"{', '.join(k for k in METRICS if k in records[0])}) (--metric)")
+        points = [(int(r["step"]), float(r[metric])) for r in records
+                  if r.get(metric) is not None and math.isfinite(r[metric])]
+        ok = summary["status"] == "finished" and summary["steps"] > 0
+        spi = summary["sim_time_s"] / summary["steps"] if ok else None
+        reached = crossing(records, self.req.target, metric) if self.req.target is not None else None
+        m = Measurement(cfg.label(), cfg.workers, summary["steps"], summary["status"], spi, summary["sim_time_s"],
+                        wall, purpose, str(cfg.out), points, reached, points[-1][1] if points else None)
+        self.runs.append(m)
+        shown = f"{spi:.4g} s/iteration" if spi is not None else "no time per iteration"
+        hit = (f", target reached after {reached[0]:.0f} iterations ({reached[1]:.4g} s)" if reached
+               else "")
+        self.log(f"  {m.status}: {shown}, {metric}={m.final if m.final is None else round(m.final, 5)}{hit}, "
+                 f"{wall:.1f} s wall", flush=True)
+        return m
+
+    def config(self, cand: RunConfig, m: int, purpose: str, steps: int | None = None) -> RunConfig:
+        steps = steps or cand.steps
+        every = max(1, steps // 40) if purpose == "validate" else max(1, min(cand.eval_every, steps // 20))
+        return cand.replace(workers=m, steps=steps, eval_every=every, overwrite=True, resume=False,
+                            out=str(self.req.out / purpose / _slug(cand.label()) / f"m{m}"))
+
+    def profile(self) -> None:
+        """The pilot (smallest m) of every candidate, then the design's choice for all candidates."""
+        req = self.req
+        pilot = min(req.workers)
+        costs = {}
+        for cand in req.candidates:  # the pilot: the smallest m the candidate runs at
+            for w in sorted(set(req.workers)):
+                m = self.measure(self.config(cand, w, "profile"), "profile")
+                if not m.status.startswith("refused"):
+                    break
+            if m.status.startswith("refused"):
+                raise ConfigError(f"candidate {cand.label()!r} runs at none of --workers "
+                                  f"{','.join(map(str, req.workers))}: {m.status}")
+            records = read_jsonl(Path(m.folder) / "metrics.jsonl")
+            first = records[0]["wall_time_s"] if records else 0.0
+            costs[cand.label()] = RunCost.from_pilot(m.wall_time_s, first, m.workers, max(m.steps, 1))
+
+        def cost(w: int) -> float:  # every candidate is profiled at the same m
+            return sum(costs[c.label()](w, c.steps) for c in req.candidates)
+
+        order = choose_workers(req.workers, cost, req.budget_s, [pilot], self.spent_s, req.work)
+        if not distinct_enough([pilot, *order]):
+            cheapest = sorted((cost(w), w) for w in req.workers if w != pilot)[:2]
+            need = self.spent_s + sum(c for c, _ in cheapest)
+            raise ConfigError(f"budget={req.budget_s:g} s affords {len(order) + 1} distinct worker count(s) "
+                              f"(the pilot at m={pilot} took {self.spent_s:.1f} s); the system model needs 3: "
+                              f"raise --budget to about {need:.0f} s or lower --steps")
+        self.log(f"profiling design: m = {', '.join(map(str, [pilot, *order]))}"
+                 + (f" (within --budget {req.budget_s:g} s wall)" if req.budget_s else ""), flush=True)
+        for w in order:
+            for cand in req.candidates:
+                if not any(r.candidate == cand.label() and r.workers == w for r in self.runs):
+                    self.measure(self.config(cand, w, "profile"), "profile")
+
+    # -- fitting and predicting ------------------------------------------------------------------------------
+    def fit(self) -> dict[str, dict]:
+        fits = {}
+        for cand in self.req.candidates:
+            label = cand.label()
+            runs = [r for r in self.runs if r.candidate == label and r.purpose == "profile"]
+            good = [r for r in runs if r.seconds_per_iteration]
+            if not distinct_enough([r.workers for r in good]):
+                bad = ", ".join(f"m={r.workers}: {r.status}" for r in runs if not r.seconds_per_iteration)
+                fits[label] = {"error": f"too few finished profiling runs to fit ({bad or 'none'})"}
+                continue
+            system = SystemModel.fit([r.workers for r in good], [r.seconds_per_iteration for r in good],
+                                     self.req.work)
+            pts = [(i, r.workers, v) for r in good for i, v in r.points if i >= 1]
+            try:
+                conv = ConvergenceModel.fit(*zip(*pts)) if pts else None
+            except ValueError as e:
+                fits[label] = {"error": str(e)}
+                continue
+            refused = [r.workers for r in runs if r.status.startswith("refused")]
+            fits[label] = {"system": system, "convergence": conv, "profiled_steps": max(r.steps for r in good),
+                           "smallest_workers": max(refused) + 1 if refused else 1}
+        if all("error" in f for f in fits.values()):
+            reasons = "; ".join(f"{k}: {v['error']}" for k, v in fits.items())
+            raise ConfigError(f"no candidate could be fitted ({reasons})")
+        return fits
+
+    def predict(self, fits: dict[str, dict]) -> list[dict]:
+        req = self.req
+        grid = log2_grid(req.max_workers, [*req.workers, *req.validate])
+        rows = []
+        for label, fit in fits.items():
+            if "error" in fit:
+                continue
+            system, conv = fit["system"], fit["convergence"]
+            for m in (w for w in grid if w >= fit["smallest_workers"]):
+                spi = system(m)
+                row = {"candidate": label, "workers": m, "seconds_per_iteration": spi,
+                       "profiled": m in {r.workers for r in self.runs if r.candidate == label
+                                         and r.purpose == "profile"}}
+                if req.target is not None:
+                    iters = conv.iterations_to(req.target, m)
+                    row |= {"iterations": iters, "time_s": spi * iters,
+                            "extrapolated": iters > EXTRAPOLATED * fit["profiled_steps"]}
+                else:
+                    iters = req.deadline_s / spi
+                    row |= {"iterations": iters, "objective": float(conv.loss(max(iters, 1.0), m)),
+                            "extrapolated": iters > EXTRAPOLATED * fit["profiled_steps"]}
+                rows.append(row)
+        return rows
+
+    def recommend(self, rows: list[dict], fits: dict[str, dict]) -> dict:
+        req = self.req
+        if req.target is not None:
+            finite = [r for r in rows if math.isfinite(r["time_s"])]
+            if not finite:
+                floors = sorted((f["convergence"].floor(req.max_workers), k) for k, f in fits.items()
+                                if "error" not in f)
+                lowest, who = floors[0]
+                raise ConfigError(f"target-loss={req.target:g} is reached by no candidate at any m <= "
+                                  f"{req.max_workers}: the lowest predicted {req.metric} floor is {lowest:.4g} "
+                                  f"({who} at m={req.max_workers}); choose --target-loss above it")
+            return min(finite, key=lambda r: (r["time_s"], r["workers"]))
+        return min(rows, key=lambda r: (r["objective"], r["workers"]))
+
+    # -- validating ------------------------------------------------------------------------------------------
+    def validate(self, rows: list[dict], best: dict) -> list[dict]:
+        """Measure every candidate at each held-out m, and the recommendation; predicted vs measured."""
+        req = self.req
+        wanted = [(c, m) for m in req.validate for c in req.candidates]
+        rec = next(c for c in req.candidates if c.label() == best["candidate"])
+        if (rec, best["workers"]) not in wanted and not any(
+                r.candidate == rec.label() and r.workers == best["workers"] for r in self.runs):
+            wanted.append((rec, best["workers"]))
+        cap = req.validate_max_steps or 20 * max(c.steps for c in req.candidates)
+        out = []
+        for cand, m in wanted:
+            row = next((r for r in rows if r["candidate"] == cand.label() and r["workers"] == m), None)
+            if row is None:
+                continue
+            if req.target is not None:
+                want = row["iterations"] * 1.3 + 2 if math.isfinite(row["iterations"]) else cap
+            else:
+                want = row["iterations"] + 1
+            steps = int(min(max(want, cand.steps), cap))
+            meas = self.measure(self.config(cand, m, "validate", steps), "validate")
+            out.append(self._compare(row, meas))
+        return out
+
+    def _compare(self, row: dict, meas: Measurement) -> dict:
+        def err(pred, got):
+            if pred is None or got is None or not math.isfinite(pred) or got == 0:
+                return None
+            return (pred - got) / got
+
+        res = {"candidate": row["candidate"], "workers": row["workers"],
+               "predicted_seconds_per_iteration": row["seconds_per_iteration"],
+               "measured_seconds_per_iteration": meas.seconds_per_iteration,
+               "error_seconds_per_iteration": err(row["seconds_per_iteration"], meas.seconds_per_iteration),
+               "steps_run": meas.steps, "status": meas.status, "folder": meas.folder}
+        if self.req.target is not None:
+            got = meas.reached[1] if meas.reached else None
+            res |= {"predicted_time_s": row["time_s"], "measured_time_s": got,
+                    "error_time": err(row["time_s"], got),
+                    "predicted_iterations": row["iterations"],
+                    "measured_iterations": meas.reached[0] if meas.reached else None}
+        else:
+            res |= {"predicted_objective": row["objective"], "measured_objective": meas.final,
+                    "error_objective": err(row["objective"], meas.final)}
+        return res
+
+    def measured_best(self) -> dict | None:
+        """The fastest measured (candidate, m) to the target over every run made (profiling and validation)."""
+        hits = [r for r in self.runs if r.reached is not None]
+        if not hits:
+            return None
+        best = min(hits, key=lambda r: r.reached[1])
+        return {"candidate": best.candidate, "workers": best.workers, "time_s": best.reached[1],
+                "purpose": best.purpose}
+
+
+def _mean_abs(values) -> float | None:
+    vals = [abs(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def make_plan(req: PlanRequest, *, log=print) -> dict:
+    """Profile, fit, predict, recommend (and validate); returns the plan (what plan.json holds)."""
+    planner = Planner(req, log=log)
+    planner.profile()
+    fits = planner.fit()
+    rows = planner.predict(fits)
+    best = planner.recommend(rows, fits)
+    validation = planner.validate(rows, best) if req.validate else []
+    profile_runs = [r for r in planner.runs if r.purpose == "profile"]
+    backends = {c.backend for c in req.candidates}
+    plan = {
+        "goal": {"target": req.target, "deadline_s": req.deadline_s, "metric": req.metric},
+        "time_kind": "simulated seconds" if backends == {"sim"} else "elapsed seconds",
+        "candidates": {c.label(): c.to_dict() for c in req.candidates},
+        "max_workers": req.max_workers,
+        "fits": {k: (v if "error" in v else {"system": v["system"].to_dict(), "convergence": v["convergence"].to_dict(),
+                                             "profiled_steps": v["profiled_steps"],
+                                             "smallest_workers": v["smallest_workers"]}) for k, v in fits.items()},
+        "predictions": rows,
+        "recommendation": best,
+        "profiling": {"design": sorted({r.workers for r in profile_runs}), "wall_s": planner.spent_s,
+                      "simulated_s": sum(r.sim_time_s for r in profile_runs), "budget_s": req.budget_s,
+                      "budget_bounds": "wall-clock seconds of the profiling runs (validation runs not counted)",
+                      "runs": len(profile_runs)},
+        "runs": [r.to_dict() | {"time_to_target_s": r.reached[1] if r.reached else None} for r in planner.runs],
+        "validation": validation,
+    }
+    if validation:
+        summary = {"mean_abs_error_seconds_per_iteration": _mean_abs(v["error_seconds_per_iteration"]
+                                                                      for v in validation)}
+        if req.target is not None:
+            summary["mean_abs_error_time"] = _mean_abs(v["error_time"] for v in validation)
+            measured_best = planner.measured_best()
+            rec = next((r for r in planner.runs if r.candidate == best["candidate"] and r.workers == best["workers"]
+                        and r.reached is not None), None)
+            summary["best_measured"] = measured_best
+            summary["recommended_measured_time_s"] = rec.reached[1] if rec else None
+            summary["regret"] = (rec.reached[1] / measured_best["time_s"] - 1) if rec and measured_best else None
+        else:
+            summary["mean_abs_error_objective"] = _mean_abs(v["error_objective"] for v in validation)
+        plan["validation_summary"] = summary
+    return _finite(plan)
+
+
+def _finite(value):
+    """inf and nan as None, so plan.json is standard JSON ("never reached" is None)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
