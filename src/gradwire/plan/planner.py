@@ -4,7 +4,7 @@ For each candidate (an algorithm with its compressor and flags, a RunConfig with
 the planner runs short profiling runs at the worker counts the design chooses (design.py), fits
 Ernest's system model f(m) to their seconds per iteration (system_model.py) and the convergence
 model g(i, m) to their evaluated objective (convergence.py), then predicts for every m up to
-``max_workers``
+``max_workers`` (from the smallest profiled count up: the models are not extrapolated below it)
 
     time to target(m) = f(m) · min{i : g(i, m) <= target}      (Hemingway, Pan et al. 2017)
 
@@ -202,7 +202,8 @@ class Planner:
 
     def config(self, cand: RunConfig, m: int, purpose: str, steps: int | None = None) -> RunConfig:
         steps = steps or cand.steps
-        every = max(1, steps // 40) if purpose == "validate" else max(1, min(cand.eval_every, steps // 20))
+        # ~15 evaluations for the convergence fit; ~40 for a validation run's crossing of the target
+        every = max(1, steps // 40) if purpose == "validate" else max(1, steps // 15)
         return cand.replace(workers=m, steps=steps, eval_every=every, overwrite=True, resume=False,
                             out=str(self.req.out / purpose / _slug(cand.label()) / f"m{m}"))
 
@@ -275,7 +276,7 @@ class Planner:
             if "error" in fit:
                 continue
             system, conv = fit["system"], fit["convergence"]
-            for m in (w for w in grid if w >= fit["smallest_workers"]):
+            for m in (w for w in grid if w >= max(fit["smallest_workers"], min(req.workers))):
                 spi = system(m)
                 row = {"candidate": label, "workers": m, "seconds_per_iteration": spi,
                        "profiled": m in {r.workers for r in self.runs if r.candidate == label

@@ -1,0 +1,93 @@
+"""The planner's models on synthetic data with known parameters: Ernest's NNLS fit, the
+convergence model, the interpolated crossing of a target, and the profiling design."""
+
+import math
+
+import numpy as np
+import pytest
+
+from gradwire.plan.convergence import ConvergenceModel, crossing
+from gradwire.plan.design import RunCost, a_criterion, choose_workers
+from gradwire.plan.system_model import SystemModel, distinct_enough, features, log2_grid
+
+
+def test_nnls_recovers_known_theta_from_exact_times():
+    theta = np.array([0.02, 0.5, 0.003, 0.0004])
+    workers = [1, 2, 4, 8, 16, 32]
+    times = features(workers, work=3.0) @ theta
+    fit = SystemModel.fit(workers, times, work=3.0)
+    np.testing.assert_allclose(fit.theta, theta, rtol=1e-6, atol=1e-12)
+    assert fit.residual_rel < 1e-9
+    np.testing.assert_allclose(fit.predict([256]), features([256], 3.0) @ theta, rtol=1e-6)
+
+
+def test_nnls_recovers_theta_within_noise_and_stays_non_negative():
+    rng = np.random.default_rng(7)
+    theta = np.array([0.05, 0.2, 0.0, 0.002])  # no log term: NNLS must not invent a negative one
+    workers = np.array([1, 2, 3, 4, 6, 8, 12, 16] * 4)
+    times = features(workers) @ theta * (1 + 0.01 * rng.standard_normal(len(workers)))
+    fit = SystemModel.fit(workers, times)
+    assert min(fit.theta) >= 0
+    np.testing.assert_allclose(fit(256), features([256]) @ theta, rtol=0.05)  # extrapolated 16x
+
+
+def test_nnls_refuses_non_positive_times():
+    with pytest.raises(ValueError, match="positive time"):
+        SystemModel.fit([1, 2, 4], [0.1, 0.0, 0.3])
+
+
+def test_distinct_counts_and_grid():
+    assert not distinct_enough([2, 4, 4, 2])
+    assert distinct_enough([1, 2, 4])
+    assert log2_grid(48, [6]) == [1, 2, 4, 6, 8, 16, 32, 48]
+
+
+def test_convergence_fit_recovers_known_parameters():
+    truth = ConvergenceModel(a=0.12, d=0.3, b=2.0, c=1.0, p=0.8)
+    i = np.tile(np.arange(1, 201, 5), 4)
+    m = np.repeat([1, 2, 4, 8], len(i) // 4)
+    fit = ConvergenceModel.fit(i, m, truth.loss(i, m))
+    assert fit.p == pytest.approx(0.8, rel=0.03)  # the grid's spacing is 3.5%
+    for key in "adbc":
+        assert getattr(fit, key) == pytest.approx(getattr(truth, key), rel=0.15, abs=0.01), key
+    # what the planner uses: iterations to a target at an m never profiled
+    assert fit.iterations_to(0.2, 64) == pytest.approx(truth.iterations_to(0.2, 64), rel=0.1)
+
+
+def test_iterations_to_is_the_inverse_of_the_loss():
+    g = ConvergenceModel(a=0.1, d=0.2, b=3.0, c=0.5, p=1.5)
+    i = g.iterations_to(0.2, 4)
+    assert g.loss(i, 4) == pytest.approx(0.2, rel=1e-12)
+    assert g.floor(4) == pytest.approx(0.15)
+    assert math.isinf(g.iterations_to(0.15, 4))  # at the floor: never
+    assert math.isinf(g.iterations_to(0.2, 2))   # floor 0.2 at m = 2
+
+
+def test_crossing_interpolates_in_log_loss():
+    recs = [{"step": 0, "sim_time_s": 0.0, "loss": 1.0}, {"step": 10, "sim_time_s": 2.0, "loss": 0.5},
+            {"step": 20, "sim_time_s": 4.0, "loss": 0.125}]
+    step, t = crossing(recs, 0.25, "loss")  # log 0.25 is half way from log 0.5 to log 0.125
+    assert step == pytest.approx(15.0) and t == pytest.approx(3.0)
+    assert crossing(recs, 1.5, "loss") == (0.0, 0.0)
+    assert crossing(recs, 0.1, "loss") is None
+
+
+def test_run_cost_from_a_pilot():
+    cost = RunCost.from_pilot(wall_s=3.0, wall_at_first_eval_s=1.0, workers=2, steps=100)
+    assert cost.setup_s == 1.0 and cost.per_worker_step_s == pytest.approx(0.01)
+    assert cost(8, 50) == pytest.approx(1.0 + 8 * 50 * 0.01)
+
+
+def test_design_without_budget_runs_everything_and_with_one_stays_inside_it():
+    assert choose_workers([1, 2, 4, 8, 16], lambda m: 1.0 * m, None, [1], 1.0) == [2, 4, 8, 16]
+    chosen = choose_workers([1, 2, 4, 8, 16, 32], lambda m: float(m), 20.0, [1], 1.0)
+    assert sum(chosen) + 1 <= 20.0
+    assert len(set(chosen) | {1}) >= 3
+    # the greedy step is A-optimal per second: each pick lowers tr(M^-1) the most per unit cost
+    assert chosen == [2, 4, 8]
+    assert a_criterion(features([1, 2, 4, 8]) / features([1, 2, 4, 8]).max(axis=0)) < a_criterion(
+        features([1, 2, 4]) / features([1, 2, 4, 8]).max(axis=0))
+
+
+def test_design_spends_nothing_when_nothing_fits():
+    assert choose_workers([1, 2, 4], lambda m: 100.0, 50.0, [1], 10.0) == []

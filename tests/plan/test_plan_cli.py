@@ -1,0 +1,135 @@
+"""``gradwire plan`` through the command line, in this process (``cli.main``): constructed cases
+whose best answer is known, validation, and bad input (one line, exit 2)."""
+
+import json
+
+import pytest
+
+from gradwire import cli
+from gradwire.cli import spec_list
+from gradwire.config import RunConfig
+from gradwire.plan.planner import _torch_argv
+
+
+@pytest.fixture(autouse=True)
+def no_run_curves(monkeypatch):
+    """Each profiling run's own curves.png (report/plots.py) is most of a tiny run's wall time on 2
+    shared cores and nothing here reads it; plan.png is drawn by plan/output.py, not patched."""
+    monkeypatch.setattr("gradwire.report.plots.plot_runs", lambda records, path, *a, **k: path)
+
+
+TINY = ["--task", "synthetic-logreg:samples=256,dim=5", "--batch-size", "4", "--steps", "30", "--seed", "1"]
+
+
+def plan(tmp_path, *args):
+    code = cli.main(["plan", *TINY, "--out", str(tmp_path / "plan"), *args])
+    assert code == 0
+    return json.loads((tmp_path / "plan" / "plan.json").read_text())
+
+
+def test_a_network_so_slow_that_the_fewest_workers_win(tmp_path, capsys):
+    # 200 ms latency per message and 10 ms of compute: every allreduce costs 40x a step's work,
+    # while more workers barely speed up a full-data logistic regression
+    p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
+             "--workers", "2,4,8", "--max-workers", "64", "--target-loss", "0.55")
+    best = p["recommendation"]
+    assert (best["candidate"], best["workers"]) == ("sync", 2)
+    # the ps allreduce of 5 float32 costs 2·(latency + m·20 B/bw): Ernest's θ0 + θ3·m, fitted exactly
+    sys_fit = p["fits"]["sync"]["system"]
+    assert sys_fit["fit_rms_relative_error"] < 1e-6
+    rows = {r["workers"]: r for r in p["predictions"]}
+    assert rows[64]["seconds_per_iteration"] == pytest.approx(0.01 + 2 * (0.2 + 64 * 20 / 12.5e6), rel=1e-6)
+    assert sorted(rows) == [2, 4, 8, 16, 32, 64]  # from the smallest profiled m up
+    out = capsys.readouterr().out
+    assert "recommended: sync on 2 workers" in out
+    assert (tmp_path / "plan" / "plan.md").read_text().startswith("# Plan: reach train_loss <= 0.55")
+    assert (tmp_path / "plan" / "plan.png").stat().st_size > 0
+
+
+def test_a_straggler_tail_where_backups_win_and_validation(tmp_path):
+    # one step in ten is 20x slower: sync waits for the slowest of m, sync:backups=1 drops it
+    p = plan(tmp_path, "--network", "ring:mbps=1000,latency_ms=0.1",
+             "--stragglers", "tail:p=0.1,slowdown=20,compute_s=0.01", "--algorithms", "sync,sync:backups=1",
+             "--workers", "2,4,8", "--max-workers", "16", "--target-loss", "0.55", "--validate", "16",
+             "--validate-max-steps", "80")
+    best = p["recommendation"]
+    assert best["candidate"] == "sync:backups=1"
+    assert {r["workers"] for r in p["runs"] if r["purpose"] == "profile"} == {2, 4, 8}
+    pred = {(r["candidate"], r["workers"]): r for r in p["predictions"]}
+    for m in (2, 4, 8, 16):
+        assert pred[("sync:backups=1", m)]["time_s"] < pred[("sync", m)]["time_s"]
+    val = {(v["candidate"], v["workers"]): v for v in p["validation"]}
+    assert ("sync", 16) in val and ("sync:backups=1", 16) in val
+    for v in val.values():  # each error is (predicted - measured) / measured of that run
+        got = v["measured_seconds_per_iteration"]
+        assert v["error_seconds_per_iteration"] == pytest.approx((v["predicted_seconds_per_iteration"] - got) / got)
+        run = next(r for r in p["runs"] if r["folder"] == v["folder"])
+        summary = json.loads((tmp_path / "plan" / "validate" / v["folder"].split("/validate/")[1] /
+                              "summary.json").read_text())
+        assert got == pytest.approx(summary["sim_time_s"] / summary["steps"]) and run["purpose"] == "validate"
+    assert p["validation_summary"]["mean_abs_error_seconds_per_iteration"] is not None
+
+
+def test_deadline_mode_picks_the_lowest_predicted_objective(tmp_path):
+    p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
+             "--workers", "1,2,4", "--max-workers", "8", "--deadline", "2")
+    best = p["recommendation"]
+    assert best["workers"] == 1  # 200 iterations alone against under 5 with 2 workers
+    assert best["iterations"] == pytest.approx(2 / best["seconds_per_iteration"])
+    assert best["objective"] == min(r["objective"] for r in p["predictions"])
+
+
+def bad(capsys, *args) -> str:
+    code = cli.main(["plan", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    out = ["--out", str(tmp_path / "bad")]
+    err = bad(capsys, *TINY, *out, "--algorithms", "sync,nosuch", "--target-loss", "0.5")
+    assert "nosuch" in err and "sync" in err and "diana" in err  # the bad name and the valid ones
+    err = bad(capsys, *TINY, *out, "--workers", "2,4", "--target-loss", "0.5")
+    assert "workers=2,4" in err and "at least 3" in err
+    err = bad(capsys, *TINY, *out, "--workers", "1,2,x", "--target-loss", "0.5")
+    assert "'1,2,x'" in err
+    err = bad(capsys, *TINY, *out, "--workers", "1,2,4")
+    assert "--target-loss" in err and "--deadline" in err
+    err = bad(capsys, *TINY, *out, "--workers", "1,2,4", "--target-loss", "0.5", "--metric", "accuracy")
+    assert "accuracy" in err and "train_loss, suboptimality" in err
+    err = bad(capsys, *TINY, *out, "--workers", "1,2,4", "--max-workers", "2", "--target-loss", "0.5")
+    assert "max-workers=2" in err
+    err = bad(capsys, *TINY, *out, "--workers", "1,2,4", "--validate", "4", "--target-loss", "0.5")
+    assert "[4]" in err and "held-out" in err
+    assert not (tmp_path / "bad").exists()  # refused before any run
+
+
+def test_a_target_no_candidate_reaches(tmp_path, capsys):
+    err = bad(capsys, *TINY, "--out", str(tmp_path / "p"), "--workers", "1,2,4", "--steps", "10",
+              "--target-loss", "0")
+    assert "target-loss=0 is reached by no candidate" in err and "floor" in err
+
+
+def test_a_budget_too_small_for_three_worker_counts(tmp_path, capsys):
+    err = bad(capsys, *TINY, "--out", str(tmp_path / "p"), "--workers", "1,2,4", "--steps", "10",
+              "--target-loss", "0.5", "--budget", "0.001")
+    assert "budget=0.001 s affords 1 distinct worker count" in err and "raise --budget" in err
+
+
+def test_spec_lists_keep_their_parameters():
+    assert spec_list("sync:backups=2,diana,local:period=8,eval=average") == [
+        "sync:backups=2", "diana", "local:period=8,eval=average"]
+    assert spec_list("none, qsgd:levels=4,bucket=128") == ["none", "qsgd:levels=4,bucket=128"]
+
+
+def test_torch_runs_go_through_gradwire_launch():
+    cfg = RunConfig(task="synthetic-logreg", workers=3, algorithm="sync:backups=1", steps=7, error_feedback=True,
+                    compressor="topk:ratio=0.1", backend="torch", out="runs/x")
+    argv = _torch_argv(cfg)
+    i = argv.index("launch")
+    assert argv[i:i + 5] == ["launch", "--nproc-per-node", "4", "--", "run"]  # 3 workers + the server
+    rest = argv[i + 5:]
+    assert "--workers" not in rest and "--backend" not in rest  # launch adds both
+    assert rest[rest.index("--steps") + 1] == "7" and "--error-feedback" in rest
+    assert rest[rest.index("--compressor") + 1] == "topk:ratio=0.1"
