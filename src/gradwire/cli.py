@@ -282,7 +282,8 @@ def cmd_plan(ns, variant_parser) -> int:
                           "(or choose another --out)")
     req = PlanRequest(candidates=candidates, workers=workers, max_workers=ns.max_workers, out=out,
                       target=ns.target_loss, deadline_s=ns.deadline, metric=ns.metric, budget_s=ns.budget,
-                      validate=validate, validate_max_steps=ns.validate_max_steps, work=ns.work)
+                      validate=validate, validate_max_steps=ns.validate_max_steps, work=ns.work,
+                      fit_from=ns.fit_from)
     plan = make_plan(req)
     files = write_plan(out, plan)
     print("\n".join(prediction_table(plan)))
@@ -346,6 +347,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p_plan.add_argument("--validate-max-steps", type=int, default=0, help="longest validation run in steps "
                         "(default 20x --steps)")
     p_plan.add_argument("--work", type=float, default=1.0, help="s in Ernest's θ1·s/m term (default 1)")
+    p_plan.add_argument("--fit-from", type=float, default=0.5, help="fit the convergence model on each profiling "
+                        "run's evaluations from this fraction of its steps on (default 0.5: the second half)")
     p_launch = sub.add_parser("launch", help="train on torch.distributed: start `run` on N processes via torchrun",
                               epilog=EPILOG_LAUNCH, formatter_class=argparse.RawDescriptionHelpFormatter,
                               description="Start a `gradwire run --backend torch` group with torchrun's launcher "

@@ -53,6 +53,7 @@ class PlanRequest:
     validate: list[int] = field(default_factory=list)  # held-out m to measure (never fitted)
     validate_max_steps: int = 0       # longest validation run (0 = 20 x the profiling steps)
     work: float = 1.0                 # s of Ernest's θ1·s/m term
+    fit_from: float = 0.5             # fit g(i, m) on evaluations at i >= this fraction of each run's steps
 
     def check(self) -> PlanRequest:
         if (self.target is None) == (self.deadline_s is None):
@@ -64,6 +65,9 @@ class PlanRequest:
             raise ConfigError(f"deadline={self.deadline_s} must be > 0 seconds (--deadline)")
         if self.target is not None and not math.isfinite(self.target):
             raise ConfigError(f"target-loss={self.target} must be a finite number (--target-loss)")
+        if not 0 <= self.fit_from < 1:
+            raise ConfigError(f"fit-from={self.fit_from} must be in [0, 1): the fraction of each profiling run "
+                              "left out of the convergence fit (--fit-from)")
         if any(m < 1 for m in self.workers):
             raise ConfigError(f"workers={self.workers}: every worker count must be >= 1 (--workers)")
         if not distinct_enough(self.workers):
@@ -156,7 +160,7 @@ class Planner:
         self.log(f"[{self.count}] {purpose} {cfg.label()} at m={cfg.workers}: {cfg.steps} steps", flush=True)
         started = time.perf_counter()
         try:
-            if purpose == "profile" and (Path(cfg.out) / "summary.json").exists():
+            if (Path(cfg.out) / "summary.json").exists():
                 (Path(cfg.out) / "summary.json").unlink()  # an earlier plan's: never read as this run's
             if cfg.backend == "torch":
                 timeout = max(600.0, (self.req.budget_s or 0) * 2)
@@ -179,6 +183,17 @@ class Planner:
         wall = time.perf_counter() - started
         if purpose == "profile":
             self.spent_s += wall
+        m = self.read(cfg, purpose, wall)
+        self.runs.append(m)
+        shown = f"{m.seconds_per_iteration:.4g} s/iteration" if m.seconds_per_iteration else "no time per iteration"
+        hit = (f", target reached after {m.reached[0]:.0f} iterations ({m.reached[1]:.4g} s)" if m.reached
+               else "")
+        self.log(f"  {m.status}: {shown}, {self.req.metric}={m.final if m.final is None else round(m.final, 5)}"
+                 f"{hit}, {wall:.1f} s wall", flush=True)
+        return m
+
+    def read(self, cfg: RunConfig, purpose: str, wall: float | None = None) -> Measurement:
+        """What the run in ``cfg.out`` measured (its summary.json and metrics.jsonl)."""
         summary = json.loads((Path(cfg.out) / "summary.json").read_text())
         records = read_jsonl(Path(cfg.out) / "metrics.jsonl")
         metric = self.req.metric
@@ -190,15 +205,20 @@ class Planner:
         ok = summary["status"] == "finished" and summary["steps"] > 0
         spi = summary["sim_time_s"] / summary["steps"] if ok else None
         reached = crossing(records, self.req.target, metric) if self.req.target is not None else None
-        m = Measurement(cfg.label(), cfg.workers, summary["steps"], summary["status"], spi, summary["sim_time_s"],
-                        wall, purpose, str(cfg.out), points, reached, points[-1][1] if points else None)
-        self.runs.append(m)
-        shown = f"{spi:.4g} s/iteration" if spi is not None else "no time per iteration"
-        hit = (f", target reached after {reached[0]:.0f} iterations ({reached[1]:.4g} s)" if reached
-               else "")
-        self.log(f"  {m.status}: {shown}, {metric}={m.final if m.final is None else round(m.final, 5)}{hit}, "
-                 f"{wall:.1f} s wall", flush=True)
-        return m
+        return Measurement(cfg.label(), cfg.workers, summary["steps"], summary["status"], spi, summary["sim_time_s"],
+                           summary["wall_time_s"] if wall is None else wall, purpose, str(cfg.out), points, reached,
+                           points[-1][1] if points else None)
+
+    def load(self) -> None:
+        """Read the runs an earlier plan left in OUT (the same candidates) instead of running them."""
+        for purpose in ("profile", "validate"):
+            for cand in self.req.candidates:
+                folder = self.req.out / purpose / _slug(cand.label())
+                for sub in sorted(folder.glob("m*"), key=lambda p: int(p.name[1:]) if p.name[1:].isdigit() else 0):
+                    if sub.name[1:].isdigit() and (sub / "summary.json").exists():
+                        self.runs.append(self.read(self.config(cand, int(sub.name[1:]), purpose), purpose))
+                        if purpose == "profile":
+                            self.spent_s += self.runs[-1].wall_time_s
 
     def config(self, cand: RunConfig, m: int, purpose: str, steps: int | None = None) -> RunConfig:
         steps = steps or cand.steps
@@ -254,7 +274,9 @@ class Planner:
                 continue
             system = SystemModel.fit([r.workers for r in good], [r.seconds_per_iteration for r in good],
                                      self.req.work)
-            pts = [(i, r.workers, v) for r in good for i, v in r.points if i >= 1]
+            # the initial transient (the first fast drop from the random start) follows no power law:
+            # g is fitted where the runs are in their asymptotic regime (docs/planning.md)
+            pts = [(i, r.workers, v) for r in good for i, v in r.points if i >= max(1, self.req.fit_from * r.steps)]
             try:
                 conv = ConvergenceModel.fit(*zip(*pts)) if pts else None
             except ValueError as e:
@@ -326,7 +348,10 @@ class Planner:
             else:
                 want = row["iterations"] + 1
             steps = int(min(max(want, cand.steps), cap))
-            meas = self.measure(self.config(cand, m, "validate", steps), "validate")
+            meas = next((r for r in self.runs if r.purpose == "validate" and r.candidate == cand.label()
+                         and r.workers == m), None)  # loaded from an earlier plan (Planner.load)
+            if meas is None:
+                meas = self.measure(self.config(cand, m, "validate", steps), "validate")
             out.append(self._compare(row, meas))
         return out
 
@@ -367,10 +392,14 @@ def _mean_abs(values) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def make_plan(req: PlanRequest, *, log=print) -> dict:
-    """Profile, fit, predict, recommend (and validate); returns the plan (what plan.json holds)."""
+def make_plan(req: PlanRequest, *, log=print, reuse: bool = False) -> dict:
+    """Profile, fit, predict, recommend (and validate); returns the plan (what plan.json holds).
+    ``reuse``: read the runs an earlier plan left in ``req.out`` and make only the missing ones."""
     planner = Planner(req, log=log)
-    planner.profile()
+    if reuse:
+        planner.load()
+    else:
+        planner.profile()
     fits = planner.fit()
     rows = planner.predict(fits)
     best = planner.recommend(rows, fits)
