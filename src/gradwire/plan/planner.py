@@ -202,7 +202,8 @@ class Planner:
                               f"{', '.join(k for k in METRICS if k in records[0])}) (--metric)")
         points = [(int(r["step"]), float(r[metric])) for r in records
                   if r.get(metric) is not None and math.isfinite(r[metric])]
-        ok = summary["status"] == "finished" and summary["steps"] > 0
+        # a run stopped by a signal (SIGTERM) measured its steps all the same
+        ok = summary["status"] in ("finished", "stopped") and summary["steps"] > 0
         spi = summary["sim_time_s"] / summary["steps"] if ok else None
         reached = crossing(records, self.req.target, metric) if self.req.target is not None else None
         return Measurement(cfg.label(), cfg.workers, summary["steps"], summary["status"], spi, summary["sim_time_s"],
