@@ -38,8 +38,9 @@ EPILOG_COMPARE = """each --variant is a quoted list of run flags applied on top 
 A config file may hold the common keys and a list `variants:` of mappings of keys."""
 
 EPILOG_PLAN = """examples:
-  gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 200 --network ring:mbps=100 \
-      --algorithms sync,sync:backups=2,diana --workers 1,2,4,8 --max-workers 256 --target-loss 0.3
+  gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 200 --network ring:mbps=100 \\
+      --stragglers tail:p=0.1,slowdown=20,compute_s=0.01 --algorithms sync,sync:backups=2 \\
+      --workers 4,8,16 --max-workers 256 --target-loss 0.5 --validate 32
   gradwire plan --config base.yaml --compressors none,qsgd:levels=4 --workers 2,4,8,16 --deadline 60
   gradwire plan ... --candidate "--name topk-ef --compressor topk:ratio=0.01 --error-feedback"
   gradwire plan ... --budget 120 --validate 32,64        (profiling within 120 s wall; held-out m measured)

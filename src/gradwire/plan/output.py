@@ -98,8 +98,9 @@ def write_markdown(out: Path, plan: dict) -> Path:
         if "error" in f:
             lines.append(f"| {label} | not fitted: {f['error']} | | | |")
             continue
-        lines.append(f"| {label} | {f['system']['formula']} | {_pct(f['system']['fit_rms_relative_error'])} | "
-                     f"{f['convergence']['formula']} | {_pct(f['convergence']['fit_rms_relative_error'])} |")
+        rms_system, rms_conv = f["system"]["fit_rms_relative_error"], f["convergence"]["fit_rms_relative_error"]
+        lines.append(f"| {label} | {f['system']['formula']} | {100 * rms_system:.1f}% rms | "
+                     f"{f['convergence']['formula']} | {100 * rms_conv:.1f}% rms |")
     lines += ["", "## Predictions", "", *prediction_table(plan), "", f"![plan]({plan['files']['plot']})", ""]
     val = validation_table(plan)
     if val:
