@@ -8,7 +8,7 @@ import pytest
 from gradwire import cli
 from gradwire.cli import spec_list
 from gradwire.config import RunConfig
-from gradwire.plan.planner import _torch_argv
+from gradwire.plan.planner import _torch_argv, seconds_per_step
 
 
 @pytest.fixture(autouse=True)
@@ -133,3 +133,11 @@ def test_torch_runs_go_through_gradwire_launch():
     assert "--workers" not in rest and "--backend" not in rest  # launch adds both
     assert rest[rest.index("--steps") + 1] == "7" and "--error-feedback" in rest
     assert rest[rest.index("--compressor") + 1] == "topk:ratio=0.1"
+
+
+def test_real_backend_step_time_leaves_out_the_steps_after_an_evaluation():
+    # steps of 0.1 s; rank 0 evaluated after steps 0 (before step 1) and 2, costing 5 s each
+    times = [5.1, 5.2, 10.3, 10.4, 10.5]
+    rows = [{"step": k + 1, "sim_time_s": t} for k, t in enumerate(times)]
+    assert seconds_per_step(rows, {0, 2}) == pytest.approx(0.1)
+    assert seconds_per_step(rows[:1], {0}) is None

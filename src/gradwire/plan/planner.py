@@ -119,6 +119,15 @@ class Measurement:
         return {k: v for k, v in self.__dict__.items() if k != "points"} | {"evaluations": len(self.points)}
 
 
+def seconds_per_step(steps: list[dict], evaluated: set[int]) -> float | None:
+    """Mean time of the steps that follow no evaluation, from steps.jsonl (``sim_time_s`` after
+    each step): on a real backend rank 0 evaluates between step k and k+1, and the others wait, so
+    step k+1's interval holds the evaluation; the simulator leaves evaluations off its clock."""
+    deltas = [b["sim_time_s"] - a["sim_time_s"] for a, b in zip(steps, steps[1:])
+              if b["step"] == a["step"] + 1 and a["step"] not in evaluated]
+    return sum(deltas) / len(deltas) if deltas else None
+
+
 def _slug(text: str) -> str:
     import re
 
@@ -205,6 +214,8 @@ class Planner:
         # a run stopped by a signal (SIGTERM) measured its steps all the same
         ok = summary["status"] in ("finished", "stopped") and summary["steps"] > 0
         spi = summary["sim_time_s"] / summary["steps"] if ok else None
+        if ok and cfg.backend != "sim":  # rank 0's evaluations are inside a real run's elapsed time
+            spi = seconds_per_step(read_jsonl(Path(cfg.out) / "steps.jsonl"), {int(r["step"]) for r in records}) or spi
         reached = crossing(records, self.req.target, metric) if self.req.target is not None else None
         return Measurement(cfg.label(), cfg.workers, summary["steps"], summary["status"], spi, summary["sim_time_s"],
                            summary["wall_time_s"] if wall is None else wall, purpose, str(cfg.out), points, reached,
