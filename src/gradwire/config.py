@@ -34,9 +34,10 @@ class RunConfig:
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float = 0.05                          # step size γ
+    optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw:beta1=0.9,beta2=0.999,eps=1e-8
     momentum: float = 0.0                     # heavy-ball momentum β
     nesterov: bool = False                    # Nesterov momentum (as torch.optim.SGD's); needs momentum > 0
-    weight_decay: float = 0.0                 # extra L2 decay on the update
+    weight_decay: float = 0.0                 # weight decay: added to the gradient (sgd), decoupled (adamw)
     dtype: str = "float32"                    # float32 or float64, end to end
     eval_every: int = 50                      # evaluate every E steps (and at the last)
     seed: int = 0                             # one seed for model init, data order, stragglers, compression
@@ -76,6 +77,9 @@ class RunConfig:
         if self.nesterov and not self.momentum:
             raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0")
         _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
+        if self.momentum and not self.optimizer.strip().startswith("sgd"):
+            raise ConfigError(f"momentum={self.momentum} applies to --optimizer sgd; --optimizer {self.optimizer!r} "
+                              "keeps its own moments (leave --momentum at 0, or use --optimizer sgd)")
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed={self.seed} must be an integer in [0, 2**63) (--seed)")
         if self.backend not in ("sim", "torch", "threads"):

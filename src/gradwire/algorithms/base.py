@@ -44,6 +44,7 @@ class OptimConfig:
     nesterov: bool = False       # Nesterov momentum: step along g + β v instead of v (needs β > 0)
     weight_decay: float = 0.0    # extra L2 decay added to the aggregated gradient
     l1: float = 0.0              # the task's L1 weight: a proximal step x <- soft(x, lr*l1)
+    optimizer: str = "sgd"       # update rule spec (algorithms/optim.py OPTIMIZERS): sgd or adamw:beta2=...
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import math
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, CodecConfig
-from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.optim import make_optimizer
 from gradwire.spec import require
 
 
@@ -46,7 +46,7 @@ class Replicas:
 
     def __init__(self, ctx, params: torch.Tensor, optim, optimizer=None):
         self.x = {r: params.clone() for r in ctx.local_ranks}
-        make = optimizer or (lambda x: HeavyBall(x, optim))
+        make = optimizer or (lambda x: make_optimizer(x, optim))
         self.opt = {r: make(self.x[r]) for r in ctx.local_ranks}
 
     def sgd_step(self, ctx, rank: int) -> float:

@@ -120,7 +120,7 @@ class Run:
                            inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"),
                            param_shapes=tuple(self.model.shapes))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
-                            l1=self.task.l1)
+                            l1=self.task.l1, optimizer=cfg.optimizer)
         try:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim,
                                  CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback))
