@@ -25,7 +25,8 @@ from gradwire.errors import ConfigError
 
 # What shows that a folder holds a run, and what --overwrite removes (nothing else in the folder).
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "steps.jsonl", "config.json", "checkpoint")
-RUN_FILES = ("config.json", "algorithm.json", "metrics.jsonl", "steps.jsonl", "summary.json", "curves.png")
+RUN_FILES = ("config.json", "algorithm.json", "metrics.jsonl", "steps.jsonl", "summary.json", "curves.png",
+             "report.html")
 LOCK_NAME = ".gradwire.lock"
 
 
@@ -52,6 +53,8 @@ def clear_run(folder: Path) -> None:
         for path in (folder / name, folder / (name + ".tmp")):
             path.unlink(missing_ok=True)
     shutil.rmtree(folder / "checkpoint", ignore_errors=True)
+    shutil.rmtree(folder / "timeline", ignore_errors=True)
+    shutil.rmtree(folder / "tensorboard", ignore_errors=True)
 
 
 class FolderLock:
