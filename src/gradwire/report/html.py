@@ -67,7 +67,7 @@ table{border-collapse:collapse;margin:.8em 0;font-size:.9em}th,td{border:1px sol
 text-align:right;vertical-align:top}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 img{max-width:100%;height:auto;border:1px solid #eee}figure{margin:.8em 0}figcaption{font-size:.85em;color:#555}
 pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em}
-.row{display:flex;flex-wrap:wrap;gap:1.2em}.row>div{flex:1 1 420px;min-width:0}"""
+.table{overflow-x:auto}.row{display:flex;flex-wrap:wrap;gap:1.2em}.row>div{flex:1 1 420px;min-width:0}"""
 
 
 def cell(value) -> str:
@@ -102,7 +102,7 @@ def render(block) -> str:
     if isinstance(block, Table):
         head = "".join(f"<th>{esc(str(h))}</th>" for h in block.headers)
         body = "".join("<tr>" + "".join(f"<td>{esc(cell(v))}</td>" for v in row) + "</tr>" for row in block.rows)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return f'<div class="table"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
     if isinstance(block, Image):
         data = base64.b64encode(png_bytes(block.png)).decode("ascii")
         caption = f"<figcaption>{esc(block.caption)}</figcaption>" if block.caption else ""

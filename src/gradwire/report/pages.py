@@ -28,6 +28,9 @@ from gradwire.report.run_folder import read_json_or_empty, read_jsonl  # noqa: E
 from gradwire.report.timeline import per_worker, read_timeline  # noqa: E402
 
 REPORT_NAME = "report.html"
+TIMELINE_CAPTION = ("Blue: computing; orange: communicating; grey: waiting; red hatched: a computation whose gradient "
+                    "was dropped; green band: a collective in flight behind computation; server row: a tick per "
+                    "message handled (a cross: dropped).")
 TIMELINE_STEPS = 12  # the Gantt chart shows the first steps: a long run's thousands of bars are unreadable
 WORKER_COLUMNS = [("compute_s", "compute (s)"), ("comm_s", "communicate (s)"), ("wait_s", "wait (s)"),
                   ("overlap_s", "overlapped comm (s)"), ("bytes", "bytes"), ("dropped", "dropped gradients"),
@@ -86,7 +89,7 @@ def _curves(runs: list[RunData], title: str) -> list:
                           "steps, MB sent, and time.")]
 
 
-def _timeline_blocks(run: RunData, xmax: float | None = None) -> list:
+def _timeline_blocks(run: RunData, xmax: float | None = None, caption: bool = True) -> list:
     if run.timeline is None:
         return [Paragraph(f"{run.label}: no timeline in this run folder (written before gradwire recorded "
                           "timelines).")]
@@ -96,25 +99,34 @@ def _timeline_blocks(run: RunData, xmax: float | None = None) -> list:
     png = _png(lambda buf: plot_timeline(recs, clock, buf, f"{run.label}: first {TIMELINE_STEPS} steps",
                                          steps=TIMELINE_STEPS, xmax=xmax))
     return [Image(png, alt=f"timeline of {run.label}: per-worker compute, communication and waiting",
-                  caption="Blue: computing; orange: communicating; grey: waiting; red hatched: a computation "
-                          "whose gradient was dropped; green band: a collective in flight behind computation; "
-                          "server row: a tick per message handled (a cross: dropped).")]
+                  caption=TIMELINE_CAPTION if caption else "")]
 
 
-def _worker_blocks(run: RunData) -> list:
-    if run.timeline is None or not len(run.timeline[0]):
-        return []
-    totals = per_worker(run.timeline[0])
-    received = run.summary.get("gradients_received") or {}
-    headers = ["worker"] + [h for _, h in WORKER_COLUMNS] + (["gradients received"] if received else [])
-    rows = [[w] + [t[k] for k, _ in WORKER_COLUMNS] + ([received.get(str(w))] if received else [])
-            for w, t in totals.items()]
-    blocks = [Table(headers, rows), Image(_png(lambda buf: _plot_workers(totals, buf, run.label)),
-                                          alt=f"per-worker time and bytes of {run.label}")]
-    if run.timeline[1] == "wall":
-        blocks.insert(0, Paragraph("Real backend: a blocking collective's time includes waiting for slower peers; "
-                                   "collectives' bytes are not split per worker (only server-mode messages are)."))
-    return blocks
+WALL_NOTE = ("Real backend: a blocking collective's time includes waiting for slower peers; collectives' bytes are "
+             "not split per worker (only server-mode messages are).")
+
+
+def _worker_table(runs: list[RunData]) -> list:
+    """One table of every worker of every run (a variant column when there are several)."""
+    timed = [r for r in runs if r.timeline is not None and len(r.timeline[0])]
+    if not timed:
+        return [Paragraph("No timeline recorded: no per-worker figures.")]
+    several = len(runs) > 1
+    received = any(r.summary.get("gradients_received") for r in timed)
+    headers = (["variant"] if several else []) + ["worker"] + [h for _, h in WORKER_COLUMNS] + (
+        ["gradients received"] if received else [])
+    rows = []
+    for r in timed:
+        got = r.summary.get("gradients_received") or {}
+        for w, t in per_worker(r.timeline[0]).items():
+            rows.append(([r.label] if several else []) + [w] + [t[k] for k, _ in WORKER_COLUMNS]
+                        + ([got.get(str(w))] if received else []))
+    blocks = [Table(headers, rows)]
+    if any(r.timeline[1] == "wall" for r in timed):
+        blocks.insert(0, Paragraph(WALL_NOTE))
+    images = [Image(_png(lambda buf, r=r: _plot_workers(per_worker(r.timeline[0]), buf, r.label)),
+                    alt=f"per-worker time and bytes of {r.label}") for r in timed]
+    return blocks + ([Row(images)] if several else images)
 
 
 def _plot_workers(totals: dict, buf, label: str) -> None:
@@ -173,7 +185,7 @@ def run_page(folder: Path) -> list:
     blocks = [Paragraph(f"Run folder {run.folder.resolve()}; status: {run.summary.get('status')}"
                         + (f" ({run.summary['error']})" if run.summary.get("error") else "")),
               Heading("Summary"), _summary_table([run]), Heading("Curves"), *_curves([run], run.label),
-              Heading("Timeline"), *_timeline_blocks(run), Heading("Workers"), *_worker_blocks(run),
+              Heading("Timeline"), *_timeline_blocks(run), Heading("Workers"), *_worker_table([run]),
               *_staleness_blocks([run]), Heading("Resolved config"), _config_table(run.config)]
     if run.setup:
         blocks += [Heading("Algorithm set-up (algorithm.json)", 3), Preformatted(json.dumps(run.setup, indent=2))]
@@ -190,9 +202,9 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
     blocks = [Paragraph(f"Comparison folder {Path(folder).resolve()}: {len(runs)} variants on the same task, seed "
                         "and partition."),
               Heading("Summary"), _summary_table(runs), Heading("Curves"), *_curves(runs, "all variants"),
-              Heading("Timelines"), Paragraph("Each variant's first steps, on one time axis."),
-              Row([b for r in runs for b in _timeline_blocks(r, xmax)]),
-              Heading("Workers"), Row([Row([Heading(r.label, 3), *_worker_blocks(r)]) for r in runs]),
+              Heading("Timelines"), Paragraph("Each variant's first steps, one under the other on the same time axis."),
+              *[b for i, r in enumerate(runs) for b in _timeline_blocks(r, xmax, caption=i == len(runs) - 1)],
+              Heading("Workers"), *_worker_table(runs),
               *_staleness_blocks(runs), Heading("Config")]
     if differing:
         blocks += [Paragraph("Where the variants differ:"),
