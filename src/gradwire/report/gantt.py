@@ -55,7 +55,8 @@ def plot_timeline(recs: np.ndarray, clock: str, path: Path, title: str = "", *, 
     rows = len(workers) + int(len(served) > 0)
     fig, axes = plt.subplots(2 if has_queue else 1, 1, sharex=True, squeeze=False,
                              figsize=(10, 0.42 * rows + 1.6 + (1.4 if has_queue else 0)),
-                             gridspec_kw={"height_ratios": [max(rows, 1), 2] if has_queue else [1]})
+                             gridspec_kw={"height_ratios": [max(rows, 1), 2] if has_queue else [1]},
+                             layout="constrained")
     ax = axes[0][0]
     for i, w in enumerate(workers):
         y = rows - 1 - i
@@ -105,7 +106,6 @@ def plot_timeline(recs: np.ndarray, clock: str, path: Path, title: str = "", *, 
         ax.set_xlabel(xlabel)
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title or f"timeline, first {steps} steps")
-    fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
     return path

@@ -78,12 +78,25 @@ def _summary_table(runs: list[RunData]) -> Table:
     return Table([h for _, h in keep], [[row.get(k) for k, _ in keep] for row in rows])
 
 
-def _curves(runs: list[RunData], title: str) -> list:
+def _fresh(png: Path, runs: list[RunData]) -> bool:
+    """``png`` exists and was drawn after every run's last evaluation (so it shows them all)."""
+    if not png.exists():
+        return False
+    newest = max(((r.folder / "metrics.jsonl").stat().st_mtime for r in runs if (r.folder / "metrics.jsonl").exists()),
+                 default=0.0)
+    return png.stat().st_mtime >= newest
+
+
+def _curves(runs: list[RunData], title: str, drawn: Path | None = None) -> list:
+    """The curves, from ``drawn`` (curves.png, comparison.png: the same plot) when it is up to date."""
     with_metrics = [r for r in runs if r.metrics]
     if not with_metrics:
         return [Paragraph("No evaluations recorded (metrics.jsonl is empty or missing).")]
-    png = _png(lambda buf: plot_runs({r.label: r.metrics for r in with_metrics}, buf, title,
-                                     backends=[r.backend for r in with_metrics]))
+    if drawn is not None and _fresh(drawn, with_metrics):
+        png = drawn.read_bytes()
+    else:
+        png = _png(lambda buf: plot_runs({r.label: r.metrics for r in with_metrics}, buf, title,
+                                         backends=[r.backend for r in with_metrics]))
     return [Image(png, alt=f"loss and accuracy against steps, bytes and time: {title}",
                   caption="Rows: training objective (and f - f* where known), test accuracy; columns: against "
                           "steps, MB sent, and time.")]
@@ -119,8 +132,8 @@ def _worker_table(runs: list[RunData]) -> list:
     for r in timed:
         got = r.summary.get("gradients_received") or {}
         for w, t in per_worker(r.timeline[0]).items():
-            rows.append(([r.label] if several else []) + [w] + [t[k] for k, _ in WORKER_COLUMNS]
-                        + ([got.get(str(w))] if received else []))
+            values = [None if t[k] != t[k] else t[k] for k, _ in WORKER_COLUMNS]  # NaN: not measured
+            rows.append(([r.label] if several else []) + [w] + values + ([got.get(str(w))] if received else []))
     blocks = [Table(headers, rows)]
     if any(r.timeline[1] == "wall" for r in timed):
         blocks.insert(0, Paragraph(WALL_NOTE))
@@ -131,7 +144,7 @@ def _worker_table(runs: list[RunData]) -> list:
 
 def _plot_workers(totals: dict, buf, label: str) -> None:
     workers = list(totals)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.3 * len(workers) + 1.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.3 * len(workers) + 1.8), layout="constrained")
     left = [0.0] * len(workers)
     for key, name, color in (("compute_s", "compute", "#4C72B0"), ("comm_s", "communicate", "#DD8452"),
                              ("wait_s", "wait", "#CFCFCF")):
@@ -148,7 +161,6 @@ def _plot_workers(totals: dict, buf, label: str) -> None:
     b.set_xlabel("MB")
     b.set_title("bytes per worker")
     fig.suptitle(label, fontsize=10)
-    fig.tight_layout()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
 
@@ -184,7 +196,8 @@ def run_page(folder: Path) -> list:
     run = RunData(folder)
     blocks = [Paragraph(f"Run folder {run.folder.resolve()}; status: {run.summary.get('status')}"
                         + (f" ({run.summary['error']})" if run.summary.get("error") else "")),
-              Heading("Summary"), _summary_table([run]), Heading("Curves"), *_curves([run], run.label),
+              Heading("Summary"), _summary_table([run]),
+              Heading("Curves"), *_curves([run], run.label, run.folder / "curves.png"),
               Heading("Timeline"), *_timeline_blocks(run), Heading("Workers"), *_worker_table([run]),
               *_staleness_blocks([run]), Heading("Resolved config"), _config_table(run.config)]
     if run.setup:
@@ -201,7 +214,8 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
     common = {k: v for k, v in runs[0].config.items() if k not in differing and k not in ("out", "name")}
     blocks = [Paragraph(f"Comparison folder {Path(folder).resolve()}: {len(runs)} variants on the same task, seed "
                         "and partition."),
-              Heading("Summary"), _summary_table(runs), Heading("Curves"), *_curves(runs, "all variants"),
+              Heading("Summary"), _summary_table(runs), Heading("Curves"),
+              *_curves(runs, "all variants", Path(folder) / "comparison.png"),
               Heading("Timelines"), Paragraph("Each variant's first steps, one under the other on the same time axis."),
               *[b for i, r in enumerate(runs) for b in _timeline_blocks(r, xmax, caption=i == len(runs) - 1)],
               Heading("Workers"), *_worker_table(runs),
