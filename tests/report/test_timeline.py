@@ -120,9 +120,8 @@ def test_dasgd_records_the_average_in_flight_behind_computation(comparison):
     assert int(flying["bytes"].sum()) == summary["bytes_sent"]
 
 
-def test_recorder_flushes_each_step_and_a_resumed_run_drops_what_it_redoes(tmp_path):
-    clock = SimClock()
-    timeline = Timeline(tmp_path / "timeline", "sim", clock=clock)
+def test_recorder_flushes_each_step_and_survives_a_cut_record(tmp_path):
+    timeline = Timeline(tmp_path / "timeline", "sim", clock=SimClock())
     timeline.add(0, COMPUTE, 0.0, 1.0)
     timeline.add(0, COMM, 1.5, 2.0, nbytes=7)  # a gap: waiting
     timeline.flush()
@@ -132,12 +131,19 @@ def test_recorder_flushes_each_step_and_a_resumed_run_drops_what_it_redoes(tmp_p
         f.write(b"\x01" * (RECORD.itemsize // 2))
     assert len(read_timeline(tmp_path)[0]) == 3
     timeline.close()
-    clock.now = 1.2
-    resumed = Timeline(tmp_path / "timeline", "sim", clock=clock, keep_until=clock.now)
-    resumed.add(0, COMPUTE, 1.2, 1.3)
-    resumed.close()
-    recs, _ = read_timeline(tmp_path)
-    assert [(int(r["kind"]), r["start"]) for r in recs] == [(COMPUTE, 0), (WAIT, 1), (COMPUTE, 1.2)]
+
+
+def test_a_resumed_run_records_the_same_timeline(make_config):
+    """Stopped at a checkpoint and resumed, a run's timeline equals that of the run straight through
+    (server mode: computations recorded ahead, and waits spanning the checkpoint)."""
+    whole = make_config(algorithm="sync:backups=1", stragglers=TAIL, steps=8, eval_every=8, out="whole")
+    run(whole, progress=False)
+    first = make_config(algorithm="sync:backups=1", stragglers=TAIL, steps=4, eval_every=8, checkpoint_every=4,
+                        out="parts")
+    run(first, progress=False)
+    run(first.replace(steps=8, resume=True), progress=False)
+    a, b = read_timeline(whole.out)[0], read_timeline(first.out)[0]
+    assert len(a) == len(b) and a.tobytes() == b.tobytes()
 
 
 @pytest.mark.parametrize(("total", "sizes", "shares"), [(10, [1, 1, 1], [4, 3, 3]), (9, [0, 0], [5, 4]),

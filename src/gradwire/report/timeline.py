@@ -5,7 +5,9 @@ bytes, value)`` on the run's clock (simulated seconds on the simulator, elapsed 
 backend) and appends them, once per step, as fixed-size binary records to
 ``RUN/timeline/<label>.bin`` (``sim``, or ``rankR`` on a real backend, where every process writes
 its own), beside ``<label>.json`` (the clock, and its origin in Unix seconds, which aligns the
-processes' files). A crash loses at most the step under way. The records are numpy's
+processes' files). A crash loses at most the step under way; a checkpoint stores how many records the file held
+(``state_dict``), and a run resumed from it keeps those and records the rest again. The
+records are numpy's
 ``RECORD`` dtype, 38 bytes each; :func:`read_timeline` merges a folder's files.
 
 ``step``: the run's step for the collective algorithms; in server mode, the worker's own
@@ -58,11 +60,11 @@ class Timeline:
     first ``flush`` (on a real backend the other processes then know rank 0 has claimed the
     folder)."""
 
-    def __init__(self, folder: Path | None, label: str = "sim", *, clock=None, simulated: bool = True,
-                 keep_until: float | None = None):
+    def __init__(self, folder: Path | None, label: str = "sim", *, clock=None, simulated: bool = True):
         self.enabled = folder is not None
         self.folder, self.label, self.clock, self.simulated = folder, label, clock, simulated
-        self.keep_until = keep_until  # a resumed run: records after its checkpoint's clock are redone
+        self.keep = 0         # a resumed run: the records its checkpoint had; later ones are recorded again
+        self.written = 0      # records in the file
         self.step = 0                 # the run's step, set by the loop (or the worker's count)
         self.pending: list[tuple] = []
         self.last_end: dict[int, float] = {}  # each worker's end of its latest compute or communication
@@ -106,17 +108,26 @@ class Timeline:
             self._open()
         self._file.write(np.array(self.pending, dtype=RECORD).tobytes())
         self._file.flush()
+        self.written += len(self.pending)
         self.pending.clear()
+
+    def state_dict(self) -> dict:
+        """For a checkpoint (flushes first): how many records the file holds, and where each
+        worker's last interval ended (so a wait that spans the checkpoint is still derived)."""
+        self.flush()
+        return {"records": self.written, "last_end": {str(w): t for w, t in self.last_end.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A resumed run: keep the checkpoint's records (the file is cut there when first written)."""
+        self.keep = int(state["records"])
+        self.last_end = {int(w): float(t) for w, t in state["last_end"].items()}
 
     def _open(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{self.label}.bin"
-        if self.keep_until is not None and path.exists():  # resumed: drop what the checkpoint's clock had not reached
-            kept = _records(path)
-            kept = kept[kept["start"] <= self.keep_until]
-            path.write_bytes(kept.tobytes())
-        else:
-            path.write_bytes(b"")
+        kept = _records(path)[: self.keep] if self.keep and path.exists() else np.empty(0, dtype=RECORD)
+        path.write_bytes(kept.tobytes())  # resumed: what the checkpoint had; else a fresh file
+        self.written = len(kept)
         origin = time.time() - (self.clock.now if self.clock is not None else 0.0)
         header = {"format": 1, "clock": "simulated" if self.simulated else "wall", "origin_unix_s": origin,
                   "kinds": list(KIND_NAMES), "record": [[n, str(RECORD.fields[n][0])] for n in RECORD.names]}

@@ -133,6 +133,7 @@ class Run:
         self.window: list[float] = []
         self.worker_resume: dict | None = None  # a server-mode worker process: where its checkpoint left it
         self.rejoin = False                      # ... or none: it rejoins from the server's parameters
+        self.timeline_state: dict | None = None  # the timeline's state in the checkpoint resumed from
         self.checkpoint_folder = Path(cfg.out) / "checkpoint"
         # the server-mode driver: the simulator's, or the real server on process 0 (workers run run_worker)
         self.server: SimulatedServer | RealServer | None = None
@@ -158,9 +159,10 @@ class Run:
 
     def record_timeline(self, out: Path, resumed: bool) -> Timeline:
         """Every process records its workers' intervals into ``out/timeline/<label>.bin``
-        (report/timeline.py); a resumed run first drops what its checkpoint's clock had not reached."""
-        timeline = Timeline(out / TIMELINE_FOLDER, self.label, clock=self.clock, simulated=self.cfg.backend == "sim",
-                            keep_until=self.clock.now if resumed else None)
+        (report/timeline.py); a resumed run keeps the records its checkpoint had."""
+        timeline = Timeline(out / TIMELINE_FOLDER, self.label, clock=self.clock, simulated=self.cfg.backend == "sim")
+        if resumed and self.timeline_state is not None:  # None: a checkpoint from before timelines (start afresh)
+            timeline.load_state_dict(self.timeline_state)
         self.ctx.timeline = self.transport.timeline = timeline
         return timeline
 
@@ -185,7 +187,7 @@ class Run:
                  "algorithm": self.algorithm.state_dict(), "data": self.oracle.state_dict(),
                  "clock": self.clock.state_dict(),
                  "gradient_counts": {str(k): v for k, v in self.ctx.gradient_counts.items()},
-                 "transport": self.transport.state_dict()}
+                 "transport": self.transport.state_dict(), "timeline": self.ctx.timeline.state_dict()}
         if isinstance(self.server, SimulatedServer):
             state["simulated_server"] = self.server.state_dict()
         return state
@@ -198,6 +200,7 @@ class Run:
             self.clock.load_state_dict(state["clock"])
             self.ctx.gradient_counts = {int(k): int(v) for k, v in state["gradient_counts"].items()}
             self.transport.load_state_dict(state["transport"])
+            self.timeline_state = state.get("timeline")
             if isinstance(self.server, SimulatedServer):
                 self.server.load_state_dict(state["simulated_server"])
         except (KeyError, TypeError, RuntimeError) as e:
