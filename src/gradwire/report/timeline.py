@@ -5,8 +5,9 @@ bytes, value)`` on the run's clock (simulated seconds on the simulator, elapsed 
 backend) and appends them, once per step, as fixed-size binary records to
 ``RUN/timeline/<label>.bin`` (``sim``, or ``rankR`` on a real backend, where every process writes
 its own), beside ``<label>.json`` (the clock, and its origin in Unix seconds, which aligns the
-processes' files). A crash loses at most the step under way; a checkpoint stores how many records the file held
-(``state_dict``), and a run resumed from it keeps those and records the rest again. The
+processes' files). A crash loses at most the step under way; at a checkpoint the recorder notes how many records
+the file held (``mark_checkpoint``), and a run resumed from it keeps those and records the rest
+again. The
 records are numpy's
 ``RECORD`` dtype, 38 bytes each; :func:`read_timeline` merges a folder's files.
 
@@ -111,16 +112,31 @@ class Timeline:
         self.written += len(self.pending)
         self.pending.clear()
 
-    def state_dict(self) -> dict:
-        """For a checkpoint (flushes first): how many records the file holds, and where each
-        worker's last interval ended (so a wait that spans the checkpoint is still derived)."""
+    def mark_checkpoint(self, step: int) -> None:
+        """A checkpoint of ``step`` is being taken: flush, and note in ``<label>.checkpoints.json``
+        how many records the file holds and where each worker's last interval ended (so a wait that
+        spans the checkpoint is still derived). Kept beside the records rather than in the
+        checkpoint, whose state stays the algorithm's own (wall-clock figures differ run to run)."""
+        if not self.enabled:
+            return
         self.flush()
-        return {"records": self.written, "last_end": {str(w): t for w, t in self.last_end.items()}}
+        if self._file is None:
+            self._open()
+        path = self.folder / f"{self.label}.checkpoints.json"
+        marks = json.loads(path.read_text()) if path.exists() else {}
+        marks[str(step)] = {"records": self.written, "last_end": {str(w): t for w, t in self.last_end.items()}}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(marks) + "\n")
+        tmp.replace(path)
 
-    def load_state_dict(self, state: dict) -> None:
-        """A resumed run: keep the checkpoint's records (the file is cut there when first written)."""
-        self.keep = int(state["records"])
-        self.last_end = {int(w): float(t) for w, t in state["last_end"].items()}
+    def resume_from(self, step: int) -> None:
+        """A run resumed from the checkpoint of ``step``: keep the records it had (the file is cut
+        there when first written); none when that checkpoint left no mark (start afresh)."""
+        path = self.folder / f"{self.label}.checkpoints.json" if self.enabled else None
+        mark = json.loads(path.read_text()).get(str(step)) if path is not None and path.exists() else None
+        if mark is not None:
+            self.keep = int(mark["records"])
+            self.last_end = {int(w): float(t) for w, t in mark["last_end"].items()}
 
     def _open(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

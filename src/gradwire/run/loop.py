@@ -133,7 +133,6 @@ class Run:
         self.window: list[float] = []
         self.worker_resume: dict | None = None  # a server-mode worker process: where its checkpoint left it
         self.rejoin = False                      # ... or none: it rejoins from the server's parameters
-        self.timeline_state: dict | None = None  # the timeline's state in the checkpoint resumed from
         self.checkpoint_folder = Path(cfg.out) / "checkpoint"
         # the server-mode driver: the simulator's, or the real server on process 0 (workers run run_worker)
         self.server: SimulatedServer | RealServer | None = None
@@ -161,8 +160,8 @@ class Run:
         """Every process records its workers' intervals into ``out/timeline/<label>.bin``
         (report/timeline.py); a resumed run keeps the records its checkpoint had."""
         timeline = Timeline(out / TIMELINE_FOLDER, self.label, clock=self.clock, simulated=self.cfg.backend == "sim")
-        if resumed and self.timeline_state is not None:  # None: a checkpoint from before timelines (start afresh)
-            timeline.load_state_dict(self.timeline_state)
+        if resumed:
+            timeline.resume_from(self.step)
         self.ctx.timeline = self.transport.timeline = timeline
         return timeline
 
@@ -187,7 +186,7 @@ class Run:
                  "algorithm": self.algorithm.state_dict(), "data": self.oracle.state_dict(),
                  "clock": self.clock.state_dict(),
                  "gradient_counts": {str(k): v for k, v in self.ctx.gradient_counts.items()},
-                 "transport": self.transport.state_dict(), "timeline": self.ctx.timeline.state_dict()}
+                 "transport": self.transport.state_dict()}
         if isinstance(self.server, SimulatedServer):
             state["simulated_server"] = self.server.state_dict()
         return state
@@ -200,7 +199,6 @@ class Run:
             self.clock.load_state_dict(state["clock"])
             self.ctx.gradient_counts = {int(k): int(v) for k, v in state["gradient_counts"].items()}
             self.transport.load_state_dict(state["transport"])
-            self.timeline_state = state.get("timeline")
             if isinstance(self.server, SimulatedServer):
                 self.server.load_state_dict(state["simulated_server"])
         except (KeyError, TypeError, RuntimeError) as e:
@@ -211,12 +209,14 @@ class Run:
             self.server.checkpoint(folder, self.step)
             return
         barrier = getattr(self.transport, "barrier", None)
+        self.ctx.timeline.mark_checkpoint(self.step)
         checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), barrier=barrier,
                         moves_latest=self.is_writer)
 
     def save_worker_checkpoint(self, step: int, position: dict) -> None:
         """A server-mode worker process: its state at the server's checkpoint ``step``."""
         state = self.state_dict() | {"step": step, "worker_position": position}
+        self.ctx.timeline.mark_checkpoint(step)
         checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), moves_latest=False)
 
     def try_resume(self, folder: Path) -> bool:

@@ -183,6 +183,7 @@ class RealServer:
                 else:  # from a worker outside the cut: handled after the held messages
                     held.append(msg)
             state = self.run.state_dict() | {"server": self.state_dict(held)}
+            self.run.ctx.timeline.mark_checkpoint(step)
             checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), moves_latest=False)
             checkpoint.mark_latest(folder, step)
         finally:
