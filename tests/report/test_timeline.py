@@ -23,7 +23,7 @@ from gradwire.report.timeline import (
     read_timeline,
     sim_shares,
 )
-from gradwire.run.loop import run
+from gradwire.run.loop import Run, run
 from gradwire.transports.clocks import SimClock
 from gradwire.transports.network import NETWORKS
 from gradwire.transports.stragglers import STRAGGLERS
@@ -118,6 +118,25 @@ def test_dasgd_records_the_average_in_flight_behind_computation(comparison):
     ready = [max(recs[(recs["kind"] == COMPUTE) & (recs["step"] == k)]["end"]) for k in (2, 4, 6, 8)]
     assert starts == ready
     assert int(flying["bytes"].sum()) == summary["bytes_sent"]
+
+
+@pytest.mark.parametrize("algorithm", ["streaming-diloco:inner_steps=4,fragments=2", "lsgd:async=true",
+                                       "easgd:async=true", "diana"])
+def test_every_algorithm_family_tiles_time_and_attributes_every_byte(make_config, algorithm):
+    """Streaming DiLoCo (fragments in flight), asynchronous LSGD and EASGD (server mode, leaders'
+    uploads), DIANA (compressed collectives): each worker's intervals follow each other without a
+    gap, and the bytes on the timeline are the run's bytes exactly."""
+    cfg = make_config(algorithm=algorithm, stragglers=TAIL, steps=8)
+    r = Run(cfg)  # the loop's steps without its evaluations and plots
+    timeline = r.record_timeline(Path(cfg.out), resumed=False)
+    for _ in range(cfg.steps):
+        r.train_step()
+        timeline.flush()
+    timeline.close()
+    recs, _ = read_timeline(cfg.out)
+    assert_tiles(recs, cfg.workers)
+    assert int(recs["bytes"].sum()) == r.transport.bytes_sent
+    assert (recs["kind"] == OVERLAP).any() == algorithm.startswith("streaming-diloco")
 
 
 def test_recorder_flushes_each_step_and_survives_a_cut_record(tmp_path):
