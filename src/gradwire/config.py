@@ -49,6 +49,7 @@ class RunConfig:
     checkpoint_every: int = 0                 # save a checkpoint every K steps into OUT/checkpoint (0 = never)
     resume: bool = False                      # continue from OUT/checkpoint/latest when there is one
     overwrite: bool = False                   # replace the run already in OUT (its files and checkpoint/)
+    tensorboard: bool = False                 # also write the scalars to OUT/tensorboard (needs tensorboard)
 
     def label(self) -> str:
         if self.name:
@@ -101,6 +102,10 @@ class RunConfig:
             raise ConfigError(f"--error-feedback needs --compressor: algorithm {self.algorithm!r} sends uncompressed "
                               "gradients without one, so there is no compression error to feed back (e.g. "
                               "--compressor topk:ratio=0.01 --error-feedback)")
+        if self.tensorboard:
+            from gradwire.report.tensorboard import require_tensorboard
+
+            require_tensorboard()
         check_out_folder(self.out)
         return self
 

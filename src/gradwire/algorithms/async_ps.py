@@ -72,8 +72,9 @@ class AsyncSGD(Algorithm):
     def on_message(self, msg, finished):
         if finished:  # after the last step: nothing more is applied
             return Answer([self._params(msg.worker)])
+        stale = self.version - msg.tag
         self.round.append((msg.value, self.server_apply(msg.body, msg.tag)))
-        answer = Answer([self._params(msg.worker)])
+        answer = Answer([self._params(msg.worker)], dropped=self.round[-1][1] is None, staleness=stale)
         if len(self.round) == self.world_size:
             staleness = [s for _, s in self.round if s is not None]
             answer.step = {"loss": sum(loss for loss, _ in self.round) / len(self.round),

@@ -127,7 +127,7 @@ class DAGC(Algorithm):
     def step(self, ctx, step):
         k0 = (step - 1) * self.local_steps  # the round's compute: K local steps of every worker
         times = sum(ctx.compute_times(k0 + j) for j in range(1, self.local_steps + 1))
-        ctx.wait_compute(max(times))
+        ctx.compute_for(times)
         losses, buffers = {}, {}
         for r in ctx.local_ranks:
             losses[r], u = self._update(ctx, r)

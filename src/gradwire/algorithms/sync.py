@@ -78,7 +78,7 @@ class SyncSGD(Algorithm):
         if finished or msg.tag != self.current:  # late: never applied; catch up with x_t now
             if not finished:
                 self.late.append(msg.worker)
-            return Answer([self._params(msg.worker, self.current)])
+            return Answer([self._params(msg.worker, self.current)], dropped=True)
         self.arrived[msg.worker] = (msg.body, msg.value, msg.count)
         if len(self.arrived) < self.need:
             return Answer()

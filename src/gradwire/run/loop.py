@@ -29,6 +29,8 @@ from gradwire.config import RunConfig
 from gradwire.errors import ConfigError, DivergenceError, Stopped
 from gradwire.report.progress import ProgressLines, progress_mode
 from gradwire.report.run_folder import RunFolder, claim
+from gradwire.report.timeline import FOLDER as TIMELINE_FOLDER
+from gradwire.report.timeline import Timeline
 from gradwire.run.stops import StopSignals, stop_record
 from gradwire.seeding import hash_seed
 from gradwire.servers.real import RealServer, run_worker
@@ -145,7 +147,7 @@ class Run:
 
     def train_step(self) -> dict:
         self.step += 1
-        self.oracle.step = self.step
+        self.oracle.step = self.ctx.timeline.step = self.step
         info = self.server.step(self.step) if self.server else self.algorithm.step(self.ctx, self.step)
         self.gradients += int(info.get("gradients", 0))
         self.window.append(info["loss"])
@@ -153,6 +155,15 @@ class Run:
 
     def evaluate(self) -> dict:
         return evaluate(self.task, self.model, self.algorithm.eval_params())
+
+    def record_timeline(self, out: Path, resumed: bool) -> Timeline:
+        """Every process records its workers' intervals into ``out/timeline/<label>.bin``
+        (report/timeline.py); a resumed run keeps the records its checkpoint had."""
+        timeline = Timeline(out / TIMELINE_FOLDER, self.label, clock=self.clock, simulated=self.cfg.backend == "sim")
+        if resumed:
+            timeline.resume_from(self.step)
+        self.ctx.timeline = self.transport.timeline = timeline
+        return timeline
 
     def kill_point(self, step: int, phase: str = "step") -> None:
         """Fault injection for tests: ``GRADWIRE_KILL_AT=WORKER:STEP`` kills the process hosting
@@ -198,12 +209,14 @@ class Run:
             self.server.checkpoint(folder, self.step)
             return
         barrier = getattr(self.transport, "barrier", None)
+        self.ctx.timeline.mark_checkpoint(self.step)
         checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), barrier=barrier,
                         moves_latest=self.is_writer)
 
     def save_worker_checkpoint(self, step: int, position: dict) -> None:
         """A server-mode worker process: its state at the server's checkpoint ``step``."""
         state = self.state_dict() | {"step": step, "worker_position": position}
+        self.ctx.timeline.mark_checkpoint(step)
         checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), moves_latest=False)
 
     def try_resume(self, folder: Path) -> bool:
@@ -283,12 +296,14 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
                 r.rejoin = True  # lost before that checkpoint was taken: rejoin with fresh state
             else:
                 r.try_resume(out / "checkpoint")
-
+        timeline = r.record_timeline(out, cfg.resume)
         try:
             return run_worker(r)
         finally:
+            timeline.close()
             r.transport.close()
     resumed = cfg.resume and r.try_resume(out / "checkpoint")
+    timeline = r.record_timeline(out, resumed)
     folder = RunFolder(out, enabled=r.is_writer)
     folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(),
                                  "compressor_resolved": r.algorithm.compressor_spec() or "none",
@@ -324,6 +339,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
                 signals.stop_now()
             info = r.train_step()
             folder.step({"step": r.step, "sim_time_s": r.clock.now, "bytes_sent": r.transport.bytes_sent} | info)
+            timeline.flush()  # the step's intervals: a crash loses at most the step under way
             bar.update(1)
             if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
                 if sync_counters is not None:
@@ -351,6 +367,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
         raise
     finally:
         bar.close()
+        timeline.close()
         if lines is not None:
             lines.tick(r.step, records, r.transport.bytes_sent, force=True)
         lost, finish_error = {}, None

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from gradwire.errors import CommunicationError
+from gradwire.report.timeline import COMM, OVERLAP, WAIT
 from gradwire.transports.base import SERVER, Handle, PeerLost, Sent, Transport
 
 
@@ -97,10 +98,14 @@ class _TorchHandle(Handle):
         super().__init__(tensor)
         self.work, self.n, self.out_dtype, self.transport = work, n, out_dtype, transport
         self.done = False
+        self.started = transport.timeline.now() if transport.timeline.enabled else 0.0
 
     def wait(self) -> torch.Tensor:
         if not self.done:
-            self.transport._guard(self.work.wait, "allreduce (async)")
+            self.transport._guard(self.work.wait, "allreduce (async)", kind=WAIT)  # what computing did not cover
+            timeline = self.transport.timeline
+            timeline.add_many(self.transport.local_ranks, OVERLAP, self.started, timeline.now() if timeline.enabled
+                              else 0.0)  # in flight from the start until this wait returned
             self._result = self._result.div_(self.n).to(self.out_dtype)
             self.done = True
         return self._result
@@ -148,7 +153,7 @@ class TorchTransport(Transport):
         key = tuple(ranks)
         if key not in self._groups:
             self._groups[key] = self._guard(lambda: dist.new_group(list(key), use_local_synchronization=True),
-                                            f"creating the group {list(key)}")
+                                            f"creating the group {list(key)}", kind=None)
         return self._groups[key], ranks
 
     def _count(self, nbytes: int, group, ranks: list[int]) -> None:
@@ -161,7 +166,7 @@ class TorchTransport(Transport):
         """Make ``bytes_sent`` global again after subgroup collectives: every rank must call this at
         the same points (the run loop does at evaluation steps)."""
         t = torch.tensor([self.group_bytes], dtype=torch.int64)
-        self._guard(lambda: dist.all_reduce(t), "byte counters")
+        self._guard(lambda: dist.all_reduce(t), "byte counters", kind=None)
         self.bytes_sent += int(t)
         self.group_bytes = 0
 
@@ -172,8 +177,10 @@ class TorchTransport(Transport):
         runs in process ``rank + first_worker_process``."""
         return (rank + self.first_worker_process) // self.local_world
 
-    def _guard(self, fn, what: str):
+    def _guard(self, fn, what: str, kind: int | None = COMM):
+        """Run a collective call; ``kind``: how the local workers' timelines record it (None: not)."""
         start = time.perf_counter()
+        began = self.timeline.now() if self.timeline.enabled else 0.0
         try:
             return fn()
         except RuntimeError as e:  # gloo/NCCL report timeouts and dead peers as RuntimeError
@@ -181,7 +188,10 @@ class TorchTransport(Transport):
                                      f"(timeout {self.timeout_s:g} s; a peer is missing or died): "
                                      f"{str(e).splitlines()[0]}") from None
         finally:
-            self.comm_time_s += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.comm_time_s += elapsed
+            if kind is not None:
+                self.timeline.add_many(self.local_ranks, kind, began, began + elapsed)
 
     def _sizes(self, mine: int, size: int | None) -> list[int]:
         if size is not None:
@@ -207,7 +217,7 @@ class TorchTransport(Transport):
         ranks = self._all(ranks, "allreduce")
         mine = tensors[self.rank]
         acc = mine.clone()
-        work = self._guard(lambda: dist.all_reduce(acc, async_op=True), "allreduce (start)")
+        work = self._guard(lambda: dist.all_reduce(acc, async_op=True), "allreduce (start)", kind=None)
         n = len(ranks)
         self.bytes_sent += 2 * (n - 1) * mine.numel() * mine.element_size()
         return _TorchHandle(work, acc, n, mine.dtype, self)
