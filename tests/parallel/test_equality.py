@@ -1,0 +1,78 @@
+"""Tensor-parallel layers and the language model against the dense single-process module (float64,
+assert_close, in the spawned processes: tests/parallel/harness.py), and every byte they send
+against gradwire.parallel.cost. Two spawns: four gloo processes run 1-D P=4 and P=2 (two groups),
+2-D [2,2] and 2.5-D [2,2,1]; eight run 2.5-D [2,2,2], layer and language-model training."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from gradwire.parallel import cost
+from gradwire.parallel.mesh import parse_layout
+from tests.parallel.harness import HID, IN, OUT, TINY, TOKENS
+from tests.parallel.spawn import run_scenario
+
+F64 = 8
+
+
+def total(results: list[dict], key: str) -> Counter:
+    """The byte counters of check ``key`` summed over every process."""
+    out: Counter = Counter()
+    for r in results:
+        out.update(r[key])
+    return out
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    return run_scenario("four", 4, tmp_path_factory.mktemp("four"))
+
+
+@pytest.fixture(scope="module")
+def eight(tmp_path_factory):
+    return run_scenario("eight", 8, tmp_path_factory.mktemp("eight"))
+
+
+@pytest.mark.parametrize("layout, groups", [("1d:p=4", 1), ("1d:p=2", 2)])
+def test_1d_pair_bytes(four, layout, groups):
+    """Equal outputs and gradients were checked in the processes; the bytes: one all-reduce of the
+    row layer's output forward and one of the column layer's input gradient backward, per group."""
+    p = parse_layout(layout).p
+    assert total(four, f"{layout} pair") == {"row": groups * cost.row_parallel(p, TOKENS, OUT, F64),
+                                             "column": groups * cost.column_parallel(p, TOKENS, IN, F64)}
+    assert cost.row_parallel(4, TOKENS, OUT, F64) == 2 * 3 * 8 * 4 * 8  # by hand: 2(P-1)·T·out·e
+
+
+@pytest.mark.parametrize("layout", ["2d:q=2", "2.5d:q=2,d=1"])
+def test_2d_linear_bytes(four, layout):
+    q = 2
+    tokens = 2 * q * 3  # 2 sequences of 3 tokens per block
+    assert total(four, f"{layout} linear") == {"summa": cost.summa_linear(q, 1, tokens, IN, HID, F64)}
+    # by hand, 3(q-1)(A + W) + bias 2(q-1)·out: A = 12·8, W = 8·12
+    assert cost.summa_linear(q, 1, tokens, IN, HID, F64) == (3 * (96 + 96) + 2 * 12) * 8
+
+
+def test_2p5d_depth_2_linear_bytes(eight):
+    """Depth 2: the weight gradient's all-reduce across depth is there (2(d-1)·W) and counted."""
+    tokens = 2 * 4 * 3
+    assert total(eight, "2.5d:q=2,d=2 linear") == {"summa": cost.summa_linear(2, 2, tokens, IN, HID, F64)}
+    assert cost.summa_linear(2, 2, tokens, IN, HID, F64) == \
+        (3 * (192 + 2 * 96) + 2 * 96 + 2 * 2 * 12 + 2 * 2 * 12) * 8
+
+
+@pytest.mark.parametrize("layout, groups", [("1d:p=4", 1), ("1d:p=2", 2), ("2d:q=2", 1), ("2.5d:q=2,d=1", 1)])
+def test_lm_bytes_per_layer(four, layout, groups):
+    """The whole LM's step (forward and backward) per layer, equal to cost.lm_step_bytes."""
+    want = cost.lm_step_bytes(parse_layout(layout), batch=4, context=TINY["context"], dim=TINY["dim"],
+                              layers=TINY["layers"], vocab=TINY["vocab"], e=F64)
+    assert total(four, f"{layout} lm") == {k: groups * v for k, v in want.items()}
+
+
+def test_2p5d_lm_training_bytes(eight):
+    """Four steps (one checked, three trained) of the 2.5-D [2,2,2] LM, equal to dense training
+    in the processes; bytes: four steps' worth."""
+    want = cost.lm_step_bytes(parse_layout("2.5d:q=2,d=2"), batch=4, context=TINY["context"], dim=TINY["dim"],
+                              layers=TINY["layers"], vocab=TINY["vocab"], e=F64)
+    assert total(eight, "2.5d:q=2,d=2 lm training") == {k: 4 * v for k, v in want.items()}
