@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -134,6 +135,28 @@ def four(world: int, rank: int) -> dict:
             "2.5d:q=2,d=1 lm": check_lm("2.5d:q=2,d=1", world, rank)}
 
 
+HYBRID_TASK = "stdlib-lm:dim=8,layers=1,heads=2,context=6,train_bytes=4000,val_bytes=700"
+
+
+def hybrid_config(out: str, **changes):
+    """dp 2 x tp 1d:p=2 with a hard-threshold compressor (element-wise and deterministic, so
+    compressing each shard is compressing the whole gradient; not summable, so the simulator and
+    gloo combine it alike): the same run as the simulator's 2 workers without --tensor-parallel."""
+    from gradwire.config import RunConfig
+
+    return RunConfig(task=HYBRID_TASK, workers=2, compressor="threshold:tau=0.002", dtype="float64", steps=3,
+                     eval_every=3, batch_size=4, lr=0.1, out=out, timeout_s=60).replace(**changes)
+
+
+def hybrid(world: int, rank: int, out: str) -> None:
+    """``gradwire run --backend torch --tensor-parallel 1d:p=2 --workers 2`` in these 4 processes (last:
+    the run leaves the process group)."""
+    from gradwire.run.loop import run
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    run(hybrid_config(str(Path(out, "hybrid")), backend="torch", tensor_parallel="1d:p=2"), progress=False)
+
+
 def eight(world: int, rank: int) -> dict:
     return {"2.5d:q=2,d=2 linear": check_summa_linear("2.5d:q=2,d=2", world, rank),
             "2.5d:q=2,d=2 lm training": check_lm("2.5d:q=2,d=2", world, rank, steps=3)}
@@ -152,5 +175,8 @@ def child(scenario: str, rank: int, world: int, store_path: str, out: str) -> No
         result = SCENARIOS[scenario](world, rank)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
+        if scenario == "four":
+            hybrid(world, rank, out)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()

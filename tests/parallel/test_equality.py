@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 
 from gradwire.parallel import cost
 from gradwire.parallel.mesh import parse_layout
@@ -26,8 +27,13 @@ def total(results: list[dict], key: str) -> Counter:
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory):
-    return run_scenario("four", 4, tmp_path_factory.mktemp("four"))
+def four_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("four")
+
+
+@pytest.fixture(scope="module")
+def four(four_dir):
+    return run_scenario("four", 4, four_dir)
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +82,29 @@ def test_2p5d_lm_training_bytes(eight):
     want = cost.lm_step_bytes(parse_layout("2.5d:q=2,d=2"), batch=4, context=TINY["context"], dim=TINY["dim"],
                               layers=TINY["layers"], vocab=TINY["vocab"], e=F64)
     assert total(eight, "2.5d:q=2,d=2 lm training") == {k: 4 * v for k, v in want.items()}
+
+
+def test_hybrid_dp_x_tp_equals_data_parallel_run(four, four_dir, tmp_path):
+    """dp 2 x tp 1d:p=2 with a compressor (run by the four processes, gradwire run --backend torch
+    --tensor-parallel 1d:p=2) trains as the simulator's 2 workers on the dense model: the same
+    evaluations; bytes per step: the layers' exactly (cost), plus the compressed shards'."""
+    from gradwire.run.loop import run
+    from tests.helpers import read_jsonl
+    from tests.parallel.harness import hybrid_config
+
+    folder = four_dir / "hybrid"
+    sim = tmp_path / "sim"
+    run(hybrid_config(str(sim)), progress=False)
+    got, want = read_jsonl(folder / "metrics.jsonl"), read_jsonl(sim / "metrics.jsonl")
+    assert [m["step"] for m in got] == [m["step"] for m in want] == [0, 3]
+    assert want[1]["train_loss"] < want[0]["train_loss"] - 0.1  # it trains, so equality means something
+    for g, w in zip(got, want):
+        for key in ("train_loss", "test_loss", "test_acc", "train_acc"):
+            torch.testing.assert_close(g[key], w[key], rtol=1e-9, atol=1e-12)
+    steps = read_jsonl(folder / "steps.jsonl")
+    tp = cost.lm_step_bytes(parse_layout("1d:p=2"), batch=4, context=6, dim=8, layers=1, vocab=256, e=F64)
+    for s in steps:
+        assert s["tp_layer_bytes"] == {k: 2 * v for k, v in tp.items()}  # two tensor-parallel groups
+        assert s["tp_bytes"] == sum(s["tp_layer_bytes"].values())
+        assert s["dp_bytes"] > 0
+    assert steps[-1]["bytes_sent"] == sum(s["dp_bytes"] + s["tp_bytes"] for s in steps)
