@@ -3,10 +3,12 @@ gradwire's network model (docs/tensor_parallel.md has the figures and the comman
 
 ``testbed`` (needs root): 8 processes, one per namespace (scripts/testbed.py, a rate-limited
 full-duplex link each), training ``stdlib-lm`` with ``--tensor-parallel`` 1d:p=8, 2d:q=2 (x 2
-data-parallel workers, the 8 processes a 2-D layout can fill) and 2.5d:q=2,d=2; per layout the
-wall seconds per step (after the first, which includes gloo's connection set-up) and the bytes
-per step (tensor-parallel ``tp_bytes`` + data-parallel ``dp_bytes``, from steps.jsonl), beside the
-bytes that ``gradwire.parallel.cost`` predicts.
+data-parallel workers, the 8 processes a 2-D layout can fill) and 2.5d:q=2,d=2, on the same
+global batch of sequences; per layout the wall seconds per step (after the first, which includes
+gloo's connection set-up) and the bytes per step (tensor-parallel ``tp_bytes`` + data-parallel
+``dp_bytes``, from steps.jsonl), beside the bytes that ``gradwire.parallel.cost`` predicts, and
+what the namespaces' veth interfaces really sent over the whole run (start-up, evaluations and
+TCP/IP headers included).
 
 ``predict``: the time of one transformer block's communication per training step on the ring
 network model (``transports/network.py``: every process has its own full-duplex link; broadcast
@@ -45,29 +47,35 @@ def testbed(a) -> list[dict]:
     rows = []
     for layout in LAYOUTS:
         out = Path(a.out) / layout.replace(":", "-").replace(",", "-")
+        lay = parse_layout(layout)
+        dp = 8 // lay.size
         cmd = [sys.executable, str(ROOT / "scripts" / "testbed.py"), "--nodes", "8", "--mbps", f"{a.mbps:g}",
                "--timeout-s", "600", "--", "run", "--task", task, "--tensor-parallel", layout, "--steps",
-               str(a.steps), "--eval-every", str(a.steps), "--batch-size", str(a.batch), "--lr", "0.01",
+               str(a.steps), "--eval-every", str(a.steps), "--batch-size", str(a.batch // dp), "--lr", "0.01",
                "--out", str(out), "--overwrite", "--timeout-s", "300"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
         if p.returncode:
             raise SystemExit(f"{layout}: the test bed failed ({p.returncode}):\n{p.stderr[-3000:]}")
         steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
-        lay = parse_layout(layout)
-        dp = 8 // lay.size
-        predicted = dp * sum(cost.lm_step_bytes(lay, batch=a.batch, vocab=256, e=4, **{
+        predicted = dp * sum(cost.lm_step_bytes(lay, batch=a.batch // dp, vocab=256, e=4, **{
             k: TASK[k] for k in ("context", "dim", "layers")}).values())
         later = steps[1:]
         rows.append({"layout": layout, "dp": dp, "s_per_step": (later[-1]["sim_time_s"] - steps[0]["sim_time_s"])
                      / len(later), "tp_mb": later[-1]["tp_bytes"] / 1e6, "dp_mb": later[-1]["dp_bytes"] / 1e6,
-                     "tp_mb_predicted": predicted / 1e6, "final_loss": steps[-1]["loss"]})
-    print(f"8 processes, {a.mbps:g} Mbit/s each way per process, stdlib-lm {TASK}, batch {a.batch} per "
-          f"data-parallel worker, float32\n")
-    print("| layout | dp | s / step | tp MB / step (predicted) | dp MB / step | loss at the end |")
-    print("|---|---|---|---|---|---|")
+                     "tp_mb_predicted": predicted / 1e6, "final_loss": steps[-1]["loss"],
+                     "model_comm_s": lm_comm_time(layout, batch=a.batch // dp, vocab=256,
+                                                  net=RingNetwork(mbps=a.mbps, latency_ms=0.05), **{
+                                                      k: TASK[k] for k in ("context", "dim", "layers")}),
+                     "veth_mb": sum(x["tx_bytes"] for x in json.loads((out / "testbed" / "testbed.json").read_text())
+                                    ["links"]) / 1e6})
+    print(f"8 processes, {a.mbps:g} Mbit/s each way per process, stdlib-lm {TASK}, {a.batch} sequences per step "
+          f"in all, float32, {a.steps} steps\n")
+    print("| layout | dp | s / step | network model: tp comm s / step | tp MB / step (predicted) | dp MB / step "
+          "| veth MB, whole run | loss at the end |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['layout']} | {r['dp']} | {r['s_per_step']:.2f} | {r['tp_mb']:.2f} ({r['tp_mb_predicted']:.2f}) "
-              f"| {r['dp_mb']:.2f} | {r['final_loss']:.3f} |")
+        print(f"| {r['layout']} | {r['dp']} | {r['s_per_step']:.2f} | {r['model_comm_s']:.2f} | {r['tp_mb']:.2f} "
+              f"({r['tp_mb_predicted']:.2f}) | {r['dp_mb']:.2f} | {r['veth_mb']:.1f} | {r['final_loss']:.3f} |")
     return rows
 
 
@@ -87,6 +95,33 @@ def block_time(q: int, d: int, *, tokens: int, hidden: int, net: RingNetwork, fl
         nbytes += cost.summa_linear(q, d, tokens, fan_in, fan_out, e, bias=False)
     compute = 6 * tokens * 12 * hidden * hidden / p / flops
     return {"comm_s": comm, "compute_s": compute, "total_s": comm + compute, "bytes_per_process": nbytes / p}
+
+
+def lm_comm_time(layout: str, *, batch: int, context: int, dim: int, layers: int, vocab: int, net: RingNetwork,
+                 e: int = 4) -> float:
+    """Seconds of one process's tensor-parallel collectives in one training step of the test bed's
+    model, on ``net``, one after another as the code issues them (the collectives of
+    :mod:`gradwire.parallel.cost`, priced instead of counted)."""
+    lay = parse_layout(layout)
+    t = batch * context
+    if lay.kind == "1d":
+        return layers * 4 * net.allreduce(t * dim * e, lay.p).time_s
+    q, d = lay.q, lay.d
+    p = q * q * d
+    local = t // (d * q)  # tokens of one process
+
+    def replicated(n: int) -> float:  # a gradient all-reduced over the column, then the depth
+        return net.allreduce(n * e, q).time_s + net.allreduce(n * e, d).time_s
+
+    def linear(fan_in: int, fan_out: int) -> float:
+        x_block, w_block = local * fan_in // q * e, fan_in * fan_out // (q * q) * e
+        return (q * 3 * (net.broadcast(x_block, q).time_s + net.broadcast(w_block, q).time_s)
+                + net.allreduce(w_block, d).time_s + replicated(fan_out // q))
+
+    norm = 4 * net.allreduce(local * e, q).time_s + 2 * replicated(dim // q)
+    block = 2 * norm + linear(dim, 3 * dim) + linear(dim, dim) + linear(dim, 4 * dim) + linear(4 * dim, dim)
+    return (replicated(vocab * dim // q) + replicated(context * dim // q) + layers * block + norm
+            + linear(dim, vocab) + 3 * net.allreduce(local * e, q).time_s + net.allreduce(e, p).time_s)
 
 
 def predict(a) -> list[dict]:
@@ -118,7 +153,7 @@ def main() -> None:
     t = sub.add_parser("testbed")
     t.add_argument("--mbps", type=float, default=200.0)
     t.add_argument("--steps", type=int, default=6)
-    t.add_argument("--batch", type=int, default=8)
+    t.add_argument("--batch", type=int, default=16, help="sequences per step in all (split over dp workers)")
     t.add_argument("--out", default="runs/tensor-parallel")
     p = sub.add_parser("predict")
     p.add_argument("--hidden", type=int, default=2048)
