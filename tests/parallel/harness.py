@@ -149,12 +149,22 @@ def hybrid_config(out: str, **changes):
 
 
 def hybrid(world: int, rank: int, out: str) -> None:
-    """``gradwire run --backend torch --tensor-parallel 1d:p=2 --workers 2`` in these 4 processes (last:
-    the run leaves the process group)."""
+    """In these processes (last: the run leaves the process group), ``gradwire run --backend torch``
+    with four: --tensor-parallel 1d:p=2 --workers 2 (a compressor across the workers); with eight:
+    --tensor-parallel 2.5d:q=2,d=2 --workers 1 (the whole training through the run path)."""
     from gradwire.run.loop import run
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    run(hybrid_config(str(Path(out, "hybrid")), backend="torch", tensor_parallel="1d:p=2"), progress=False)
+    if world == 4:
+        cfg = hybrid_config(str(Path(out, "hybrid")), backend="torch", tensor_parallel="1d:p=2")
+    else:
+        cfg = one_worker_config(str(Path(out, "hybrid")), backend="torch", tensor_parallel="2.5d:q=2,d=2")
+    run(cfg, progress=False)
+
+
+def one_worker_config(out: str, **changes):
+    """One worker, uncompressed, 4 sequences per step (one per 2.5-D [2,2,2] block)."""
+    return hybrid_config(out, workers=1, compressor="none", steps=4, eval_every=2).replace(**changes)
 
 
 def eight(world: int, rank: int) -> dict:
@@ -175,8 +185,7 @@ def child(scenario: str, rank: int, world: int, store_path: str, out: str) -> No
         result = SCENARIOS[scenario](world, rank)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
-        if scenario == "four":
-            hybrid(world, rank, out)
+        hybrid(world, rank, out)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

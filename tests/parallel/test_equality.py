@@ -37,8 +37,13 @@ def four(four_dir):
 
 
 @pytest.fixture(scope="module")
-def eight(tmp_path_factory):
-    return run_scenario("eight", 8, tmp_path_factory.mktemp("eight"))
+def eight_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("eight")
+
+
+@pytest.fixture(scope="module")
+def eight(eight_dir):
+    return run_scenario("eight", 8, eight_dir)
 
 
 @pytest.mark.parametrize("layout, groups", [("1d:p=4", 1), ("1d:p=2", 2)])
@@ -108,3 +113,26 @@ def test_hybrid_dp_x_tp_equals_data_parallel_run(four, four_dir, tmp_path):
         assert s["tp_bytes"] == sum(s["tp_layer_bytes"].values())
         assert s["dp_bytes"] > 0
     assert steps[-1]["bytes_sent"] == sum(s["dp_bytes"] + s["tp_bytes"] for s in steps)
+
+
+def test_one_worker_2p5d_run_equals_dense_training(eight, eight_dir, tmp_path):
+    """gradwire run --tensor-parallel 2.5d:q=2,d=2 --workers 1 on the eight processes trains as the
+    simulator's one worker on the dense model: every step's loss and every evaluation (a
+    data-parallel group of one must not fall back to the whole world's collectives)."""
+    from gradwire.run.loop import run
+    from tests.helpers import read_jsonl
+    from tests.parallel.harness import one_worker_config
+
+    folder = eight_dir / "hybrid"
+    sim = tmp_path / "sim"
+    run(one_worker_config(str(sim)), progress=False)
+    steps, sim_steps = read_jsonl(folder / "steps.jsonl"), read_jsonl(sim / "steps.jsonl")
+    assert len(steps) == 4
+    torch.testing.assert_close([s["loss"] for s in steps], [s["loss"] for s in sim_steps], rtol=1e-9, atol=0)
+    got, want = read_jsonl(folder / "metrics.jsonl"), read_jsonl(sim / "metrics.jsonl")
+    assert [m["step"] for m in got] == [m["step"] for m in want] == [0, 2, 4]
+    for g, w in zip(got, want):
+        for key in ("train_loss", "test_loss", "test_acc"):
+            torch.testing.assert_close(g[key], w[key], rtol=1e-9, atol=1e-12)
+    tp = cost.lm_step_bytes(parse_layout("2.5d:q=2,d=2"), batch=4, context=6, dim=8, layers=1, vocab=256, e=F64)
+    assert all(s["tp_layer_bytes"] == tp and s["dp_bytes"] == 0 for s in steps)

@@ -52,11 +52,13 @@ class Mesh:
 
         timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
 
-        def g(every: list[list[int]], mine: list[int]) -> Group:
-            """Create every group (all processes call new_group for each); keep this process's."""
+        def g(every: list[list[int]], mine: list[int], singletons: bool = False) -> Group:
+            """Create every group (all processes call new_group for each); keep this process's.
+            A group of one has no process group unless ``singletons`` (the data-parallel group: the
+            transport's collectives need a group of their own, None would be every process)."""
             kept = None
             for members in every:
-                pg = dist.new_group(members, timeout=timeout) if len(members) > 1 else None
+                pg = dist.new_group(members, timeout=timeout) if len(members) > 1 or singletons else None
                 if rank in members:
                     kept = Group(pg, members, members.index(rank), self.counter)
             assert kept is not None and kept.ranks == mine
@@ -66,7 +68,7 @@ class Mesh:
         tp_all = [[b * P + t for t in range(P)] for b in range(self.dp)]
         self.tp = g(tp_all, tp_all[self.dp_rank])
         dp_all = [[b * P + t for b in range(self.dp)] for t in range(P)]
-        self.dp_group = g(dp_all, dp_all[self.tp_rank])
+        self.dp_group = g(dp_all, dp_all[self.tp_rank], singletons=True)
         if layout.summa:
             def at(i: int, j: int, k: int) -> int:
                 return i + q * (j + q * k)
