@@ -62,10 +62,12 @@ class TensorParallelRun:
         self.dense_params: torch.Tensor | None = None
 
     def shard(self, dense: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        """This process's shard of the dense model (which rank 0 keeps to evaluate)."""
+        """This process's shard of the dense model (which the first rank of each tensor-parallel
+        group keeps, to put the gathered shards in; rank 0 evaluates it)."""
         model = parallel_lm(self.mesh, dense)
         self.model = model
-        self.dense = FlatModel(dense.to(device))
+        if self.mesh.tp.index == 0:  # where the shards are gathered; the others drop the dense model
+            self.dense = FlatModel(dense.to(device))
         return model
 
     @property
@@ -91,6 +93,6 @@ class TensorParallelRun:
     def gather(self, params: torch.Tensor) -> None:
         """Every process, at evaluation steps: the dense parameters at rank 0 from its group's shards."""
         rows = params if params.dim() == 2 else params.unsqueeze(0)
-        gathered = [self.model.gather_dense(row, self.dense.module) for row in rows]
+        gathered = [self.model.gather_dense(row, self.dense and self.dense.module) for row in rows]
         if self.mesh.rank == 0:
             self.dense_params = torch.stack(gathered) if params.dim() == 2 else gathered[0]

@@ -110,10 +110,11 @@ class ParallelTransformerLM(nn.Module):
                 at += p.numel()
         return out
 
-    def gather_dense(self, flat: torch.Tensor, dense: nn.Module) -> torch.Tensor | None:
+    def gather_dense(self, flat: torch.Tensor, dense: nn.Module | None) -> torch.Tensor | None:
         """The dense flat parameters at the first rank of this tensor-parallel group (None at the
-        others), gathered from every rank's flat shard ``flat``: what rank 0 evaluates. Not
-        counted in the run's bytes (as evaluation gathers are not)."""
+        others), gathered from every rank's flat shard ``flat``: what rank 0 evaluates. ``dense``
+        (a TransformerLM: its names and shapes) is needed at that first rank only. Not counted in
+        the run's bytes (as evaluation gathers are not)."""
         tp = self.mesh.tp
         if tp.size == 1:
             return self.dense_flat([flat], dense)
