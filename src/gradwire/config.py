@@ -30,6 +30,7 @@ class RunConfig:
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
     backend: str = "sim"                      # sim: simulated cluster; torch: torch.distributed; threads: its dry run
     device: str = "cpu"                       # where workers compute: cpu, or cuda (torch: NCCL, a GPU per local rank)
+    tensor_parallel: str = ""                 # 1d:p=4 | 2d:q=2 | 2.5d:q=2,d=2: the model split over P processes/worker
 
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
@@ -106,6 +107,8 @@ class RunConfig:
             from gradwire.report.tensorboard import require_tensorboard
 
             require_tensorboard()
+        if self.tensor_parallel:
+            _check_tensor_parallel(self)
         check_out_folder(self.out)
         return self
 
@@ -174,6 +177,25 @@ def _compresses_only_with_flag(algorithm: str) -> bool:
     from gradwire.algorithms import ALGORITHMS
 
     return ALGORITHMS.build(algorithm).default_compressor == "none"
+
+
+def _check_tensor_parallel(cfg: RunConfig) -> None:
+    """The layout parses, runs on the torch backend without a server, and splits the task's
+    transformer (docs/tensor_parallel.md); the process count is checked when the run starts."""
+    from gradwire.algorithms import ALGORITHMS
+    from gradwire.parallel.layout import check_layout, parse_layout
+    from gradwire.tasks.language import transformer_sizes
+
+    layout = parse_layout(cfg.tensor_parallel)
+    if cfg.backend != "torch":
+        raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r} needs --backend torch (gradwire launch "
+                          f"--nproc-per-node WORKERSxP -- run ...), not --backend {cfg.backend}")
+    if ALGORITHMS.build(cfg.algorithm).needs_server:
+        raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} has a server; "
+                          "tensor parallelism runs with the collective algorithms only")
+    sizes = transformer_sizes(cfg.task)
+    check_layout(layout, world_size=cfg.workers * layout.size, dim=sizes["dim"], heads=sizes["heads"],
+                 vocab=sizes["vocab"], batch=None if cfg.batch_size == "full" else int(cfg.batch_size))
 
 
 def check_out_folder(out: str) -> None:
