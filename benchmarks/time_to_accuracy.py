@@ -21,9 +21,12 @@ Variants (`--only` takes the keys; `--list` prints them with their command lines
 - `ddp-adamw-gw-powersgd`: the same DDP AdamW script with gradwire's hook, `gradwire.ddp` with
   `powersgd:rank=4` (the hook that matches PyTorch's; docs/powersgd.md);
 - `gw-topk`, `gw-sign`, `gw-qsgd`, `gw-powersgd`: `gradwire run --algorithm sync` (SGD, heavy ball
-  0.9, lr 0.05: gradwire's sync has no Adam) with `topk:ratio=0.01` + error feedback,
-  `sign:scaled=true` + error feedback, `qsgd:levels=7,bucket=128`, `powersgd:rank=4`;
+  0.9, lr 0.05) with `topk:ratio=0.01` + error feedback, `sign:scaled=true` + error feedback,
+  `qsgd:levels=7,bucket=128`, `powersgd:rank=4`;
 - `gw-local`: local SGD, averaging every 20 steps (SGD as above);
+- `gw-adamw`, `gw-adamw-powersgd8`, `gw-adamw-powersgd16`: `gradwire run --algorithm sync
+  --optimizer adamw:beta2=0.95 --weight-decay 0.1 --lr 1e-3` (DDP AdamW's settings), uncompressed
+  and with `powersgd:rank=8` and `rank=16`;
 - `gw-diloco`: DiLoCo, H = 20 inner AdamW steps (lr 1e-3), outer Nesterov 0.7 / 0.9;
 - `gw-streaming`: Streaming DiLoCo, H = 20, 4 fragments, overlap 2 steps, fp16 outer gradients.
 
@@ -63,6 +66,8 @@ TASK = "stdlib-lm:val_bytes=4096"
 WORKERS = 4
 SGD = ["--lr", "0.05", "--momentum", "0.9"]
 ADAMW_LR = ["--lr", "0.001"]
+# gradwire's --optimizer adamw with ddp_train.py's AdamW settings (betas 0.9/0.95, weight decay 0.1)
+ADAMW = ["--optimizer", "adamw:beta2=0.95", "--weight-decay", "0.1", *ADAMW_LR]
 DDP_SCRIPT = "benchmarks/ddp_train.py"
 
 
@@ -94,6 +99,11 @@ VARIANTS = [
     Variant("gw-powersgd", "gradwire sync powersgd:rank=4", "sgd", "gradwire",
             ("--algorithm", "sync", "--compressor", "powersgd:rank=4", *SGD)),
     Variant("gw-local", "gradwire local SGD, τ=20", "sgd", "gradwire", ("--algorithm", "local:period=20", *SGD)),
+    Variant("gw-adamw", "gradwire sync, AdamW, uncompressed", "adamw", "gradwire", ("--algorithm", "sync", *ADAMW)),
+    Variant("gw-adamw-powersgd8", "gradwire sync powersgd:rank=8, AdamW", "adamw", "gradwire",
+            ("--algorithm", "sync", "--compressor", "powersgd:rank=8", *ADAMW)),
+    Variant("gw-adamw-powersgd16", "gradwire sync powersgd:rank=16, AdamW", "adamw", "gradwire",
+            ("--algorithm", "sync", "--compressor", "powersgd:rank=16", *ADAMW)),
     Variant("gw-diloco", "gradwire DiLoCo, H=20 (AdamW inside)", "adamw", "gradwire",
             ("--algorithm", "diloco:inner_steps=20", *ADAMW_LR)),
     Variant("gw-streaming", "gradwire Streaming DiLoCo, H=20, P=4, τ=2, fp16", "adamw", "gradwire",
@@ -103,7 +113,7 @@ VARIANTS = [
 BY_KEY = {v.key: v for v in VARIANTS}
 # at 1 Gbit/s, where time is short: the baselines and the best of each kind
 FAST_RATE_KEYS = ("ddp-sgd", "ddp-adamw", "ddp-sgd-powersgd", "ddp-adamw-powersgd", "gw-topk", "gw-powersgd",
-                  "gw-diloco", "gw-streaming")
+                  "gw-adamw", "gw-adamw-powersgd8", "gw-adamw-powersgd16", "gw-diloco", "gw-streaming")
 QUICK_KEYS = ("ddp-sgd", "ddp-sgd-powersgd", "gw-topk", "gw-diloco")
 
 

@@ -47,6 +47,12 @@ def states_equal(a, b) -> bool:
     return a == b
 
 
+def final_checkpoint(folder: Path) -> dict:
+    """The simulator's checkpoint that ``folder/checkpoint/latest`` names, as loaded on resume."""
+    stepdir = Path(folder) / "checkpoint" / (Path(folder) / "checkpoint" / "latest").read_text().strip()
+    return torch.load(stepdir / "sim.pt", weights_only=True)
+
+
 def through_bytes(state):
     """What a checkpoint file gives back: a deep copy, loadable with weights_only=True."""
     buf = io.BytesIO()

@@ -35,10 +35,11 @@ from gradwire.errors import ConfigError
 FORMAT = 2  # 2: with the sha256 digest (format 1 had none)
 # Keys that must agree between the run that wrote a checkpoint and the run that resumes it.
 MUST_MATCH = ("task", "workers", "algorithm", "compressor", "error_feedback", "partition", "stragglers",
-              "network", "backend", "batch_size", "lr", "momentum", "nesterov", "weight_decay", "dtype", "seed")
+              "network", "backend", "batch_size", "lr", "optimizer", "momentum", "nesterov", "weight_decay", "dtype",
+              "seed")
 # keys added after checkpoints were already written: what an older checkpoint that lacks them meant
 # (--device is not here: a checkpoint resumes on either device)
-ADDED_KEYS = {"nesterov": False}
+ADDED_KEYS = {"nesterov": False, "optimizer": "sgd"}
 
 
 def floats_to(obj, device: torch.device):

@@ -1,4 +1,4 @@
-"""gradwire's command line: ``run``, ``compare``, ``plan``, ``launch`` and ``list``.
+"""gradwire's command line: ``run``, ``compare``, ``plan``, ``report``, ``launch`` and ``list``.
 
 Every ``run`` flag is a key of the run config (see ``gradwire run --help``); a YAML or TOML file
 given with ``--config`` holds the same keys and flags override it.
@@ -239,6 +239,17 @@ def cmd_compare(ns, variant_parser) -> int:
     files = write_report(root, summaries, [Path(c.out) for c in specs], title)
     print((root / "comparison.md").read_text())
     print(f"report: {files['markdown']}  plot: {files['plot']}")
+    if ns.html:
+        from gradwire.report.pages import write_report as write_html
+
+        print(f"html: {write_html(root, [Path(c.out) for c in specs], title=f'gradwire comparison: {title}')}")
+    return 0
+
+
+def cmd_report(ns) -> int:
+    from gradwire.report.pages import write_report as write_html
+
+    print(write_html(Path(ns.folder), out=ns.out))
     return 0
 
 
@@ -319,7 +330,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p_cmp = sub.add_parser("compare", help="run several variants and write a side-by-side report",
                            epilog=EPILOG_COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter,
                            description="Run variants on the same task, seed and partition; writes "
-                           "comparison.md, comparison.csv and comparison.png into --out.")
+                           "comparison.md, comparison.csv, comparison.png and report.html into --out.")
     _add_run_flags(p_cmp)
     p_cmp.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable")
     p_plan = sub.add_parser("plan", help="profile short runs, fit time and convergence models, recommend an "
@@ -350,6 +361,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     p_plan.add_argument("--work", type=float, default=1.0, help="s in Ernest's θ1·s/m term (default 1)")
     p_plan.add_argument("--fit-from", type=float, default=0.5, help="fit the convergence model on each profiling "
                         "run's evaluations from this fraction of its steps on (default 0.5: the second half)")
+    p_cmp.add_argument("--html", action=argparse.BooleanOptionalAction, default=True,
+                       help="also write report.html, the whole comparison on one self-contained page (default: yes)")
+    p_rep = sub.add_parser("report", help="write report.html for a run folder or a comparison folder",
+                           description="One self-contained HTML page (images inlined, no script, opens from disk): "
+                           "config, summary, curves, the per-worker timeline, bytes and staleness; for a comparison "
+                           "every variant side by side.")
+    p_rep.add_argument("folder", metavar="RUN_OR_COMPARISON_DIR", help="a run folder (gradwire run --out) or a "
+                       "comparison folder (gradwire compare --out)")
+    p_rep.add_argument("--out", default=None, help="where to write the page (default: FOLDER/report.html)")
     p_launch = sub.add_parser("launch", help="train on torch.distributed: start `run` on N processes via torchrun",
                               epilog=EPILOG_LAUNCH, formatter_class=argparse.RawDescriptionHelpFormatter,
                               description="Start a `gradwire run --backend torch` group with torchrun's launcher "
@@ -384,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(ns, variant_parser)
         if ns.command == "plan":
             return cmd_plan(ns, variant_parser)
+        if ns.command == "report":
+            return cmd_report(ns)
         if ns.command == "launch":  # one time stamp for the group's default --out, kept across restarts
             os.environ.setdefault("GRADWIRE_RUN_STAMP", time.strftime("%Y%m%d-%H%M%S"))
             return cmd_launch(ns)

@@ -30,13 +30,15 @@ class RunConfig:
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
     backend: str = "sim"                      # sim: simulated cluster; torch: torch.distributed; threads: its dry run
     device: str = "cpu"                       # where workers compute: cpu, or cuda (torch: NCCL, a GPU per local rank)
+    tensor_parallel: str = ""                 # 1d:p=4 | 2d:q=2 | 2.5d:q=2,d=2: the model split over P processes/worker
 
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float = 0.05                          # step size γ
+    optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw:beta1=0.9,beta2=0.999,eps=1e-8
     momentum: float = 0.0                     # heavy-ball momentum β
     nesterov: bool = False                    # Nesterov momentum (as torch.optim.SGD's); needs momentum > 0
-    weight_decay: float = 0.0                 # extra L2 decay on the update
+    weight_decay: float = 0.0                 # weight decay: added to the gradient (sgd), decoupled (adamw)
     dtype: str = "float32"                    # float32 or float64, end to end
     eval_every: int = 50                      # evaluate every E steps (and at the last)
     seed: int = 0                             # one seed for model init, data order, stragglers, compression
@@ -48,6 +50,7 @@ class RunConfig:
     checkpoint_every: int = 0                 # save a checkpoint every K steps into OUT/checkpoint (0 = never)
     resume: bool = False                      # continue from OUT/checkpoint/latest when there is one
     overwrite: bool = False                   # replace the run already in OUT (its files and checkpoint/)
+    tensorboard: bool = False                 # also write the scalars to OUT/tensorboard (needs tensorboard)
 
     def label(self) -> str:
         if self.name:
@@ -76,6 +79,9 @@ class RunConfig:
         if self.nesterov and not self.momentum:
             raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0")
         _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
+        if self.momentum and not self.optimizer.strip().startswith("sgd"):
+            raise ConfigError(f"momentum={self.momentum} applies to --optimizer sgd; --optimizer {self.optimizer!r} "
+                              "keeps its own moments (leave --momentum at 0, or use --optimizer sgd)")
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed={self.seed} must be an integer in [0, 2**63) (--seed)")
         if self.backend not in ("sim", "torch", "threads"):
@@ -97,6 +103,12 @@ class RunConfig:
             raise ConfigError(f"--error-feedback needs --compressor: algorithm {self.algorithm!r} sends uncompressed "
                               "gradients without one, so there is no compression error to feed back (e.g. "
                               "--compressor topk:ratio=0.01 --error-feedback)")
+        if self.tensorboard:
+            from gradwire.report.tensorboard import require_tensorboard
+
+            require_tensorboard()
+        if self.tensor_parallel:
+            _check_tensor_parallel(self)
         check_out_folder(self.out)
         return self
 
@@ -165,6 +177,25 @@ def _compresses_only_with_flag(algorithm: str) -> bool:
     from gradwire.algorithms import ALGORITHMS
 
     return ALGORITHMS.build(algorithm).default_compressor == "none"
+
+
+def _check_tensor_parallel(cfg: RunConfig) -> None:
+    """The layout parses, runs on the torch backend without a server, and splits the task's
+    transformer (docs/tensor_parallel.md); the process count is checked when the run starts."""
+    from gradwire.algorithms import ALGORITHMS
+    from gradwire.parallel.layout import check_layout, parse_layout
+    from gradwire.tasks.language import transformer_sizes
+
+    layout = parse_layout(cfg.tensor_parallel)
+    if cfg.backend != "torch":
+        raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r} needs --backend torch (gradwire launch "
+                          f"--nproc-per-node WORKERSxP -- run ...), not --backend {cfg.backend}")
+    if ALGORITHMS.build(cfg.algorithm).needs_server:
+        raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} has a server; "
+                          "tensor parallelism runs with the collective algorithms only")
+    sizes = transformer_sizes(cfg.task)
+    check_layout(layout, world_size=cfg.workers * layout.size, dim=sizes["dim"], heads=sizes["heads"],
+                 vocab=sizes["vocab"], batch=None if cfg.batch_size == "full" else int(cfg.batch_size))
 
 
 def check_out_folder(out: str) -> None:

@@ -6,16 +6,11 @@ import torch
 
 from gradwire.errors import ConfigError
 from gradwire.run.loop import run
-from tests.helpers import read_jsonl, states_equal
+from tests.helpers import final_checkpoint, read_jsonl, states_equal
 
 # 30 steps with a checkpoint every 10; make_config's out= names each run's folder
 CHECKPOINTED = dict(task="digits-mlp", workers=3, steps=30, eval_every=5, lr=0.05, momentum=0.9,
                     stragglers="lognormal:sigma=0.5", checkpoint_every=10)
-
-
-def _final_state(folder):
-    stepdir = folder / "checkpoint" / (folder / "checkpoint" / "latest").read_text().strip()
-    return torch.load(stepdir / "sim.pt", weights_only=True)
 
 
 def _metrics(folder):
@@ -37,7 +32,7 @@ def test_resume_is_bitwise_exact(make_config, tmp_path, kw):
     assert (tmp_path / "split" / "checkpoint" / "latest").read_text().strip() == "step-00000020"
     summary = run(make_config(CHECKPOINTED, out="split", resume=True, **kw), progress=False)
     assert summary["resumed"]
-    assert states_equal(_final_state(tmp_path / "whole")["state"], _final_state(tmp_path / "split")["state"])
+    assert states_equal(final_checkpoint(tmp_path / "whole")["state"], final_checkpoint(tmp_path / "split")["state"])
     assert _metrics(tmp_path / "whole") == _metrics(tmp_path / "split")
 
 

@@ -28,7 +28,7 @@ def names(group: str) -> list[str]:
 
 def test_every_registry_is_covered():
     assert set(REGISTRY) == {"tasks", "partitions", "stragglers", "networks", "algorithms", "compressors",
-                             "aggregators"}
+                             "aggregators", "optimizers"}
 
 
 @pytest.mark.parametrize("name", names("algorithms"))
@@ -61,6 +61,16 @@ def test_network_prices_bare(name):
     cost = net.allreduce(4000, 4)
     assert cost.bytes > 0 and cost.time_s > 0
     assert REGISTRY["networks"].build(net.spec()).spec() == net.spec()
+
+
+@pytest.mark.parametrize("name", names("optimizers"))
+def test_optimizer_runs_bare(tmp_path, data_dir, name):
+    cfg = RunConfig(task="digits-logreg", workers=2, steps=2, eval_every=2, optimizer=name,
+                    out=str(tmp_path / name), data_dir=str(data_dir)).validate()
+    assert run(cfg, progress=False)["status"] == "finished"
+    rule = REGISTRY["optimizers"].build(name)
+    assert spec_of(rule).split(":")[0] == name
+    assert spec_of(REGISTRY["optimizers"].build(spec_of(rule))) == spec_of(rule)
 
 
 @pytest.mark.parametrize("name", names("stragglers"))

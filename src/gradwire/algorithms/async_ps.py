@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
-from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.optim import make_optimizer
 from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
 from gradwire.spec import require
 
@@ -44,7 +44,7 @@ class AsyncSGD(Algorithm):
         super().setup(ctx, params, optim, codec)
         self.world_size = ctx.world_size
         self.x = params.clone()  # the server's parameters
-        self.opt = HeavyBall(self.x, optim)
+        self.opt = make_optimizer(self.x, optim)
         self.codec = Codec(ctx, codec)
         self.version = 0
         self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=0)  # tag: the version read
@@ -72,8 +72,9 @@ class AsyncSGD(Algorithm):
     def on_message(self, msg, finished):
         if finished:  # after the last step: nothing more is applied
             return Answer([self._params(msg.worker)])
+        stale = self.version - msg.tag
         self.round.append((msg.value, self.server_apply(msg.body, msg.tag)))
-        answer = Answer([self._params(msg.worker)])
+        answer = Answer([self._params(msg.worker)], dropped=self.round[-1][1] is None, staleness=stale)
         if len(self.round) == self.world_size:
             staleness = [s for _, s in self.round if s is not None]
             answer.step = {"loss": sum(loss for loss, _ in self.round) / len(self.round),

@@ -27,6 +27,7 @@ from gradwire.algorithms.protocol import Answer, Message
 from gradwire.compress import ErrorFeedback, Packet
 from gradwire.compress import build as build_compressor
 from gradwire.compress.powersgd import PowerSGDCodec, is_aggregator
+from gradwire.report.timeline import COMPUTE, NULL_TIMELINE, Timeline
 from gradwire.seeding import hash_seed
 from gradwire.spec import Registry, Specced
 from gradwire.tasks.oracle import GradientOracle
@@ -44,6 +45,7 @@ class OptimConfig:
     nesterov: bool = False       # Nesterov momentum: step along g + β v instead of v (needs β > 0)
     weight_decay: float = 0.0    # extra L2 decay added to the aggregated gradient
     l1: float = 0.0              # the task's L1 weight: a proximal step x <- soft(x, lr*l1)
+    optimizer: str = "sgd"       # update rule spec (algorithms/optim.py OPTIMIZERS): sgd or adamw:beta2=...
 
 
 @dataclass(frozen=True)
@@ -69,13 +71,19 @@ class Context:
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
     param_shapes: tuple[torch.Size, ...] = ()  # the model's tensors, in the flat vector's order (PowerSGD)
     gradient_counts: dict = field(default_factory=dict)
+    timeline: Timeline = NULL_TIMELINE  # per-worker intervals (report/timeline.py); the run sets it
 
     def gradient(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
+        real = self.timeline.enabled and not self.timeline.simulated  # real time: measure the computation
+        start = self.clock.now if real else 0.0
         if self.inject_delays:  # the torch backend makes the straggler model real
             count = self.gradient_counts.get(rank, 0) + 1  # 1-based, as the simulator's step numbers
             self.gradient_counts[rank] = count
             time.sleep(self.stragglers.time(rank, count))
-        return self.oracle(rank, params)
+        out = self.oracle(rank, params)
+        if real:
+            self.timeline.add(rank, COMPUTE, start, self.clock.now)
+        return out
 
     def compute_times(self, step: int) -> np.ndarray:
         """Every worker's compute time for its ``step``-th step (seconds)."""
@@ -89,7 +97,16 @@ class Context:
 
     def compute_all(self, step: int) -> None:
         """Every worker computes its ``step``-th gradient; the step waits for the slowest."""
-        self.wait_compute(max(self.compute_times(step)))
+        self.compute_for(self.compute_times(step))
+
+    def compute_for(self, seconds) -> None:
+        """Every local worker r computes for ``seconds[r]`` from now; the clock waits for the slowest
+        (the simulator's timeline records each worker's computation)."""
+        if self.timeline.simulated:
+            now = self.clock.now
+            for r in self.local_ranks:
+                self.timeline.add(r, COMPUTE, now, now + float(seconds[r]))
+        self.wait_compute(max(seconds))
 
     def generator(self, rank: int, purpose: str) -> torch.Generator:
         """A seeded random stream on the workers' device (CUDA draws need a CUDA generator)."""

@@ -42,7 +42,7 @@ import torch
 
 from gradwire.algorithms.adaptive import budgeted_counts, data_shares, weighted_gather
 from gradwire.algorithms.base import ALGORITHMS, Algorithm
-from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.optim import make_optimizer
 from gradwire.compress import ErrorFeedback, Packet
 from gradwire.compress.positions import keep_count
 from gradwire.compress.sparse import KeepTopK, Threshold, top_indices
@@ -80,7 +80,7 @@ class DAGC(Algorithm):
         weights = np.ones(self.world) if self.mode == "uniform" else self.shares ** (2 / 3)
         self.keep = budgeted_counts(weights, self.total_keep, 1, self.d)
         self.x = params.clone()
-        self.opt = HeavyBall(self.x, optim)
+        self.opt = make_optimizer(self.x, optim)
         self.thresholds = torch.zeros(self.world, dtype=torch.float64)
         if self.mode == "absolute":
             self.thresholds = self._calibrate(ctx) if self.tau == 0 else self._spread(self.tau)
@@ -127,7 +127,7 @@ class DAGC(Algorithm):
     def step(self, ctx, step):
         k0 = (step - 1) * self.local_steps  # the round's compute: K local steps of every worker
         times = sum(ctx.compute_times(k0 + j) for j in range(1, self.local_steps + 1))
-        ctx.wait_compute(max(times))
+        ctx.compute_for(times)
         losses, buffers = {}, {}
         for r in ctx.local_ranks:
             losses[r], u = self._update(ctx, r)

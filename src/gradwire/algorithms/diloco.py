@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, OptimConfig
-from gradwire.algorithms.optim import AdamW, HeavyBall
+from gradwire.algorithms.optim import AdamW, HeavyBall, require_sgd
 from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan
 from gradwire.spec import require
 
@@ -108,6 +108,7 @@ class StreamingDiLoCo(Algorithm):
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
+        require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one Nesterov)")
         if self.inner == "adamw":
             require(not optim.momentum and not optim.weight_decay,
                     f"{self.name} with inner=adamw: --momentum and --weight-decay apply to inner=sgd; AdamW's are "

@@ -44,7 +44,7 @@ import torch
 
 from gradwire.algorithms.adaptive import data_shares, weighted_gather
 from gradwire.algorithms.base import ALGORITHMS, Algorithm
-from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.optim import make_optimizer
 from gradwire.compress import CorruptPayload, Packet
 from gradwire.compress.levels import bucket_norms, wire_scales
 from gradwire.compress.qsgd import QSGD
@@ -135,7 +135,7 @@ class DQSGD(Algorithm):
         self.world, self.d = ctx.world_size, params.numel()
         self.shares = data_shares(ctx.shard_sizes, ctx.world_size, "dqsgd")
         self.x = params.clone()
-        self.opt = HeavyBall(self.x, optim)
+        self.opt = make_optimizer(self.x, optim)
         self.gen = {r: ctx.generator(r, "compress") for r in ctx.local_ranks}
         self.quantizers: dict[int, QSGD] = {}
         self.eps = self.error_bound or 1.0

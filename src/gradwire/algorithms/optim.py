@@ -1,4 +1,4 @@
-"""The server-side update shared by the gradient-averaging algorithms.
+"""The update rules shared by the gradient-averaging algorithms, chosen by ``--optimizer``.
 
 Heavy-ball SGD, as torch.optim.SGD without dampening: v <- β v + (g + wd·x); x <- x - γ v; with
 ``nesterov`` the step is x <- x - γ (g + wd·x + β v), Nesterov momentum in the form torch.optim
@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import OptimConfig, soft_threshold_
+from gradwire.spec import Registry, require
+
+OPTIMIZERS = Registry("optimizer")
 
 
 class HeavyBall:
@@ -78,3 +81,37 @@ class AdamW:
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.steps = int(state["steps"])
+
+
+@OPTIMIZERS.register("sgd", help="SGD with heavy-ball (or Nesterov) momentum: --lr, --momentum, --nesterov, "
+                     "--weight-decay (added to the gradient, as torch.optim.SGD)")
+class SGDRule:
+    def make(self, x: torch.Tensor, optim: OptimConfig) -> HeavyBall:
+        return HeavyBall(x, optim)
+
+
+@OPTIMIZERS.register("adamw", help="AdamW on the averaged gradient (as torch.optim.AdamW): --lr, and --weight-decay as "
+                     "its decoupled decay; --momentum must stay 0",
+                     params={"beta1": "first-moment decay β1", "beta2": "second-moment decay β2 (0.95 is "
+                             "common for language models)", "eps": "ε added to the denominator"})
+class AdamWRule:
+    def __init__(self, *, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
+        require(0 <= beta1 < 1, f"beta1={beta1} must be in [0, 1)")
+        require(0 <= beta2 < 1, f"beta2={beta2} must be in [0, 1)")
+        require(eps > 0, f"eps={eps} must be > 0")
+        self.betas, self.eps = (beta1, beta2), eps
+
+    def make(self, x: torch.Tensor, optim: OptimConfig) -> AdamW:
+        return AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=optim.weight_decay, l1=optim.l1)
+
+
+def make_optimizer(x: torch.Tensor, optim: OptimConfig) -> HeavyBall | AdamW:
+    """The update rule ``optim.optimizer`` names, updating the flat vector ``x`` in place."""
+    return OPTIMIZERS.build(optim.optimizer).make(x, optim)
+
+
+def require_sgd(optim: OptimConfig, who: str) -> None:
+    """For an algorithm whose update is its own (DIANA, signSGD, DiLoCo): refuse ``--optimizer adamw``."""
+    require(optim.optimizer.partition(":")[0] == "sgd",
+            f"{who} applies its own update rule, so --optimizer {optim.optimizer!r} does not apply to it; "
+            "leave --optimizer at sgd")

@@ -118,10 +118,14 @@ class Message:
 @dataclass
 class Answer:
     """The server's handling of one message: replies to send (each to its ``worker``), and the
-    figures of the step this message completed (None while the step goes on)."""
+    figures of the step this message completed (None while the step goes on). ``dropped``: the
+    message's gradient was not applied (late, too stale); ``staleness``: updates since its
+    parameters were read, where the algorithm measures it (both for the timeline)."""
 
     replies: list[Message] = field(default_factory=list)
     step: dict | None = None
+    dropped: bool = False
+    staleness: float = float("nan")
 
 
 class GradientWorkers:

@@ -16,7 +16,8 @@ import math
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, CodecConfig
-from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.optim import make_optimizer
+from gradwire.report.timeline import COMPUTE
 from gradwire.spec import require
 
 
@@ -46,7 +47,7 @@ class Replicas:
 
     def __init__(self, ctx, params: torch.Tensor, optim, optimizer=None):
         self.x = {r: params.clone() for r in ctx.local_ranks}
-        make = optimizer or (lambda x: HeavyBall(x, optim))
+        make = optimizer or (lambda x: make_optimizer(x, optim))
         self.opt = {r: make(self.x[r]) for r in ctx.local_ranks}
 
     def sgd_step(self, ctx, rank: int) -> float:
@@ -73,7 +74,8 @@ def uncharged(ctx):
     transport = ctx.transport
     saved = transport.bytes_sent, transport.comm_time_s, ctx.clock.now
     try:
-        yield
+        with transport.timeline.paused():  # its clock is rewound: not on the timeline either
+            yield
     finally:
         transport.bytes_sent, transport.comm_time_s = saved[0], saved[1]
         ctx.clock.now = saved[2]  # a wall clock ignores this: real time passed
@@ -191,7 +193,10 @@ class Pace:
     def computed(self, ctx, step: int) -> None:
         """Every local worker has computed its ``step``-th gradient."""
         for r in self.ready:
+            start = self.ready[r]
             self.ready[r] += ctx.compute_time(r, step)
+            if ctx.timeline.simulated:
+                ctx.timeline.add(r, COMPUTE, start, self.ready[r])
         ctx.wait_compute(max(0.0, max(self.ready.values()) - ctx.clock.now))
 
     def joined(self, ctx, until: float | None = None) -> None:

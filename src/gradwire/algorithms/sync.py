@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
-from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.optim import make_optimizer
 from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
 from gradwire.spec import require
 
@@ -41,7 +41,7 @@ class SyncSGD(Algorithm):
         require(self.backups < ctx.world_size,
                 f"backups={self.backups} leaves no worker to aggregate with {ctx.world_size} workers")
         self.x = params.clone()
-        self.opt = HeavyBall(self.x, optim)
+        self.opt = make_optimizer(self.x, optim)
         self.codec = Codec(ctx, codec, default=self.default_compressor, mean_only=not self.needs_server)
         if self.needs_server:
             self.need = ctx.world_size - self.backups
@@ -78,7 +78,7 @@ class SyncSGD(Algorithm):
         if finished or msg.tag != self.current:  # late: never applied; catch up with x_t now
             if not finished:
                 self.late.append(msg.worker)
-            return Answer([self._params(msg.worker, self.current)])
+            return Answer([self._params(msg.worker, self.current)], dropped=True)
         self.arrived[msg.worker] = (msg.body, msg.value, msg.count)
         if len(self.arrived) < self.need:
             return Answer()

@@ -60,6 +60,6 @@ def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
     return path

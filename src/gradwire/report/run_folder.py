@@ -3,7 +3,9 @@
 ``config.json`` (fully resolved, written first), ``algorithm.json`` (an algorithm's set-up
 choices), ``steps.jsonl`` (every step's loss and algorithm figures), ``metrics.jsonl`` (one object
 per evaluation, flushed as it is written, so a crash loses nothing already measured),
-``summary.json`` (written last, also after a divergence or a failure) and ``curves.png``. JSON
+``summary.json`` (written last, also after a divergence or a failure), ``curves.png``,
+``timeline/`` (each process's per-worker intervals, report/timeline.py) and, with
+``--tensorboard``, ``tensorboard/`` (report/tensorboard.py). JSON
 files are replaced atomically. Only the process that evaluates (rank 0) writes; on the others a
 ``RunFolder(enabled=False)`` takes the same calls and writes nothing.
 
@@ -25,7 +27,8 @@ from gradwire.errors import ConfigError
 
 # What shows that a folder holds a run, and what --overwrite removes (nothing else in the folder).
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "steps.jsonl", "config.json", "checkpoint")
-RUN_FILES = ("config.json", "algorithm.json", "metrics.jsonl", "steps.jsonl", "summary.json", "curves.png")
+RUN_FILES = ("config.json", "algorithm.json", "metrics.jsonl", "steps.jsonl", "summary.json", "curves.png",
+             "report.html")
 LOCK_NAME = ".gradwire.lock"
 
 
@@ -52,6 +55,8 @@ def clear_run(folder: Path) -> None:
         for path in (folder / name, folder / (name + ".tmp")):
             path.unlink(missing_ok=True)
     shutil.rmtree(folder / "checkpoint", ignore_errors=True)
+    shutil.rmtree(folder / "timeline", ignore_errors=True)
+    shutil.rmtree(folder / "tensorboard", ignore_errors=True)
 
 
 class FolderLock:
@@ -144,6 +149,7 @@ class RunFolder:
         self.backend = "sim"  # from the config (open): names the plots' time axis
         self.records: list[dict] = []  # metrics.jsonl, as written (a resumed run's earlier rows first)
         self._metrics = self._steps = None
+        self.scalars = None  # --tensorboard: report/tensorboard.py's writer of the same rows
 
     def open(self, config: dict, setup_info: dict, resumed_step: int | None) -> None:
         """Write the config and start the logs; ``resumed_step``: the checkpoint's step, whose later
@@ -159,6 +165,10 @@ class RunFolder:
             for name in ("metrics.jsonl", "steps.jsonl"):
                 _truncate_jsonl(self.out / name, resumed_step)
             self.records = read_jsonl(self.out / "metrics.jsonl")
+        if config.get("tensorboard"):
+            from gradwire.report.tensorboard import ScalarWriter
+
+            self.scalars = ScalarWriter(self.out, purge_step=None if resumed_step is None else resumed_step + 1)
         mode = "w" if resumed_step is None else "a"
         self._metrics = open(self.out / "metrics.jsonl", mode)  # noqa: SIM115 - closed in close()
         self._steps = open(self.out / "steps.jsonl", mode)  # noqa: SIM115
@@ -167,18 +177,25 @@ class RunFolder:
         if self._steps is not None:
             self._steps.write(json.dumps(row) + "\n")
             self._steps.flush()  # a crash loses no step already taken
+        if self.scalars is not None:
+            self.scalars.scalars("steps", row)
 
     def metrics(self, row: dict) -> None:
         if self._metrics is not None:
             self.records.append(row)
             self._metrics.write(json.dumps(row) + "\n")
             self._metrics.flush()
+        if self.scalars is not None:
+            self.scalars.scalars("metrics", row)
 
     def close(self) -> None:
         for f in (self._metrics, self._steps):
             if f is not None:
                 f.close()
         self._metrics = self._steps = None
+        if self.scalars is not None:
+            self.scalars.close()
+            self.scalars = None
 
     def finish(self, summary: dict, label: str) -> None:
         """Write summary.json and curves.png (closing the logs first)."""

@@ -29,6 +29,8 @@ from gradwire.config import RunConfig
 from gradwire.errors import ConfigError, DivergenceError, Stopped
 from gradwire.report.progress import ProgressLines, progress_mode
 from gradwire.report.run_folder import RunFolder, claim
+from gradwire.report.timeline import FOLDER as TIMELINE_FOLDER
+from gradwire.report.timeline import Timeline
 from gradwire.run.stops import StopSignals, stop_record
 from gradwire.seeding import hash_seed
 from gradwire.servers.real import RealServer, run_worker
@@ -53,9 +55,9 @@ def _refuse_one_process_backend_under_torchrun(cfg: RunConfig) -> None:
                           "--backend is not given)")
 
 
-def _transport(cfg: RunConfig, server: bool, given: Transport | None):
+def _transport(cfg: RunConfig, server: bool, given: Transport | None, workers=None):
     """The simulator's transport, or this process's of a real backend (``given`` by the threads
-    backend, else torch.distributed's)."""
+    backend, else torch.distributed's; ``workers``: the data-parallel group of a tensor-parallel run)."""
     if cfg.backend == "sim":
         clock = SimClock()
         return SimTransport(cfg.workers, NETWORKS.build(cfg.network), clock), clock
@@ -64,7 +66,7 @@ def _transport(cfg: RunConfig, server: bool, given: Transport | None):
     else:
         from gradwire.transports.torch_dist import TorchTransport, local_device
 
-        transport = TorchTransport(timeout_s=cfg.timeout_s, device=local_device(cfg.device))
+        transport = TorchTransport(timeout_s=cfg.timeout_s, device=local_device(cfg.device), workers=workers)
     expected = cfg.workers + int(server)
     if transport.world_size != expected:
         extra = " plus one server process" if server else ""
@@ -98,12 +100,18 @@ class Run:
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
         # a real backend gives the server of a server-mode algorithm a process of its own
         self.server_process = cfg.backend != "sim" and self.algorithm.needs_server
-        self.transport, self.clock = _transport(cfg, self.server_process, transport)
+        self.tensor_parallel = None  # --tensor-parallel: the model split inside groups, the workers across them
+        if cfg.tensor_parallel:
+            from gradwire.parallel.hybrid import TensorParallelRun
+
+            self.tensor_parallel = TensorParallelRun(cfg)
+        self.transport, self.clock = _transport(cfg, self.server_process, transport,
+                                                self.tensor_parallel and self.tensor_parallel.workers)
         # where the workers compute: the torch transport's GPU for this local rank, or --device
         self.device = getattr(self.transport, "device", None) or torch.device(cfg.device)
         if self.device.type != "cpu":
             self.task = self.task.to(self.device)
-        self.is_writer = getattr(self.transport, "rank", 0) == 0
+        self.is_writer = self.process_rank == 0
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
         self.shard_sizes = [len(s) for s in shards]
         check_batch_size(None if cfg.batch_size == "full" else int(cfg.batch_size), self.shard_sizes)
@@ -111,8 +119,11 @@ class Run:
                                  seed=cfg.seed, rank=r) for r in self.transport.local_ranks}
         # drawn on the CPU, then moved: the same initial model on every device
         module = self.task.model_fn(torch.Generator().manual_seed(hash_seed(cfg.seed, "model")))
+        if self.tensor_parallel:  # this process's shard of that same dense model
+            module = self.tensor_parallel.shard(module, self.device)
         self.model = FlatModel(module.to(self.device))
-        self.oracle = GradientOracle(self.model, self.task.loss_fn, workers, l2=self.task.l2)
+        loss_fn = self.tensor_parallel.loss_fn if self.tensor_parallel else self.task.loss_fn
+        self.oracle = GradientOracle(self.model, loss_fn, workers, l2=self.task.l2)
         self.ctx = Context(world_size=cfg.workers, local_ranks=self.transport.local_ranks, transport=self.transport,
                            oracle=self.oracle, stragglers=STRAGGLERS.build(cfg.stragglers, seed=cfg.seed),
                            clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes), device=self.device,
@@ -120,7 +131,7 @@ class Run:
                            inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"),
                            param_shapes=tuple(self.model.shapes))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
-                            l1=self.task.l1)
+                            l1=self.task.l1, optimizer=cfg.optimizer)
         try:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim,
                                  CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback))
@@ -140,19 +151,40 @@ class Run:
             self.server = RealServer(self)
 
     @property
+    def process_rank(self) -> int:
+        """This process's rank among all processes (a worker's rank but with --tensor-parallel)."""
+        if self.tensor_parallel:
+            return self.tensor_parallel.mesh.rank
+        return getattr(self.transport, "rank", 0)
+
+    @property
     def label(self) -> str:
-        return "sim" if self.cfg.backend == "sim" else f"rank{self.transport.rank}"
+        return "sim" if self.cfg.backend == "sim" else f"rank{self.process_rank}"
 
     def train_step(self) -> dict:
         self.step += 1
-        self.oracle.step = self.step
+        self.oracle.step = self.ctx.timeline.step = self.step
+        before = self.transport.bytes_sent
         info = self.server.step(self.step) if self.server else self.algorithm.step(self.ctx, self.step)
+        if self.tensor_parallel:
+            info = info | self.tensor_parallel.step_bytes(self.transport, before)
         self.gradients += int(info.get("gradients", 0))
         self.window.append(info["loss"])
         return info
 
     def evaluate(self) -> dict:
+        if self.tensor_parallel:  # the dense model gathered at rank 0 (every process called gather)
+            return evaluate(self.task, self.tensor_parallel.dense, self.tensor_parallel.dense_params)
         return evaluate(self.task, self.model, self.algorithm.eval_params())
+
+    def record_timeline(self, out: Path, resumed: bool) -> Timeline:
+        """Every process records its workers' intervals into ``out/timeline/<label>.bin``
+        (report/timeline.py); a resumed run keeps the records its checkpoint had."""
+        timeline = Timeline(out / TIMELINE_FOLDER, self.label, clock=self.clock, simulated=self.cfg.backend == "sim")
+        if resumed:
+            timeline.resume_from(self.step)
+        self.ctx.timeline = self.transport.timeline = timeline
+        return timeline
 
     def kill_point(self, step: int, phase: str = "step") -> None:
         """Fault injection for tests: ``GRADWIRE_KILL_AT=WORKER:STEP`` kills the process hosting
@@ -198,12 +230,14 @@ class Run:
             self.server.checkpoint(folder, self.step)
             return
         barrier = getattr(self.transport, "barrier", None)
+        self.ctx.timeline.mark_checkpoint(self.step)
         checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), barrier=barrier,
                         moves_latest=self.is_writer)
 
     def save_worker_checkpoint(self, step: int, position: dict) -> None:
         """A server-mode worker process: its state at the server's checkpoint ``step``."""
         state = self.state_dict() | {"step": step, "worker_position": position}
+        self.ctx.timeline.mark_checkpoint(step)
         checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), moves_latest=False)
 
     def try_resume(self, folder: Path) -> bool:
@@ -283,12 +317,14 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
                 r.rejoin = True  # lost before that checkpoint was taken: rejoin with fresh state
             else:
                 r.try_resume(out / "checkpoint")
-
+        timeline = r.record_timeline(out, cfg.resume)
         try:
             return run_worker(r)
         finally:
+            timeline.close()
             r.transport.close()
     resumed = cfg.resume and r.try_resume(out / "checkpoint")
+    timeline = r.record_timeline(out, resumed)
     folder = RunFolder(out, enabled=r.is_writer)
     folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(),
                                  "compressor_resolved": r.algorithm.compressor_spec() or "none",
@@ -308,6 +344,8 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
     sync_counters = None if r.server_process else getattr(r.transport, "sync_counters", None)
 
     def record(extra: dict) -> None:
+        if r.tensor_parallel:  # every process: rank 0 evaluates the dense model its group holds
+            r.tensor_parallel.gather(r.algorithm.eval_params())
         if r.is_writer:
             folder.metrics({"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started,
                             "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
@@ -324,6 +362,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
                 signals.stop_now()
             info = r.train_step()
             folder.step({"step": r.step, "sim_time_s": r.clock.now, "bytes_sent": r.transport.bytes_sent} | info)
+            timeline.flush()  # the step's intervals: a crash loses at most the step under way
             bar.update(1)
             if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
                 if sync_counters is not None:
@@ -351,6 +390,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
         raise
     finally:
         bar.close()
+        timeline.close()
         if lines is not None:
             lines.tick(r.step, records, r.transport.bytes_sent, force=True)
         lost, finish_error = {}, None

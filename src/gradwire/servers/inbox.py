@@ -57,6 +57,7 @@ class Inbox:
 
     def __init__(self, transport: Transport, n_workers: int, timeout_s: float, kinds: frozenset[int], bye: int):
         self.events: queue.Queue = queue.Queue()
+        self.last_arrival = 0.0  # when the message next_message returned last reached the inbox (perf_counter)
         self.threads = [threading.Thread(target=self._listen, args=(transport, w, timeout_s, kinds, bye),
                                          daemon=True, name=f"gradwire-inbox-{w}") for w in range(n_workers)]
         for t in self.threads:
@@ -72,7 +73,7 @@ class Inbox:
             if msg.worker != w:
                 self.events.put(("lost", w, f"malformed message: it names worker {msg.worker}"))
                 return
-            self.events.put(("msg", w, msg))
+            self.events.put(("msg", w, (msg, time.perf_counter())))
             if msg.kind == bye:
                 return
 
@@ -87,4 +88,5 @@ class Inbox:
             if kind == "lost":
                 on_lost(worker, data)
                 continue
-            return data
+            msg, self.last_arrival = data
+            return msg

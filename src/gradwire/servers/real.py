@@ -47,6 +47,7 @@ from gradwire.algorithms.protocol import (
     Message,
 )
 from gradwire.errors import CommunicationError
+from gradwire.report.timeline import COMM, DROPPED, QUEUED, SERVE, WAIT
 from gradwire.servers.inbox import RELEASE_TAG, TO_SERVER, TO_WORKER, Inbox, receive_message, send_message
 from gradwire.transports.base import SERVER, PeerLost
 
@@ -70,6 +71,7 @@ class RealServer:
         self.orphans: list = []  # sends to workers since lost: their buffers must outlive them
         self.refused_bytes = 0   # replies the transport refused (their worker had died): never sent
         self.inbox = Inbox(self.transport, self.n, self.timeout_s, WORKER_KINDS, BYE)
+        self.arrived = 0.0  # when the message being handled reached the server (the run's clock)
 
     # -- messages -------------------------------------------------------------------------------------
 
@@ -78,6 +80,7 @@ class RealServer:
         while self.replay:
             msg = self.replay.popleft()
             if msg.worker not in self.lost:
+                self.arrived = self.run.clock.now  # held over a checkpoint: its wait is not on the timeline
                 return msg
         start = time.perf_counter()
         got = self.inbox.next_message(deadline or start + self.timeout_s, self._lose)
@@ -86,6 +89,7 @@ class RealServer:
             raise CommunicationError(f"server: no message arrived for {what} within {self.timeout_s:g} s "
                                      f"({alive} of {self.n} workers alive)")
         self.transport.count(got.nbytes, time.perf_counter() - start)  # the inbox received it ahead
+        self.arrived = self.run.clock.now - (time.perf_counter() - self.inbox.last_arrival)
         previous = self.in_flight.pop(got.worker, None)
         if previous is not None:  # the worker sent again, so it has received our last reply
             for sent in previous:
@@ -128,9 +132,16 @@ class RealServer:
         if msg.kind in COMPUTED:
             self.received[w] += 1
             self.counts[w] = msg.count
+        began = self.run.clock.now
         answer = self.algo.on_message(msg, self.finished)
         for reply in answer.replies:
             self._reply(reply)
+        timeline = self.run.ctx.timeline
+        timeline.add(w, QUEUED, self.arrived, began, step=msg.count)
+        timeline.add(w, SERVE, began, self.run.clock.now, step=msg.count, value=answer.staleness,
+                          flags=DROPPED if answer.dropped else 0)
+        if answer.step is not None:
+            timeline.flush()
         return answer.step
 
     def step(self, step: int) -> dict:
@@ -172,6 +183,7 @@ class RealServer:
                 else:  # from a worker outside the cut: handled after the held messages
                     held.append(msg)
             state = self.run.state_dict() | {"server": self.state_dict(held)}
+            self.run.ctx.timeline.mark_checkpoint(step)
             checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), moves_latest=False)
             checkpoint.mark_latest(folder, step)
         finally:
@@ -230,21 +242,27 @@ def run_worker(run) -> dict:
     """The loop of worker w (process w+1): compute, send, wait for the answer, apply it."""
     (w,) = run.ctx.local_ranks
     algo, transport, timeout_s = run.algorithm, run.transport, run.cfg.timeout_s
+    timeline, clock = run.ctx.timeline, run.clock
 
     def send(msg: Message) -> None:
+        began = clock.now
         try:
             for sent in send_message(transport, msg, w, SERVER, TO_SERVER):
                 sent.wait(timeout_s)  # completes once the server's inbox has taken it
         except PeerLost as e:
             raise CommunicationError(f"worker {w}: the server took no message within {timeout_s:g} s ({e})") from None
+        timeline.add(w, COMM, began, clock.now, nbytes=msg.nbytes)
 
     def answer() -> Message:
+        began = clock.now
         try:
             reply = receive_message(transport, SERVER, w, TO_WORKER, timeout_s, SERVER_KINDS)
         except PeerLost as e:
             raise CommunicationError(f"worker {w}: the server did not answer within {timeout_s:g} s ({e})") from None
         if reply.worker != w:
             raise CommunicationError(f"worker {w}: an answer addressed to worker {reply.worker}")
+        timeline.add(w, WAIT, began, clock.now, nbytes=reply.nbytes)  # for the server, the transfer included
+        timeline.flush()
         return reply
 
     count, reply = 0, None
@@ -257,7 +275,7 @@ def run_worker(run) -> dict:
     while True:
         if reply is None:
             count += 1
-            run.oracle.step = count
+            run.oracle.step = timeline.step = count
             send(algo.worker_step(run.ctx, w, count))
             run.kill_point(count, phase="sent")
             reply = answer()

@@ -9,6 +9,10 @@ between (only replies do, and a worker has one message in flight at a time), so 
 computed when the computation starts and lands ``compute_time`` later. The clock follows the
 server: it reads the arrival time of the message being handled. A step ends when the algorithm
 says so (``Answer.step``), e.g. after N winners (sync with backups) or n arrivals (async).
+
+The timeline (``ctx.timeline``) gets each computation, upload and reply with its simulated times,
+and the server's handling of each message (``SERVE``: instantaneous here, with the algorithm's
+verdict: dropped, staleness).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from gradwire.algorithms.base import Algorithm, Context
 from gradwire.algorithms.protocol import Message
+from gradwire.report.timeline import COMM, COMPUTE, DROPPED, SERVE
 from gradwire.transports.base import SERVER
 
 
@@ -33,16 +38,20 @@ class SimulatedServer:
         """Worker w starts its next computation at simulated time ``ready``."""
         self.counts[w] += 1
         msg = self.algo.worker_step(self.ctx, w, self.counts[w])
-        self._send(msg, ready + self.ctx.compute_time(w, self.counts[w]))
+        done = ready + self.ctx.compute_time(w, self.counts[w])
+        self.ctx.timeline.add(w, COMPUTE, ready, done, step=self.counts[w])
+        self._send(msg, done)
 
     def _send(self, msg: Message, at: float) -> None:
         sent = self.ctx.transport.send(msg.to_wire(), msg.worker, SERVER)
+        self.ctx.timeline.add(msg.worker, COMM, at, at + sent.duration_s, step=self.counts[msg.worker])
         heapq.heappush(self.queue, (at + sent.duration_s, msg.worker, msg.nbytes))
 
     def _deliver(self, reply: Message, at: float) -> None:
         """The server sends ``reply`` at ``at``; its worker applies it on arrival and goes on."""
         sent = self.ctx.transport.send(reply.to_wire(), SERVER, reply.worker)
         w = reply.worker
+        self.ctx.timeline.add(w, COMM, at, at + sent.duration_s, step=self.counts[w], nbytes=reply.nbytes)
         received = Message.from_wire(self.ctx.transport.recv(reply.nbytes, SERVER, w))
         follow = self.algo.worker_apply(self.ctx, w, received)
         if follow is None:
@@ -62,6 +71,8 @@ class SimulatedServer:
             clock.now = max(clock.now, arrival)
             msg = Message.from_wire(self.ctx.transport.recv(nbytes, w, SERVER))
             answer = self.algo.on_message(msg, finished=False)
+            self.ctx.timeline.add(w, SERVE, clock.now, clock.now, step=msg.count, nbytes=nbytes,
+                                  flags=DROPPED if answer.dropped else 0, value=answer.staleness)
             for reply in answer.replies:
                 self._deliver(reply, clock.now)
             if answer.step is not None:

@@ -15,9 +15,11 @@ evaluation step, so both are capped: ``val_bytes`` of the validation files, and 
 measured on a fixed, evenly spaced subset of as many training windows (``Task.eval_train``).
 ``test_loss`` is the validation loss; ``test_acc`` the fraction of bytes predicted exactly.
 
-The model is :func:`~gradwire.tasks.models.transformer_lm`. Its default (dim 192, 3 layers, 1.44M
-parameters, a 5.8 MB float32 gradient) makes communication dominate at 100 Mbit/s; tests take
-``dim=32,layers=1,context=16``.
+With ``--tensor-parallel`` (docs/tensor_parallel.md) every process draws this same dense model and
+keeps its shard of it (:func:`gradwire.parallel.lm.parallel_lm`), sized by the same spec keys
+(:func:`transformer_sizes`). The model is :func:`~gradwire.tasks.models.transformer_lm`. Its
+default (dim 192, 3 layers, 1.44M parameters, a 5.8 MB float32 gradient) makes communication
+dominate at 100 Mbit/s; tests take ``dim=32,layers=1,context=16``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ def _windows(files: list[Path], context: int, max_bytes: int) -> torch.Tensor:
 def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross entropy of (batch, length, vocab) logits against (batch, length) next tokens."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def transformer_sizes(spec: str) -> dict[str, int]:
+    """vocab, context, dim, layers and heads of the transformer that task ``spec`` builds, read from the
+    spec alone (no data read); ConfigError for a task without one (tensor parallelism splits it)."""
+    from gradwire.errors import ConfigError
+
+    entry, kwargs = TASKS.resolve(spec)
+    if entry.name != "stdlib-lm":
+        raise ConfigError(f"tensor parallelism splits a transformer, and task {spec!r} has none; use --task "
+                          "stdlib-lm (e.g. stdlib-lm:dim=256,heads=8)")
+    values = {name: kwargs.get(name, p.default) for name, p in entry.params.items()}
+    return {"vocab": VOCAB} | {k: int(values[k]) for k in ("context", "dim", "layers", "heads")}
 
 
 @TASKS.register("stdlib-lm", help="byte-level transformer language model on the Python standard library's sources "

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from gradwire.errors import CommunicationError
+from gradwire.report.timeline import NULL_TIMELINE
 
 SERVER = -1  # the address of the parameter server or coordinator in send / recv
 
@@ -68,6 +69,7 @@ class Handle:
 class Transport(ABC):
     world_size: int
     local_ranks: tuple[int, ...]
+    timeline = NULL_TIMELINE  # the run's recorder (report/timeline.py): collectives record their intervals
 
     def __init__(self) -> None:
         self.bytes_sent = 0

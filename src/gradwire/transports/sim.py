@@ -22,6 +22,7 @@ import collections
 
 import torch
 
+from gradwire.report.timeline import COMM, OVERLAP, sim_shares
 from gradwire.transports.base import Handle, PeerLost, Sent, Transport
 from gradwire.transports.clocks import SimClock
 from gradwire.transports.network import Cost, Network
@@ -47,7 +48,15 @@ class SimTransport(Transport):
         self.network, self.clock = network, clock
         self.mailbox: dict[tuple[int, int, int], collections.deque] = {}  # (src, dst, tag) -> buffers
 
-    def _charge(self, cost: Cost, *, advance: bool = True) -> float:
+    def _charge(self, cost: Cost, *, advance: bool = True, ranks: list[int] | None = None,
+                sizes: list[int] | None = None) -> float:
+        """Count ``cost``; ``advance``: a blocking call (the clock moves on). ``ranks``: a
+        collective's participants, whose timelines get the interval (``OVERLAP`` when it does not
+        block) and each its share of the bytes (by payload ``sizes``, else equal)."""
+        if ranks is not None:
+            now = self.clock.now
+            shares = sim_shares(int(cost.bytes), sizes or [0] * len(ranks))
+            self.timeline.add_many(ranks, COMM if advance else OVERLAP, now, now + cost.time_s, shares)
         self.bytes_sent += int(cost.bytes)
         self.comm_time_s += cost.time_s
         if advance:
@@ -66,25 +75,27 @@ class SimTransport(Transport):
         total = first.to(acc_dtype, copy=True)
         for r in ranks[1:]:
             total += tensors[r]
-        self._charge(self.network.allreduce(first.numel() * first.element_size(), len(ranks)))
+        self._charge(self.network.allreduce(first.numel() * first.element_size(), len(ranks)), ranks=ranks)
         return total.div_(len(ranks))
 
     def allgather(self, buffers, ranks=None, *, size=None):
         ranks = self.participants(ranks)
         self._check(buffers, ranks)
-        self._charge(self.network.allgather([int(buffers[r].numel()) for r in ranks]))
+        sizes = [int(buffers[r].numel()) for r in ranks]
+        self._charge(self.network.allgather(sizes), ranks=ranks, sizes=sizes)
         return {r: buffers[r] for r in ranks}
 
     def gather(self, buffers, dst, ranks=None, *, size=None):
         ranks = self.participants(ranks)
         self._check(buffers, ranks)
         sizes = [int(buffers[r].numel() * buffers[r].element_size()) for r in ranks]
-        self._charge(self.network.gather(sizes, ranks.index(dst)))
+        self._charge(self.network.gather(sizes, ranks.index(dst)), ranks=ranks, sizes=sizes)
         return {r: buffers[r] for r in ranks}
 
     def broadcast(self, buffer, src, ranks=None, *, size=None):
         ranks = self.participants(ranks)
-        self._charge(self.network.broadcast(int(buffer.numel() * buffer.element_size()), len(ranks)))
+        self._charge(self.network.broadcast(int(buffer.numel() * buffer.element_size()), len(ranks)), ranks=ranks,
+                     sizes=[int(r == src) for r in ranks])
         return buffer
 
     def send(self, buffer, src, dst, *, tag=0):
@@ -121,12 +132,13 @@ class SimTransport(Transport):
         for r in ranks[1:]:
             total += tensors[r]
         cost = self.network.allreduce(first.numel() * first.element_size(), len(ranks))
-        seconds = self._charge(cost, advance=False)
+        seconds = self._charge(cost, advance=False, ranks=ranks)
         return SimHandle(total.div_(len(ranks)), self.clock.now + seconds, self.clock)
 
     def allgather_start(self, buffers, ranks=None, *, size=None):
         """As ``allreduce_mean_start``: priced at the call, the clock paid only by ``wait()``."""
         ranks = self.participants(ranks)
         self._check(buffers, ranks)
-        seconds = self._charge(self.network.allgather([int(buffers[r].numel()) for r in ranks]), advance=False)
+        sizes = [int(buffers[r].numel()) for r in ranks]
+        seconds = self._charge(self.network.allgather(sizes), advance=False, ranks=ranks, sizes=sizes)
         return SimHandle({r: buffers[r].clone() for r in ranks}, self.clock.now + seconds, self.clock)

@@ -17,6 +17,7 @@ import threading
 
 import torch
 
+from gradwire.report.timeline import COMM
 from gradwire.transports.base import SERVER, PeerLost, Sent, Transport
 from gradwire.transports.network import RingNetwork
 
@@ -72,7 +73,11 @@ class ThreadTransport(Transport):
             raise ValueError(f"rank {self.rank} is not among the participants {ranks} of a {op}")
         key = (op, tuple(ranks))
         n = self.seq[key] = self.seq.get(key, -1) + 1
-        return self.hub.meet(key + (n,), self.rank, payload, ranks if needed is None else needed)
+        began = self.timeline.now() if self.timeline.enabled else 0.0
+        got = self.hub.meet(key + (n,), self.rank, payload, ranks if needed is None else needed)
+        if op != "sync_counters":  # bookkeeping, not training
+            self.timeline.add_many(self.local_ranks, COMM, began, self.timeline.now() if self.timeline.enabled else 0.0)
+        return got
 
     def _count(self, nbytes: int, ranks=None) -> None:
         """Every rank counts every collective (the global count), as the torch transport does; a

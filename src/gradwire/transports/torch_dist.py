@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from gradwire.errors import CommunicationError
+from gradwire.report.timeline import COMM, OVERLAP, WAIT
 from gradwire.transports.base import SERVER, Handle, PeerLost, Sent, Transport
 
 
@@ -97,10 +98,14 @@ class _TorchHandle(Handle):
         super().__init__(tensor)
         self.work, self.n, self.out_dtype, self.transport = work, n, out_dtype, transport
         self.done = False
+        self.started = transport.timeline.now() if transport.timeline.enabled else 0.0
 
     def wait(self) -> torch.Tensor:
         if not self.done:
-            self.transport._guard(self.work.wait, "allreduce (async)")
+            self.transport._guard(self.work.wait, "allreduce (async)", kind=WAIT)  # what computing did not cover
+            timeline = self.transport.timeline
+            timeline.add_many(self.transport.local_ranks, OVERLAP, self.started, timeline.now() if timeline.enabled
+                              else 0.0)  # in flight from the start until this wait returned
             self._result = self._result.div_(self.n).to(self.out_dtype)
             self.done = True
         return self._result
@@ -119,12 +124,17 @@ class _TorchSent(Sent):
 
 
 class TorchTransport(Transport):
-    def __init__(self, timeout_s: float = 120.0, device: torch.device | str = "cpu"):
+    """``workers``: (process group, its global ranks) when the workers are a sub-group of the
+    processes (data parallel across tensor-parallel groups, gradwire/parallel): worker w is process
+    ``members[w]``, and the collectives run on that group; None: every process is a worker."""
+
+    def __init__(self, timeout_s: float = 120.0, device: torch.device | str = "cpu", workers=None):
         super().__init__()
         self.device = torch.device(device)
         init_from_env(timeout_s, self.device)
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+        self._world, self._global = workers if workers is not None else (None, list(range(dist.get_world_size())))
+        self.rank = self._global.index(dist.get_rank())
+        self.world_size = len(self._global)
         self.local_ranks = (self.rank,)
         self.timeout_s = timeout_s
         self._groups: dict[tuple[int, ...], object] = {}
@@ -139,20 +149,21 @@ class TorchTransport(Transport):
         return ranks
 
     def _group(self, ranks: Sequence[int] | None, what: str):
-        """(process group or None for the whole world, sorted participants)."""
+        """(process group (None: every process) or the workers' group, sorted participants)."""
         ranks = self.participants(ranks)
         if ranks == list(range(self.world_size)):
-            return None, ranks
+            return self._world, ranks
         if self.rank not in ranks:
             raise ValueError(f"rank {self.rank} is not among the participants {ranks} of a {what}")
         key = tuple(ranks)
         if key not in self._groups:
-            self._groups[key] = self._guard(lambda: dist.new_group(list(key), use_local_synchronization=True),
-                                            f"creating the group {list(key)}")
+            members = [self._global[r] for r in key]
+            self._groups[key] = self._guard(lambda: dist.new_group(members, use_local_synchronization=True),
+                                            f"creating the group {list(key)}", kind=None)
         return self._groups[key], ranks
 
     def _count(self, nbytes: int, group, ranks: list[int]) -> None:
-        if group is None:
+        if group is self._world:
             self.bytes_sent += nbytes
         elif self.rank == ranks[0]:
             self.group_bytes += nbytes
@@ -161,7 +172,7 @@ class TorchTransport(Transport):
         """Make ``bytes_sent`` global again after subgroup collectives: every rank must call this at
         the same points (the run loop does at evaluation steps)."""
         t = torch.tensor([self.group_bytes], dtype=torch.int64)
-        self._guard(lambda: dist.all_reduce(t), "byte counters")
+        self._guard(lambda: dist.all_reduce(t), "byte counters", kind=None)
         self.bytes_sent += int(t)
         self.group_bytes = 0
 
@@ -170,10 +181,12 @@ class TorchTransport(Transport):
     def node_of(self, rank: int) -> int:
         """torchrun starts LOCAL_WORLD_SIZE processes per node, ranked node by node; worker ``rank``
         runs in process ``rank + first_worker_process``."""
-        return (rank + self.first_worker_process) // self.local_world
+        return (self._global[rank] + self.first_worker_process) // self.local_world
 
-    def _guard(self, fn, what: str):
+    def _guard(self, fn, what: str, kind: int | None = COMM):
+        """Run a collective call; ``kind``: how the local workers' timelines record it (None: not)."""
         start = time.perf_counter()
+        began = self.timeline.now() if self.timeline.enabled else 0.0
         try:
             return fn()
         except RuntimeError as e:  # gloo/NCCL report timeouts and dead peers as RuntimeError
@@ -181,7 +194,10 @@ class TorchTransport(Transport):
                                      f"(timeout {self.timeout_s:g} s; a peer is missing or died): "
                                      f"{str(e).splitlines()[0]}") from None
         finally:
-            self.comm_time_s += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.comm_time_s += elapsed
+            if kind is not None:
+                self.timeline.add_many(self.local_ranks, kind, began, began + elapsed)
 
     def _sizes(self, mine: int, size: int | None) -> list[int]:
         if size is not None:
@@ -190,7 +206,7 @@ class TorchTransport(Transport):
             return [size] * self.world_size
         t = torch.tensor([mine], dtype=torch.int64)
         out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-        self._guard(lambda: dist.all_gather(out, t), "size exchange")
+        self._guard(lambda: dist.all_gather(out, t, group=self._world), "size exchange")
         self.bytes_sent += (self.world_size - 1) * self.world_size * 8
         return [int(x) for x in out]
 
@@ -207,14 +223,15 @@ class TorchTransport(Transport):
         ranks = self._all(ranks, "allreduce")
         mine = tensors[self.rank]
         acc = mine.clone()
-        work = self._guard(lambda: dist.all_reduce(acc, async_op=True), "allreduce (start)")
+        work = self._guard(lambda: dist.all_reduce(acc, group=self._world, async_op=True), "allreduce (start)",
+                           kind=None)
         n = len(ranks)
         self.bytes_sent += 2 * (n - 1) * mine.numel() * mine.element_size()
         return _TorchHandle(work, acc, n, mine.dtype, self)
 
     def allgather(self, buffers, ranks=None, *, size=None):
         group, ranks = self._group(ranks, "allgather")
-        if group is not None and size is None:
+        if group is not self._world and size is None:
             raise NotImplementedError("a subgroup allgather needs the buffer size announced (size=)")
         mine = buffers[self.rank]
         sizes = self._sizes(int(mine.numel()), size)
@@ -225,7 +242,7 @@ class TorchTransport(Transport):
         self._guard(lambda: dist.all_gather(out, padded, group=group), "allgather")
         n = len(ranks)
         self._count((n - 1) * n * m, group, ranks)
-        return {r: out[i][: sizes[r] if group is None else size] for i, r in enumerate(ranks)}
+        return {r: out[i][: sizes[r] if group is self._world else size] for i, r in enumerate(ranks)}
 
     def gather(self, buffers, dst, ranks=None, *, size=None):
         ranks = self._all(ranks, "gather")
@@ -235,26 +252,26 @@ class TorchTransport(Transport):
         padded = torch.zeros(m, dtype=torch.uint8, device=self.device)
         padded[: mine.numel()] = mine
         out = [torch.empty(m, dtype=torch.uint8, device=self.device) for _ in ranks] if self.rank == dst else None
-        self._guard(lambda: dist.gather(padded, out, dst=dst), "gather")
+        self._guard(lambda: dist.gather(padded, out, dst=self._global[dst], group=self._world), "gather")
         self.bytes_sent += m * (len(ranks) - 1)
         return None if out is None else {r: out[r][: sizes[r]] for r in ranks}
 
     def broadcast(self, buffer, src, ranks=None, *, size=None):
         group, ranks = self._group(ranks, "broadcast")
-        if group is not None:
+        if group is not self._world:
             if size is None:
                 raise NotImplementedError("a subgroup broadcast needs the buffer size announced (size=)")
             out = self._on_device(buffer) if self.rank == src else self._empty(size)
-            self._guard(lambda: dist.broadcast(out, src=src, group=group), "broadcast")
+            self._guard(lambda: dist.broadcast(out, src=self._global[src], group=group), "broadcast")
             self._count((len(ranks) - 1) * size, group, ranks)
             return out
         if size is None:
             n = torch.tensor([buffer.numel() if self.rank == src else 0], dtype=torch.int64)
-            self._guard(lambda: dist.broadcast(n, src=src), "size broadcast")
+            self._guard(lambda: dist.broadcast(n, src=self._global[src], group=self._world), "size broadcast")
             self.bytes_sent += (len(ranks) - 1) * 8
             size = int(n)
         out = self._on_device(buffer) if self.rank == src else self._empty(size)
-        self._guard(lambda: dist.broadcast(out, src=src), "broadcast")
+        self._guard(lambda: dist.broadcast(out, src=self._global[src], group=self._world), "broadcast")
         self.bytes_sent += (len(ranks) - 1) * size
         return out
 

@@ -1,0 +1,80 @@
+"""Exact bytes of the tensor-parallel layers, per layer and per training step (forward + backward),
+summed over every process of one tensor-parallel group, as the layers send them and
+:mod:`gradwire.parallel.comm` counts them (broadcast and reduce (g-1)·n, all-reduce 2·(g-1)·n).
+
+``tokens`` is the number of tokens (sequences x length) that the group works on in a step,
+``e`` the bytes per element. The tests check every counter against these; the benchmark and the
+weak-scaling prediction use them. Derivations are in docs/tensor_parallel.md.
+"""
+
+from __future__ import annotations
+
+
+def column_parallel(p: int, tokens: int, in_features: int, e: int) -> int:
+    """1-D column-parallel linear: its input gradient all-reduced backward (Megatron's f)."""
+    return 2 * (p - 1) * tokens * in_features * e
+
+
+def row_parallel(p: int, tokens: int, out_features: int, e: int) -> int:
+    """1-D row-parallel linear: its output all-reduced forward (Megatron's g)."""
+    return 2 * (p - 1) * tokens * out_features * e
+
+
+def summa_linear(q: int, d: int, tokens: int, in_features: int, out_features: int, e: int,
+                 bias: bool = True) -> int:
+    """2-D (d = 1) / 2.5-D linear: SUMMA in each depth layer, 3·(q-1)·(A + d·W) with A = tokens·in
+    and W = in·out (forward: X along rows and W along columns, q steps; backward: the same two
+    broadcasts plus two reduces); the depth all-reduce of the weight gradient, 2·(d-1)·W; the
+    bias gradient all-reduced over columns then depth, 2·d·(q-1)·out + 2·q·(d-1)·out."""
+    a, w = tokens * in_features, in_features * out_features
+    total = 3 * (q - 1) * (a + d * w) + 2 * (d - 1) * w
+    if bias:
+        total += 2 * d * (q - 1) * out_features + 2 * q * (d - 1) * out_features
+    return total * e
+
+
+def summa_layer_norm(q: int, d: int, tokens: int, dim: int, e: int) -> int:
+    """2-D / 2.5-D layer norm: two row sums (mean, variance) all-reduced forward and again backward,
+    2·(q-1)·tokens each; weight and bias gradients over columns then depth."""
+    return (4 * 2 * (q - 1) * tokens + 2 * (2 * d * (q - 1) * dim + 2 * q * (d - 1) * dim)) * e
+
+
+def summa_embedding(q: int, d: int, rows: int, dim: int, e: int) -> int:
+    """2-D / 2.5-D embedding table [rows, dim] split by columns: its gradient over columns, then depth."""
+    return (2 * d * (q - 1) * rows * dim + 2 * q * (d - 1) * rows * dim) * e
+
+
+def summa_cross_entropy(q: int, d: int, tokens: int, e: int) -> int:
+    """Vocabulary-parallel cross entropy: max, sum of exponentials and target logit all-reduced
+    along each row (2·(q-1)·tokens each), and the loss value over the group (one element)."""
+    p = q * q * d
+    return (3 * 2 * (q - 1) * tokens + 2 * (p - 1)) * e
+
+
+def lm_step_bytes(layout, *, batch: int, context: int, dim: int, layers: int, vocab: int, e: int) -> dict[str, int]:
+    """Bytes of one training step of :class:`~gradwire.parallel.lm.ParallelTransformerLM` per label
+    (the labels of the layers' counters), for one tensor-parallel group working on ``batch`` sequences."""
+    t = batch * context
+    out: dict[str, int] = {}
+    if layout.kind == "1d":
+        p = layout.p
+        for b in range(layers):
+            out[f"blocks.{b}.attention.qkv"] = column_parallel(p, t, dim, e)
+            out[f"blocks.{b}.attention.out"] = row_parallel(p, t, dim, e)
+            out[f"blocks.{b}.mlp.0"] = column_parallel(p, t, dim, e)
+            out[f"blocks.{b}.mlp.2"] = row_parallel(p, t, dim, e)
+        return {k: v for k, v in out.items() if v}
+    q, d = layout.q, layout.d
+    out["embed"] = summa_embedding(q, d, vocab, dim, e)
+    out["position"] = summa_embedding(q, d, context, dim, e)
+    for b in range(layers):
+        out[f"blocks.{b}.norm1"] = summa_layer_norm(q, d, t, dim, e)
+        out[f"blocks.{b}.attention.qkv"] = summa_linear(q, d, t, dim, 3 * dim, e)
+        out[f"blocks.{b}.attention.out"] = summa_linear(q, d, t, dim, dim, e)
+        out[f"blocks.{b}.norm2"] = summa_layer_norm(q, d, t, dim, e)
+        out[f"blocks.{b}.mlp.0"] = summa_linear(q, d, t, dim, 4 * dim, e)
+        out[f"blocks.{b}.mlp.2"] = summa_linear(q, d, t, 4 * dim, dim, e)
+    out["norm"] = summa_layer_norm(q, d, t, dim, e)
+    out["head"] = summa_linear(q, d, t, dim, vocab, e)
+    out["loss"] = summa_cross_entropy(q, d, t, e)
+    return {k: v for k, v in out.items() if v}

@@ -1,0 +1,88 @@
+"""``--optimizer``: the update rule applied to the averaged gradient (sgd or adamw), one per algorithm path."""
+
+import pytest
+import torch
+
+from gradwire.cli import main
+from gradwire.errors import ConfigError
+from gradwire.run.loop import Run, run
+from gradwire.seeding import hash_seed
+from gradwire.tasks.oracle import WorkerData
+from tests.helpers import final_checkpoint, states_equal
+
+ADAMW = dict(optimizer="adamw:beta2=0.95", lr=0.01, weight_decay=0.1)
+
+
+def _torch_adamw_on_mean_gradient(r: Run, steps: int) -> torch.Tensor:
+    """The same model and batches through torch.optim.AdamW on the nn.Module, stepping with the
+    workers' mean gradient (what sync averages exactly, uncompressed)."""
+    module = r.task.model_fn(torch.Generator().manual_seed(hash_seed(0, "model")))
+    opt = torch.optim.AdamW(module.parameters(), lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    replays = [WorkerData(w.x, w.y, batch_size=16, seed=0, rank=k) for k, w in sorted(r.oracle.workers.items())]
+    for _ in range(steps):
+        grads = []
+        for replay in replays:
+            x, y = replay.next_batch()
+            module.zero_grad()
+            r.task.loss_fn(module(x), y).backward()
+            grads.append([p.grad.clone() for p in module.parameters()])
+        for i, p in enumerate(module.parameters()):
+            p.grad = torch.stack([g[i] for g in grads]).mean(0)
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+@pytest.mark.parametrize("algorithm", ["sync", "local:period=1"])
+def test_adamw_on_the_mean_gradient_equals_torch_adamw(make_config, algorithm):
+    # local SGD with period 1 averages the replicas after every step: with one worker, plain AdamW
+    workers = 3 if algorithm == "sync" else 1
+    r = Run(make_config(ADAMW, algorithm=algorithm, workers=workers, steps=8))
+    reference = _torch_adamw_on_mean_gradient(r, 8)
+    for _ in range(8):
+        r.train_step()
+    torch.testing.assert_close(r.algorithm.eval_params(), reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(algorithm="sync", compressor="topk:ratio=0.1", error_feedback=True),
+    dict(algorithm="sync:backups=1"),
+    dict(algorithm="local:period=3"),
+])
+def test_adamw_state_resumes_bitwise(make_config, tmp_path, kw):
+    # the moments m, v and the step count travel in the checkpoint: a run stopped after step 10 and
+    # resumed from its step-8 checkpoint ends as the run that never stopped
+    cfg = dict(ADAMW, steps=12, checkpoint_every=4, stragglers="lognormal:sigma=0.5", workers=3, **kw)
+    run(make_config(cfg, out="whole"), progress=False)
+    run(make_config(cfg, out="split", steps=10), progress=False)
+    assert run(make_config(cfg, out="split", resume=True), progress=False)["resumed"]
+    assert states_equal(final_checkpoint(tmp_path / "whole")["state"], final_checkpoint(tmp_path / "split")["state"])
+    assert _holds_key(final_checkpoint(tmp_path / "whole")["state"], "exp_avg_sq")  # AdamW's moments were compared
+
+
+def _holds_key(state, key: str) -> bool:
+    if isinstance(state, dict):
+        return key in state or any(_holds_key(v, key) for v in state.values())
+    return isinstance(state, list | tuple) and any(_holds_key(v, key) for v in state)
+
+
+def test_checkpoint_names_a_changed_optimizer(make_config):
+    base = dict(checkpoint_every=4, steps=4)
+    run(make_config(ADAMW, base, out="a"), progress=False)
+    with pytest.raises(ConfigError, match=r"optimizer: checkpoint 'adamw:beta2=0.95' vs now 'sgd'"):
+        run(make_config(ADAMW, base, out="a", steps=8, optimizer="sgd", resume=True), progress=False)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--optimizer", "adam"], "unknown optimizer 'adam'; valid optimizers: adamw, sgd"),
+    (["--optimizer", "adamw:beta2=1.5"], "beta2=1.5 must be in [0, 1)"),
+    (["--optimizer", "adamw", "--momentum", "0.9"], "momentum=0.9 applies to --optimizer sgd"),
+    (["--optimizer", "adamw", "--algorithm", "diana"], "diana (heavy-ball momentum of its own on the master) "
+                                                         "applies its own update rule"),
+    (["--optimizer", "adamw", "--algorithm", "signsgd"], "signsgd (x <- x - γ·majority vote) applies its own"),
+    (["--optimizer", "adamw", "--algorithm", "diloco:inner_steps=2"], "its inner optimizer is the spec's inner="),
+])
+def test_bad_optimizer_input_is_one_line(tmp_path, data_dir, capsys, flags, message):
+    code = main(["run", *flags, "--steps", "1", "--task", "digits-logreg", "--workers", "2",
+                 "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

@@ -1,0 +1,33 @@
+"""Starting the tensor-parallel scenarios of harness.py: one process per rank from a forkserver
+that has imported torch and gradwire once (a fresh interpreter per process would import torch
+again in each, several seconds apiece on 2 cores), a FileStore, every exit code checked."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+_ctx = mp.get_context("forkserver")
+_ctx.set_forkserver_preload(["tests.parallel.harness"])
+
+
+def run_scenario(scenario: str, world: int, tmp_path: Path, timeout_s: float = 120) -> list[dict]:
+    """Every rank's result (its byte counters) of ``scenario`` on ``world`` gloo processes; fails
+    the test when a process fails, exits non-zero or outlives ``timeout_s``."""
+    from tests.parallel.harness import child
+
+    store = tmp_path / "store"
+    procs = [_ctx.Process(target=child, args=(scenario, rank, world, str(store), str(tmp_path)))
+             for rank in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    codes = [p.exitcode for p in procs]
+    assert codes == [0] * world, f"{scenario}: exit codes {codes} (stderr above)"
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]

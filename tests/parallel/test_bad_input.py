@@ -1,0 +1,81 @@
+"""Bad tensor-parallel input gets one clear line and a non-zero exit before any process group exists
+(single process: torch.distributed is never initialised here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from gradwire.cli import main
+from gradwire.config import RunConfig
+from gradwire.errors import ConfigError
+from gradwire.parallel.layout import Layout, check_layout, parse_layout
+
+LM = "stdlib-lm:dim=8,layers=1,heads=2,context=6,train_bytes=4000,val_bytes=700"
+
+
+@pytest.mark.parametrize("text, layout", [("1d:p=4", Layout("1d", p=4)), ("2d:q=2", Layout("2d", q=2)),
+                                          ("2.5d:q=2,d=2", Layout("2.5d", q=2, d=2))])
+def test_layouts_parse(text, layout):
+    assert parse_layout(text) == layout
+    assert layout.spec() == text
+    assert layout.size == {"1d": 4, "2d": 4, "2.5d": 8}[layout.kind]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("3d:q=2", "unknown layout '3d'; valid: 1d:p=P | 2d:q=Q | 2.5d:q=Q,d=D"),
+    ("2.5d:q=2", "layout 2.5d takes exactly q=, d="),
+    ("1d:p=0", "p=0 must be a positive integer"),
+    ("2d:q=x", "q=x must be a positive integer"),
+])
+def test_bad_layout(text, message):
+    with pytest.raises(ConfigError, match=message.replace("|", r"\|")):
+        parse_layout(text)
+
+
+def test_sizes_checked_against_the_processes_and_the_model():
+    with pytest.raises(ConfigError, match="P=8 processes per group, but 12 processes are not a multiple of 8"):
+        check_layout(parse_layout("2.5d:q=2,d=2"), world_size=12, dim=8, heads=2)
+    with pytest.raises(ConfigError, match="dim=10 and heads=2 must be multiples of 4"):
+        check_layout(parse_layout("1d:p=4"), world_size=4, dim=10, heads=2)
+    with pytest.raises(ConfigError, match="dim=12 and heads=3 must be multiples of 2"):
+        check_layout(parse_layout("2d:q=2"), world_size=4, dim=12, heads=3)
+    with pytest.raises(ConfigError, match="vocab=255 is not a multiple of 2"):
+        check_layout(parse_layout("2d:q=2"), world_size=4, dim=8, heads=2, vocab=255)
+    with pytest.raises(ConfigError, match="batch_size=6 is not a multiple of it"):
+        check_layout(parse_layout("2.5d:q=2,d=2"), world_size=8, dim=8, heads=2, batch=6)
+    assert check_layout(parse_layout("2.5d:q=2,d=2"), world_size=16, dim=8, heads=2, vocab=256, batch=8) == 2
+
+
+def test_run_refuses_a_world_that_does_not_match(monkeypatch, tmp_path):
+    """--workers 2 x 2.5d (P=8) needs 16 processes; torchrun started 6: refused before init."""
+    from gradwire.parallel.hybrid import TensorParallelRun
+
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    cfg = RunConfig(task=LM, backend="torch", workers=2, tensor_parallel="2.5d:q=2,d=2", batch_size=4,
+                    out=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="needs workers x P = 16 processes but 6 were started"):
+        TensorParallelRun(cfg.validate())
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tensor-parallel", "2d:q=3"], "dim=8 and heads=2 must be multiples of 3"),
+    (["--tensor-parallel", "2d:q=2", "--backend", "sim"], "needs --backend torch"),
+    (["--tensor-parallel", "1d:p=2", "--task", "digits-mlp"], "task 'digits-mlp' has none"),
+    (["--tensor-parallel", "1d:p=2", "--algorithm", "async"], "algorithm 'async' has a server"),
+])
+def test_cli_says_one_line(args, message, tmp_path, capsys):
+    argv = ["run", "--task", LM, "--backend", "torch", "--out", str(tmp_path / "r"), *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not dist.is_initialized()
+
+
+def test_launch_refuses_a_process_count_that_is_not_a_multiple_of_p(tmp_path, capsys):
+    argv = ["launch", "--nproc-per-node", "6", "--", "run", "--task", LM, "--tensor-parallel", "2.5d:q=2,d=2",
+            "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "needs P=8 processes per worker, but 6 are started" in err and err.count("\n") == 1, err

@@ -1,0 +1,68 @@
+"""report.html: one self-contained page (inlined PNGs, no script, no external resource) for a
+run and for a comparison; html.page's blocks; older run folders without a timeline."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+
+import pytest
+
+from gradwire.cli import main
+from gradwire.report.html import Heading, Image, Paragraph, Preformatted, Row, Table, page
+from gradwire.report.pages import write_report
+from gradwire.report.timeline import read_timeline
+from tests.report.conftest import VARIANTS
+
+PNG_1PX = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9"
+                           "awAAAABJRU5ErkJggg==")
+
+
+def images(html: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)]
+
+
+def test_page_escapes_text_and_inlines_images(tmp_path):
+    (tmp_path / "a.png").write_bytes(PNG_1PX)
+    html = page("T <1>", [Heading("H & h", 3), Paragraph("<script>alert(1)</script>"), Preformatted("a < b"),
+                          Table(["x", "y"], [["<b>", 0.000123456], [None, 2.5]]),
+                          Row([Image(tmp_path / "a.png", alt='say "hi"'), Image(PNG_1PX, alt="b", caption="c")])])
+    assert "<title>T &lt;1&gt;</title>" in html and "<h3>H &amp; h</h3>" in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script" not in html
+    assert "<td>&lt;b&gt;</td><td>1.235e-04</td>" in html and "<td>–</td><td>2.5</td>" in html
+    assert images(html) == [PNG_1PX, PNG_1PX] and 'alt="say &quot;hi&quot;"' in html
+    with pytest.raises(ValueError, match="not a PNG"):
+        page("x", [Image(b"GIF89a", alt="no")])
+    with pytest.raises(TypeError, match="not a page block"):
+        page("x", ["a bare string"])
+
+
+def test_comparison_report_shows_every_variant_self_contained(comparison):
+    html = (comparison / "report.html").read_text()  # written by compare itself
+    for v in VARIANTS:
+        assert html.count(f"<td>{v}</td>") >= 2  # the summary table and the per-worker table
+    # curves, a timeline per variant, per-worker charts per variant, the async run's staleness
+    shots = images(html)
+    assert len(shots) == 1 + 3 + 3 + 1 and all(s.startswith(b"\x89PNG\r\n\x1a\n") for s in shots)
+    assert not re.search(r"<script|<link|src=\"(?!data:)|https?://", html)
+    assert "Where the variants differ" in html and "<td>algorithm</td>" in html
+
+
+def test_run_report_and_an_older_run_folder_without_timeline(comparison, tmp_path):
+    run_dir = tmp_path / "old"
+    shutil.copytree(comparison / "sync_backups=1", run_dir)
+    assert read_timeline(run_dir) is not None
+    assert main(["report", str(run_dir)]) == 0
+    html = (run_dir / "report.html").read_text()
+    assert len(images(html)) == 3 and "<td>dropped gradients</td>" not in html and "dropped gradients</th>" in html
+    shutil.rmtree(run_dir / "timeline")  # as written before timelines existed
+    out = write_report(run_dir, out=tmp_path / "old.html")
+    html = out.read_text()
+    assert "no timeline in this run folder" in html and len(images(html)) == 1  # the curves only
+
+
+def test_report_of_a_folder_without_runs_is_one_line(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "holds no run" in err

@@ -1,0 +1,193 @@
+"""The recorded timelines against the simulator's clock, exactly: every computation lasts what the
+straggler model drew, every transfer what the network model priced, waits fill the gaps, a step
+ends when its last winner's gradient arrives, and the backup workers' dropped gradients are marked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradwire.report.timeline import (
+    COMM,
+    COMPUTE,
+    DROPPED,
+    OVERLAP,
+    RECORD,
+    SERVE,
+    WAIT,
+    Timeline,
+    per_worker,
+    read_timeline,
+    sim_shares,
+)
+from gradwire.run.loop import Run, run
+from gradwire.transports.clocks import SimClock
+from gradwire.transports.network import NETWORKS
+from gradwire.transports.stragglers import STRAGGLERS
+from tests.helpers import read_jsonl
+
+TAIL = "tail:p=0.3,slowdown=6,compute_s=0.05"
+
+
+def worker_rows(recs: np.ndarray, w: int) -> np.ndarray:
+    return recs[(recs["worker"] == w) & np.isin(recs["kind"], (COMPUTE, COMM, WAIT))]
+
+
+def assert_tiles(recs: np.ndarray, workers: int) -> None:
+    """Each worker's compute, communication and waiting follow each other with no gap and no overlap."""
+    for w in range(workers):
+        mine = worker_rows(recs, w)
+        assert len(mine) > 0
+        np.testing.assert_array_equal(mine["start"][1:], mine["end"][:-1])
+        assert (mine["end"] >= mine["start"]).all()
+
+
+def variant(comparison: Path, name: str) -> tuple[Path, dict, dict]:
+    """A run of the comparison fixture (tests/report/conftest.py): folder, config, summary."""
+    folder = comparison / name
+    return folder, json.loads((folder / "config.json").read_text()), json.loads((folder / "summary.json").read_text())
+
+
+def test_sync_with_backups_under_tail_matches_the_simulator_exactly(comparison):
+    out, cfg, summary = variant(comparison, "sync_backups=1")
+    assert cfg["algorithm"] == "sync:backups=1" and cfg["stragglers"].startswith("tail:")
+    recs, clock = read_timeline(out)
+    assert clock == "simulated"
+    stragglers = STRAGGLERS.build(cfg["stragglers"], seed=cfg["seed"])
+    network = NETWORKS.build(cfg["network"])
+    compute, comm, serve = (recs[recs["kind"] == k] for k in (COMPUTE, COMM, SERVE))
+    for c in compute:  # every computation lasts exactly the straggler model's draw for (worker, count)
+        assert c["end"] == c["start"] + stragglers.time(int(c["worker"]), int(c["step"]))
+    for w in range(cfg["workers"]):  # compute k, its upload, the server's reply, compute k + 1, ...
+        mine = comm[comm["worker"] == w]
+        ups, downs = mine[0::2], mine[1::2]
+        starts = compute[compute["worker"] == w]
+        np.testing.assert_array_equal(ups["start"], starts["end"][: len(ups)])
+        for up in ups:  # a gradient message: 64-byte header + the float32 gradient
+            assert up["end"] == up["start"] + network.send(int(serve["bytes"][0])).time_s
+        np.testing.assert_array_equal(starts["start"][1:], downs["end"][: len(starts) - 1])
+    assert_tiles(recs, cfg["workers"])
+    steps = read_jsonl(out / "steps.jsonl")
+    winners = {(w, c) for s in steps for w, c in zip(s["winners"], s["winner_counts"])}
+    handled = {(int(w), int(s)) for w, s in zip(serve["worker"], serve["step"])}
+    dropped = {(int(w), int(s)) for w, s, f in zip(compute["worker"], compute["step"], compute["flags"])
+               if f & DROPPED}
+    assert dropped == handled - winners and len(dropped) == sum(len(s["late"]) for s in steps) > 0
+    for s in steps:  # a step ends at the arrival of its N-th gradient: the last winner's upload
+        ends = [float(comm[(comm["worker"] == w) & (comm["step"] == c)]["end"][0])
+                for w, c in zip(s["winners"], s["winner_counts"])]
+        assert s["sim_time_s"] == max(ends)
+    assert int(recs["bytes"].sum()) == summary["bytes_sent"]  # every message counted once, where it arrived
+    totals = per_worker(recs)
+    assert sum(t["dropped"] for t in totals.values()) == len(dropped)
+
+
+def test_plain_sync_waits_for_the_slowest_then_averages(make_config):
+    cfg = make_config(algorithm="sync", stragglers=TAIL, steps=8, eval_every=8)
+    summary = run(cfg, progress=False)
+    recs, _ = read_timeline(cfg.out)
+    stragglers = STRAGGLERS.build(TAIL, seed=cfg.seed)
+    ends = [0.0] + [s["sim_time_s"] for s in read_jsonl(Path(cfg.out) / "steps.jsonl")]
+    for k in range(1, cfg.steps + 1):
+        at = recs[recs["step"] == k]
+        times = [stragglers.time(w, k) for w in range(cfg.workers)]
+        for w in range(cfg.workers):
+            (c,) = at[(at["worker"] == w) & (at["kind"] == COMPUTE)]
+            (m,) = at[(at["worker"] == w) & (at["kind"] == COMM)]
+            assert (c["start"], c["end"]) == (ends[k - 1], ends[k - 1] + times[w])
+            assert m["start"] == ends[k - 1] + max(times) and m["end"] == ends[k]
+            waits = at[(at["worker"] == w) & (at["kind"] == WAIT)]
+            assert len(waits) == int(times[w] < max(times))
+    assert_tiles(recs, cfg.workers)
+    assert int(recs["bytes"].sum()) == summary["bytes_sent"]
+
+
+def test_dasgd_records_the_average_in_flight_behind_computation(comparison):
+    out, cfg, summary = variant(comparison, "dasgd_period=2_delay=1")
+    recs, _ = read_timeline(out)
+    flying = recs[recs["kind"] == OVERLAP]
+    assert len(flying) == cfg["workers"] * cfg["steps"] // 2 and not (recs["kind"] == COMM).any()
+    network = NETWORKS.build(cfg["network"])
+    nbytes = 4 * cfg["num_parameters"]  # float32 parameters
+    for f in flying:  # the allreduce starts when its last contribution is ready; nothing blocks on it
+        assert f["end"] == f["start"] + network.allreduce(nbytes, cfg["workers"]).time_s
+    starts = sorted({float(t) for t in flying["start"]})
+    ready = [max(recs[(recs["kind"] == COMPUTE) & (recs["step"] == k)]["end"]) for k in (2, 4, 6, 8)]
+    assert starts == ready
+    assert int(flying["bytes"].sum()) == summary["bytes_sent"]
+
+
+@pytest.mark.parametrize("algorithm", ["streaming-diloco:inner_steps=4,fragments=2", "lsgd:async=true",
+                                       "easgd:async=true", "diana"])
+def test_every_algorithm_family_tiles_time_and_attributes_every_byte(make_config, algorithm):
+    """Streaming DiLoCo (fragments in flight), asynchronous LSGD and EASGD (server mode, leaders'
+    uploads), DIANA (compressed collectives): each worker's intervals follow each other without a
+    gap, and the bytes on the timeline are the run's bytes exactly."""
+    cfg = make_config(algorithm=algorithm, stragglers=TAIL, steps=8)
+    r = Run(cfg)  # the loop's steps without its evaluations and plots
+    timeline = r.record_timeline(Path(cfg.out), resumed=False)
+    for _ in range(cfg.steps):
+        r.train_step()
+        timeline.flush()
+    timeline.close()
+    recs, _ = read_timeline(cfg.out)
+    assert_tiles(recs, cfg.workers)
+    assert int(recs["bytes"].sum()) == r.transport.bytes_sent
+    assert (recs["kind"] == OVERLAP).any() == algorithm.startswith("streaming-diloco")
+
+
+def test_recorder_flushes_each_step_and_survives_a_cut_record(tmp_path):
+    timeline = Timeline(tmp_path / "timeline", "sim", clock=SimClock())
+    timeline.add(0, COMPUTE, 0.0, 1.0)
+    timeline.add(0, COMM, 1.5, 2.0, nbytes=7)  # a gap: waiting
+    timeline.flush()
+    recs, _ = read_timeline(tmp_path)
+    assert [(int(r["kind"]), r["start"], r["end"]) for r in recs] == [(COMPUTE, 0, 1), (WAIT, 1, 1.5), (COMM, 1.5, 2)]
+    with open(tmp_path / "timeline" / "sim.bin", "ab") as f:  # a crash in the middle of a record
+        f.write(b"\x01" * (RECORD.itemsize // 2))
+    assert len(read_timeline(tmp_path)[0]) == 3
+    timeline.close()
+
+
+def test_a_resumed_run_records_the_same_timeline(make_config):
+    """Stopped at a checkpoint and resumed, a run's timeline equals that of the run straight through
+    (server mode: computations recorded ahead, and waits spanning the checkpoint)."""
+    whole = make_config(algorithm="sync:backups=1", stragglers=TAIL, steps=8, eval_every=8, out="whole")
+    run(whole, progress=False)
+    first = make_config(algorithm="sync:backups=1", stragglers=TAIL, steps=4, eval_every=8, checkpoint_every=4,
+                        out="parts")
+    run(first, progress=False)
+    run(first.replace(steps=8, resume=True), progress=False)
+    a, b = read_timeline(whole.out)[0], read_timeline(first.out)[0]
+    assert len(a) == len(b) and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize(("total", "sizes", "shares"), [(10, [1, 1, 1], [4, 3, 3]), (9, [0, 0], [5, 4]),
+                                                         (100, [3, 1], [75, 25])])
+def test_byte_shares_sum_to_the_total(total, sizes, shares):
+    assert sim_shares(total, sizes) == shares
+
+
+def test_real_backend_timelines_threads(make_config):
+    """The torch code path (threads backend): one file per process, wall time, the server's
+    verdicts carried to the workers' computations."""
+    cfg = make_config(algorithm="sync:backups=1", workers=3, steps=6, eval_every=6, backend="threads", timeout_s=30)
+    run(cfg, progress=False)
+    recs, clock = read_timeline(cfg.out)
+    assert clock == "wall"
+    names = sorted(p.name for p in (Path(cfg.out) / "timeline").glob("*.bin"))
+    assert names == ["rank0.bin", "rank1.bin", "rank2.bin", "rank3.bin"]
+    compute, serve = recs[recs["kind"] == COMPUTE], recs[recs["kind"] == SERVE]
+    for w in range(cfg.workers):  # counts 1, 2, ... each computation measured, each answer waited for
+        counts = compute[compute["worker"] == w]["step"]
+        np.testing.assert_array_equal(counts, np.arange(1, len(counts) + 1))
+        assert len(recs[(recs["worker"] == w) & (recs["kind"] == WAIT)]) == len(counts)
+    assert (recs["end"] >= recs["start"]).all()
+    judged = {(int(w), int(s)) for w, s, f in zip(serve["worker"], serve["step"], serve["flags"]) if f & DROPPED}
+    marked = {(int(w), int(s)) for w, s, f in zip(compute["worker"], compute["step"], compute["flags"]) if f & DROPPED}
+    assert marked == judged
+    late = sum(len(s["late"]) for s in read_jsonl(Path(cfg.out) / "steps.jsonl"))
+    assert len(judged) >= late  # and the gradients still on their way after the last step
