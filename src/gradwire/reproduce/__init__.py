@@ -98,8 +98,7 @@ def markdown(claims: list[Claim], meta: dict) -> str:
         parts += [f"## {c.title} (`{c.name}`)", "", f"**Paper.** {c.citation}.", "", f"**Claim.** {c.statement}", "",
                   f"**Set-up.** {c.setup}.", ""]
         if c.rows:
-            parts += ["| " + " | ".join(c.columns) + " |", "|" + "---|" * len(c.columns)]
-            parts += ["| " + " | ".join(str(x) for x in row) + " |" for row in c.rows]
+            parts += [_row(c.columns), "|" + "---|" * len(c.columns)] + [_row(row) for row in c.rows]
             parts.append("")
         if c.plot:
             parts += [f"![{c.name}]({c.plot})", ""]
@@ -114,6 +113,10 @@ def markdown(claims: list[Claim], meta: dict) -> str:
                          "comparison.md beside them).")
         parts.append("")
     return "\n".join(parts)
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |"
 
 
 def short_citation(citation: str) -> str:

@@ -45,7 +45,7 @@ def judge(m: dict) -> list[Check]:
 
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
-    steps = scale.pick(400, 1000)
+    steps = scale.pick(300, 1000)
     common = RunConfig(task=TASK, workers=4, batch_size="full", dtype="float64", lr=0.5, steps=steps,
                        eval_every=10, seed=0)
     res = variants(out / "runs", common, VARIANTS, "DIANA vs quantized GD, logistic regression")

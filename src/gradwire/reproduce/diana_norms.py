@@ -17,9 +17,9 @@ STATEMENT = ("DIANA's quantizer sends, per block, one norm and a ternary symbol 
              "l-infinity norm quantizes with less noise than the l2 norm and converges in fewer iterations for "
              "the same bits; splitting the vector into smaller blocks lowers the variance further (fewer "
              "iterations) at the cost of one more norm per block.")
-TASK = "synthetic-logreg:samples=400,dim=40,l2=0.1,l1=0.001,hetero=2.0"
+TASK = "synthetic-logreg:samples=400,dim=100,l2=0.1,l1=0.001,hetero=2.0"
 EPS = 1e-8             # "converged": |f - f*| <= EPS at an evaluation
-BLOCKS = (5, 10, 40)   # 40 = the whole vector in one block
+BLOCKS = (5, 20, 100)  # 100 = the whole vector in one block
 NORMS = ("2", "inf")
 
 
@@ -35,24 +35,35 @@ def judge(m: dict) -> list[Check]:
     def le(a, b):  # reached, and no later than b (which may never have)
         return a is not None and (b is None or a <= b)
 
-    checks = []
-    for b in BLOCKS:
-        a, c = s[label("inf", b)], s[label("2", b)]
-        checks.append(Check(f"block {b}: l-inf reaches {EPS:g} in no more steps than l2", le(a, c),
-                            f"l-inf {fmt(a)}, l2 {fmt(c)} steps",
-                            "the two norms' variance differs too little at this block size to show in steps"))
+    def lt(a, b):
+        return a is not None and (b is None or a < b)
+
+    whole = BLOCKS[-1]
+    checks = [Check(f"for every block size, l-inf reaches {EPS:g} in no more steps than l2",
+                    all(le(s[label("inf", b)], s[label("2", b)]) for b in BLOCKS),
+                    "; ".join(f"block {b}: l-inf {fmt(s[label('inf', b)])}, l2 {fmt(s[label('2', b)])}"
+                              for b in BLOCKS),
+                    "at some block size l2 converged faster"),
+              Check(f"with the whole vector in one block ({whole}), l-inf takes strictly fewer steps than l2",
+                    lt(s[label("inf", whole)], s[label("2", whole)]),
+                    f"l-inf {fmt(s[label('inf', whole)])}, l2 {fmt(s[label('2', whole)])}",
+                    "the two norms' variance differs too little here to show in steps")]
     for p in NORMS:
         counts = [s[label(p, b)] for b in BLOCKS]
-        checks.append(Check(f"l{p}: smaller blocks reach {EPS:g} in no more steps ({', '.join(map(str, BLOCKS))})",
-                            all(le(x, y) for x, y in zip(counts, counts[1:])),
-                            ", ".join(fmt(x) for x in counts) + " steps",
-                            "a smaller block's lower variance does not shorten the run here"))
+        checks.append(Check(f"l{p}: smaller blocks reach {EPS:g} in fewer steps (no more at each size, strictly "
+                            f"fewer from {whole} to {BLOCKS[0]})",
+                            all(le(x, y) for x, y in zip(counts, counts[1:])) and lt(counts[0], counts[-1]),
+                            "blocks " + ", ".join(map(str, BLOCKS)) + ": " + ", ".join(fmt(x) for x in counts)
+                            + " steps",
+                            "the variance of one block is already low enough that the step size, not the "
+                            "quantization, limits the rate (gamma*mu = 0.05 per step here), so smaller blocks only "
+                            "cost bytes"))
     return checks
 
 
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
-    steps = scale.pick(400, 1000)
+    steps = scale.pick(250, 600)
     common = RunConfig(task=TASK, workers=4, algorithm="diana", batch_size="full", dtype="float64", lr=0.5,
                        steps=steps, eval_every=5, seed=0)
     specs = {label(p, b): {"compressor": f"pquant:p={p},block={b}"} for b in BLOCKS for p in NORMS}

@@ -42,7 +42,7 @@ def judge(m: dict) -> list[Check]:
 
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
-    steps = scale.pick(400, 2000)
+    steps = scale.pick(200, 2000)
     common = RunConfig(task="mnist1d-cnn", workers=10, partition="dirichlet:alpha=0.5,skew=20", stragglers="none",
                        network="ps:mbps=100,latency_ms=1", steps=steps, batch_size=32, lr=0.05, momentum=0.9,
                        eval_every=steps // 20, seed=0)
