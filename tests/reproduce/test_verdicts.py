@@ -77,6 +77,9 @@ def test_lsgd_easgd():
     assert passed(lsgd_easgd.judge(m((0.5, 0.70), (0.4, 0.69), (0.5, 0.68), (0.5, 0.694)))) == [True, True, True]
     assert passed(lsgd_easgd.judge(m((0.5, 0.66), (0.49, 0.664), (0.5, 0.657), (0.5, 0.652)))) == [True, True, False]
     assert verdict(lsgd_easgd.judge(m((0.4, 0.6), (0.5, 0.7), (0.5, 0.7), (0.5, 0.7)))) == "not"
+    # early: ahead by 0.004 is level; final: 0.004 behind EASGD is level; sync absent (--quick)
+    quick = {k: v for k, v in m((0.5, 0.70), (0.496, 0.704), (0.5, 0.69), (0, 0)).items() if k != "sync"}
+    assert passed(lsgd_easgd.judge(quick)) == [False, True, True]
 
 
 def test_dagc():
@@ -98,6 +101,8 @@ def test_dqsgd():
     assert verdict(dqsgd.judge(m(410.0, 0.92, 3.0, 3.3))) == "reproduced"
     assert passed(dqsgd.judge(m(421.0, 0.92, 3.3, 3.0))) == [False, True, False]
     assert verdict(dqsgd.judge(m(380.0, 0.9, 3.0, 3.0))) == "partly"
+    assert passed(dqsgd.judge(m(400.0, 0.904, 3.0, 3.0)))[1] is False  # "beats" needs more than half a point
+    assert passed(dqsgd.judge(m(400.0, 0.906, 3.0, 3.0)))[1] is True
 
 
 def test_dasgd():

@@ -109,8 +109,8 @@ def markdown(claims: list[Claim], meta: dict) -> str:
             parts.append(line + (f". Why: {k.if_failed}." if not k.passed and k.if_failed else ""))
         parts += [f"- Note: {n}" for n in c.notes]
         if c.runs:
-            parts.append(f"- Runs: `{c.runs}/` (each with config.json, metrics.jsonl, summary.json; "
-                         "comparison.md beside them).")
+            parts.append(f"- Runs: `{c.runs}/` (each with config.json, metrics.jsonl, summary.json"
+                         + ("; comparison.md beside them)." if meta["mode"] == "full" else ")."))
         parts.append("")
     return "\n".join(parts)
 

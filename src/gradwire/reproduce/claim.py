@@ -20,6 +20,7 @@ from gradwire.config import RunConfig
 from gradwire.errors import DivergenceError
 
 VERDICTS = ("reproduced", "partly", "not")
+TIE = 0.005  # test accuracies closer than this (half a point) are level: "beats" needs more, "no worse" allows it
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,11 @@ class Result:
         return self.metrics[-1]
 
 
-def variants(folder: Path, common: RunConfig, specs: dict[str, dict], title: str) -> dict[str, Result]:
-    """Run each variant (name -> RunConfig overrides) into ``folder/<name>`` and write the
-    comparison report there (``report/compare.py``). A diverged run is kept with its metrics."""
+def variants(folder: Path, common: RunConfig, specs: dict[str, dict], title: str, *,
+             report: bool = True) -> dict[str, Result]:
+    """Run each variant (name -> RunConfig overrides) into ``folder/<name>`` and, with ``report``,
+    write the comparison report there (``report/compare.py``; --quick leaves it out: its plot costs
+    seconds). A diverged run is kept with its metrics."""
     from gradwire.report.compare import write_report
     from gradwire.report.run_folder import read_jsonl
     from gradwire.run.loop import run
@@ -117,7 +120,8 @@ def variants(folder: Path, common: RunConfig, specs: dict[str, dict], title: str
         except DivergenceError:
             summary = json.loads((Path(cfg.out) / "summary.json").read_text())
         results[name] = Result(summary, read_jsonl(Path(cfg.out) / "metrics.jsonl"), Path(cfg.out))
-    write_report(folder, [r.summary for r in results.values()], [r.folder for r in results.values()], title)
+    if report:
+        write_report(folder, [r.summary for r in results.values()], [r.folder for r in results.values()], title)
     return results
 
 

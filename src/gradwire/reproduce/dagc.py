@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gradwire.config import RunConfig
-from gradwire.reproduce.claim import Check, Claim, Scale, fmt, interpolate, judge_checks, tail_mean, variants
+from gradwire.reproduce.claim import TIE, Check, Claim, Scale, fmt, interpolate, judge_checks, tail_mean, variants
 
 NAME = "dagc"
 TITLE = "DAGC beats uniform compression at the same budget when data volumes are skewed"
@@ -20,6 +20,10 @@ STATEMENT = ("When workers hold very different amounts of data, giving each work
 SAME_BYTES = 0.02  # the pairs must send within 2% of each other's bytes
 PAIRS = {"step": ("uniform top-k 1%", "DAGC-R 1%"), "fedavg": ("FedAvg K=4, uniform top-k 1%", "FedAvg K=4, DAGC-R 1%")}
 
+QUICK_NOTE = ["--quick runs 200 steps: accuracies are still low and move by several points between evaluations, "
+              "so its accuracy checks are close to noise; the full run (2000 steps, as in "
+              "docs/adaptive_compression.md) is the one to judge by."]
+
 
 def judge(m: dict) -> list[Check]:
     """``m[pair][variant]``: ``mb`` sent, ``acc_mid`` (test accuracy at half the uniform run's bytes)
@@ -29,16 +33,18 @@ def judge(m: dict) -> list[Check]:
     gap = abs(step[d]["mb"] - step[u]["mb"]) / step[u]["mb"]
     return [Check(f"DAGC-R and uniform top-k send the same bytes (within {SAME_BYTES:.0%})", gap <= SAME_BYTES,
                   f"{step[d]['mb']:.2f} vs {step[u]['mb']:.2f} MB", "the budgets are not comparable"),
-            Check("DAGC-R is more accurate at equal bytes mid-run (half of uniform's bytes)",
-                  step[d]["acc_mid"] > step[u]["acc_mid"],
+            Check(f"DAGC-R is more accurate at equal bytes mid-run (half of uniform's bytes) by > {TIE}",
+                  step[d]["acc_mid"] > step[u]["acc_mid"] + TIE,
                   f"DAGC-R {step[d]['acc_mid']:.3f}, uniform {step[u]['acc_mid']:.3f}",
                   "the allocation does not pay off early at this scale"),
-            Check("DAGC-R ends at least as accurate (mean over the last fifth of the run)",
-                  step[d]["tail"] >= step[u]["tail"], f"DAGC-R {step[d]['tail']:.3f}, uniform {step[u]['tail']:.3f}",
+            Check(f"DAGC-R ends at least as accurate (mean over the last fifth of the run; within {TIE})",
+                  step[d]["tail"] >= step[u]["tail"] - TIE,
+                  f"DAGC-R {step[d]['tail']:.3f}, uniform {step[u]['tail']:.3f}",
                   "at the end of a run with error feedback the two are within seed noise "
                   "(docs/adaptive_compression.md: 3 seeds cannot separate them)"),
-            Check("in FedAvg rounds (4 local steps) DAGC-R ends more accurate (last fifth)",
-                  fed[fd]["tail"] > fed[fu]["tail"], f"DAGC-R {fed[fd]['tail']:.3f}, uniform {fed[fu]['tail']:.3f}",
+            Check(f"in FedAvg rounds (4 local steps) DAGC-R ends more accurate (last fifth) by > {TIE}",
+                  fed[fd]["tail"] > fed[fu]["tail"] + TIE,
+                  f"DAGC-R {fed[fd]['tail']:.3f}, uniform {fed[fu]['tail']:.3f}",
                   "the advantage measured over 500 rounds in docs/adaptive_compression.md does not show "
                   "at this length")]
 
@@ -55,7 +61,7 @@ def run(out: Path, scale: Scale) -> Claim:
              fu: {"algorithm": "dagc:budget=0.01,mode=uniform,local_steps=4", "steps": rounds,
                   "eval_every": rounds // 20},
              fd: {"algorithm": "dagc:budget=0.01,local_steps=4", "steps": rounds, "eval_every": rounds // 20}}
-    res = variants(out / "runs", common, specs, "DAGC vs uniform top-k, skewed volumes")
+    res = variants(out / "runs", common, specs, "DAGC vs uniform top-k, skewed volumes", report=not scale.quick)
     measured: dict = {"steps": steps, "rounds": rounds}
     for pair, (a, b) in PAIRS.items():
         mid = res[a].summary["bytes_sent"] / 2
@@ -76,8 +82,9 @@ def run(out: Path, scale: Scale) -> Claim:
                  columns=["variant", "MB sent", "acc at half uniform's bytes", "acc, last fifth", "final acc"],
                  rows=rows, checks=checks, verdict=verdict, reason=reason, measured=measured, plot=plot.name,
                  runs="runs", wall_time_s=time.perf_counter() - started,
-                 notes=["One seed; docs/adaptive_compression.md has 3 seeds of 2000 steps and DAGC-A "
-                        "(absolute thresholds), which this claim leaves out."])
+                 notes=[*QUICK_NOTE * scale.quick,
+                        "One seed; docs/adaptive_compression.md has 3 seeds of 2000 steps and DAGC-A (absolute "
+                        "thresholds), which this claim leaves out."])
 
 
 def _plot(res, path: Path) -> Path:

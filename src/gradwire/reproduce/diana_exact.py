@@ -48,7 +48,7 @@ def run(out: Path, scale: Scale) -> Claim:
     steps = scale.pick(300, 1000)
     common = RunConfig(task=TASK, workers=4, batch_size="full", dtype="float64", lr=0.5, steps=steps,
                        eval_every=10, seed=0)
-    res = variants(out / "runs", common, VARIANTS, "DIANA vs quantized GD, logistic regression")
+    res = variants(out / "runs", common, VARIANTS, "DIANA vs quantized GD, logistic regression", report=not scale.quick)
     final = {k: abs(r.final["suboptimality"]) for k, r in res.items()}
     floor = {k: min(abs(x["suboptimality"]) for x in r.metrics if x["step"] >= steps / 2) for k, r in res.items()}
     measured = {"final": final, "floor": floor, "steps": steps,

@@ -67,7 +67,7 @@ def run(out: Path, scale: Scale) -> Claim:
     common = RunConfig(task=TASK, workers=4, algorithm="diana", batch_size="full", dtype="float64", lr=0.5,
                        steps=steps, eval_every=5, seed=0)
     specs = {label(p, b): {"compressor": f"pquant:p={p},block={b}"} for b in BLOCKS for p in NORMS}
-    res = variants(out / "runs", common, specs, "DIANA: quantization norm and block size")
+    res = variants(out / "runs", common, specs, "DIANA: quantization norm and block size", report=not scale.quick)
     to_eps = {k: first_reaching([x | {"neg": -abs(x["suboptimality"])} for x in r.metrics], "neg", -EPS, "step")
               for k, r in res.items()}
     bytes_to_eps = {k: (None if to_eps[k] is None else

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gradwire.reproduce import double_well
 from gradwire.reproduce.claim import Check, Claim, Scale, judge_checks
 
 NAME = "lsgd-symmetry"
@@ -36,6 +35,8 @@ def judge(m: dict) -> list[Check]:
 
 
 def run(out: Path, scale: Scale) -> Claim:
+    from gradwire.reproduce import double_well  # here, so `python -m gradwire.reproduce.double_well` runs clean
+
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(scale.pick(4, 8)))
