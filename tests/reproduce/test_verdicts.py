@@ -61,6 +61,9 @@ def test_diana_norms():
     assert passed(diana_norms.judge({"steps_to_eps": s})) == [False, True, True, False]
     s[lab("inf", 100)] = None  # never reached with the whole vector: not fewer steps than l2's never, but then
     assert passed(diana_norms.judge({"steps_to_eps": s})) == [False, False, True, True]  # 75, 95, never is monotone
+    quick = {"blocks": [5, 100], "steps_to_eps": {lab("inf", 5): 75, lab("2", 5): 80, lab("inf", 100): 90,
+                                                  lab("2", 100): 90}}  # --quick runs two block sizes
+    assert passed(diana_norms.judge(quick)) == [True, False, True, True]
 
 
 def test_lsgd_symmetry_counts_seeds():

@@ -51,16 +51,16 @@ def judge(m: dict) -> list[Check]:
 
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
-    steps = scale.pick(200, 2000)
+    steps, evals = scale.pick(200, 2000), scale.pick(10, 20)
     common = RunConfig(task="mnist1d-cnn", workers=10, partition="dirichlet:alpha=0.5,skew=20", stragglers="none",
                        network="ps:mbps=100,latency_ms=1", steps=steps, batch_size=32, lr=0.05, momentum=0.9,
-                       error_feedback=True, eval_every=steps // 20, seed=0)
+                       error_feedback=True, eval_every=steps // evals, seed=0)
     (u, d), (fu, fd) = PAIRS["step"], PAIRS["fedavg"]
     rounds = steps // 4  # the same gradients per worker
     specs = {u: {"algorithm": "dagc:budget=0.01,mode=uniform"}, d: {"algorithm": "dagc:budget=0.01"},
              fu: {"algorithm": "dagc:budget=0.01,mode=uniform,local_steps=4", "steps": rounds,
-                  "eval_every": rounds // 20},
-             fd: {"algorithm": "dagc:budget=0.01,local_steps=4", "steps": rounds, "eval_every": rounds // 20}}
+                  "eval_every": rounds // evals},
+             fd: {"algorithm": "dagc:budget=0.01,local_steps=4", "steps": rounds, "eval_every": rounds // evals}}
     res = variants(out / "runs", common, specs, "DAGC vs uniform top-k, skewed volumes", report=not scale.quick)
     measured: dict = {"steps": steps, "rounds": rounds}
     for pair, (a, b) in PAIRS.items():

@@ -29,8 +29,8 @@ def label(p: str, block: int) -> str:
 
 def judge(m: dict) -> list[Check]:
     """``m["steps_to_eps"]``: per ``label(p, block)`` the first evaluated step with |f - f*| <= EPS
-    (None if never)."""
-    s = m["steps_to_eps"]
+    (None if never); ``m["blocks"]``: the block sizes run (default ``BLOCKS``), smallest first."""
+    s, blocks = m["steps_to_eps"], tuple(m.get("blocks", BLOCKS))
 
     def le(a, b):  # reached, and no later than b (which may never have)
         return a is not None and (b is None or a <= b)
@@ -38,22 +38,22 @@ def judge(m: dict) -> list[Check]:
     def lt(a, b):
         return a is not None and (b is None or a < b)
 
-    whole = BLOCKS[-1]
+    whole = blocks[-1]
     checks = [Check(f"for every block size, l-inf reaches {EPS:g} in no more steps than l2",
-                    all(le(s[label("inf", b)], s[label("2", b)]) for b in BLOCKS),
+                    all(le(s[label("inf", b)], s[label("2", b)]) for b in blocks),
                     "; ".join(f"block {b}: l-inf {fmt(s[label('inf', b)])}, l2 {fmt(s[label('2', b)])}"
-                              for b in BLOCKS),
+                              for b in blocks),
                     "at some block size l2 converged faster"),
               Check(f"with the whole vector in one block ({whole}), l-inf takes strictly fewer steps than l2",
                     lt(s[label("inf", whole)], s[label("2", whole)]),
                     f"l-inf {fmt(s[label('inf', whole)])}, l2 {fmt(s[label('2', whole)])}",
                     "the two norms' variance differs too little here to show in steps")]
     for p in NORMS:
-        counts = [s[label(p, b)] for b in BLOCKS]
+        counts = [s[label(p, b)] for b in blocks]
         checks.append(Check(f"l{p}: smaller blocks reach {EPS:g} in fewer steps (no more at each size, strictly "
-                            f"fewer from {whole} to {BLOCKS[0]})",
+                            f"fewer from {whole} to {blocks[0]})",
                             all(le(x, y) for x, y in zip(counts, counts[1:])) and lt(counts[0], counts[-1]),
-                            "blocks " + ", ".join(map(str, BLOCKS)) + ": " + ", ".join(fmt(x) for x in counts)
+                            "blocks " + ", ".join(map(str, blocks)) + ": " + ", ".join(fmt(x) for x in counts)
                             + " steps",
                             "the variance of one block is already low enough that the step size, not the "
                             "quantization, limits the rate (gamma*mu = 0.05 per step here), so smaller blocks only "
@@ -66,14 +66,15 @@ def run(out: Path, scale: Scale) -> Claim:
     steps = scale.pick(250, 600)
     common = RunConfig(task=TASK, workers=4, algorithm="diana", batch_size="full", dtype="float64", lr=0.5,
                        steps=steps, eval_every=5, seed=0)
-    specs = {label(p, b): {"compressor": f"pquant:p={p},block={b}"} for b in BLOCKS for p in NORMS}
+    blocks = scale.pick((BLOCKS[0], BLOCKS[-1]), BLOCKS)  # --quick: the smallest block and the whole vector
+    specs = {label(p, b): {"compressor": f"pquant:p={p},block={b}"} for b in blocks for p in NORMS}
     res = variants(out / "runs", common, specs, "DIANA: quantization norm and block size", report=not scale.quick)
     to_eps = {k: first_reaching([x | {"neg": -abs(x["suboptimality"])} for x in r.metrics], "neg", -EPS, "step")
               for k, r in res.items()}
     bytes_to_eps = {k: (None if to_eps[k] is None else
                         next(x["bytes_sent"] for x in r.metrics if x["step"] == to_eps[k]) / 1e6)
                     for k, r in res.items()}
-    measured = {"steps_to_eps": to_eps, "mb_to_eps": bytes_to_eps, "steps": steps,
+    measured = {"blocks": list(blocks), "steps_to_eps": to_eps, "mb_to_eps": bytes_to_eps, "steps": steps,
                 "final": {k: abs(r.final["suboptimality"]) for k, r in res.items()},
                 "bytes_per_step": {k: r.summary["bytes_sent"] / steps for k, r in res.items()}}
     checks = judge(measured)
@@ -84,7 +85,7 @@ def run(out: Path, scale: Scale) -> Claim:
     return Claim(NAME, TITLE, CITATION, STATEMENT,
                  setup=(f"`{TASK}` on 4 heterogeneous workers, DIANA, full local gradients, float64, step 0.5, "
                         f"{steps} steps, evaluated every 5, seed 0; `pquant:p=P,block=B` for P in l2, l-inf and "
-                        f"B in {BLOCKS}"),
+                        f"B in {blocks}"),
                  columns=["quantizer", f"steps to {EPS:g}", f"MB to {EPS:g}", "bytes per step", "final |f - f*|"],
                  rows=rows, checks=checks, verdict=verdict, reason=reason, measured=measured, plot=plot.name,
                  runs="runs", wall_time_s=time.perf_counter() - started,

@@ -46,7 +46,7 @@ def run(out: Path, scale: Scale) -> Claim:
     steps = scale.pick(200, 2000)
     common = RunConfig(task="mnist1d-cnn", workers=10, partition="dirichlet:alpha=0.5,skew=20", stragglers="none",
                        network="ps:mbps=100,latency_ms=1", steps=steps, batch_size=32, lr=0.05, momentum=0.9,
-                       eval_every=steps // 20, seed=0)
+                       eval_every=steps // scale.pick(10, 20), seed=0)
     specs = {FIXED: {"algorithm": "dqsgd:levels=3"}, BUDGET: {"algorithm": "dqsgd:bits_budget=3"},
              BOUND: {"algorithm": "dqsgd:error_bound=1"}}
     res = variants(out / "runs", common, specs, "DQ-SGD vs fixed levels, skewed volumes", report=not scale.quick)
