@@ -44,7 +44,8 @@ def judge(m: dict) -> list[Check]:
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
     steps = scale.pick(200, 2000)
-    common = RunConfig(task="mnist1d-cnn", workers=10, partition="dirichlet:alpha=0.5,skew=20", stragglers="none",
+    workers = scale.pick(5, 10)
+    common = RunConfig(task="mnist1d-cnn", workers=workers, partition="dirichlet:alpha=0.5,skew=20", stragglers="none",
                        network="ps:mbps=100,latency_ms=1", steps=steps, batch_size=32, lr=0.05, momentum=0.9,
                        eval_every=steps // scale.pick(10, 20), seed=0)
     specs = {FIXED: {"algorithm": "dqsgd:levels=3"}, BUDGET: {"algorithm": "dqsgd:bits_budget=3"},
@@ -62,8 +63,8 @@ def run(out: Path, scale: Scale) -> Claim:
     rows = [[k, fmt(measured[k]["mb"]), fmt(measured[k]["tail"]), fmt(measured[k]["final"])] for k in res]
     plot = _plot(res, bits, out / f"{NAME}.png")
     return Claim(NAME, TITLE, CITATION, STATEMENT,
-                 setup=(f"MNIST-1D CNN, 10 workers, `dirichlet:alpha=0.5,skew=20`, batch 32, lr 0.05, momentum 0.9, "
-                        f"{steps} steps, FedAvg weights in all three, seed 0"),
+                 setup=(f"MNIST-1D CNN, {workers} workers, `dirichlet:alpha=0.5,skew=20`, batch 32, lr 0.05, "
+                        f"momentum 0.9, {steps} steps, FedAvg weights in all three, seed 0"),
                  columns=["variant", "MB sent", "acc, last fifth", "final acc"], rows=rows, checks=checks,
                  verdict=verdict, reason=reason, measured=measured, plot=plot.name, runs="runs",
                  wall_time_s=time.perf_counter() - started,

@@ -45,7 +45,7 @@ def judge(m: dict) -> list[Check]:
 
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
-    steps, seeds = scale.pick(400, 2000), scale.pick([0, 1], [0, 1, 2])
+    steps, seeds = scale.pick(300, 2000), scale.pick([0, 1], [0, 1, 2])
     specs = {k: v for k, v in VARIANTS.items() if not (scale.quick and k == "sync SGD")}  # quick: local SGD only
     per_seed = {}
     for seed in seeds:
