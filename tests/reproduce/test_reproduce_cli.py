@@ -55,3 +55,21 @@ def test_list_names_every_claim(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == list(reproduce.CLAIMS)
     assert lines[0].endswith("(Chen et al. 2016)")
+
+
+def test_variants_run_through_the_run_loop_and_quick_leaves_the_plots_out(tmp_path):
+    from gradwire.config import RunConfig
+    from gradwire.report.run_folder import read_jsonl
+    from gradwire.reproduce.claim import variants
+
+    common = RunConfig(task="synthetic-logreg:samples=80,dim=4", workers=2, batch_size="full", dtype="float64",
+                       steps=6, eval_every=3, data_dir=str(tmp_path / "data"))
+    res = variants(tmp_path / "runs", common, {"a b": {"algorithm": "sync"}, "c": {"algorithm": "diana"}}, "t",
+                   report=False)
+    assert list(res) == ["a b", "c"] and res["a b"].folder == tmp_path / "runs" / "a_b"
+    for r in res.values():
+        assert [m["step"] for m in r.metrics] == [0, 3, 6] and r.metrics == read_jsonl(r.folder / "metrics.jsonl")
+        assert r.summary["status"] == "finished" and r.summary["steps"] == 6 and len(r.steps()) == 6
+        assert (r.folder / "summary.json").exists() and not (r.folder / "curves.png").exists()
+    assert not (tmp_path / "runs" / "comparison.md").exists()
+    assert res["c"].summary["label"] == "c"

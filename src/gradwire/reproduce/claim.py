@@ -105,8 +105,8 @@ class Result:
 def variants(folder: Path, common: RunConfig, specs: dict[str, dict], title: str, *,
              report: bool = True) -> dict[str, Result]:
     """Run each variant (name -> RunConfig overrides) into ``folder/<name>`` and, with ``report``,
-    write the comparison report there (``report/compare.py``; --quick leaves it out: its plot costs
-    seconds). A diverged run is kept with its metrics."""
+    write the comparison report there (``report/compare.py``) and each run's curves.png; --quick
+    leaves both out (a second of plotting per run). A diverged run is kept with its metrics."""
     from gradwire.report.compare import write_report
     from gradwire.report.run_folder import read_jsonl
     from gradwire.run.loop import run
@@ -116,7 +116,7 @@ def variants(folder: Path, common: RunConfig, specs: dict[str, dict], title: str
     for name, overrides in specs.items():
         cfg = common.replace(name=name, out=str(folder / slug(name)), overwrite=True, **overrides)
         try:
-            summary = run(cfg, progress=False)
+            summary = run(cfg, progress=False, curves=report)
         except DivergenceError:
             summary = json.loads((Path(cfg.out) / "summary.json").read_text())
         results[name] = Result(summary, read_jsonl(Path(cfg.out) / "metrics.jsonl"), Path(cfg.out))
