@@ -25,6 +25,14 @@ def test_judge_checks_all_some_none_and_the_reason_names_each_check():
     assert judge_checks([bad])[0] == "not"
     with pytest.raises(ValueError):
         judge_checks([])
+    # a precondition makes the comparison fair; it is not part of the claim
+    fair, unfair = Check("same bytes", True, "", precondition=True), Check("same bytes", False, "", precondition=True)
+    assert judge_checks([fair, bad])[0] == "not" and judge_checks([fair, ok])[0] == "reproduced"
+    v, reason = judge_checks([unfair, ok])
+    assert v == "not" and reason.startswith("the comparison is not fair: 1 precondition(s) fail. 1 of 1 criteria")
+    assert "[FAIL: precondition: same bytes ()]" in reason
+    with pytest.raises(ValueError):
+        judge_checks([fair])
 
 
 def backups(t_sync, t_b, t_a, acc_b, acc_a):
@@ -94,6 +102,7 @@ def test_dagc():
                 "fedavg": {fu: {"tail": 0.7}, fd: {"tail": fed_d}}}
     assert verdict(dagc.judge(m(10.2, 0.55, 0.8, 0.75))) == "reproduced"
     assert passed(dagc.judge(m(10.21, 0.5, 0.79, 0.7))) == [False, False, False, False]
+    assert verdict(dagc.judge(m(10.21, 0.55, 0.8, 0.75))) == "not"  # 2.1% more bytes: not a fair comparison
     assert passed(dagc.judge(m(9.9, 0.6, 0.79, 0.71))) == [True, True, False, True]
 
 
@@ -103,7 +112,9 @@ def test_dqsgd():
                 "bits": {"first_quarter": first, "last_quarter": last}}
     assert verdict(dqsgd.judge(m(410.0, 0.92, 3.0, 3.3))) == "reproduced"
     assert passed(dqsgd.judge(m(421.0, 0.92, 3.3, 3.0))) == [False, True, False]
-    assert verdict(dqsgd.judge(m(380.0, 0.9, 3.0, 3.0))) == "partly"
+    assert verdict(dqsgd.judge(m(421.0, 0.92, 3.0, 3.3))) == "not"  # 5.25% more bytes: unfair
+    assert verdict(dqsgd.judge(m(400.0, 0.9, 3.3, 3.0))) == "not"  # fair, but neither claim holds
+    assert verdict(dqsgd.judge(m(390.0, 0.92, 3.0, 3.0))) == "partly"
     assert passed(dqsgd.judge(m(400.0, 0.904, 3.0, 3.0)))[1] is False  # "beats" needs more than half a point
     assert passed(dqsgd.judge(m(400.0, 0.906, 3.0, 3.0)))[1] is True
 

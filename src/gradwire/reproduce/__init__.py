@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gradwire.errors import ConfigError
 from gradwire.reproduce import backup_workers, dagc, dasgd, diana_exact, diana_norms, dqsgd, lsgd_easgd, lsgd_symmetry
-from gradwire.reproduce.claim import VERDICTS, Check, Claim, Scale
+from gradwire.reproduce.claim import VERDICTS, Check, Claim, Scale, met
 
 __all__ = ["CLAIMS", "Check", "Claim", "Scale", "load_claims", "run_claims", "select", "write_report"]
 
@@ -81,8 +81,8 @@ def load_claims(folder: Path | str) -> list[Claim]:
 def verdict_table(claims: list[Claim]) -> str:
     lines = ["| claim | paper | verdict | criteria met | wall time (s) |", "|---|---|---|---|---|"]
     for c in claims:
-        met = f"{sum(k.passed for k in c.checks)} of {len(c.checks)}" if c.checks else "–"
-        lines.append(f"| {c.title} (`{c.name}`) | {short_citation(c.citation)} | **{c.verdict}** | {met} | "
+        lines.append(f"| {c.title} (`{c.name}`) | {short_citation(c.citation)} | **{c.verdict}** | "
+                     f"{met(c.checks) if c.checks else '–'} | "
                      f"{c.wall_time_s:.0f} |")
     return "\n".join(lines)
 
@@ -93,7 +93,9 @@ def markdown(claims: list[Claim], meta: dict) -> str:
              f"`{meta['command']}`, gradwire {meta['gradwire_version']}, {meta['written']}, "
              f"{meta['wall_time_s']:.0f} s of wall time. Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items())
              + ". A verdict follows from the criteria below each claim, stated before measuring: all met is "
-             "*reproduced*, none is *not*, some is *partly*.", "", verdict_table(claims), ""]
+             "*reproduced*, none is *not*, some is *partly*; a failed precondition (a comparison that is not "
+             "fair, e.g. unequal bytes) is *not*. Criteria met counts the claim's own criteria.", "",
+             verdict_table(claims), ""]
     for c in claims:
         parts += [f"## {c.title} (`{c.name}`)", "", f"**Paper.** {c.citation}.", "", f"**Claim.** {c.statement}", "",
                   f"**Set-up.** {c.setup}.", ""]
@@ -105,7 +107,8 @@ def markdown(claims: list[Claim], meta: dict) -> str:
         parts.append(f"**Verdict: {c.verdict}.**" + ("" if c.checks else f" {c.reason}"))
         parts.append("")
         for k in c.checks:
-            line = f"- {'met' if k.passed else '**not met**'}: {k.criterion} ({k.detail})"
+            line = (f"- {'met' if k.passed else '**not met**'}: {'precondition: ' * k.precondition}{k.criterion} "
+                    f"({k.detail})")
             parts.append(line + (f". Why: {k.if_failed}." if not k.passed and k.if_failed else ""))
         parts += [f"- Note: {n}" for n in c.notes]
         if c.runs:

@@ -39,6 +39,7 @@ class Check:
     passed: bool
     detail: str         # the measured numbers behind the decision
     if_failed: str = ""  # why gradwire does not show it (part of the reason when the check fails)
+    precondition: bool = False  # makes the comparison fair (equal bytes, ...); not part of the paper's claim
 
 
 @dataclass
@@ -64,18 +65,31 @@ class Claim:
 
 
 def judge_checks(checks: list[Check]) -> tuple[str, str]:
-    """(verdict, reason) from the checks: all passed -> reproduced, none -> not, else partly."""
-    if not checks:
-        raise ValueError("a claim needs at least one check")
-    passed = sum(c.passed for c in checks)
-    verdict = "reproduced" if passed == len(checks) else "not" if passed == 0 else "partly"
+    """(verdict, reason) from the checks. A failed precondition makes the comparison invalid: ``not``.
+    Otherwise the claim's own checks decide: all passed -> reproduced, none -> not, else partly."""
+    claim_checks = [c for c in checks if not c.precondition]
+    if not claim_checks:
+        raise ValueError("a claim needs at least one check that is not a precondition")
+    passed = sum(c.passed for c in claim_checks)
+    broken = [c for c in checks if c.precondition and not c.passed]
+    if broken:
+        verdict = "not"
+    else:
+        verdict = "reproduced" if passed == len(claim_checks) else "not" if passed == 0 else "partly"
     parts = []
     for c in checks:
-        text = f"{'PASS' if c.passed else 'FAIL'}: {c.criterion} ({c.detail})"
+        text = f"{'PASS' if c.passed else 'FAIL'}: {'precondition: ' * c.precondition}{c.criterion} ({c.detail})"
         if not c.passed and c.if_failed:
             text += f"; {c.if_failed}"
         parts.append(text)
-    return verdict, f"{passed} of {len(checks)} criteria hold. " + " ".join(f"[{p}]" for p in parts)
+    head = (f"the comparison is not fair: {len(broken)} precondition(s) fail. " if broken else "")
+    return verdict, head + f"{passed} of {len(claim_checks)} criteria hold. " + " ".join(f"[{p}]" for p in parts)
+
+
+def met(checks: list[Check]) -> str:
+    """"k of n" over the claim's own checks (not the preconditions)."""
+    own = [c for c in checks if not c.precondition]
+    return f"{sum(c.passed for c in own)} of {len(own)}"
 
 
 def slug(text: str) -> str:

@@ -32,7 +32,8 @@ def judge(m: dict) -> list[Check]:
     step, fed = m["step"], m["fedavg"]
     gap = abs(step[d]["mb"] - step[u]["mb"]) / step[u]["mb"]
     return [Check(f"DAGC-R and uniform top-k send the same bytes (within {SAME_BYTES:.0%})", gap <= SAME_BYTES,
-                  f"{step[d]['mb']:.2f} vs {step[u]['mb']:.2f} MB", "the budgets are not comparable"),
+                  f"{step[d]['mb']:.2f} vs {step[u]['mb']:.2f} MB", "the budgets are not comparable",
+                  precondition=True),
             Check(f"DAGC-R is more accurate at equal bytes mid-run (half of uniform's bytes) by > {TIE}",
                   step[d]["acc_mid"] > step[u]["acc_mid"] + TIE,
                   f"DAGC-R {step[d]['acc_mid']:.3f}, uniform {step[u]['acc_mid']:.3f}",

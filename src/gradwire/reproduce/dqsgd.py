@@ -29,7 +29,7 @@ def judge(m: dict) -> list[Check]:
     first, last = m["bits"]["first_quarter"], m["bits"]["last_quarter"]
     return [Check(f"DQ-SGD with a 3-bit budget sends the bytes of fixed 3-bit QSGD (within {SAME_BYTES:.0%})",
                   gap <= SAME_BYTES, f"{m[BUDGET]['mb']:.1f} vs {m[FIXED]['mb']:.1f} MB",
-                  "the budget controller missed its target"),
+                  "the budget controller missed its target", precondition=True),
             Check(f"DQ-SGD is more accurate than fixed levels at those bytes (mean over the last fifth) by > {TIE}",
                   m[BUDGET]["tail"] > m[FIXED]["tail"] + TIE,
                   f"DQ-SGD {m[BUDGET]['tail']:.3f}, fixed {m[FIXED]['tail']:.3f}",
