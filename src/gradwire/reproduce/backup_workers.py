@@ -48,7 +48,7 @@ def judge(m: dict) -> list[Check]:
 
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
-    steps = scale.pick(300, 800)
+    steps = scale.pick(200, 800)
     task = scale.pick("mnist1d-mlp", "mnist1d-cnn")
     common = RunConfig(task=task, workers=8, stragglers="tail:p=0.05,slowdown=10,compute_s=0.02",
                        network="ps:mbps=100,latency_ms=1", steps=steps, batch_size=32, lr=0.1, momentum=0.9,

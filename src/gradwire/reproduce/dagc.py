@@ -20,7 +20,7 @@ STATEMENT = ("When workers hold very different amounts of data, giving each work
 SAME_BYTES = 0.02  # the pairs must send within 2% of each other's bytes
 PAIRS = {"step": ("uniform top-k 1%", "DAGC-R 1%"), "fedavg": ("FedAvg K=4, uniform top-k 1%", "FedAvg K=4, DAGC-R 1%")}
 
-QUICK_NOTE = ["--quick runs 200 steps on 5 workers: accuracies are still low and move by several points between "
+QUICK_NOTE = ["--quick runs 160 steps on 5 workers: accuracies are still low and move by several points between "
               "evaluations, so its accuracy checks are close to noise; the full run (2000 steps, as in "
               "docs/adaptive_compression.md, 10 workers) is the one to judge by."]
 
@@ -52,7 +52,7 @@ def judge(m: dict) -> list[Check]:
 
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
-    steps, evals = scale.pick(200, 2000), scale.pick(10, 20)
+    steps, evals = scale.pick(160, 2000), scale.pick(10, 20)
     workers = scale.pick(5, 10)
     common = RunConfig(task="mnist1d-cnn", workers=workers, partition="dirichlet:alpha=0.5,skew=20", stragglers="none",
                        network="ps:mbps=100,latency_ms=1", steps=steps, batch_size=32, lr=0.05, momentum=0.9,

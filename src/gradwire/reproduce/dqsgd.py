@@ -43,7 +43,7 @@ def judge(m: dict) -> list[Check]:
 
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
-    steps = scale.pick(200, 2000)
+    steps = scale.pick(160, 2000)
     workers = scale.pick(5, 10)
     common = RunConfig(task="mnist1d-cnn", workers=workers, partition="dirichlet:alpha=0.5,skew=20", stragglers="none",
                        network="ps:mbps=100,latency_ms=1", steps=steps, batch_size=32, lr=0.05, momentum=0.9,
