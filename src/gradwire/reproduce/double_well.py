@@ -65,7 +65,9 @@ def simulate(spec: str, *, steps: int = 300, lr: float = 0.05, noise: float = 0.
     return alg, path
 
 
-def plot(out: str, lsgd_spec: str, easgd_spec: str, seed: int = 0) -> None:
+def plot(out: str, lsgd_spec: str, easgd_spec: str, seed: int = 0, runs: dict | None = None) -> None:
+    """Both algorithms' trajectories side by side; ``runs``: spec -> ``simulate(spec, seed=seed)``
+    already computed (simulated here otherwise)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,7 +77,7 @@ def plot(out: str, lsgd_spec: str, easgd_spec: str, seed: int = 0) -> None:
     z = (g1**2 - 1) ** 2 + g2**2
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, spec in ((axes[0], easgd_spec), (axes[1], lsgd_spec)):
-        alg, path = simulate(spec, seed=seed)
+        alg, path = (runs or {}).get(spec) or simulate(spec, seed=seed)
         label = alg.evaluates
         ax.contour(g1, g2, z, levels=[0.02, 0.1, 0.3, 0.6, 1.0, 1.5, 2.5], colors="0.75", linewidths=0.8)
         for r in range(WORKERS):

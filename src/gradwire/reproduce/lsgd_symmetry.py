@@ -40,13 +40,16 @@ def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(scale.pick(4, 8)))
-    lsgd_f = [double_well.f(double_well.simulate(double_well.LSGD_SPEC, seed=s)[0].eval_params()) for s in seeds]
-    easgd_f = [double_well.f(double_well.simulate(double_well.EASGD_SPEC, seed=s)[0].eval_params()) for s in seeds]
+    runs = {spec: [double_well.simulate(spec, seed=s) for s in seeds]
+            for spec in (double_well.LSGD_SPEC, double_well.EASGD_SPEC)}
+    lsgd_f, easgd_f = ([double_well.f(alg.eval_params()) for alg, _ in runs[spec]]
+                       for spec in (double_well.LSGD_SPEC, double_well.EASGD_SPEC))
     measured = {"seeds": seeds, "lsgd_f": lsgd_f, "easgd_f": easgd_f}
     checks = judge(measured)
     verdict, reason = judge_checks(checks)
     path = out / f"{NAME}.png"
-    double_well.plot(str(path), double_well.LSGD_SPEC, double_well.EASGD_SPEC, seed=0)
+    double_well.plot(str(path), double_well.LSGD_SPEC, double_well.EASGD_SPEC, seed=seeds[0],
+                     runs={spec: r[0] for spec, r in runs.items()})
     rows = [[s, f"{a:.4f}", f"{b:.4f}"] for s, a, b in zip(seeds, lsgd_f, easgd_f)]
     return Claim(NAME, TITLE, CITATION, STATEMENT,
                  setup=(f"f(x) = (x1^2 - 1)^2 + x2^2, {double_well.WORKERS} workers, half started at x1 = "
