@@ -31,9 +31,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gradwire.config import RunConfig  # noqa: E402
+from gradwire.reproduce.dasgd import FREE_NETWORK as FREE  # noqa: E402
+from gradwire.reproduce.dasgd import hidden_share  # noqa: E402
 from gradwire.run.loop import Run  # noqa: E402
 
-FREE = "ps:mbps=1e12,latency_ms=0"
 VARIANTS = ["sync", "local:period=4", "dasgd:period=4,delay=1", "dasgd:period=4,delay=2", "dasgd:period=4,delay=4"]
 STRAGGLERS = ["none:compute_s=0.02", "tail:p=0.05,slowdown=10,compute_s=0.02"]
 
@@ -57,7 +58,7 @@ def sim_table(args) -> str:
             compute_only, _, _ = simulate(base.replace(network=FREE))
             exposed = total - compute_only
             lines.append(f"| `{stragglers}` | `{spec}` | {1e3 * total / args.steps:.1f} | {comm:.2f} | "
-                         f"{exposed:.2f} | {1 - exposed / comm:.0%} | {sent / 1e6:.1f} |")
+                         f"{exposed:.2f} | {hidden_share(total, compute_only, comm):.0%} | {sent / 1e6:.1f} |")
             print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines)
 

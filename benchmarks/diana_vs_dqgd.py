@@ -13,9 +13,8 @@ import argparse
 import tempfile
 
 from gradwire.config import RunConfig
+from gradwire.reproduce.diana_exact import TASK
 from gradwire.run.loop import Run
-
-TASK = "synthetic-logreg:samples=400,dim=10,l2=0.1,l1=0.001,hetero=2.0"
 
 
 def curve(algorithm: str, steps: int, data_dir: str, out: str) -> list[float]:

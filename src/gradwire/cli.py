@@ -1,4 +1,4 @@
-"""gradwire's command line: ``run``, ``compare``, ``plan``, ``report``, ``launch`` and ``list``.
+"""gradwire's command line: ``run``, ``compare``, ``plan``, ``report``, ``reproduce``, ``launch``, ``list``.
 
 Every ``run`` flag is a key of the run config (see ``gradwire run --help``); a YAML or TOML file
 given with ``--config`` holds the same keys and flags override it.
@@ -48,6 +48,13 @@ Candidates: every --algorithms x --compressors pair, plus each --candidate (quot
 common ones). Profiling runs go to OUT/profile/, validation runs to OUT/validate/; OUT gets plan.json,
 plan.md and plan.png. Time is simulated on --backend sim, elapsed on torch (each run a `gradwire launch`).
 The models and the design are explained in docs/planning.md."""
+
+
+EPILOG_REPRODUCE = """examples:
+  gradwire reproduce --quick                         (every claim, small: a few minutes on 2 cores)
+  gradwire reproduce --only dagc,dqsgd --out runs/adaptive-claims
+  gradwire reproduce --list                          (the claims' names and titles)
+Writes OUT/claims.json, OUT/reproduce.md, a PNG per claim and each claim's run folders."""
 
 
 def _field_help() -> dict[str, str]:
@@ -310,6 +317,31 @@ def cmd_plan(ns, variant_parser) -> int:
     return 0
 
 
+def cmd_reproduce(ns) -> int:
+    from gradwire import reproduce
+
+    if ns.list:
+        for name, module in reproduce.CLAIMS.items():
+            print(f"{name:16} {module.TITLE} ({reproduce.short_citation(module.CITATION)})")
+        return 0
+    names = reproduce.select(ns.only)
+    out = Path(ns.out if ns.out is not None else fresh_out("reproduce", RunConfig()))
+    require_named(str(out))
+    if (out / "claims.json").exists() and not ns.overwrite:
+        raise ConfigError(f"{out} already holds a reproduction (claims.json); pass --overwrite or another --out")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    claims = reproduce.run_claims(out, quick=ns.quick, names=names, echo=lambda s: print(s, flush=True))
+    command = " ".join(["gradwire reproduce"] + ["--quick"] * ns.quick + [f"--only {','.join(names)}"] * bool(ns.only))
+    files = reproduce.write_report(out, claims, quick=ns.quick, command=command,
+                                   wall_time_s=time.perf_counter() - started)
+    print(reproduce.verdict_table(claims))
+    print(f"report: {files['markdown']}  claims: {files['json']}")
+    return 1 if any(c.verdict == "not" and not c.checks for c in claims) else 0  # an experiment failed
+
+
 def cmd_list(ns) -> int:
     for ref in REGISTRIES:
         if ns.what in (None, ref.group):
@@ -387,6 +419,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                           help="restart the group this often after a failure (restarted attempts resume from the last "
                                "checkpoint)")
     p_launch.add_argument("rest", nargs=argparse.REMAINDER, help="-- run [run flags]")
+    p_rep = sub.add_parser("reproduce", help="run each implemented paper's headline experiment small and judge it",
+                           epilog=EPILOG_REPRODUCE, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="Run each paper's headline experiment at small scale on the simulator and "
+                           "judge it by criteria stated in advance: reproduced, partly or not, with the reason.")
+    p_rep.add_argument("--quick", action="store_true", help="smaller experiments (under 5 minutes on 2 cores)")
+    p_rep.add_argument("--out", help="output folder (default: a fresh runs/reproduce-<YYYYmmdd-HHMMSS>)")
+    p_rep.add_argument("--only", metavar="NAMES", help="comma-separated claims to run (default: all; see --list)")
+    p_rep.add_argument("--list", action="store_true", help="list the claims and exit")
+    p_rep.add_argument("--overwrite", action="store_true", help="replace a reproduction already in --out")
     p_list = sub.add_parser("list", help="show every task, partition, straggler model, network, algorithm, compressor")
     p_list.add_argument("what", nargs="?", choices=GROUPS)
     variant_parser = _Parser(prog="gradwire compare --variant", add_help=False)
@@ -409,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command == "launch":  # one time stamp for the group's default --out, kept across restarts
             os.environ.setdefault("GRADWIRE_RUN_STAMP", time.strftime("%Y%m%d-%H%M%S"))
             return cmd_launch(ns)
+        if ns.command == "reproduce":
+            return cmd_reproduce(ns)
         return cmd_list(ns)
     except ConfigError as e:
         print(f"gradwire {ns.command}: error: {e}", file=sys.stderr)

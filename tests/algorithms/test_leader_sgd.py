@@ -11,11 +11,11 @@ import torch
 
 from gradwire.algorithms import ALGORITHMS, CodecConfig, OptimConfig
 from gradwire.algorithms.protocol import HEADER_BYTES
+from gradwire.reproduce.double_well import EASGD_SPEC, LSGD_SPEC, WORKERS, f, simulate
 from gradwire.run.loop import Run
 from gradwire.servers.simulated import SimulatedServer
 from gradwire.tasks.evaluate import evaluate
 from gradwire.tasks.oracle import WorkerData
-from tests.algorithms.double_well import EASGD_SPEC, LSGD_SPEC, WORKERS, f, simulate
 from tests.algorithms.lsgd_reference import CASES, FILE, trajectory
 from tests.helpers import LOCAL_UPDATES, read_jsonl
 

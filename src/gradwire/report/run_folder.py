@@ -144,8 +144,8 @@ def _truncate_jsonl(path: Path, step: int) -> None:
 
 
 class RunFolder:
-    def __init__(self, out: Path, *, enabled: bool):
-        self.out, self.enabled = Path(out), enabled
+    def __init__(self, out: Path, *, enabled: bool, curves: bool = True):
+        self.out, self.enabled, self.curves = Path(out), enabled, curves  # curves: write curves.png at finish
         self.backend = "sim"  # from the config (open): names the plots' time axis
         self.records: list[dict] = []  # metrics.jsonl, as written (a resumed run's earlier rows first)
         self._metrics = self._steps = None
@@ -198,12 +198,12 @@ class RunFolder:
             self.scalars = None
 
     def finish(self, summary: dict, label: str) -> None:
-        """Write summary.json and curves.png (closing the logs first)."""
+        """Write summary.json and, unless left out, curves.png (closing the logs first)."""
         self.close()
         if not self.enabled:
             return
         write_json(self.out / "summary.json", summary)
-        if self.records:
+        if self.records and self.curves:
             from gradwire.report.plots import plot_runs
 
             plot_runs({label: self.records}, self.out / "curves.png", backends=[self.backend])

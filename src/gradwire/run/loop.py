@@ -281,14 +281,16 @@ def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     return results[0]
 
 
-def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | None = None) -> dict:
+def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | None = None,
+        curves: bool = True) -> dict:
     """Train as configured and write the run folder; returns the summary. Raises DivergenceError
     (after writing the metrics so far and a summary saying so) when training blows up, Stopped on
     SIGTERM or SIGINT (after writing a summary with status "stopped"), ConfigError when the folder
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
-    ``transport``: this process's, for the threads backend (``run_threads``)."""
+    ``transport``: this process's, for the threads backend (``run_threads``). ``curves=False``
+    leaves out curves.png (``gradwire reproduce --quick``: a second of plotting per run)."""
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
-        return _run(cfg, progress, transport, None)
+        return _run(cfg, progress, transport, None, curves)
     cfg.validate()  # before the folder is claimed (and made)
     _refuse_one_process_backend_under_torchrun(cfg)
     writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock
@@ -298,14 +300,15 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
         if cfg.backend == "threads":
             return run_threads(cfg, progress=progress)
         signals.install()
-        return _run(cfg, progress, None, signals)
+        return _run(cfg, progress, None, signals, curves)
     finally:
         signals.restore()
         if lock is not None:
             lock.release()
 
 
-def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None) -> dict:
+def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None,
+         curves: bool = True) -> dict:
     started = time.perf_counter()
     out = Path(cfg.out)
     mode, interval = progress_mode(progress)
@@ -325,7 +328,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
             r.transport.close()
     resumed = cfg.resume and r.try_resume(out / "checkpoint")
     timeline = r.record_timeline(out, resumed)
-    folder = RunFolder(out, enabled=r.is_writer)
+    folder = RunFolder(out, enabled=r.is_writer, curves=curves)
     folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(),
                                  "compressor_resolved": r.algorithm.compressor_spec() or "none",
                                  "shard_sizes": r.shard_sizes,

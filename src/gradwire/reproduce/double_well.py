@@ -7,7 +7,10 @@ EASGD's center is the (elastic) average of the workers: with the workers split b
 it sits at the symmetric point and stays there. LSGD pulls every worker towards the best one, so all
 of them end in the leader's well.
 
-    python tests/algorithms/double_well.py docs/img/lsgd_double_well.png   # redraw the docs figure
+    python -m gradwire.reproduce.double_well docs/img/lsgd_double_well.png   # redraw the docs figure
+
+``gradwire reproduce --only lsgd-symmetry`` runs it over several seeds and judges the claim
+(``reproduce/lsgd_symmetry.py``); ``tests/algorithms/test_leader_sgd.py`` asserts on it.
 """
 
 from __future__ import annotations
@@ -62,7 +65,9 @@ def simulate(spec: str, *, steps: int = 300, lr: float = 0.05, noise: float = 0.
     return alg, path
 
 
-def plot(out: str, lsgd_spec: str, easgd_spec: str) -> None:
+def plot(out: str, lsgd_spec: str, easgd_spec: str, seed: int = 0, runs: dict | None = None) -> None:
+    """Both algorithms' trajectories side by side; ``runs``: spec -> ``simulate(spec, seed=seed)``
+    already computed (simulated here otherwise)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,7 +77,7 @@ def plot(out: str, lsgd_spec: str, easgd_spec: str) -> None:
     z = (g1**2 - 1) ** 2 + g2**2
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, spec in ((axes[0], easgd_spec), (axes[1], lsgd_spec)):
-        alg, path = simulate(spec)
+        alg, path = (runs or {}).get(spec) or simulate(spec, seed=seed)
         label = alg.evaluates
         ax.contour(g1, g2, z, levels=[0.02, 0.1, 0.3, 0.6, 1.0, 1.5, 2.5], colors="0.75", linewidths=0.8)
         for r in range(WORKERS):
@@ -89,6 +94,7 @@ def plot(out: str, lsgd_spec: str, easgd_spec: str) -> None:
     fig.suptitle("f(x) = (x₁² - 1)² + x₂², 8 workers started on both sides of the saddle (blue: workers)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 LSGD_SPEC, EASGD_SPEC = "lsgd:pull=0.5,period=2", "easgd:beta=0.9,period=2"

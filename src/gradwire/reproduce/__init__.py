@@ -1,0 +1,134 @@
+"""``gradwire reproduce``: each implemented paper's headline experiment at small scale, judged.
+
+One module per paper claim (``NAME``, ``TITLE``, ``CITATION``, ``STATEMENT``, a pure
+``judge(measured) -> [Check]`` and ``run(out, scale) -> Claim``); ``run_claims`` runs the chosen
+ones into ``OUT/<name>/`` and ``write_report`` writes ``claims.json`` (structured, for other
+renderers: ``load_claims``) and ``reproduce.md`` (per claim: statement and citation, measurement
+table, plot, verdict and reason). ``claim.py`` says how a verdict follows from the checks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from gradwire.errors import ConfigError
+from gradwire.reproduce import backup_workers, dagc, dasgd, diana_exact, diana_norms, dqsgd, lsgd_easgd, lsgd_symmetry
+from gradwire.reproduce.claim import VERDICTS, Check, Claim, Scale, met
+
+__all__ = ["CLAIMS", "Check", "Claim", "Scale", "load_claims", "run_claims", "select", "write_report"]
+
+CLAIMS = {m.NAME: m for m in (backup_workers, diana_exact, diana_norms, lsgd_symmetry, lsgd_easgd, dagc, dqsgd, dasgd)}
+
+
+def select(only: str | None) -> list[str]:
+    """The claims named in ``only`` (comma-separated; all when empty), in the registry's order."""
+    if not only:
+        return list(CLAIMS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    bad = [n for n in names if n not in CLAIMS]
+    if bad or not names:
+        raise ConfigError(f"unknown claim {', '.join(map(repr, bad)) or repr(only)} for --only; valid: "
+                          f"{', '.join(CLAIMS)}")
+    return [n for n in CLAIMS if n in names]
+
+
+def run_claims(out: Path, *, quick: bool, names: list[str] | None = None,
+               echo: Callable[[str], None] = lambda s: None) -> list[Claim]:
+    """Run the named claims (all by default) into ``out/<name>/`` and return them. A claim whose
+    experiment raises is returned with verdict ``not`` and the error as its reason."""
+    scale, claims = Scale(quick=quick), []
+    names = names or list(CLAIMS)
+    for i, name in enumerate(names, 1):
+        module = CLAIMS[name]
+        echo(f"[{i}/{len(names)}] {name}: {module.TITLE}")
+        started = time.perf_counter()
+        try:
+            claim = module.run(out / name, scale)
+        except Exception as e:  # noqa: BLE001 - reported as the claim's outcome, not hidden
+            claim = Claim(name, module.TITLE, module.CITATION, module.STATEMENT, setup="(failed)", columns=[],
+                          rows=[], checks=[], verdict="not", reason=f"the experiment failed: {type(e).__name__}: {e}",
+                          measured={"error": traceback.format_exc(limit=3)})
+        claim.wall_time_s = time.perf_counter() - started
+        claim.plot = f"{name}/{claim.plot}" if claim.plot else None
+        claim.runs = f"{name}/{claim.runs}" if claim.runs else None
+        echo(f"  {claim.verdict} ({claim.wall_time_s:.0f} s)")
+        claims.append(claim)
+    return claims
+
+
+def write_report(out: Path, claims: list[Claim], *, quick: bool, command: str, wall_time_s: float) -> dict[str, Path]:
+    """``claims.json`` and ``reproduce.md`` in ``out``."""
+    from gradwire.cli import version
+
+    meta = {"gradwire_version": version(), "mode": "quick" if quick else "full", "command": command,
+            "wall_time_s": wall_time_s, "written": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    (out / "claims.json").write_text(json.dumps(meta | {"claims": [c.to_dict() for c in claims]}, indent=1,
+                                                default=_json_default) + "\n")
+    (out / "reproduce.md").write_text(markdown(claims, meta))
+    return {"json": out / "claims.json", "markdown": out / "reproduce.md"}
+
+
+def load_claims(folder: Path | str) -> list[Claim]:
+    """The claims a ``gradwire reproduce`` run wrote into ``folder/claims.json``."""
+    data = json.loads((Path(folder) / "claims.json").read_text())
+    return [Claim(**(c | {"checks": [Check(**k) for k in c["checks"]]})) for c in data["claims"]]
+
+
+def verdict_table(claims: list[Claim]) -> str:
+    lines = ["| claim | paper | verdict | criteria met | wall time (s) |", "|---|---|---|---|---|"]
+    for c in claims:
+        lines.append(f"| {c.title} (`{c.name}`) | {short_citation(c.citation)} | **{c.verdict}** | "
+                     f"{met(c.checks) if c.checks else '–'} | "
+                     f"{c.wall_time_s:.0f} |")
+    return "\n".join(lines)
+
+
+def markdown(claims: list[Claim], meta: dict) -> str:
+    counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
+    parts = [f"# gradwire reproduce ({meta['mode']})", "",
+             f"`{meta['command']}`, gradwire {meta['gradwire_version']}, {meta['written']}, "
+             f"{meta['wall_time_s']:.0f} s of wall time. Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+             + ". A verdict follows from the criteria below each claim, stated before measuring: all met is "
+             "*reproduced*, none is *not*, some is *partly*; a failed precondition (a comparison that is not "
+             "fair, e.g. unequal bytes) is *not*. Criteria met counts the claim's own criteria.", "",
+             verdict_table(claims), ""]
+    for c in claims:
+        parts += [f"## {c.title} (`{c.name}`)", "", f"**Paper.** {c.citation}.", "", f"**Claim.** {c.statement}", "",
+                  f"**Set-up.** {c.setup}.", ""]
+        if c.rows:
+            parts += [_row(c.columns), "|" + "---|" * len(c.columns)] + [_row(row) for row in c.rows]
+            parts.append("")
+        if c.plot:
+            parts += [f"![{c.name}]({c.plot})", ""]
+        parts.append(f"**Verdict: {c.verdict}.**" + ("" if c.checks else f" {c.reason}"))
+        parts.append("")
+        for k in c.checks:
+            line = (f"- {'met' if k.passed else '**not met**'}: {'precondition: ' * k.precondition}{k.criterion} "
+                    f"({k.detail})")
+            parts.append(line + (f". Why: {k.if_failed}." if not k.passed and k.if_failed else ""))
+        parts += [f"- Note: {n}" for n in c.notes]
+        if c.runs:
+            parts.append(f"- Runs: `{c.runs}/` (each with config.json, metrics.jsonl, summary.json"
+                         + ("; comparison.md beside them)." if meta["mode"] == "full" else ")."))
+        parts.append("")
+    return "\n".join(parts)
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |"
+
+
+def short_citation(citation: str) -> str:
+    """"J. Chen, X. Pan, ... 2016, ..." -> "Chen et al. 2016"."""
+    import re
+
+    year = re.search(r"\b(?:19|20)\d\d\b", citation)
+    return f"{citation.split(',')[0].split()[-1]} et al. {year.group(0) if year else ''}".strip()
+
+
+def _json_default(x):
+    return float(x) if hasattr(x, "__float__") else str(x)

@@ -1,0 +1,75 @@
+"""``gradwire reproduce`` end to end (one small claim, in-process) and its bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gradwire import reproduce
+from gradwire.cli import main
+from gradwire.reproduce.claim import VERDICTS
+
+
+def test_one_claim_end_to_end_writes_claims_json_markdown_and_plot(tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["reproduce", "--quick", "--only", "lsgd-symmetry", "--out", str(out)]) == 0
+    data = json.loads((out / "claims.json").read_text())
+    assert data["mode"] == "quick" and data["command"] == "gradwire reproduce --quick --only lsgd-symmetry"
+    [claim] = data["claims"]
+    assert set(claim) == {"name", "title", "citation", "statement", "setup", "columns", "rows", "checks", "verdict",
+                          "reason", "measured", "plot", "runs", "wall_time_s", "notes"}
+    assert claim["name"] == "lsgd-symmetry" and claim["verdict"] in VERDICTS
+    assert claim["citation"].startswith("Y. Teng, W. Gao") and "NeurIPS 2019" in claim["citation"]
+    # the seeds the library's own test asserts on (tests/algorithms/test_leader_sgd.py): LSGD in a well, EASGD's
+    # center at the saddle, so both criteria hold in every one of the 4 quick seeds
+    assert claim["measured"]["seeds"] == [0, 1, 2, 3]
+    assert all(f < 0.1 for f in claim["measured"]["lsgd_f"]) and all(f > 0.5 for f in claim["measured"]["easgd_f"])
+    assert [c["passed"] for c in claim["checks"]] == [True, True] and claim["verdict"] == "reproduced"
+    assert [row[0] for row in claim["rows"]] == [0, 1, 2, 3] and len(claim["columns"]) == 3
+    assert claim["plot"] == "lsgd-symmetry/lsgd-symmetry.png"
+    assert (out / claim["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "reproduce.md").read_text()
+    assert "## LSGD escapes the symmetric saddle where EASGD's center is trapped (`lsgd-symmetry`)" in md
+    assert "**Verdict: reproduced.**" in md and "![lsgd-symmetry](lsgd-symmetry/lsgd-symmetry.png)" in md
+    assert "| LSGD escapes the symmetric saddle" in capsys.readouterr().out
+    [loaded] = reproduce.load_claims(out)
+    assert loaded.verdict == "reproduced" and loaded.checks[0].criterion == claim["checks"][0]["criterion"]
+    # the same folder again is refused unless --overwrite
+    assert main(["reproduce", "--quick", "--only", "lsgd-symmetry", "--out", str(out)]) == 2
+    assert "already holds a reproduction (claims.json); pass --overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("only, bad", [("nosuch", "'nosuch'"), ("dagc,nosuch,other", "'nosuch', 'other'"),
+                                       (",", "','")])
+def test_unknown_claim_is_one_line_naming_the_valid_ones(tmp_path, capsys, only, bad):
+    assert main(["reproduce", "--only", only, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gradwire reproduce: error: unknown claim {bad} for --only; valid: backup-workers, "
+                   "diana-optimum, diana-norms, lsgd-symmetry, lsgd-easgd, dagc, dqsgd, dasgd\n")
+    assert not (tmp_path / "x").exists()
+
+
+def test_list_names_every_claim(capsys):
+    assert main(["reproduce", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(reproduce.CLAIMS)
+    assert lines[0].endswith("(Chen et al. 2016)")
+
+
+def test_variants_run_through_the_run_loop_and_quick_leaves_the_plots_out(tmp_path):
+    from gradwire.config import RunConfig
+    from gradwire.report.run_folder import read_jsonl
+    from gradwire.reproduce.claim import variants
+
+    common = RunConfig(task="synthetic-logreg:samples=80,dim=4", workers=2, batch_size="full", dtype="float64",
+                       steps=6, eval_every=3, data_dir=str(tmp_path / "data"))
+    res = variants(tmp_path / "runs", common, {"a b": {"algorithm": "sync"}, "c": {"algorithm": "diana"}}, "t",
+                   report=False)
+    assert list(res) == ["a b", "c"] and res["a b"].folder == tmp_path / "runs" / "a_b"
+    for r in res.values():
+        assert [m["step"] for m in r.metrics] == [0, 3, 6] and r.metrics == read_jsonl(r.folder / "metrics.jsonl")
+        assert r.summary["status"] == "finished" and r.summary["steps"] == 6 and len(r.steps()) == 6
+        assert (r.folder / "summary.json").exists() and not (r.folder / "curves.png").exists()
+    assert not (tmp_path / "runs" / "comparison.md").exists()
+    assert res["c"].summary["label"] == "c"
