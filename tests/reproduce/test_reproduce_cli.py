@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -33,6 +34,10 @@ def test_one_claim_end_to_end_writes_claims_json_markdown_and_plot(tmp_path, cap
     assert "## LSGD escapes the symmetric saddle where EASGD's center is trapped (`lsgd-symmetry`)" in md
     assert "**Verdict: reproduced.**" in md and "![lsgd-symmetry](lsgd-symmetry/lsgd-symmetry.png)" in md
     assert "| LSGD escapes the symmetric saddle" in capsys.readouterr().out
+    page = (out / "report.html").read_text()  # the same, self-contained: the plot inlined, the verdict, each check
+    assert page.count('<img src="data:image/png;base64,') == 1 and "reproduced" in page
+    assert "LSGD escapes the symmetric saddle where EASGD&#x27;s center is trapped (lsgd-symmetry): reproduced" in page
+    assert all(html.escape(c["criterion"]) in page for c in claim["checks"])
     [loaded] = reproduce.load_claims(out)
     assert loaded.verdict == "reproduced" and loaded.checks[0].criterion == claim["checks"][0]["criterion"]
     # the same folder again is refused unless --overwrite

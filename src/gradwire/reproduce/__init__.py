@@ -61,7 +61,7 @@ def run_claims(out: Path, *, quick: bool, names: list[str] | None = None,
 
 
 def write_report(out: Path, claims: list[Claim], *, quick: bool, command: str, wall_time_s: float) -> dict[str, Path]:
-    """``claims.json`` and ``reproduce.md`` in ``out``."""
+    """``claims.json``, ``reproduce.md`` and ``report.html`` (the same content, plots inlined) in ``out``."""
     from gradwire.cli import version
 
     meta = {"gradwire_version": version(), "mode": "quick" if quick else "full", "command": command,
@@ -69,7 +69,35 @@ def write_report(out: Path, claims: list[Claim], *, quick: bool, command: str, w
     (out / "claims.json").write_text(json.dumps(meta | {"claims": [c.to_dict() for c in claims]}, indent=1,
                                                 default=_json_default) + "\n")
     (out / "reproduce.md").write_text(markdown(claims, meta))
-    return {"json": out / "claims.json", "markdown": out / "reproduce.md"}
+    write_html(out, claims, meta)
+    return {"json": out / "claims.json", "markdown": out / "reproduce.md", "html": out / "report.html"}
+
+
+def write_html(out: Path, claims: list[Claim], meta: dict) -> Path:
+    """``out/report.html``: one self-contained page (report/html.py), per claim the paper's
+    statement with its citation, the measurement table, the plot, the verdict and every criterion."""
+    from gradwire.report.html import Heading, Image, Paragraph, Table, write_page
+
+    counts = ", ".join(f"{n} {v}" for v, n in ((v, sum(c.verdict == v for c in claims)) for v in VERDICTS))
+    blocks: list = [Paragraph(f"{meta['command']} - gradwire {meta['gradwire_version']}, {meta['written']}, "
+                              f"{meta['wall_time_s']:.0f} s of wall time. Verdicts: {counts}. All criteria met is "
+                              "reproduced, none is not, some is partly; a failed precondition is not."),
+                    Table(["claim", "paper", "verdict", "criteria met", "wall time (s)"],
+                          [[f"{c.title} ({c.name})", short_citation(c.citation), c.verdict,
+                            met(c.checks) if c.checks else None, round(c.wall_time_s)] for c in claims])]
+    for c in claims:
+        blocks += [Heading(f"{c.title} ({c.name}): {c.verdict}"), Paragraph(f"Paper: {c.citation}."),
+                   Paragraph(f"Claim: {c.statement}"), Paragraph(f"Set-up: {c.setup}.")]
+        if c.rows:
+            blocks.append(Table(c.columns, c.rows))
+        if c.plot and (out / c.plot).exists():
+            blocks.append(Image(out / c.plot, alt=f"{c.name}: {c.title}"))
+        blocks.append(Table(["criterion", "met", "measured", "why not"],
+                            [[("precondition: " if k.precondition else "") + k.criterion, "yes" if k.passed else "NO",
+                              k.detail, "" if k.passed else k.if_failed] for k in c.checks])
+                      if c.checks else Paragraph(f"Verdict: {c.verdict}. {c.reason}"))
+        blocks += [Paragraph(f"Note: {n}") for n in c.notes]
+    return write_page(out / "report.html", f"gradwire reproduce ({meta['mode']})", blocks)
 
 
 def load_claims(folder: Path | str) -> list[Claim]:
