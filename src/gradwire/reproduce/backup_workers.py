@@ -8,7 +8,17 @@ import time
 from pathlib import Path
 
 from gradwire.config import RunConfig
-from gradwire.reproduce.claim import Check, Claim, Scale, first_reaching, fmt, interpolate, judge_checks, variants
+from gradwire.reproduce.claim import (
+    Check,
+    Claim,
+    Scale,
+    first_reaching,
+    fmt,
+    interpolate,
+    judge_checks,
+    save_figure,
+    variants,
+)
 
 NAME = "backup-workers"
 TITLE = "Backup workers beat plain sync and async SGD under stragglers"
@@ -100,7 +110,4 @@ def _plot(res, target: float, path: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("Chen et al. 2016: backup workers under heavy-tailed stragglers")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -7,7 +7,18 @@ import time
 from pathlib import Path
 
 from gradwire.config import RunConfig
-from gradwire.reproduce.claim import TIE, Check, Claim, Scale, fmt, interpolate, judge_checks, tail_mean, variants
+from gradwire.reproduce.claim import (
+    TIE,
+    Check,
+    Claim,
+    Scale,
+    fmt,
+    interpolate,
+    judge_checks,
+    save_figure,
+    tail_mean,
+    variants,
+)
 
 NAME = "dagc"
 TITLE = "DAGC beats uniform compression at the same budget when data volumes are skewed"
@@ -104,7 +115,4 @@ def _plot(res, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Lu et al. 2023: DAGC-R against uniform top-k, same budget")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

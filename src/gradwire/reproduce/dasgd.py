@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gradwire.config import RunConfig
-from gradwire.reproduce.claim import Check, Claim, Scale, fmt, judge_checks, variants
+from gradwire.reproduce.claim import Check, Claim, Scale, fmt, judge_checks, save_figure, variants
 
 NAME = "dasgd"
 TITLE = "DaSGD hides the averaging behind computation"
@@ -95,9 +95,4 @@ def _plot(res, path: Path) -> Path:
             ax.plot([x["sim_time_s"] for x in m], [x["test_acc"] for x in m], style, color=f"C{i}",
                     label=name + (" (free network)" if free else ""))
     ax.set(xlabel="simulated time (s)", ylabel="test accuracy", title="Zhou et al. 2020: DaSGD vs local SGD")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, [ax])

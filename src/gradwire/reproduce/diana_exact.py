@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gradwire.config import RunConfig
-from gradwire.reproduce.claim import Check, Claim, Scale, fmt, judge_checks, variants
+from gradwire.reproduce.claim import Check, Claim, Scale, fmt, judge_checks, save_figure, variants
 
 NAME = "diana-optimum"
 TITLE = "DIANA reaches the exact optimum where quantized gradient methods stall"
@@ -81,7 +81,4 @@ def _plot(res, path: Path, title: str) -> Path:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

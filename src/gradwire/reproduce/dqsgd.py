@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from gradwire.config import RunConfig
-from gradwire.reproduce.claim import TIE, Check, Claim, Scale, fmt, judge_checks, tail_mean, variants
+from gradwire.reproduce.claim import TIE, Check, Claim, Scale, fmt, judge_checks, save_figure, tail_mean, variants
 from gradwire.reproduce.dagc import QUICK_NOTE
 
 NAME = "dqsgd"
@@ -91,7 +91,4 @@ def _plot(res, bits, path: Path) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle("Yan et al. 2021: DQ-SGD against fixed levels")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from gradwire.config import RunConfig
-from gradwire.reproduce.claim import TIE, Check, Claim, Scale, fmt, head_mean, judge_checks, variants
+from gradwire.reproduce.claim import TIE, Check, Claim, Scale, fmt, head_mean, judge_checks, save_figure, variants
 from gradwire.reproduce.lsgd_symmetry import CITATION
 
 NAME = "lsgd-easgd"
@@ -92,9 +92,4 @@ def _plot(per_seed, path: Path) -> Path:
             ax.plot([x["step"] for x in m], [x["test_acc"] for x in m], color=f"C{i}", alpha=0.8,
                     label=name if j == 0 else None)
     ax.set(xlabel="step", ylabel="test accuracy", title="Teng et al. 2019: LSGD vs EASGD (a line per seed)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, [ax])
