@@ -196,7 +196,10 @@ def test_workers_map_to_nodes_past_the_coordinator_process():
     from gradwire.transports.torch_dist import TorchTransport
 
     t = TorchTransport.__new__(TorchTransport)  # node_of needs no process group
-    t.local_world = 3
+    t.local_world, t._global = 3, list(range(6))  # worker r is process r (no tensor parallelism)
     assert [t.node_of(r) for r in range(6)] == [0, 0, 0, 1, 1, 1]
     t.first_worker_process = 1  # process 0 (on node 0) coordinates: worker r runs in process r + 1
     assert [t.node_of(r) for r in range(5)] == [0, 0, 1, 1, 1]
+    # --tensor-parallel 1d:p=2: data-parallel worker r is the group led by process 2r
+    t.local_world, t._global, t.first_worker_process = 4, [0, 2, 4, 6], 0
+    assert [t.node_of(r) for r in range(4)] == [0, 0, 1, 1]
