@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
-	$(PY) -m pytest -q -n 3
+	$(PY) -m pytest -q -n 3 --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) benchmarks/compressors.py
