@@ -196,12 +196,49 @@ def read_timeline(run_dir: Path) -> tuple[np.ndarray, str] | None:
             recs["start"] += origin - first
             recs["end"] += origin - first
     recs = np.concatenate(parts)
+    if clock == "wall" and len(parts) > 1:
+        recs = split_collective_waits(recs)
     verdicts = recs[(recs["kind"] == SERVE) & (recs["flags"] & DROPPED > 0)]
     if len(verdicts):
         judged = {(int(w), int(s)) for w, s in zip(verdicts["worker"], verdicts["step"])}
         hit = np.array([(int(w), int(s)) in judged for w, s in zip(recs["worker"], recs["step"])])
         recs["flags"][hit & (recs["kind"] == COMPUTE)] |= DROPPED
     return recs[np.argsort(recs["start"], kind="stable")], clock
+
+
+def split_collective_waits(recs: np.ndarray) -> np.ndarray:
+    """On a real backend a blocking collective returns on every rank only once the last one has
+    entered it, so each rank's measured interval is waiting for the slowest plus communicating.
+    Within a step where every worker recorded the same number of collectives (issued in the same
+    order on every rank, as gloo and NCCL require), the k-th ones belong together: each worker's
+    is split at the latest start among them into WAIT (before) and COMM (after). Steps where the
+    counts differ (collectives over subsets of the workers) are left as they were recorded, and so
+    is a server-mode run (it has SERVE records), whose COMM records are point-to-point messages."""
+    comm = recs[recs["kind"] == COMM]
+    workers = np.unique(recs["worker"])
+    if len(comm) == 0 or len(workers) < 2 or (recs["kind"] == SERVE).any():
+        return recs
+    extra = []
+    for step in np.unique(comm["step"]):
+        rows = {int(w): np.flatnonzero((recs["kind"] == COMM) & (recs["step"] == step) & (recs["worker"] == w))
+                for w in workers}
+        counts = {len(r) for r in rows.values()}
+        if len(counts) != 1 or counts == {0}:
+            continue
+        for w, r in rows.items():  # the worker's collectives in the order it issued them
+            rows[w] = r[np.argsort(recs["start"][r], kind="stable")]
+        for k in range(counts.pop()):
+            same = np.array([rows[int(w)][k] for w in workers])
+            last_in = recs["start"][same].max()
+            for i in same:
+                start, end = recs["start"][i], recs["end"][i]
+                if last_in <= start or last_in >= end:
+                    continue  # the last to arrive, or a clock offset beyond the interval: keep it whole
+                wait = recs[i].copy()
+                wait["kind"], wait["end"], wait["bytes"] = WAIT, last_in, 0
+                extra.append(wait)
+                recs["start"][i] = last_in
+    return np.concatenate([recs, np.array(extra, dtype=RECORD)]) if extra else recs
 
 
 def per_worker(recs: np.ndarray) -> dict[int, dict[str, float]]:
