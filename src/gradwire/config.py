@@ -16,6 +16,7 @@ from typing import Any
 
 from gradwire.errors import ConfigError
 from gradwire.registries import REGISTRIES, registry_for
+from gradwire.spec import parse_spec
 
 
 @dataclass
@@ -79,7 +80,7 @@ class RunConfig:
         if self.nesterov and not self.momentum:
             raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0")
         _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
-        if self.momentum and not self.optimizer.strip().startswith("sgd"):
+        if self.momentum and parse_spec(self.optimizer)[0] != "sgd":
             raise ConfigError(f"momentum={self.momentum} applies to --optimizer sgd; --optimizer {self.optimizer!r} "
                               "keeps its own moments (leave --momentum at 0, or use --optimizer sgd)")
         if not 0 <= self.seed < 2**63:

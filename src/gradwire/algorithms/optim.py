@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import OptimConfig, soft_threshold_
-from gradwire.spec import Registry, require
+from gradwire.spec import Registry, parse_spec, require
 
 OPTIMIZERS = Registry("optimizer")
 
@@ -112,6 +112,6 @@ def make_optimizer(x: torch.Tensor, optim: OptimConfig) -> HeavyBall | AdamW:
 
 def require_sgd(optim: OptimConfig, who: str) -> None:
     """For an algorithm whose update is its own (DIANA, signSGD, DiLoCo): refuse ``--optimizer adamw``."""
-    require(optim.optimizer.partition(":")[0] == "sgd",
+    require(parse_spec(optim.optimizer)[0] == "sgd",
             f"{who} applies its own update rule, so --optimizer {optim.optimizer!r} does not apply to it; "
             "leave --optimizer at sgd")
