@@ -40,7 +40,17 @@ def test_bytes_per_step_follow_the_formula(make_config, tmp_path, network, rule,
     assert summary["bytes_sent"] < plain["bytes_sent"] / 5  # 4810 floats against 478 at rank 2
     info = json.loads((tmp_path / f"b{rank}" / "algorithm.json").read_text())["powersgd"]
     assert info == {"compressed": {"0": rank, "2": rank}, "uncompressed": ["1", "3"],
-                    "floats_per_worker_step": wire_bytes(rank) // 4, "floats_uncompressed": 4810}
+                    "floats_per_worker_step": wire_bytes(rank) // 4, "bytes_per_worker_step": wire_bytes(rank),
+                    "floats_uncompressed": 4810}
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_sixteen_bit_factors_halve_the_bytes_and_still_train(make_config, dtype):
+    spec = f"powersgd:rank=2,dtype={dtype}"
+    half = run(make_config(MLP, out=dtype, network="ring", compressor=spec), progress=False)
+    full = run(make_config(MLP, out="fp32", network="ring", compressor="powersgd:rank=2"), progress=False)
+    assert half["bytes_sent"] * 2 == full["bytes_sent"] == MLP["steps"] * 2 * (MLP["workers"] - 1) * wire_bytes(2)
+    assert half["final"]["train_loss"] == pytest.approx(full["final"]["train_loss"], rel=0.02)
 
 
 def test_bytes_per_worker_do_not_grow_with_workers(make_config):

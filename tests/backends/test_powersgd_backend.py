@@ -28,3 +28,19 @@ def test_sim_and_torch_backends_agree(tmp_path, data_dir):
     # the ring formula, 2 (n - 1) bytes per byte contributed, on both; 478 floats a step at rank 2
     assert [r["bytes_sent"] for r in real] == [r["bytes_sent"] for r in sim] == [2 * 478 * 4 * s for s in range(13)]
     assert real[-1]["train_loss"] < real[0]["train_loss"]
+
+
+@pytest.mark.timeout(300)
+def test_fp16_factors_agree_across_backends(tmp_path, data_dir):
+    """dtype=fp16: gloo sums the half-precision factors, the simulator sums them in fp32 and rounds
+    nothing; two ranks' sum of two fp16 numbers is exact in fp32, so only the final rounding of the
+    mean differs: the losses agree closely, the bytes exactly (2 bytes a float)."""
+    args = [*COMMON[:-1], "powersgd:rank=2,dtype=fp16"]
+    p = launch(2, args, tmp_path / "torch", data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    real = read_jsonl(tmp_path / "torch" / "metrics.jsonl")
+    assert main(["run", *args, "--workers", "2", "--out", str(tmp_path / "sim"), "--data-dir", str(data_dir)]) == 0
+    sim = read_jsonl(tmp_path / "sim" / "metrics.jsonl")
+    torch.testing.assert_close([r["train_loss"] for r in real], [r["train_loss"] for r in sim], rtol=1e-3, atol=0)
+    assert [r["bytes_sent"] for r in real] == [r["bytes_sent"] for r in sim] == [2 * 478 * 2 * s for s in range(13)]
+    assert real[-1]["train_loss"] < real[0]["train_loss"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradwire.compress.powersgd import AGGREGATORS, PowerSGDMemory, matrix_shape, orthogonalize_
+from gradwire.compress.powersgd import AGGREGATORS, PowerSGDMemory, matrix_shape, orthogonalize_, orthogonalized
 from gradwire.errors import ConfigError
 
 SHAPES = [torch.Size(s) for s in [(40, 30), (40,), (6, 3, 5), (3, 100), (2, 2), ()]]
@@ -102,6 +102,52 @@ def test_orthogonalize_makes_orthonormal_columns_and_keeps_zero_columns_zero():
     assert torch.equal(out[0], torch.zeros(40, 30))  # a vanished gradient is no NaN
 
 
+def test_orthogonalized_batches_equal_one_matrix_at_a_time():
+    """The batched Gram-Schmidt (matrices grouped by shape) gives each matrix what orthogonalize_
+    gives it alone, zero columns included, and leaves its inputs untouched."""
+    g = torch.Generator().manual_seed(1)
+    sizes = [(30, 4), (12, 3), (30, 4), (30, 2), (12, 3)]
+    mats = [torch.randn(n, r, generator=g, dtype=torch.float64) for n, r in sizes]
+    mats[2][:, 1] = 0
+    before = [m.clone() for m in mats]
+    out = orthogonalized(mats)
+    for m, b, o in zip(mats, before, out, strict=True):
+        assert torch.equal(m, b)
+        torch.testing.assert_close(o, orthogonalize_(b.clone()), rtol=1e-12, atol=1e-12)
+    assert torch.equal(out[2][:, 1], torch.zeros(30, dtype=torch.float64))
+    torch.testing.assert_close(out[0].T @ out[0], torch.eye(4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype, wire, unit", [("fp16", torch.float16, 2.0**-11), ("bf16", torch.bfloat16, 2.0**-8)])
+def test_sixteen_bit_factors_travel_rounded_and_error_feedback_keeps_the_rounding(dtype, wire, unit):
+    """dtype=fp16/bf16: both allreduces carry the wire dtype (half the bytes of fp32); the mean is
+    the fp32 run's within the rounding, and the error-feedback identity still holds exactly, because
+    the rounded Q is the one the approximation (and so the error) is built from."""
+    seen = []
+
+    def recording_mean(tensors):
+        seen.append({t.dtype for t in tensors.values()})
+        return local_mean({w: t.float() for w, t in tensors.items()})  # as the simulator sums: in fp32
+
+    half = AGGREGATORS.build(f"powersgd:rank=2,min_compression_rate=1,dtype={dtype}")
+    full = AGGREGATORS.build("powersgd:rank=2,min_compression_rate=1")
+    assert half.wire_dtype(torch.float32) == wire and full.wire_dtype(torch.float64) == torch.float64
+    grads = gradients(3, 0)
+    a, b = PowerSGDMemory(seed=1), PowerSGDMemory(seed=1)
+    out = half.average(a, grads, KEYS, recording_mean)
+    ref = full.average(b, grads, KEYS, local_mean)
+    assert seen == [{wire}, {wire}]
+    for i, (x, y) in enumerate(zip(out, ref, strict=True)):
+        assert x.dtype == torch.float32 and x.shape == SHAPES[i]
+        # a few roundings of O(1) values, amplified by the products: within ~100 units of roundoff
+        torch.testing.assert_close(x, y, rtol=100 * unit, atol=100 * unit * float(y.abs().max()))
+        if half.matrix_rank(SHAPES[i]):
+            assert not torch.equal(x, y)  # the rounding is real
+    for w in grads:
+        m = grads[w][0]
+        torch.testing.assert_close(m, out[0] + a.errors[w]["t0"], rtol=0, atol=1e-6)
+
+
 def test_no_tensor_is_made_on_the_default_device():
     """Under ``torch.device("meta")`` any factory call without ``device=`` makes a meta tensor,
     which would fail against the CPU inputs or show in the outputs (as tests/compress/test_devices.py)."""
@@ -140,6 +186,7 @@ def test_state_dict_round_trip_and_shape_check():
     ("powersgd:min_compression_rate=0", "min_compression_rate must be a finite number > 0"),
     ("powersgd:start_step=-1", "start_step must be >= 0"),
     ("powersgd:rnak=2", "has no parameter 'rnak'; valid parameters: rank, min_compression_rate"),
+    ("powersgd:dtype=fp8", "dtype must be one of fp32, fp16, bf16, got 'fp8'"),
 ])
 def test_bad_spec_is_one_clear_error(spec, message):
     with pytest.raises(ConfigError, match=message) as info:

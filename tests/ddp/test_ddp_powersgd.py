@@ -119,7 +119,7 @@ def against_pytorch(rank, world_size):
 def converge(rank, world_size):
     x, y = make_data(rank, world_size)
     out = {}
-    for spec in ("plain", "powersgd:rank=2"):
+    for spec in ("plain", "powersgd:rank=2", "powersgd:rank=2,dtype=fp16"):
         model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
         hook = None if spec == "plain" else gwddp.register(model, spec, seed=5)
         start = full_loss(model, x, y)
@@ -194,8 +194,14 @@ def test_converges_like_plain_ddp_and_ranks_agree(results):
     plain = sum(out["plain"]["end"] for out in trained) / 2
     end = sum(out["powersgd:rank=2"]["end"] for out in trained) / 2
     assert end < 0.1 * start and end < 2 * plain + 0.01, (start, plain, end)
-    for u, v in zip(trained[0]["powersgd:rank=2"]["params"], trained[1]["powersgd:rank=2"]["params"], strict=True):
-        assert torch.equal(u, v)  # every rank applies the same averaged gradient, bit for bit
+    for spec in ("powersgd:rank=2", "powersgd:rank=2,dtype=fp16"):
+        for u, v in zip(trained[0][spec]["params"], trained[1][spec]["params"], strict=True):
+            assert torch.equal(u, v)  # every rank applies the same averaged gradient, bit for bit
+    # half-precision factors (gloo sums them in fp16): the same training within the rounding
+    half = sum(out["powersgd:rank=2,dtype=fp16"]["end"] for out in trained) / 2
+    assert half == pytest.approx(end, rel=0.05, abs=1e-3), (half, end)
+    assert any(not torch.equal(u, v) for u, v in zip(trained[0]["powersgd:rank=2,dtype=fp16"]["params"],
+                                                       trained[0]["powersgd:rank=2"]["params"], strict=True))
 
 
 @pytest.mark.timeout(200)
@@ -212,6 +218,8 @@ def test_bytes_per_step_follow_the_formula(results):
         state = out["powersgd:rank=2"]["state"]
         assert state["step"] == CONVERGE_STEPS
         assert state["bytes_sent"] == state["wire_bytes_sent"] == CONVERGE_STEPS * per_step * 1
+        half = out["powersgd:rank=2,dtype=fp16"]["state"]  # 2 bytes a float
+        assert half["bytes_sent"] == half["wire_bytes_sent"] == CONVERGE_STEPS * per_step // 2
 
 
 @pytest.mark.timeout(200)

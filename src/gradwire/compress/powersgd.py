@@ -18,6 +18,14 @@ compressed payloads. Tensors where compression does not pay travel uncompressed 
 allreduce, beside the Ps: vectors (biases), and matrices with ``n m <= rate (n + m) r``
 (``min_compression_rate``, 2 by default as in PyTorch's hook). Two allreduces per step in all.
 
+``dtype=fp16`` or ``bf16`` sends both allreduces in 16-bit floats: half the bytes at the same rank.
+Each worker's factors (and its uncompressed tensors) are rounded to the wire dtype before the
+allreduce and the mean is widened back; the rounding of Q is part of the approximation M~, so error
+feedback carries it into the next step like the truncation error. (PyTorch gets the same bytes by
+wrapping its hook in ``fp16_compress_wrapper``, which runs the whole hook in half precision; here
+only what travels is rounded, the products and the orthogonalisation stay in the gradient's dtype.)
+fp16 keeps 11 bits of mantissa but underflows below 6e-5; bf16 keeps float32's range with 8 bits.
+
 This is not a byte :class:`~gradwire.compress.Compressor` (a tensor in, a payload out, decoded
 alone): it needs the tensors' shapes and runs two collectives with computation between them. So it
 has a registry of its own, :data:`AGGREGATORS` (``gradwire list aggregators``), and its spec goes
@@ -44,6 +52,9 @@ from gradwire.spec import Registry, Specced, parse_spec, require
 # Kind "compressor": its specs are --compressor values, and errors should say so.
 AGGREGATORS = Registry("compressor")
 
+# --compressor powersgd:dtype=...: what the two allreduces carry (None: the gradient's own dtype)
+WIRE_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
 AllreduceMean = Callable[[dict[int, torch.Tensor]], torch.Tensor]  # one flat tensor per local worker -> mean
 
 
@@ -53,17 +64,33 @@ def is_aggregator(spec: str) -> bool:
 
 
 def orthogonalize_(matrix: torch.Tensor) -> torch.Tensor:
-    """In place: the columns of ``matrix`` (n x r) made orthonormal by (modified) Gram-Schmidt, the
-    paper's choice (Vogels 2019, Sec. 3: cheap for small r). A column that is exactly zero stays
-    zero instead of becoming NaN (a layer whose gradient vanished, e.g. a frozen one)."""
-    for i in range(matrix.shape[1]):
-        col = matrix[:, i]
-        norm = torch.linalg.vector_norm(col)
+    """In place: the columns of ``matrix`` (n x r, or a batch b x n x r) made orthonormal by
+    (modified) Gram-Schmidt, the paper's choice (Vogels 2019, Sec. 3: cheap for small r). A batch
+    runs r steps for all its matrices at once. A column that is exactly zero stays zero instead of
+    becoming NaN (a layer whose gradient vanished, e.g. a frozen one)."""
+    for i in range(matrix.shape[-1]):
+        col = matrix[..., i]  # (..., n)
+        norm = torch.linalg.vector_norm(col, dim=-1, keepdim=True)
         col.div_(torch.where(norm > 0, norm, torch.ones_like(norm)))  # no .item(): no GPU sync
-        if i + 1 < matrix.shape[1]:
-            rest = matrix[:, i + 1:]
-            rest.sub_(torch.outer(col, col @ rest))
+        if i + 1 < matrix.shape[-1]:
+            rest = matrix[..., i + 1:]  # (..., n, k)
+            rest.sub_(col.unsqueeze(-1) * (col.unsqueeze(-2) @ rest))
     return matrix
+
+
+def orthogonalized(matrices: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """New tensors: each of ``matrices`` (n_i x r_i) with orthonormal columns, as
+    :func:`orthogonalize_` makes them. Matrices of one shape, dtype and device are stacked and done
+    as one batch, so a model's dozens of matrices cost a few r-step loops, not one loop each."""
+    groups: dict[tuple, list[int]] = {}
+    for k, m in enumerate(matrices):
+        groups.setdefault((tuple(m.shape), m.dtype, m.device), []).append(k)
+    out: list[torch.Tensor | None] = [None] * len(matrices)
+    for members in groups.values():
+        batch = orthogonalize_(torch.stack([matrices[k] for k in members]))
+        for j, k in enumerate(members):
+            out[k] = batch[j]
+    return out
 
 
 def matrix_shape(shape: Sequence[int]) -> tuple[int, int] | None:
@@ -82,20 +109,26 @@ def matrix_shape(shape: Sequence[int]) -> tuple[int, int] | None:
             "min_compression_rate": "a matrix is compressed only if n*m > rate*(n+m)*r; else sent as it is",
             "start_step": "steps averaged uncompressed before PowerSGD starts (PyTorch's start_powerSGD_iter)",
             "warm_start": "start each power iteration from the previous step's Q (else from a fresh random Q)",
-            "error_feedback": "add each worker's compression error to its next gradient (the paper's Alg. 2)"})
+            "error_feedback": "add each worker's compression error to its next gradient (the paper's Alg. 2)",
+            "dtype": "what the allreduces carry: fp32 (the gradient's own dtype), fp16 or bf16 (half the bytes)"})
 class PowerSGD(Specced):
     """The configuration and the math; the state lives in a :class:`PowerSGDMemory`."""
 
     name = "powersgd"
 
     def __init__(self, *, rank: int = 1, min_compression_rate: float = 2.0, start_step: int = 0,
-                 warm_start: bool = True, error_feedback: bool = True):
+                 warm_start: bool = True, error_feedback: bool = True, dtype: str = "fp32"):
         require(rank >= 1, f"rank must be an integer >= 1, got {rank}")
         require(math.isfinite(min_compression_rate) and min_compression_rate > 0,
                 f"min_compression_rate must be a finite number > 0, got {min_compression_rate}")
         require(start_step >= 0, f"start_step must be >= 0, got {start_step}")
         self.rank, self.min_compression_rate, self.start_step = rank, min_compression_rate, start_step
-        self.warm_start, self.error_feedback = warm_start, error_feedback
+        require(dtype in WIRE_DTYPES, f"dtype must be one of {', '.join(WIRE_DTYPES)}, got {dtype!r}")
+        self.warm_start, self.error_feedback, self.dtype = warm_start, error_feedback, dtype
+
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the allreduces carry for gradients of ``dtype``."""
+        return WIRE_DTYPES[self.dtype] or dtype
 
     def matrix_rank(self, shape: Sequence[int]) -> int:
         """The rank this tensor is compressed at, or 0 when it travels uncompressed: vectors, and
@@ -133,16 +166,19 @@ class PowerSGD(Specced):
 
         # M_w = g_w + e_w (Vogels 2019, Alg. 2: error feedback), as n x m matrices
         matrices = {w: {i: self._corrected(memory, w, keys[i], grads[w][i]) for i in packed} for w in workers}
-        qs = {i: orthogonalize_(self._start_q(memory, keys[i], like[i], ranks[i])) for i in packed}
+        qs = dict(zip(packed, orthogonalized([self._start_q(memory, keys[i], like[i], ranks[i]) for i in packed]),
+                      strict=True))
 
         # allreduce 1: P = mean_w M_w Q (Alg. 1, line 3), and the uncompressed tensors
         round1 = {w: torch.cat([(matrices[w][i] @ qs[i]).reshape(-1) for i in packed]
                                + [grads[w][i].reshape(-1) for i in plain]) for w in workers}
+        wire = self.wire_dtype(like[0].dtype)
         if round1[workers[0]].numel():
-            mean = allreduce_mean(round1).to(like[0].dtype)
+            mean = allreduce_mean({w: t.to(wire) for w, t in round1.items()}).to(like[0].dtype)
             sizes = [like[i].shape[0] * ranks[i] for i in packed] + [like[i].numel() for i in plain]
             pieces = mean.split(sizes)
-            ps = {i: orthogonalize_(pieces[k].view(-1, ranks[i]).clone()) for k, i in enumerate(packed)}  # line 4
+            ps = dict(zip(packed, orthogonalized([pieces[k].view(-1, ranks[i]) for k, i in enumerate(packed)]),
+                          strict=True))  # line 4
             for k, i in enumerate(plain):
                 out[i] = pieces[len(packed) + k].view(like[i].shape).clone()
         if not packed:
@@ -150,7 +186,7 @@ class PowerSGD(Specced):
 
         # allreduce 2: Q = mean_w M_w^T P^ (Alg. 1, lines 5-6); the next step's warm start
         round2 = {w: torch.cat([(matrices[w][i].T @ ps[i]).reshape(-1) for i in packed]) for w in workers}
-        qbar = allreduce_mean(round2).to(like[0].dtype)
+        qbar = allreduce_mean({w: t.to(wire) for w, t in round2.items()}).to(like[0].dtype)
         pieces = qbar.split([matrices[workers[0]][i].shape[1] * ranks[i] for i in packed])
         for k, i in enumerate(packed):
             q = pieces[k].view(-1, ranks[i]).clone()
@@ -243,11 +279,14 @@ class PowerSGDCodec:
 
     def setup_info(self) -> dict:
         """What compression does to this model (algorithm.json): which tensors are compressed at
-        which rank, and the floats each worker sends per step against plain allreduce's."""
+        which rank, and the floats (and bytes, for float32 gradients) each worker sends per step against
+        plain allreduce's."""
         ranks = [self.powersgd.matrix_rank(s) for s in self.shapes]
         return {"powersgd": {"compressed": {k: r for k, r in zip(self.keys, ranks, strict=True) if r},
                              "uncompressed": [k for k, r in zip(self.keys, ranks, strict=True) if not r],
                              "floats_per_worker_step": self.powersgd.wire_numel(self.shapes),
+                             "bytes_per_worker_step": self.powersgd.wire_numel(self.shapes)
+                             * self.powersgd.wire_dtype(torch.float32).itemsize,
                              "floats_uncompressed": sum(self.numels)}}
 
     def state_dict(self) -> dict:
