@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allreduce (DDP's own), powersgd (PyTorch's powerSGD_hook) or gradwire:SPEC")
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--start-powersgd-iter", type=int, default=2)
+    p.add_argument("--powersgd-fp16", action="store_true",
+                   help="--hook powersgd wrapped in PyTorch's fp16_compress_wrapper (the hook runs in half precision: "
+                        "half the bytes)")
     p.add_argument("--error-feedback", action="store_true", help="gradwire:SPEC only")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket cap (default: DDP's, 1 MiB first bucket then 25 MiB; with --hook powersgd 25, "
@@ -138,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
 
         state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=args.powersgd_rank,
                                    start_powerSGD_iter=args.start_powersgd_iter, random_seed=args.seed)
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
-        compressed = 2 * (world - 1) * powersgd_floats(model, args.powersgd_rank) * 4
+        if args.powersgd_fp16:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
+
+            ddp.register_comm_hook(state, fp16_compress_wrapper(psgd.powerSGD_hook))
+        else:
+            ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        compressed = 2 * (world - 1) * powersgd_floats(model, args.powersgd_rank) * (2 if args.powersgd_fp16 else 4)
         # the hook's iteration counter starts at 0: steps 1..S run a plain allreduce
         step_bytes = lambda step: dense_bytes if step <= args.start_powersgd_iter else compressed  # noqa: E731
     elif args.hook.startswith("gradwire:"):

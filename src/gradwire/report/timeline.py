@@ -214,31 +214,41 @@ def split_collective_waits(recs: np.ndarray) -> np.ndarray:
     is split at the latest start among them into WAIT (before) and COMM (after). Steps where the
     counts differ (collectives over subsets of the workers) are left as they were recorded, and so
     is a server-mode run (it has SERVE records), whose COMM records are point-to-point messages."""
-    comm = recs[recs["kind"] == COMM]
+    idx = np.flatnonzero(recs["kind"] == COMM)
     workers = np.unique(recs["worker"])
-    if len(comm) == 0 or len(workers) < 2 or (recs["kind"] == SERVE).any():
+    if len(idx) == 0 or len(workers) < 2 or (recs["kind"] == SERVE).any():
         return recs
-    extra = []
-    for step in np.unique(comm["step"]):
-        rows = {int(w): np.flatnonzero((recs["kind"] == COMM) & (recs["step"] == step) & (recs["worker"] == w))
-                for w in workers}
-        counts = {len(r) for r in rows.values()}
-        if len(counts) != 1 or counts == {0}:
-            continue
-        for w, r in rows.items():  # the worker's collectives in the order it issued them
-            rows[w] = r[np.argsort(recs["start"][r], kind="stable")]
-        for k in range(counts.pop()):
-            same = np.array([rows[int(w)][k] for w in workers])
-            last_in = recs["start"][same].max()
-            for i in same:
-                start, end = recs["start"][i], recs["end"][i]
-                if last_in <= start or last_in >= end:
-                    continue  # the last to arrive, or a clock offset beyond the interval: keep it whole
-                wait = recs[i].copy()
-                wait["kind"], wait["end"], wait["bytes"] = WAIT, last_in, 0
-                extra.append(wait)
-                recs["start"][i] = last_in
-    return np.concatenate([recs, np.array(extra, dtype=RECORD)]) if extra else recs
+    # the collectives grouped by (step, worker), each group in the order its worker issued them
+    idx = idx[np.lexsort((recs["start"][idx], recs["worker"][idx], recs["step"][idx]))]
+    steps, who = recs["step"][idx].astype(np.int64), recs["worker"][idx]
+    first = np.flatnonzero(np.r_[True, (steps[1:] != steps[:-1]) | (who[1:] != who[:-1])])
+    counts = np.diff(np.r_[first, len(idx)])
+    k = np.arange(len(idx)) - np.repeat(first, counts)  # the k-th collective of its worker in its step
+    # a step qualifies when every worker recorded collectives there, all the same number of them
+    step_of, at = np.unique(steps[first], return_inverse=True)
+    low = np.full(len(step_of), np.iinfo(np.int64).max)
+    high = np.zeros(len(step_of), dtype=np.int64)
+    np.minimum.at(low, at, counts)
+    np.maximum.at(high, at, counts)
+    ok = (np.bincount(at, minlength=len(step_of)) == len(workers)) & (low == high)
+    keep = ok[np.searchsorted(step_of, steps)]
+    idx, steps, k = idx[keep], steps[keep], k[keep]
+    if not len(idx):
+        return recs
+    # the k-th collectives of a step belong together: the last to enter sets where waiting ends
+    pair, where = np.unique(steps * (int(k.max()) + 1) + k, return_inverse=True)
+    last_in = np.full(len(pair), -np.inf)
+    np.maximum.at(last_in, where, recs["start"][idx])
+    last_in = last_in[where]
+    # the last to arrive, or a clock offset beyond the interval: kept whole
+    split = (last_in > recs["start"][idx]) & (last_in < recs["end"][idx])
+    idx, last_in = idx[split], last_in[split]
+    if not len(idx):
+        return recs
+    waits = recs[idx].copy()
+    waits["kind"], waits["end"], waits["bytes"] = WAIT, last_in, 0
+    recs["start"][idx] = last_in
+    return np.concatenate([recs, waits])
 
 
 def per_worker(recs: np.ndarray) -> dict[int, dict[str, float]]:
