@@ -22,7 +22,8 @@ sizes first and wait for both gathers.
 
 ``powersgd:rank=R`` (``gradwire.compress.powersgd``, Vogels, Karimireddy, Jaggi 2019) is a third
 path: each parameter's gradient through the same :meth:`PowerSGD.average` that the algorithms use,
-its two allreduces (the Ps with the uncompressed tensors, then the Qs) run by ``dist.all_reduce``.
+its two allreduces (the Ps with the uncompressed tensors, then the Qs) run by ``dist.all_reduce`` on
+one communication thread per process, so the backward pass goes on meanwhile.
 
 The unit of compression is the *parameter*, not the bucket: DDP rebuilds its buckets after the
 first iteration (in gradient-ready order, reversed with respect to the first), and a resumed run
@@ -35,6 +36,7 @@ parameter name, residuals, random draws and results do not depend on how DDP gro
 # annotations with dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import torch
@@ -108,7 +110,7 @@ class HookState:
 
     __slots__ = ("compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
                  "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
-                 "device", "powersgd_memory", "non_finite", "_params", "_shapes")
+                 "device", "powersgd_memory", "non_finite", "_params", "_shapes", "_thread")
 
     def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
                  error_feedback: bool = False, seed: int = 0, process_group=None,
@@ -156,6 +158,13 @@ class HookState:
         self._shapes = {name: p.shape for name, p in module.named_parameters()}
         if self.powersgd_memory is not None:
             self.powersgd_memory.seed = self.seed
+        self._thread = None
+
+    def communication_thread(self) -> ThreadPoolExecutor:
+        """The one thread that runs PowerSGD's buckets (started at the first), in submission order."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gradwire-ddp-rank{self.rank}")
+        return self._thread
 
     def state_dict(self) -> dict:
         residuals = self.error_feedback.state_dict() if self.error_feedback else {}
@@ -233,29 +242,45 @@ def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torc
 
 def _powersgd(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
     """The bucket's parameters through :meth:`PowerSGD.average` (one parameter, one key: the
-    memory does not care how DDP buckets them), its allreduces run here, synchronously."""
+    memory does not care how DDP buckets them), on the hook state's communication thread: the hook
+    returns at once, and DDP's backward pass goes on computing the next buckets' gradients while this
+    one's two allreduces travel (PyTorch's hook chains its allreduces through future callbacks for the
+    same reason). One thread takes the buckets in the order DDP hands them over, which is the same on
+    every rank, so every rank issues its collectives in the same order. DDP waits for the returned
+    future at the end of the backward pass, so nothing reads the memory or the counters meanwhile."""
     buffer, world = bucket.buffer(), state.world_size
     grads = [buffer[o:o + k].view(state._shapes[name]) for _, name, o, k in layout]
+    keys = [n for _, n, _, _ in layout]
+    step, index = state.step, bucket.index()
 
     def allreduce_mean(tensors: dict[int, torch.Tensor]) -> torch.Tensor:
         total = tensors[state.rank]  # a new tensor (the concatenated factors): summed in place
         _wait(state, dist.all_reduce(total, group=state.process_group, async_op=True), bucket, "PowerSGD factors",
-              "allreduce")
+              "allreduce", step=step)
         nbytes = total.numel() * total.element_size()
         state.bytes_sent += nbytes * (world - 1)
         state.wire_bytes_sent += nbytes * (world - 1)
         return total.div_(world)
 
-    state.powersgd_memory.step = state.step
-    averaged = state.compressor.average(state.powersgd_memory, {state.rank: grads}, [n for _, n, _, _ in layout],
-                                        allreduce_mean)
-    mean = torch.cat([t.reshape(-1) for t in averaged]) if averaged else buffer.clone()
-    # A NaN or inf anywhere reaches every rank through the sums, so every rank stops here alike.
-    if not bool(torch.isfinite(mean).all()):
-        raise DivergenceError(f"gradwire.ddp: step {state.step}, bucket {bucket.index()}: non-finite gradients "
-                              f"after {state.compressor.spec()} (a rank's gradient was not finite)", step=state.step)
+    def mean() -> torch.Tensor:
+        state.powersgd_memory.step = step
+        averaged = state.compressor.average(state.powersgd_memory, {state.rank: grads}, keys, allreduce_mean)
+        out = torch.cat([t.reshape(-1) for t in averaged]) if averaged else buffer.clone()
+        # A NaN or inf anywhere reaches every rank through the sums, so every rank stops here alike.
+        if not bool(torch.isfinite(out).all()):
+            raise DivergenceError(f"gradwire.ddp: step {step}, bucket {index}: non-finite gradients after "
+                                  f"{state.compressor.spec()} (a rank's gradient was not finite)", step=step)
+        return out.to(buffer.dtype)
+
     future = torch.futures.Future()
-    future.set_result(mean.to(buffer.dtype))
+
+    def job() -> None:
+        try:
+            future.set_result(mean())
+        except BaseException as error:  # noqa: BLE001 - handed to DDP, which raises it where it waits
+            future.set_exception(error)
+
+    state.communication_thread().submit(job)
     return future
 
 
@@ -348,11 +373,13 @@ def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
     return future.then(finish)
 
 
-def _wait(state: HookState, work, bucket: dist.GradBucket, what: str, collective: str = "all-gather") -> None:
+def _wait(state: HookState, work, bucket: dist.GradBucket, what: str, collective: str = "all-gather",
+          step: int | None = None) -> None:
     try:
         work.wait(timeout=timedelta(seconds=state.timeout_s))
     except RuntimeError as error:
-        raise CommunicationError(f"gradwire.ddp: step {state.step}, rank {state.rank}, bucket "
+        step = state.step if step is None else step
+        raise CommunicationError(f"gradwire.ddp: step {step}, rank {state.rank}, bucket "
                                  f"{bucket.index()}: {collective} of {what} failed or took longer than "
                                  f"{state.timeout_s:g} s: {error}") from error
 

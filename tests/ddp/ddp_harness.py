@@ -119,6 +119,20 @@ def train(model, x, y, first: int, steps: int, opt=None, lr: float = 0.05):
     return opt
 
 
+def poison(model, rank: int) -> None:
+    """Rank 1's gradient of layer 2 turns NaN at its step 2 (its third backward)."""
+    calls = {"n": 0}
+
+    def hook(grad):
+        calls["n"] += 1
+        if rank == 1 and calls["n"] == 3:
+            grad = grad.clone()
+            grad[3, 5] = float("nan")
+        return grad
+
+    model.module[2].weight.register_hook(hook)
+
+
 def resume_twice(path: str, fresh, x, y, first: int, then: int) -> dict:
     """Continue the checkpoint at ``path`` (model, optimiser, hook state) for ``then`` steps, as a
     new process would (``fresh(seed=...)``: a new model with another init, a new DDP with its first

@@ -27,6 +27,7 @@ from tests.ddp.ddp_harness import (
     make_model,
     params,
     part,
+    poison,
     resume_twice,
     run_scenarios,
     train,
@@ -104,20 +105,6 @@ def resume(rank, world_size, folder, first, then):
 
 # the three paths: allreduce (none), asynchronous fixed-size gather (qsgd), sizes-first gather (topk)
 NON_FINITE_SPECS = ("none", "qsgd:levels=4", "topk:ratio=0.1")
-
-
-def poison(model, rank: int) -> None:
-    """Rank 1's gradient of layer 2 turns NaN at its step 2 (its third backward)."""
-    calls = {"n": 0}
-
-    def hook(grad):
-        calls["n"] += 1
-        if rank == 1 and calls["n"] == 3:
-            grad = grad.clone()
-            grad[3, 5] = float("nan")
-        return grad
-
-    model.module[2].weight.register_hook(hook)
 
 
 def non_finite(rank, world_size):

@@ -33,6 +33,8 @@ rounding amplified by the power iteration; plain DDP differs from PyTorch's Powe
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as pt_powersgd
@@ -48,6 +50,7 @@ from tests.ddp.ddp_harness import (
     make_model,
     params,
     part,
+    poison,
     resume_twice,
     run_scenarios,
     train,
@@ -148,10 +151,53 @@ def resume(rank, world_size, folder, first, then):
     return {"straight": straight, "resumed": resumed[True], "no_hook_state": resumed[False]}
 
 
+LATE_S = 0.5  # how late rank 1 enters its last backward in ``overlap``
+
+
+def overlap(rank, world_size):
+    """The hook hands its buckets to the communication thread and returns: rank 1 enters its 4th
+    backward LATE_S late, so rank 0's allreduces wait that long, but its hook calls do not (the
+    backward pass as a whole still does: DDP waits for the futures at its end)."""
+    x, y = make_data(rank, world_size)
+    model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
+    state = gwddp.HookState(model, "powersgd:rank=2")
+    calls = []
+
+    def timed(state, bucket):
+        start = time.perf_counter()
+        future = gwddp.hook(state, bucket)
+        calls.append((time.perf_counter() - start, future.done()))
+        return future
+
+    model.register_comm_hook(state, timed)
+    opt = train(model, x, y, 0, 3)
+    calls.clear()
+    if rank == 1:
+        time.sleep(LATE_S)
+    start = time.perf_counter()
+    train(model, x, y, 3, 1, opt)
+    return {"calls": calls, "step_s": time.perf_counter() - start, "step": state.step}
+
+
+def failure(rank, world_size):
+    """Rank 1's gradient turns NaN at step 2: every rank stops with one error naming the step."""
+    x, y = make_data(rank, world_size)
+    model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
+    gwddp.register(model, "powersgd:rank=2")
+    poison(model, rank)
+    try:
+        train(model, x, y, 0, 5)
+    except Exception as e:  # noqa: BLE001 - the parent checks the text
+        return str(e)
+    return ""
+
+
 def suite(rank, world_size, folder):
     return run_scenarios([("against_pytorch", lambda: against_pytorch(rank, world_size)),
                           ("converge", lambda: converge(rank, world_size)),
-                          ("resume", lambda: resume(rank, world_size, folder, 6, 6))])
+                          ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
+                          ("overlap", lambda: overlap(rank, world_size)),
+                          ("failure", lambda: failure(rank, world_size))])
 
 
 # --- tests (the parent compares) --------------------------------------------------------------
@@ -231,6 +277,23 @@ def test_state_dict_resume_equals_not_stopping(results, folder):
     assert state["compressor"].startswith("powersgd:rank=2") and state["step"] == 6
     assert sorted(state["powersgd"]["q"]) == ["0.weight", "2.weight"]
     assert sorted(state["powersgd"]["errors"]["0"]) == ["0.weight", "2.weight"]
+
+
+@pytest.mark.timeout(200)
+def test_hook_returns_while_its_allreduces_wait(results):
+    first, second = part(results, "overlap")
+    assert first["step"] == second["step"] == 4
+    assert len(first["calls"]) > 1  # several buckets
+    # rank 0 waited LATE_S for rank 1 in the backward pass, not in any hook call
+    assert first["step_s"] > 0.8 * LATE_S
+    assert sum(t for t, _ in first["calls"]) < 0.2 * LATE_S, first["calls"]
+    assert not first["calls"][0][1]  # the first bucket's future was still pending when its hook returned
+
+
+@pytest.mark.timeout(200)
+def test_a_non_finite_gradient_stops_every_rank(results):
+    for text in part(results, "failure"):
+        assert "step 2" in text and "non-finite gradients after powersgd:rank=2" in text, text
 
 
 def test_bad_powersgd_settings_are_one_clear_error():
