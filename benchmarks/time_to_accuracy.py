@@ -5,6 +5,7 @@ against gradwire's compressed sync, PowerSGD, local SGD, DiLoCo and Streaming Di
     sudo .venv/bin/python benchmarks/time_to_accuracy.py                  # both rates, ~35 min
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --quick          # smoke run, ~3 min
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --rates 100 --only ddp-sgd,gw-topk
+    sudo .venv/bin/python benchmarks/time_to_accuracy.py --only adamw     # the AdamW rows, ~25 min
     .venv/bin/python benchmarks/time_to_accuracy.py --report-only         # table + plot from the run folders
 
 The task: `stdlib-lm` (byte-level transformer, 1,445,824 parameters, a 5.8 MB float32 gradient;
@@ -27,6 +28,11 @@ Variants (`--only` takes the keys; `--list` prints them with their command lines
 - `gw-adamw`, `gw-adamw-powersgd8`, `gw-adamw-powersgd16`: `gradwire run --algorithm sync
   --optimizer adamw:beta2=0.95 --weight-decay 0.1 --lr 1e-3` (DDP AdamW's settings), uncompressed
   and with `powersgd:rank=8` and `rank=16`;
+- `ddp-adamw-powersgd32`, `ddp-adamw-powersgd32h`: PyTorch's hook at rank 32 (where AdamW stays
+  within 1 % of DDP), plain and wrapped in `fp16_compress_wrapper` (half the bytes);
+- `ddp-adamw-gw-powersgd32h`, `ddp-adamw-gw-powersgd32h-b1`: `gradwire.ddp` with
+  `powersgd:rank=32,dtype=fp16,start_step=2` (fp16 factors), DDP's default buckets or 1 MB ones;
+- `gw-adamw-powersgd32h`: `gradwire run --algorithm sync` AdamW with `powersgd:rank=32,dtype=fp16`;
 - `gw-diloco`: DiLoCo, H = 20 inner AdamW steps (lr 1e-3), outer Nesterov 0.7 / 0.9;
 - `gw-streaming`: Streaming DiLoCo, H = 20, 4 fragments, overlap 2 steps, fp16 outer gradients.
 
@@ -112,6 +118,9 @@ VARIANTS = [
              "--start-powersgd-iter", "2", "--powersgd-fp16")),
     Variant("ddp-adamw-gw-powersgd32h", "DDP + gradwire.ddp powersgd:rank=32,dtype=fp16, AdamW", "adamw", "ddp",
             ("--optimizer", "adamw", *ADAMW_LR, "--hook", "gradwire:powersgd:rank=32,dtype=fp16,start_step=2")),
+    Variant("ddp-adamw-gw-powersgd32h-b1", "DDP (1 MB buckets) + gradwire.ddp powersgd:rank=32,dtype=fp16, AdamW",
+            "adamw", "ddp", ("--optimizer", "adamw", *ADAMW_LR, "--hook",
+                             "gradwire:powersgd:rank=32,dtype=fp16,start_step=2", "--bucket-cap-mb", "1")),
     Variant("gw-adamw-powersgd32h", "gradwire sync powersgd:rank=32,dtype=fp16, AdamW", "adamw", "gradwire",
             ("--algorithm", "sync", "--compressor", "powersgd:rank=32,dtype=fp16", *ADAMW)),
     Variant("gw-diloco", "gradwire DiLoCo, H=20 (AdamW inside)", "adamw", "gradwire",
@@ -123,7 +132,12 @@ VARIANTS = [
 BY_KEY = {v.key: v for v in VARIANTS}
 # at 1 Gbit/s, where time is short: the baselines and the best of each kind
 FAST_RATE_KEYS = ("ddp-sgd", "ddp-adamw", "ddp-sgd-powersgd", "ddp-adamw-powersgd", "gw-topk", "gw-powersgd",
-                  "gw-adamw", "gw-adamw-powersgd8", "gw-adamw-powersgd16", "gw-diloco", "gw-streaming")
+                  "gw-adamw", "gw-adamw-powersgd8", "gw-adamw-powersgd16", "ddp-adamw-powersgd32",
+                  "ddp-adamw-gw-powersgd32h-b1", "gw-adamw-powersgd32h", "gw-diloco", "gw-streaming")
+# the AdamW rows side by side (issue 13's verdict with AdamW): --only adamw
+ADAMW_KEYS = ("ddp-adamw", "ddp-adamw-powersgd", "ddp-adamw-powersgd32", "ddp-adamw-powersgd32h",
+              "ddp-adamw-gw-powersgd", "ddp-adamw-gw-powersgd32h", "ddp-adamw-gw-powersgd32h-b1",
+              "gw-adamw-powersgd16", "gw-adamw-powersgd32h")
 QUICK_KEYS = ("ddp-sgd", "ddp-sgd-powersgd", "gw-topk", "gw-diloco")
 
 
@@ -326,8 +340,8 @@ def main() -> int:
     ap.add_argument("--targets", default="3.0,2.6",
                     help="validation losses to time, the first one the main target (default 3.0,2.6: DDP with "
                          "SGD reaches 3.0 within 200 steps, AdamW also 2.6)")
-    ap.add_argument("--only", help="comma-separated variant keys (default: all at the first rate, "
-                    f"{','.join(FAST_RATE_KEYS)} at the others)")
+    ap.add_argument("--only", help="comma-separated variant keys, or adamw for the AdamW rows (default: all at "
+                    f"the first rate, {','.join(FAST_RATE_KEYS)} at the others)")
     ap.add_argument("--quick", action="store_true",
                     help=f"smoke run: 100 Mbit/s only, 30 steps, {','.join(QUICK_KEYS)}, target 4.0")
     ap.add_argument("--out", default="runs/time-to-accuracy", help="run folders, results.md, results.json, plot")
@@ -342,6 +356,8 @@ def main() -> int:
         ns.out = ns.out if ns.out != "runs/time-to-accuracy" else "runs/time-to-accuracy-quick"
     rates = [float(x) for x in ns.rates.split(",")]
     targets = [float(x) for x in ns.targets.split(",")]
+    if ns.only == "adamw":
+        ns.only = ",".join(ADAMW_KEYS)
     unknown = [k for k in (ns.only or "").split(",") if k and k not in BY_KEY]
     if unknown:
         ap.error(f"--only: unknown variants {unknown}; valid: {', '.join(BY_KEY)}")
