@@ -34,6 +34,14 @@ def _rows(records_by_label: dict[str, list[dict]]) -> list[tuple[str, str, bool]
     return rows
 
 
+def log_worthy(values: Iterable[float]) -> bool:
+    """Whether a quantity plotted on a log axis should keep it: its positive values span at least a
+    decade. Narrower (a language model's loss from 5.6 down to 2.2) a log axis gains nothing and gets
+    tick labels such as 3x10^0; such an axis stays linear."""
+    positive = [v for v in values if v > 0]
+    return bool(positive) and max(positive) >= 10 * min(positive)
+
+
 def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = "", *,
               backends: Iterable[str] = ("sim",)) -> Path:
     """One PNG with a grid: a row per quantity, a column per x-axis, a line per run. ``backends``:
@@ -43,6 +51,8 @@ def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = 
     fig, axes = plt.subplots(len(rows), len(columns), figsize=(4.2 * len(columns), 3.0 * len(rows)),
                              squeeze=False)
     for i, (key, ylabel, log) in enumerate(rows):
+        log = log and log_worthy(rec[key] for recs in records_by_label.values() for rec in recs
+                                 if rec.get(key) is not None)
         for j, (xkey, xlabel, scale) in enumerate(columns):
             ax = axes[i][j]
             for label, recs in records_by_label.items():

@@ -1,0 +1,34 @@
+"""The curves' axes: a log scale only where the plotted values span at least a decade."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradwire.report import plots
+from gradwire.report.plots import log_worthy, plot_runs
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([5.6, 3.0, 2.2], False),        # a language model's loss: linear, no 3x10^0 tick labels
+    ([2.3, 0.05], True),             # a convex objective falling 46-fold: log
+    ([0.0, -1.0, 5.0, 0.6], False),  # non-positive values are not plotted on a log axis
+    ([], False),
+])
+def test_log_only_over_a_decade(values, expected):
+    assert log_worthy(values) is expected
+
+
+def records(losses):
+    return [{"step": i, "bytes_sent": 1000 * i, "sim_time_s": 0.1 * i, "train_loss": loss, "test_acc": 0.5}
+            for i, loss in enumerate(losses)]
+
+
+def test_plot_uses_the_scale_the_values_ask_for(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    plot_runs({"a": records([5.6, 3.1, 2.2]), "b": records([5.6, 3.4, 2.5])}, tmp_path / "narrow.png")
+    plot_runs({"a": records([5.6, 0.4, 0.02])}, tmp_path / "wide.png")
+    narrow, wide = figures
+    assert [ax.get_yscale() for ax in narrow.axes[:3]] == ["linear"] * 3  # the objective's row
+    assert [ax.get_yscale() for ax in wide.axes[:3]] == ["log"] * 3
+    assert (tmp_path / "narrow.png").stat().st_size > 1000
