@@ -83,6 +83,17 @@ def powersgd_floats(model: torch.nn.Module, rank: int, min_compression_rate: flo
     return total
 
 
+def powersgd_step_bytes(model: torch.nn.Module, world: int, rank: int, start_iter: int, fp16: bool):
+    """Step (1-based) -> bytes all ranks send in it under PyTorch's powerSGD_hook, ring accounting:
+    a plain allreduce of the gradient up to ``start_iter`` (the hook's counter starts at 0), then the
+    compressed floats. ``fp16`` (``fp16_compress_wrapper``) halves both: the wrapper casts the whole
+    bucket before the hook sees it."""
+    itemsize = 2 if fp16 else 4
+    plain = 2 * (world - 1) * sum(p.numel() for p in model.parameters()) * itemsize
+    compressed = 2 * (world - 1) * powersgd_floats(model, rank) * itemsize
+    return lambda step: plain if step <= start_iter else compressed
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="stdlib-lm", help="gradwire task spec (default stdlib-lm)")
@@ -147,9 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             ddp.register_comm_hook(state, fp16_compress_wrapper(psgd.powerSGD_hook))
         else:
             ddp.register_comm_hook(state, psgd.powerSGD_hook)
-        compressed = 2 * (world - 1) * powersgd_floats(model, args.powersgd_rank) * (2 if args.powersgd_fp16 else 4)
-        # the hook's iteration counter starts at 0: steps 1..S run a plain allreduce
-        step_bytes = lambda step: dense_bytes if step <= args.start_powersgd_iter else compressed  # noqa: E731
+        step_bytes = powersgd_step_bytes(model, world, args.powersgd_rank, args.start_powersgd_iter,
+                                         args.powersgd_fp16)
     elif args.hook.startswith("gradwire:"):
         import gradwire.ddp
 

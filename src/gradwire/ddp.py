@@ -84,7 +84,9 @@ class HookState:
       weight matrices by two allreduces, vectors and small matrices uncompressed (its
       ``min_compression_rate``; ``min_compress_numel`` does not apply). The bytes per rank stay
       the same as ranks are added. Its Q memories and errors are kept per parameter name in
-      ``state_dict()["powersgd"]``.
+      ``state_dict()["powersgd"]``. ``powersgd:rank=R,dtype=fp16`` (or ``bf16``) sends the factors
+      in half the bytes. The buckets run on one communication thread per process, so the hook
+      returns at once and the backward pass goes on while they travel.
     * ``non_finite``: what happens when a rank's codec refuses its gradient (a NaN or inf, or a
       value beyond fp16's range). ``"raise"`` (default): every rank raises DivergenceError naming
       the bucket and parameter. ``"propagate"``: every rank gets NaN for that bucket and training

@@ -61,3 +61,14 @@ def test_powersgd_floats_follow_torch_should_compress():
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 2), torch.nn.Linear(2, 1))
     # 32x64 compressed at rank 4: (32 + 64) * 4; 2x32 (r = 2: 34 * 2 * 2 >= 64) and 1x2 raw; biases raw: 32 + 2 + 1
     assert ddp_train.powersgd_floats(model, 4) == (32 + 64) * 4 + 64 + 2 + 35
+
+
+def test_powersgd_step_bytes_halve_everything_in_the_fp16_wrapper():
+    ddp_train = load_script()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 2), torch.nn.Linear(2, 1))
+    dense, compressed = sum(p.numel() for p in model.parameters()), (32 + 64) * 4 + 64 + 2 + 35
+    full = ddp_train.powersgd_step_bytes(model, 4, 4, 2, False)
+    half = ddp_train.powersgd_step_bytes(model, 4, 4, 2, True)
+    # steps 1 and 2 plain (the hook's counter starts at 0), then compressed; ring: 2 (W - 1) per byte
+    assert [full(s) for s in (1, 2, 3)] == [6 * 4 * dense, 6 * 4 * dense, 6 * 4 * compressed]
+    assert [half(s) for s in (1, 2, 3)] == [6 * 2 * dense, 6 * 2 * dense, 6 * 2 * compressed]

@@ -292,11 +292,11 @@ class PowerSGDCodec:
         which rank, and the floats (and bytes, for float32 gradients) each worker sends per step against
         plain allreduce's."""
         ranks = [self.powersgd.matrix_rank(s) for s in self.shapes]
+        floats = self.powersgd.wire_numel(self.shapes)
         return {"powersgd": {"compressed": {k: r for k, r in zip(self.keys, ranks, strict=True) if r},
                              "uncompressed": [k for k, r in zip(self.keys, ranks, strict=True) if not r],
-                             "floats_per_worker_step": self.powersgd.wire_numel(self.shapes),
-                             "bytes_per_worker_step": self.powersgd.wire_numel(self.shapes)
-                             * self.powersgd.wire_dtype(torch.float32).itemsize,
+                             "floats_per_worker_step": floats,
+                             "bytes_per_worker_step": floats * self.powersgd.wire_dtype(torch.float32).itemsize,
                              "floats_uncompressed": sum(self.numels)}}
 
     def state_dict(self) -> dict:
