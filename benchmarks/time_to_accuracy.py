@@ -33,6 +33,10 @@ Variants (`--only` takes the keys; `--list` prints them with their command lines
 - `ddp-adamw-gw-powersgd32h`, `ddp-adamw-gw-powersgd32h-b1`: `gradwire.ddp` with
   `powersgd:rank=32,dtype=fp16,start_step=2` (fp16 factors), DDP's default buckets or 1 MB ones;
 - `gw-adamw-powersgd32h`: `gradwire run --algorithm sync` AdamW with `powersgd:rank=32,dtype=fp16`;
+- `gw-adamw-powersgd32h-ov`, `-ov2`, `-ov3`: the same with `sync:overlap=true` (each bucket's
+  allreduces during the backward pass), 1, 2 and 3 MB buckets;
+- `gw-adamw-acp32h`, `gw-adamw-acp32h-ov`, `-ov3`: ACP-SGD, `powersgd:rank=32,dtype=fp16,
+  alternate=true` (one allreduce a step), without overlap, and with 1 and 3 MB buckets;
 - `gw-diloco`: DiLoCo, H = 20 inner AdamW steps (lr 1e-3), outer Nesterov 0.7 / 0.9;
 - `gw-streaming`: Streaming DiLoCo, H = 20, 4 fragments, overlap 2 steps, fp16 outer gradients.
 
@@ -123,6 +127,23 @@ VARIANTS = [
                              "gradwire:powersgd:rank=32,dtype=fp16,start_step=2", "--bucket-cap-mb", "1")),
     Variant("gw-adamw-powersgd32h", "gradwire sync powersgd:rank=32,dtype=fp16, AdamW", "adamw", "gradwire",
             ("--algorithm", "sync", "--compressor", "powersgd:rank=32,dtype=fp16", *ADAMW)),
+    Variant("gw-adamw-powersgd32h-ov", "gradwire sync:overlap=true powersgd:rank=32,dtype=fp16, AdamW", "adamw",
+            "gradwire", ("--algorithm", "sync:overlap=true", "--compressor", "powersgd:rank=32,dtype=fp16", *ADAMW)),
+    Variant("gw-adamw-powersgd32h-ov2", "gradwire sync:overlap=true,bucket_mb=2 powersgd:rank=32,dtype=fp16, AdamW",
+            "adamw", "gradwire", ("--algorithm", "sync:overlap=true,bucket_mb=2", "--compressor",
+                                  "powersgd:rank=32,dtype=fp16", *ADAMW)),
+    Variant("gw-adamw-acp32h-ov", "gradwire sync:overlap=true powersgd:rank=32,dtype=fp16,alternate=true, AdamW",
+            "adamw", "gradwire", ("--algorithm", "sync:overlap=true", "--compressor",
+                                  "powersgd:rank=32,dtype=fp16,alternate=true", *ADAMW)),
+    Variant("gw-adamw-powersgd32h-ov3", "gradwire sync:overlap=true,bucket_mb=3 powersgd:rank=32,dtype=fp16, AdamW",
+            "adamw", "gradwire", ("--algorithm", "sync:overlap=true,bucket_mb=3", "--compressor",
+                                  "powersgd:rank=32,dtype=fp16", *ADAMW)),
+    Variant("gw-adamw-acp32h", "gradwire sync powersgd:rank=32,dtype=fp16,alternate=true, AdamW",
+            "adamw", "gradwire", ("--algorithm", "sync", "--compressor",
+                                  "powersgd:rank=32,dtype=fp16,alternate=true", *ADAMW)),
+    Variant("gw-adamw-acp32h-ov3", "gradwire sync:overlap=true,bucket_mb=3 powersgd:rank=32,dtype=fp16,alternate=true, AdamW",
+            "adamw", "gradwire", ("--algorithm", "sync:overlap=true,bucket_mb=3", "--compressor",
+                                  "powersgd:rank=32,dtype=fp16,alternate=true", *ADAMW)),
     Variant("gw-diloco", "gradwire DiLoCo, H=20 (AdamW inside)", "adamw", "gradwire",
             ("--algorithm", "diloco:inner_steps=20", *ADAMW_LR)),
     Variant("gw-streaming", "gradwire Streaming DiLoCo, H=20, P=4, τ=2, fp16", "adamw", "gradwire",
@@ -137,7 +158,7 @@ FAST_RATE_KEYS = ("ddp-sgd", "ddp-adamw", "ddp-sgd-powersgd", "ddp-adamw-powersg
 # the AdamW rows side by side (issue 13's verdict with AdamW): --only adamw
 ADAMW_KEYS = ("ddp-adamw", "ddp-adamw-powersgd", "ddp-adamw-powersgd32", "ddp-adamw-powersgd32h",
               "ddp-adamw-gw-powersgd", "ddp-adamw-gw-powersgd32h", "ddp-adamw-gw-powersgd32h-b1",
-              "gw-adamw-powersgd16", "gw-adamw-powersgd32h")
+              "gw-adamw-powersgd16", "gw-adamw-powersgd32h", "gw-adamw-powersgd32h-ov3", "gw-adamw-acp32h")
 QUICK_KEYS = ("ddp-sgd", "ddp-sgd-powersgd", "gw-topk", "gw-diloco")
 
 

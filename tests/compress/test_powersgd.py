@@ -199,3 +199,64 @@ def test_bad_spec_is_one_clear_error(spec, message):
     with pytest.raises(ConfigError, match=message) as info:
         AGGREGATORS.build(spec)
     assert "\n" not in str(info.value) and "compressor" in str(info.value)
+
+
+def test_alternate_projects_the_mean_on_the_last_steps_subspace_one_allreduce_a_step():
+    """ACP-SGD (alternate=true): step 1 sends P = M Q^ (Q^ the orthonormalised first Q), step 2 sends
+    Q = M^T P^ (P^ step 1's P orthonormalised); the result is the mean gradient projected on that
+    subspace, M Q^ Q^^T then P^ P^^T M. One allreduce a step, of n r then m r floats per matrix."""
+    p = AGGREGATORS.build("powersgd:rank=3,alternate=true,error_feedback=false")
+    memory = PowerSGDMemory(seed=2)
+    sizes = []
+
+    def recording_mean(tensors):
+        sizes.append(next(iter(tensors.values())).numel())
+        return local_mean(tensors)
+
+    grads1, grads2 = gradients(2, 10), gradients(2, 11)
+    first_q = orthogonalized([p._start_q(memory, "t0", grads1[0][0], 3)])[0]
+    out1 = p.average(memory, grads1, KEYS, recording_mean)
+    memory.step += 1
+    mean1 = (grads1[0][0] + grads1[1][0]) / 2
+    torch.testing.assert_close(out1[0], mean1 @ first_q @ first_q.T)
+    basis = orthogonalized([mean1 @ first_q])[0]
+    out2 = p.average(memory, grads2, KEYS, recording_mean)
+    memory.step += 1
+    mean2 = (grads2[0][0] + grads2[1][0]) / 2
+    torch.testing.assert_close(out2[0], basis @ basis.T @ mean2)
+    plain = 40 + 90 + 300 + 4 + 1
+    assert sizes == [40 * 3 + plain, 30 * 3 + plain]  # P of the 40x30 matrix, then its Q
+    assert sizes == [p.wire_numel(SHAPES, "p"), p.wire_numel(SHAPES, "q")]
+    assert p.wire_numel(SHAPES, "p") + p.wire_numel(SHAPES, "q") == p.wire_numel(SHAPES) + plain
+    for i in (1, 2, 3, 4, 5):  # the tensors it does not compress arrive as their exact mean
+        torch.testing.assert_close(out2[i], (grads2[0][i] + grads2[1][i]) / 2)
+
+
+def test_alternate_keeps_the_error_feedback_identity_and_its_state_round_trips():
+    p = AGGREGATORS.build("powersgd:rank=2,min_compression_rate=1,alternate=true,dtype=fp16")
+    memory = PowerSGDMemory(seed=4)
+    for step in range(4):
+        grads = gradients(3, 20 + step)
+        before = {w: {k: e.clone() for k, e in memory.errors.get(w, {}).items()} for w in grads}
+        out = p.average(memory, grads, KEYS, local_mean)
+        memory.step += 1
+        for w in grads:
+            corrected = grads[w][0] + before[w].get("t0", 0)
+            torch.testing.assert_close(corrected, out[0] + memory.errors[w]["t0"])
+    assert sorted(memory.p) == sorted(memory.q) == ["t0", "t2", "t3"]
+    state = memory.state_dict()
+    again = PowerSGDMemory()
+    shapes = {k: matrix_shape(s) for k, s in zip(KEYS, SHAPES, strict=True) if len(s) >= 2}
+    again.load_state_dict(state, shapes=shapes)
+    grads = gradients(3, 99)
+    a = p.average(memory, grads, KEYS, local_mean)
+    b = p.average(again, grads, KEYS, local_mean)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    state["p"]["t0"] = torch.zeros(7, 2)
+    with pytest.raises(ConfigError, match=r"wrong size: \['t0'\]"):
+        PowerSGDMemory().load_state_dict(state, shapes=shapes)
+
+
+def test_alternate_needs_warm_start():
+    with pytest.raises(ValueError, match="alternate=true needs warm_start=true"):
+        AGGREGATORS.build("powersgd:alternate=true,warm_start=false")

@@ -73,14 +73,16 @@ class Context:
     gradient_counts: dict = field(default_factory=dict)
     timeline: Timeline = NULL_TIMELINE  # per-worker intervals (report/timeline.py); the run sets it
 
-    def gradient(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
+    def gradient(self, rank: int, params: torch.Tensor, on_ready=None) -> tuple[float, torch.Tensor]:
+        """Worker ``rank``'s minibatch loss and gradient at ``params``; ``on_ready(i, grad_i)`` is
+        called as each tensor's gradient completes during the backward pass (``FlatModel``)."""
         real = self.timeline.enabled and not self.timeline.simulated  # real time: measure the computation
         start = self.clock.now if real else 0.0
         if self.inject_delays:  # the torch backend makes the straggler model real
             count = self.gradient_counts.get(rank, 0) + 1  # 1-based, as the simulator's step numbers
             self.gradient_counts[rank] = count
             time.sleep(self.stragglers.time(rank, count))
-        out = self.oracle(rank, params)
+        out = self.oracle(rank, params, on_ready) if on_ready is not None else self.oracle(rank, params)
         if real:
             self.timeline.add(rank, COMPUTE, start, self.clock.now)
         return out
@@ -176,6 +178,30 @@ class Codec:
         gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks,
                                        size=self.compressor.nbytes(like.numel(), like.dtype))
         return self.decode_mean(gathered, like)
+
+    def mean_tensors(self, transport: Transport, tensors: dict[int, list[torch.Tensor]],
+                     indices: list[int]) -> list[torch.Tensor]:
+        """Mean over every worker of some of the model's tensors (``indices``, in parameter order;
+        each local worker's tensors in that order): a bucket of ``sync:overlap``, which calls
+        :meth:`end_step` once every bucket of a step is done. Uncompressed: one allreduce of the
+        bucket; PowerSGD: its two (or one, ``alternate``) over the bucket's tensors."""
+        if self.aggregator is not None:
+            return self.aggregator.mean_tensors(transport, tensors, indices)
+        if not (self.identity and self.ef is None):
+            raise ValueError(f"--compressor {self.spec()} compresses the whole gradient at once; only the "
+                             "uncompressed mean and powersgd average bucket by bucket")
+        like = next(iter(tensors.values()))
+        mean = transport.allreduce_mean({r: torch.cat([t.reshape(-1) for t in ts]) for r, ts in tensors.items()})
+        return [m.view(t.shape) for m, t in zip(mean.split([t.numel() for t in like]), like, strict=True)]
+
+    def averages_buckets(self) -> bool:
+        """Whether :meth:`mean_tensors` works for this compressor (uncompressed, or PowerSGD)."""
+        return self.aggregator is not None or (self.identity and self.ef is None)
+
+    def end_step(self) -> None:
+        """A step averaged bucket by bucket is over (PowerSGD counts its steps)."""
+        if self.aggregator is not None:
+            self.aggregator.end_step()
 
     def payloads(self, tensors: dict[int, torch.Tensor], *, key: str = "grad") -> dict[int, torch.Tensor]:
         """What each local participant puts on the wire for ``start_mean``: its tensor (no

@@ -14,27 +14,47 @@ step is late: counted in ``dropped``, never applied, and its worker is answered 
 current parameters, so a straggler skips ahead instead of replaying the steps it missed (nothing
 cancels a computation under way: the late gradient is computed and sent in full, as on real
 machines). Both backends run this protocol (``gradwire/servers/``).
+
+``overlap=true`` (without backups) averages the gradient bucket by bucket as the backward pass
+produces it (``algorithms/buckets.py``): on a real backend each bucket's allreduces (uncompressed,
+or PowerSGD's) travel on a communication thread while the earlier layers' gradients are still being
+computed, as DDP overlaps them. The numbers are those of ``overlap=false`` up to the order of
+floating-point sums within a collective; the buckets only change when the bytes travel.
 """
 
 from __future__ import annotations
 
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
+from gradwire.algorithms.buckets import BucketPlan, BucketQueue
 from gradwire.algorithms.optim import make_optimizer
 from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
+from gradwire.errors import CommunicationError, DivergenceError
 from gradwire.spec import require
 
 
 @ALGORITHMS.register("sync", help="synchronous SGD; the b slowest workers of each step are dropped (Chen 2016)",
-                     params={"backups": "number of backup workers b (gradients dropped per step)"})
+                     params={"backups": "number of backup workers b (gradients dropped per step)",
+                             "overlap": "average bucket by bucket during the backward pass (real backends; "
+                                        "uncompressed or powersgd, no backups)",
+                             "bucket_mb": "with overlap: gradient megabytes per bucket (the last layers' first)"})
 class SyncSGD(Algorithm):
     name = "sync"
     default_compressor = "none"
 
-    def __init__(self, *, backups: int = 0):
+    def __init__(self, *, backups: int = 0, overlap: bool = False, bucket_mb: float = 1.0):
         require(backups >= 0, f"backups must be >= 0, got {backups}")
-        self.backups = backups
+        require(math.isfinite(bucket_mb) and bucket_mb > 0, f"bucket_mb must be a number > 0, got {bucket_mb}")
+        require(not (overlap and backups), "overlap=true needs backups=0: with backups a server collects "
+                "whole gradients")
+        self.backups, self.overlap, self.bucket_mb = backups, overlap, bucket_mb
+        self.plan: BucketPlan | None = None
+        self._thread: ThreadPoolExecutor | None = None
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
@@ -49,6 +69,13 @@ class SyncSGD(Algorithm):
             self.arrived: dict[int, tuple[torch.Tensor, float, int]] = {}  # its gradients so far
             self.late: list[int] = []
             self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=1)  # tag: the step
+        if self.overlap:
+            require(self.codec.averages_buckets(), f"overlap=true averages bucket by bucket, which --compressor "
+                    f"{self.codec.spec()} cannot (it compresses the whole gradient): use none or powersgd")
+            require(bool(ctx.param_shapes), "overlap=true needs the model's tensor shapes")
+            self.shapes = list(ctx.param_shapes)
+            cap = max(1, int(self.bucket_mb * 2**20 / params.element_size()))
+            self.plan = BucketPlan([s.numel() for s in self.shapes], cap)
 
     @property
     def needs_server(self) -> bool:
@@ -102,10 +129,62 @@ class SyncSGD(Algorithm):
     def step(self, ctx, step):  # b = 0 (with backups the server-mode driver runs the protocol above)
         ctx.compute_all(step)
         losses, grads = {}, {}
-        for r in ctx.local_ranks:
-            losses[r], grads[r] = ctx.gradient(r, self.x)
-        self.opt.apply(self.codec.mean(ctx.transport, grads))
+        if self.plan is not None and len(ctx.local_ranks) == 1 and ctx.transport.concurrent:
+            (r,) = ctx.local_ranks
+            losses[r], mean = self._overlapped(ctx, r, step)
+        else:
+            for r in ctx.local_ranks:
+                losses[r], grads[r] = ctx.gradient(r, self.x)
+            if self.plan is None:
+                mean = self.codec.mean(ctx.transport, grads)
+            else:  # the same buckets, one after another (the simulator: every worker in this process)
+                means = [self.codec.mean_tensors(ctx.transport, {w: self.plan.views(g, b, self.shapes)
+                                                                 for w, g in grads.items()}, bucket)
+                         for b, bucket in enumerate(self.plan.buckets)]
+                self.codec.end_step()
+                mean = self.plan.assemble(means, self.x)
+        self.opt.apply(mean)
         return {"loss": sum(losses.values()) / max(len(losses), 1), "gradients": ctx.world_size, "dropped": 0}
+
+    def _overlapped(self, ctx, rank: int, step: int) -> tuple[float, torch.Tensor]:
+        """This process's one worker computes its gradient while a communication thread averages the
+        buckets the backward pass has finished, in bucket order."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gradwire-sync-rank{rank}")
+        futures: list[Future] = []
+
+        def submit(bucket: int, tensors: list[torch.Tensor]) -> None:
+            futures.append(self._thread.submit(self.codec.mean_tensors, ctx.transport, {rank: tensors},
+                                               self.plan.buckets[bucket]))
+
+        queue = BucketQueue(self.plan, submit)
+        try:
+            loss, grad = ctx.gradient(rank, self.x, on_ready=queue.ready)
+        except DivergenceError:
+            # the other workers average the buckets announced so far with ours: finish them, then stop
+            queue.flush(torch.zeros_like(self.x), self.shapes)
+            self._results(ctx, futures)
+            raise
+        queue.flush(grad, self.shapes)
+        mean = self.plan.assemble(self._results(ctx, futures), self.x)
+        self.codec.end_step()
+        # a worker whose gradient was not finite stopped above; its NaN reached every mean
+        if not math.isfinite(float(mean.sum())):
+            raise DivergenceError(f"non-finite averaged gradient at step {step} on worker {rank} (another "
+                                  "worker's gradient was not finite)", step=step, worker=rank)
+        return loss, mean
+
+    def _results(self, ctx, futures: list[Future]) -> list[list[torch.Tensor]]:
+        """Every bucket's mean, waiting at most twice the transport's timeout for each (a bucket runs
+        at most two collectives, each bounded by that timeout)."""
+        limit = 2 * (ctx.transport.timeout_s or 120.0)
+        out = []
+        for b, future in enumerate(futures):
+            try:
+                out.append(future.result(timeout=limit))
+            except FutureTimeout:
+                raise CommunicationError(f"sync:overlap: bucket {b}'s mean did not finish within {limit:g} s") from None
+        return out
 
     def eval_params(self):
         return self.x

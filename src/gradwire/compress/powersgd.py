@@ -26,6 +26,20 @@ wrapping its hook in ``fp16_compress_wrapper``, which runs the whole hook in hal
 only what travels is rounded, the products and the orthogonalisation stay in the gradient's dtype.)
 fp16 keeps 11 bits of mantissa but underflows below 6e-5; bf16 keeps float32's range with 8 bits.
 
+``alternate=true`` is ACP-SGD (Zhang, Zhang, Shi, Chu, Li, ICDCS 2023, "Evaluation and Optimization
+of Gradient Compression for Distributed Deep Learning"): one allreduce per step instead of two, P
+and Q taking turns. The factor carried over from the last step is orthogonalised locally (it is
+the same at every worker), so nothing waits between two collectives within a step:
+
+    even compressed steps:  Q^ = orthogonalise(Q_last),  P = mean_w (M_w Q^),   M~ = P Q^^T
+    odd compressed steps:   P^ = orthogonalise(P_last),  Q = mean_w (M_w^T P^),  M~ = P^ Q^T
+
+Each step is the mean gradient projected on a rank-r subspace found from the previous step (one
+power-iteration half-step per training step), with the same error feedback e_w = M_w - M~. It
+sends n r floats per matrix on P steps and m r on Q steps: half of PowerSGD's (n + m) r on average,
+in half the collectives, which is what lets a caller overlap it with the backward pass (the
+paper's point: one collective per bucket, no orthogonalisation between two).
+
 This is not a byte :class:`~gradwire.compress.Compressor` (a tensor in, a payload out, decoded
 alone): it needs the tensors' shapes and runs two collectives with computation between them. So it
 has a registry of its own, :data:`AGGREGATORS` (``gradwire list aggregators``), and its spec goes
@@ -120,14 +134,17 @@ def matrix_shape(shape: Sequence[int]) -> tuple[int, int] | None:
             "start_step": "steps averaged uncompressed before PowerSGD starts (PyTorch's start_powerSGD_iter)",
             "warm_start": "start each power iteration from the previous step's Q (else from a fresh random Q)",
             "error_feedback": "add each worker's compression error to its next gradient (the paper's Alg. 2)",
-            "dtype": "what the allreduces carry: fp32 (the gradient's own dtype), fp16 or bf16 (half the bytes)"})
+            "dtype": "what the allreduces carry: fp32 (the gradient's own dtype), fp16 or bf16 (half the bytes)",
+            "alternate": "ACP-SGD (Zhang 2023): one allreduce a step, P and Q taking turns (half the bytes "
+                         "and half the collectives of PowerSGD; needs warm_start)"})
 class PowerSGD(Specced):
     """The configuration and the math; the state lives in a :class:`PowerSGDMemory`."""
 
     name = "powersgd"
 
     def __init__(self, *, rank: int = 1, min_compression_rate: float = 2.0, start_step: int = 0,
-                 warm_start: bool = True, error_feedback: bool = True, dtype: str = "fp32"):
+                 warm_start: bool = True, error_feedback: bool = True, dtype: str = "fp32",
+                 alternate: bool = False):
         require(rank >= 1, f"rank must be an integer >= 1, got {rank}")
         require(math.isfinite(min_compression_rate) and min_compression_rate > 0,
                 f"min_compression_rate must be a finite number > 0, got {min_compression_rate}")
@@ -135,6 +152,9 @@ class PowerSGD(Specced):
         self.rank, self.min_compression_rate, self.start_step = rank, min_compression_rate, start_step
         require(dtype in WIRE_DTYPES, f"dtype must be one of {', '.join(WIRE_DTYPES)}, got {dtype!r}")
         self.warm_start, self.error_feedback, self.dtype = warm_start, error_feedback, dtype
+        require(warm_start or not alternate, "alternate=true needs warm_start=true: each step starts from the "
+                "factor the last step sent")
+        self.alternate = alternate
 
     def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype the allreduces carry for gradients of ``dtype``."""
@@ -151,14 +171,25 @@ class PowerSGD(Specced):
         r = min(self.rank, n, m)
         return r if n * m > self.min_compression_rate * (n + m) * r else 0
 
-    def wire_numel(self, shapes: Sequence[Sequence[int]]) -> int:
-        """Elements each worker contributes to the allreduces of one compressed step: (n + m) r per
-        compressed matrix, numel per other tensor."""
+    def wire_numel(self, shapes: Sequence[Sequence[int]], factors: str = "pq") -> int:
+        """Elements each worker contributes to the allreduces of one compressed step, numel per
+        uncompressed tensor plus, per compressed matrix, ``factors``: "pq" (n + m) r (PowerSGD's two
+        allreduces), "p" n r or "q" m r (one step of ``alternate``)."""
+        require(factors in ("pq", "p", "q"), f"factors must be pq, p or q, got {factors!r}")
         total = 0
         for shape in shapes:
             r = self.matrix_rank(shape)
-            total += sum(matrix_shape(shape)) * r if r else math.prod(shape)
+            if not r:
+                total += math.prod(shape)
+                continue
+            n, m = matrix_shape(shape)
+            total += r * ((n if "p" in factors else 0) + (m if "q" in factors else 0))
         return total
+
+    def sends_p(self, memory: PowerSGDMemory, key: str) -> bool:
+        """With ``alternate``: whether tensor ``key`` sends P at this step (even compressed steps, and
+        whenever there is no P from the last step to start from), else Q."""
+        return (memory.step - self.start_step) % 2 == 0 or key not in memory.p
 
     def average(self, memory: PowerSGDMemory, grads: dict[int, Sequence[torch.Tensor]], keys: Sequence[str],
                 allreduce_mean: AllreduceMean) -> list[torch.Tensor]:
@@ -176,6 +207,8 @@ class PowerSGD(Specced):
 
         # M_w = g_w + e_w (Vogels 2019, Alg. 2: error feedback), as n x m matrices
         matrices = {w: {i: self._corrected(memory, w, keys[i], grads[w][i]) for i in packed} for w in workers}
+        if self.alternate and packed:
+            return self._alternating(memory, grads, keys, allreduce_mean, ranks, packed, plain, matrices, out)
         qs = dict(zip(packed, orthogonalized([self._start_q(memory, keys[i], like[i], ranks[i]) for i in packed]),
                       strict=True))
 
@@ -208,6 +241,39 @@ class PowerSGD(Specced):
                     memory.errors.setdefault(w, {})[keys[i]] = matrices[w][i] - approx
         return out
 
+    def _alternating(self, memory, grads, keys, allreduce_mean, ranks, packed, plain, matrices, out):
+        """One step of ACP-SGD (``alternate``): one allreduce carrying, per compressed matrix, P = M Q^
+        or Q = M^T P^ from the factor the last step sent, orthogonalised here, and the plain tensors."""
+        workers = sorted(grads)
+        like = grads[workers[0]]
+        sends_p = {i: self.sends_p(memory, keys[i]) for i in packed}
+        carried = [self._start_q(memory, keys[i], like[i], ranks[i]) if sends_p[i] else memory.p[keys[i]].clone()
+                   for i in packed]
+        fixed = dict(zip(packed, orthogonalized(carried), strict=True))  # Q^ or P^, the same at every worker
+        send = {w: torch.cat([(matrices[w][i] @ fixed[i] if sends_p[i] else matrices[w][i].T @ fixed[i]).reshape(-1)
+                              for i in packed] + [grads[w][i].reshape(-1) for i in plain]) for w in workers}
+        wire = self.wire_dtype(like[0].dtype)
+        mean = allreduce_mean({w: t.to(wire) for w, t in send.items()}).to(like[0].dtype)
+        shape = {i: matrix_shape(like[i].shape) for i in packed}
+        sizes = ([shape[i][0 if sends_p[i] else 1] * ranks[i] for i in packed]
+                 + [like[i].numel() for i in plain])
+        pieces = mean.split(sizes)
+        for k, i in enumerate(plain):
+            out[i] = pieces[len(packed) + k].view(like[i].shape).clone()
+        for k, i in enumerate(packed):
+            factor = pieces[k].view(-1, ranks[i]).clone()
+            if sends_p[i]:  # P = mean M Q^: M~ = P Q^^T
+                memory.p[keys[i]], memory.q[keys[i]] = factor, fixed[i]
+                approx = factor @ fixed[i].T
+            else:           # Q = mean M^T P^: M~ = P^ Q^T
+                memory.p[keys[i]], memory.q[keys[i]] = fixed[i], factor
+                approx = fixed[i] @ factor.T
+            out[i] = approx.view(like[i].shape)
+            if self.error_feedback:  # e_w = M_w - M~, as PowerSGD's
+                for w in workers:
+                    memory.errors.setdefault(w, {})[keys[i]] = matrices[w][i] - approx
+        return out
+
     def _corrected(self, memory: PowerSGDMemory, worker: int, key: str, grad: torch.Tensor) -> torch.Tensor:
         matrix = grad.reshape(grad.shape[0], -1)
         error = memory.errors.get(worker, {}).get(key) if self.error_feedback else None
@@ -231,19 +297,22 @@ class PowerSGDMemory:
 
     ``q``: the last Q of each compressed tensor (by key), the allreduced mean, hence the same at
     every worker and kept once. ``errors``: each local worker's compression error per tensor (n x m).
+    ``p``: with ``alternate``, the last P of each compressed tensor (the mean, or its orthonormal
+    basis after a Q step), kept once like Q.
     ``step``: steps ended so far (``start_step``, and the draws without warm start, depend on it).
     ``seed``: the run's seed; the first Q of tensor ``key`` is drawn from ``hash_seed(seed,
     "powersgd", key, 0)``. ``state_dict()`` holds only tensors, ints and strings."""
 
-    __slots__ = ("seed", "step", "q", "errors")
+    __slots__ = ("seed", "step", "q", "p", "errors")
 
     def __init__(self, seed: int = 0):
         self.seed, self.step = int(seed), 0
         self.q: dict[str, torch.Tensor] = {}
+        self.p: dict[str, torch.Tensor] = {}
         self.errors: dict[int, dict[str, torch.Tensor]] = {}
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "step": self.step, "q": dict(self.q),
+        return {"seed": self.seed, "step": self.step, "q": dict(self.q), "p": dict(self.p),
                 "errors": {str(w): dict(e) for w, e in self.errors.items()}}
 
     def load_state_dict(self, state: dict, *, shapes: dict[str, tuple[int, int]] | None = None) -> None:
@@ -251,12 +320,14 @@ class PowerSGDMemory:
         errors of unknown tensors or of the wrong size with a ConfigError."""
         if shapes is not None:
             bad = sorted({k for k, q in state["q"].items() if k not in shapes or q.shape[0] != shapes[k][1]}
+                         | {k for k, p in state.get("p", {}).items() if k not in shapes or p.shape[0] != shapes[k][0]}
                          | {k for e in state["errors"].values() for k, t in e.items()
                             if k not in shapes or tuple(t.shape) != shapes[k]})
             if bad:
                 raise ConfigError(f"powersgd state has Q or errors for unknown tensors or of the wrong size: {bad[:5]}")
         self.seed, self.step = int(state["seed"]), int(state["step"])
         self.q = {k: q.clone() for k, q in state["q"].items()}
+        self.p = {k: p.clone() for k, p in state.get("p", {}).items()}  # absent before alternate existed
         self.errors = {int(w): {k: t.clone() for k, t in e.items()} for w, e in state["errors"].items()}
 
 
@@ -283,21 +354,35 @@ class PowerSGDCodec:
             raise ValueError("powersgd averages over every worker (no backups)")
         grads = {w: [t.view(s) for t, s in zip(flat.split(self.numels), self.shapes, strict=True)]
                  for w, flat in tensors.items()}
-        averaged = self.powersgd.average(self.memory, grads, self.keys, transport.allreduce_mean)
-        self.memory.step += 1
+        averaged = self.mean_tensors(transport, grads, range(len(self.shapes)))
+        self.end_step()
         return torch.cat([t.reshape(-1) for t in averaged])
+
+    def mean_tensors(self, transport, tensors: dict[int, Sequence[torch.Tensor]],
+                     indices: Sequence[int]) -> list[torch.Tensor]:
+        """The PowerSGD mean of some of the model's tensors (``indices``, each worker's in that
+        order): a bucket of ``sync:overlap``. The step ends with :meth:`end_step`."""
+        return self.powersgd.average(self.memory, tensors, [self.keys[i] for i in indices], transport.allreduce_mean)
+
+    def end_step(self) -> None:
+        self.memory.step += 1
 
     def setup_info(self) -> dict:
         """What compression does to this model (algorithm.json): which tensors are compressed at
         which rank, and the floats (and bytes, for float32 gradients) each worker sends per step against
         plain allreduce's."""
         ranks = [self.powersgd.matrix_rank(s) for s in self.shapes]
-        floats = self.powersgd.wire_numel(self.shapes)
-        return {"powersgd": {"compressed": {k: r for k, r in zip(self.keys, ranks, strict=True) if r},
-                             "uncompressed": [k for k, r in zip(self.keys, ranks, strict=True) if not r],
-                             "floats_per_worker_step": floats,
-                             "bytes_per_worker_step": floats * self.powersgd.wire_dtype(torch.float32).itemsize,
-                             "floats_uncompressed": sum(self.numels)}}
+        width = self.powersgd.wire_dtype(torch.float32).itemsize
+        info = {"compressed": {k: r for k, r in zip(self.keys, ranks, strict=True) if r},
+                "uncompressed": [k for k, r in zip(self.keys, ranks, strict=True) if not r]}
+        if self.powersgd.alternate:  # P steps and Q steps take turns, and differ in size
+            p, q = (self.powersgd.wire_numel(self.shapes, f) for f in ("p", "q"))
+            info.update(floats_per_worker_p_step=p, floats_per_worker_q_step=q,
+                        bytes_per_worker_p_step=p * width, bytes_per_worker_q_step=q * width)
+        else:
+            floats = self.powersgd.wire_numel(self.shapes)
+            info.update(floats_per_worker_step=floats, bytes_per_worker_step=floats * width)
+        return {"powersgd": {**info, "floats_uncompressed": sum(self.numels)}}
 
     def state_dict(self) -> dict:
         return self.memory.state_dict()

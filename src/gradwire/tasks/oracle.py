@@ -10,12 +10,16 @@ parameter swapping and no concatenation. Several workers (or replicas) share one
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from gradwire.errors import ConfigError, DivergenceError
 from gradwire.seeding import hash_seed
+
+
+GradientReady = Callable[[int, torch.Tensor], None]  # (tensor index, its gradient) during backward
 
 
 class FlatModel:
@@ -32,6 +36,7 @@ class FlatModel:
         self.dtype = params[0].dtype
         self.flat = torch.cat([p.detach().reshape(-1) for p in params])
         self.flat_grad = torch.zeros_like(self.flat)
+        self._hooked, self._ready = False, None
         offset = 0
         for p, n, shape in zip(params, self.numels, self.shapes):
             p.data = self.flat[offset : offset + n].view(shape)
@@ -51,17 +56,47 @@ class FlatModel:
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.load(flat)(x)
 
-    def loss_and_grad(self, flat: torch.Tensor, loss_fn, x, y, l2: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss at ``flat`` and its gradient as a new flat tensor."""
+    def loss_and_grad(self, flat: torch.Tensor, loss_fn, x, y, l2: float = 0.0,
+                      on_ready: GradientReady | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss at ``flat`` and its gradient as a new flat tensor. ``on_ready(i, grad_i)``, where
+        given, is called during the backward pass as soon as tensor i's gradient is complete (L2
+        term included), with a view of it that stays valid until the next call; tensors that get
+        no gradient are never announced."""
         module = self.load(flat)
         self.flat_grad.zero_()  # backward accumulates into the .grad views, i.e. into flat_grad
         loss = loss_fn(module(x), y)
-        loss.backward()
-        grad = self.flat_grad.clone()
+        if on_ready is None:
+            loss.backward()
+            grad = self.flat_grad.clone()
+            if l2:
+                grad.add_(self.flat, alpha=l2)
+        else:
+            self._install_hooks()
+            self._ready = (on_ready, l2)
+            try:
+                loss.backward()
+            finally:
+                self._ready = None
+            grad = self.flat_grad.clone()  # the hooks added the L2 term, tensor by tensor
         if l2:
             loss = loss.detach() + 0.5 * l2 * self.flat.square().sum()
-            grad.add_(self.flat, alpha=l2)
         return loss.detach(), grad
+
+    def _install_hooks(self) -> None:
+        """Once: a post-accumulate-grad hook on every parameter, calling the current ``on_ready``."""
+        if self._hooked:
+            return
+        for index, p in enumerate(self.module.parameters()):
+            p.register_post_accumulate_grad_hook(lambda p, index=index: self._announce(index, p))
+        self._hooked = True
+
+    def _announce(self, index: int, param: torch.Tensor) -> None:
+        if self._ready is None:  # a backward pass outside loss_and_grad(on_ready=...)
+            return
+        on_ready, l2 = self._ready
+        if l2:  # the same sum, element by element, as grad.add_(flat, alpha=l2) on the whole vector
+            param.grad.add_(param.detach(), alpha=l2)
+        on_ready(index, param.grad)
 
 
 class WorkerData:
@@ -124,9 +159,11 @@ class GradientOracle:
         self.model, self.loss_fn, self.workers, self.l2 = flat_model, loss_fn, workers, l2
         self.step = 0  # set by the run loop, for error messages
 
-    def __call__(self, rank: int, params: torch.Tensor) -> tuple[float, torch.Tensor]:
+    def __call__(self, rank: int, params: torch.Tensor, on_ready: GradientReady | None = None) -> tuple[float, torch.Tensor]:
+        """``on_ready``: see :meth:`FlatModel.loss_and_grad` (the check for non-finite values comes
+        after the backward pass, so announced tensors may hold them)."""
         x, y = self.workers[rank].next_batch()
-        loss, grad = self.model.loss_and_grad(params, self.loss_fn, x, y, self.l2)
+        loss, grad = self.model.loss_and_grad(params, self.loss_fn, x, y, self.l2, on_ready)
         value = float(loss)
         # one reduction instead of an isfinite() mask: a sum is finite only if every term is
         if not math.isfinite(value) or not math.isfinite(float(grad.sum())):

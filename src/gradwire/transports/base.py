@@ -70,6 +70,11 @@ class Transport(ABC):
     world_size: int
     local_ranks: tuple[int, ...]
     timeline = NULL_TIMELINE  # the run's recorder (report/timeline.py): collectives record their intervals
+    # whether a second thread may run this process's collectives while the first computes (a real
+    # backend with one worker per process: sync:overlap's communication thread); the simulator's
+    # clock and collectives belong to the one thread that runs every worker
+    concurrent = False
+    timeout_s: float | None = None  # how long a collective may wait for its peers, where bounded
 
     def __init__(self) -> None:
         self.bytes_sent = 0

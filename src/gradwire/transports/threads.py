@@ -60,10 +60,12 @@ class ThreadTransport(Transport):
     processes; ``local_ranks`` and ``first_worker_process`` are set by the run for server mode)."""
 
     first_worker_process = 0
+    concurrent = True
 
     def __init__(self, hub: Hub, world_size: int, rank: int):
         super().__init__()
         self.hub, self.world_size, self.rank, self.local_ranks = hub, world_size, rank, (rank,)
+        self.timeout_s = hub.timeout_s
         self.seq: dict = {}
         self.group_bytes = 0
 

@@ -128,6 +128,8 @@ class TorchTransport(Transport):
     processes (data parallel across tensor-parallel groups, gradwire/parallel): worker w is process
     ``members[w]``, and the collectives run on that group; None: every process is a worker."""
 
+    concurrent = True
+
     def __init__(self, timeout_s: float = 120.0, device: torch.device | str = "cpu", workers=None):
         super().__init__()
         self.device = torch.device(device)
