@@ -18,7 +18,6 @@ from torch import nn
 from gradwire.errors import ConfigError, DivergenceError
 from gradwire.seeding import hash_seed
 
-
 GradientReady = Callable[[int, torch.Tensor], None]  # (tensor index, its gradient) during backward
 
 
@@ -159,7 +158,8 @@ class GradientOracle:
         self.model, self.loss_fn, self.workers, self.l2 = flat_model, loss_fn, workers, l2
         self.step = 0  # set by the run loop, for error messages
 
-    def __call__(self, rank: int, params: torch.Tensor, on_ready: GradientReady | None = None) -> tuple[float, torch.Tensor]:
+    def __call__(self, rank: int, params: torch.Tensor,
+                 on_ready: GradientReady | None = None) -> tuple[float, torch.Tensor]:
         """``on_ready``: see :meth:`FlatModel.loss_and_grad` (the check for non-finite values comes
         after the backward pass, so announced tensors may hold them)."""
         x, y = self.workers[rank].next_batch()
