@@ -122,7 +122,7 @@ def against_pytorch(rank, world_size):
 def converge(rank, world_size):
     x, y = make_data(rank, world_size)
     out = {}
-    for spec in ("plain", "powersgd:rank=2", "powersgd:rank=2,dtype=fp16"):
+    for spec in ("plain", "powersgd:rank=2", "powersgd:rank=2,dtype=fp16", "powersgd:rank=2,alternate=true"):
         model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
         hook = None if spec == "plain" else gwddp.register(model, spec, seed=5)
         start = full_loss(model, x, y)
@@ -240,12 +240,14 @@ def test_converges_like_plain_ddp_and_ranks_agree(results):
     plain = sum(out["plain"]["end"] for out in trained) / 2
     end = sum(out["powersgd:rank=2"]["end"] for out in trained) / 2
     assert end < 0.1 * start and end < 2 * plain + 0.01, (start, plain, end)
-    for spec in ("powersgd:rank=2", "powersgd:rank=2,dtype=fp16"):
+    for spec in ("powersgd:rank=2", "powersgd:rank=2,dtype=fp16", "powersgd:rank=2,alternate=true"):
         for u, v in zip(trained[0][spec]["params"], trained[1][spec]["params"], strict=True):
             assert torch.equal(u, v)  # every rank applies the same averaged gradient, bit for bit
     # half-precision factors (gloo sums them in fp16): the same training within the rounding
     half = sum(out["powersgd:rank=2,dtype=fp16"]["end"] for out in trained) / 2
     assert half == pytest.approx(end, rel=0.05, abs=1e-3), (half, end)
+    acp = sum(out["powersgd:rank=2,alternate=true"]["end"] for out in trained) / 2
+    assert acp < 0.1 * start, (start, acp)  # ACP-SGD through the hook trains too
     assert any(not torch.equal(u, v) for u, v in zip(trained[0]["powersgd:rank=2,dtype=fp16"]["params"],
                                                        trained[0]["powersgd:rank=2"]["params"], strict=True))
 
@@ -266,6 +268,11 @@ def test_bytes_per_step_follow_the_formula(results):
         assert state["bytes_sent"] == state["wire_bytes_sent"] == CONVERGE_STEPS * per_step * 1
         half = out["powersgd:rank=2,dtype=fp16"]["state"]  # 2 bytes a float
         assert half["bytes_sent"] == half["wire_bytes_sent"] == CONVERGE_STEPS * per_step // 2
+        # ACP-SGD: P then Q in turn, one allreduce a step; the uncompressed tensors every step
+        acp = out["powersgd:rank=2,alternate=true"]["state"]
+        pair = 4 * (powersgd.wire_numel(shapes, "p") + powersgd.wire_numel(shapes, "q"))
+        assert acp["bytes_sent"] == CONVERGE_STEPS // 2 * pair and pair < 2 * per_step
+        assert sorted(acp["powersgd"]["p"]) == sorted(acp["powersgd"]["q"]) == ["0.weight", "2.weight"]
 
 
 @pytest.mark.timeout(200)
