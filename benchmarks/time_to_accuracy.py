@@ -33,6 +33,7 @@ Variants (`--only` takes the keys; `--list` prints them with their command lines
 - `ddp-adamw-gw-powersgd32h`, `ddp-adamw-gw-powersgd32h-b1`: `gradwire.ddp` with
   `powersgd:rank=32,dtype=fp16,start_step=2` (fp16 factors), DDP's default buckets or 1 MB ones;
 - `gw-adamw-powersgd32h`: `gradwire run --algorithm sync` AdamW with `powersgd:rank=32,dtype=fp16`;
+- `gw-adamw-ov`: `gw-adamw` with `sync:overlap=true` (1 MB buckets, as DDP's first);
 - `gw-adamw-powersgd32h-ov`, `-ov2`, `-ov3`: the same with `sync:overlap=true` (each bucket's
   allreduces during the backward pass), 1, 2 and 3 MB buckets;
 - `gw-adamw-acp32h`, `gw-adamw-acp32h-ov`, `-ov3`: ACP-SGD, `powersgd:rank=32,dtype=fp16,
@@ -120,6 +121,8 @@ VARIANTS = [
             ("--algorithm", "sync", "--compressor", "powersgd:rank=4", *SGD)),
     Variant("gw-local", "gradwire local SGD, τ=20", "sgd", "gradwire", ("--algorithm", "local:period=20", *SGD)),
     Variant("gw-adamw", "gradwire sync, AdamW, uncompressed", "adamw", "gradwire", ("--algorithm", "sync", *ADAMW)),
+    Variant("gw-adamw-ov", "gradwire sync:overlap=true, AdamW, uncompressed", "adamw", "gradwire",
+            ("--algorithm", "sync:overlap=true", *ADAMW)),
     Variant("gw-adamw-powersgd8", "gradwire sync powersgd:rank=8, AdamW", "adamw", "gradwire",
             ("--algorithm", "sync", "--compressor", "powersgd:rank=8", *ADAMW)),
     Variant("gw-adamw-powersgd16", "gradwire sync powersgd:rank=16, AdamW", "adamw", "gradwire",
