@@ -4,6 +4,7 @@ round trip through bytes."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import subprocess
@@ -29,6 +30,16 @@ def gw(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.
     process's environment)."""
     return subprocess.run([sys.executable, "-m", "gradwire", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
+
+
+def load_script(path: Path, name: str):
+    """A script that is not in a package (``benchmarks/``, ``scripts/``) imported as module ``name``
+    (registered in ``sys.modules`` first: dataclasses look their module up while the class is built)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def read_jsonl(path: Path) -> list[dict]:

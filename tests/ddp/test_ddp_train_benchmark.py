@@ -5,23 +5,20 @@ In process, no torch.distributed: DDP's allreduce is the mean of the ranks' grad
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 
 from gradwire.config import RunConfig
 from gradwire.run.loop import Run
+from tests import helpers
 
 TASK = "stdlib-lm:context=16,dim=32,layers=1,heads=2,train_bytes=60000,val_bytes=2048"
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ddp_train.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("ddp_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return helpers.load_script(SCRIPT, "ddp_train")
 
 
 def test_ddp_script_trains_what_gradwire_sync_trains(tmp_path):

@@ -3,21 +3,18 @@ computed from a timeline written by the real recorder."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from gradwire.report.timeline import COMM, COMPUTE, FOLDER, Timeline
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "step_breakdown.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("step_breakdown", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "step_breakdown")
 
 
 def test_medians_over_steps_leave_out_evaluations_and_the_first_steps(tmp_path, capsys):

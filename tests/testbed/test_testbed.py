@@ -6,7 +6,6 @@ Every namespace is named with a prefix unique to this test session, so parallel 
 collide and the leftover checks look at our names only.
 """
 
-import importlib.util
 import json
 import os
 import secrets
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import helpers
 from tests.helpers import read_jsonl
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "testbed.py"
@@ -134,11 +134,7 @@ def test_sigterm_tears_everything_down(netns_ok, tmp_path, data_dir):
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("gradwire_testbed_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return helpers.load_script(SCRIPT, "gradwire_testbed_script")
 
 
 @pytest.mark.timeout(30)
