@@ -25,21 +25,21 @@ SMALL_BUCKETS = 700 * 4 / 2**20  # bucket_mb for 700 floats: buckets [10x64 weig
 
 
 def test_plan_groups_tensors_in_reverse_order_up_to_the_cap():
-    plan = BucketPlan([4096, 64, 640, 10], cap=700)
+    shapes = [torch.Size(s) for s in [(64, 64), (64,), (10, 64), (10,)]]
+    plan = BucketPlan(shapes, cap=700)
     assert plan.buckets == [[2, 3], [1], [0]]  # 10 + 640 fit; 64 more would not; 4096 alone exceeds the cap
     assert plan.bucket_of == {3: 0, 2: 0, 1: 1, 0: 2}
     flat = torch.arange(4810, dtype=torch.float32)
-    shapes = [torch.Size(s) for s in [(64, 64), (64,), (10, 64), (10,)]]
-    views = [plan.views(flat, b, shapes) for b in range(3)]
+    views = [plan.views(flat, b) for b in range(3)]
     assert [t.shape for t in views[0]] == [shapes[2], shapes[3]]
     assert torch.equal(plan.assemble(views, flat), flat)
-    assert BucketPlan([5, 5, 5], cap=100).buckets == [[0, 1, 2]]
+    assert BucketPlan([(5,), (5,), (5,)], cap=100).buckets == [[0, 1, 2]]
     with pytest.raises(ValueError, match="cap=0"):
-        BucketPlan([5], cap=0)
+        BucketPlan([(5,)], cap=0)
 
 
 def test_queue_hands_buckets_on_in_bucket_order_whatever_order_they_finish_in():
-    plan = BucketPlan([4096, 64, 640, 10], cap=700)
+    plan = BucketPlan([(4096,), (64,), (640,), (10,)], cap=700)
     handed = []
     queue = BucketQueue(plan, lambda b, tensors: handed.append((b, [t.numel() for t in tensors])))
     grads = {i: torch.zeros(n) for i, n in enumerate([4096, 64, 640, 10])}
@@ -50,7 +50,7 @@ def test_queue_hands_buckets_on_in_bucket_order_whatever_order_they_finish_in():
     assert handed == [(0, [640, 10]), (1, [64])]
     with pytest.raises(RuntimeError, match="announced twice"):
         queue.ready(2, grads[2])
-    queue.flush(torch.zeros(4810), [torch.Size([4096]), torch.Size([64]), torch.Size([640]), torch.Size([10])])
+    queue.flush(torch.zeros(4810))
     assert handed[-1] == (2, [4096])  # never announced (no gradient): flushed from the flat vector
 
 

@@ -187,7 +187,7 @@ class Codec:
         bucket; PowerSGD: its two (or one, ``alternate``) over the bucket's tensors."""
         if self.aggregator is not None:
             return self.aggregator.mean_tensors(transport, tensors, indices)
-        if not (self.identity and self.ef is None):
+        if not self.averages_buckets():
             raise ValueError(f"--compressor {self.spec()} compresses the whole gradient at once; only the "
                              "uncompressed mean and powersgd average bucket by bucket")
         like = next(iter(tensors.values()))

@@ -23,13 +23,14 @@ import torch
 
 
 class BucketPlan:
-    """Tensor indices (into the model's parameter order) grouped into buckets in reverse order, each
-    of at most ``cap`` elements unless one tensor alone is larger."""
+    """The model's tensors (``shapes``, in parameter order) grouped by index into buckets in reverse
+    order, each of at most ``cap`` elements unless one tensor alone is larger."""
 
-    def __init__(self, numels: Sequence[int], cap: int):
+    def __init__(self, shapes: Sequence[Sequence[int]], cap: int):
         if cap < 1:
             raise ValueError(f"a bucket must hold at least one element, got cap={cap}")
-        self.numels = [int(n) for n in numels]
+        self.shapes = [torch.Size(s) for s in shapes]
+        self.numels = [s.numel() for s in self.shapes]
         self.offsets = [0]
         for n in self.numels:
             self.offsets.append(self.offsets[-1] + n)
@@ -45,9 +46,9 @@ class BucketPlan:
             bucket.sort()  # within a bucket, in parameter order
         self.bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
 
-    def views(self, flat: torch.Tensor, bucket: int, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
+    def views(self, flat: torch.Tensor, bucket: int) -> list[torch.Tensor]:
         """The bucket's tensors as views of a flat vector in parameter order."""
-        return [flat[self.offsets[i]:self.offsets[i + 1]].view(shapes[i]) for i in self.buckets[bucket]]
+        return [flat[self.offsets[i]:self.offsets[i + 1]].view(self.shapes[i]) for i in self.buckets[bucket]]
 
     def assemble(self, means: Sequence[Sequence[torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
         """One flat vector (parameter order) from every bucket's tensors (bucket order)."""
@@ -77,11 +78,11 @@ class BucketQueue:
         while self.next < len(self.missing) and self.missing[self.next] == 0:
             self._hand_on(self.next)
 
-    def flush(self, grad: torch.Tensor, shapes: Sequence[torch.Size]) -> None:
+    def flush(self, grad: torch.Tensor) -> None:
         """After the backward pass: hand on the buckets not handed on yet (tensors that got no
         gradient were never announced: their entries of ``grad``, zero, stand in)."""
         while self.next < len(self.missing):
-            views = self.plan.views(grad, self.next, shapes)
+            views = self.plan.views(grad, self.next)
             for i, view in zip(self.plan.buckets[self.next], views, strict=True):
                 self.tensors.setdefault(i, view)
             self._hand_on(self.next)

@@ -75,9 +75,8 @@ class SyncSGD(Algorithm):
             require(self.codec.averages_buckets(), f"overlap=true averages bucket by bucket, which --compressor "
                     f"{self.codec.spec()} cannot (it compresses the whole gradient): use none or powersgd")
             require(bool(ctx.param_shapes), "overlap=true needs the model's tensor shapes")
-            self.shapes = list(ctx.param_shapes)
             cap = max(1, int(self.bucket_mb * 2**20 / params.element_size()))
-            self.plan = BucketPlan([s.numel() for s in self.shapes], cap)
+            self.plan = BucketPlan(ctx.param_shapes, cap)
 
     @property
     def needs_server(self) -> bool:
@@ -140,7 +139,7 @@ class SyncSGD(Algorithm):
             if self.plan is None:
                 mean = self.codec.mean(ctx.transport, grads)
             else:  # the same buckets, one after another (the simulator: every worker in this process)
-                means = [self.codec.mean_tensors(ctx.transport, {w: self.plan.views(g, b, self.shapes)
+                means = [self.codec.mean_tensors(ctx.transport, {w: self.plan.views(g, b)
                                                                  for w, g in grads.items()}, bucket)
                          for b, bucket in enumerate(self.plan.buckets)]
                 self.codec.end_step()
@@ -164,10 +163,10 @@ class SyncSGD(Algorithm):
             loss, grad = ctx.gradient(rank, self.x, on_ready=queue.ready)
         except DivergenceError:
             # the other workers average the buckets announced so far with ours: finish them, then stop
-            queue.flush(torch.zeros_like(self.x), self.shapes)
+            queue.flush(torch.zeros_like(self.x))
             self._results(ctx, futures)
             raise
-        queue.flush(grad, self.shapes)
+        queue.flush(grad)
         mean = self.plan.assemble(self._results(ctx, futures), self.x)
         self.codec.end_step()
         # a worker whose gradient was not finite stopped above; its NaN reached every mean
