@@ -33,6 +33,7 @@ Variants (`--only` takes the keys; `--list` prints them with their command lines
 - `ddp-adamw-gw-powersgd32h`, `ddp-adamw-gw-powersgd32h-b1`: `gradwire.ddp` with
   `powersgd:rank=32,dtype=fp16,start_step=2` (fp16 factors), DDP's default buckets or 1 MB ones;
 - `gw-adamw-powersgd32h`: `gradwire run --algorithm sync` AdamW with `powersgd:rank=32,dtype=fp16`;
+  `gw-adamw-powersgd24h` the same at rank 24 (the lowest rank under 1 % on the simulator);
 - `gw-adamw-ov`: `gw-adamw` with `sync:overlap=true` (1 MB buckets, as DDP's first);
 - `gw-adamw-powersgd32h-ov`, `-ov2`, `-ov3`: the same with `sync:overlap=true` (each bucket's
   allreduces during the backward pass), 1, 2 and 3 MB buckets;
@@ -138,6 +139,7 @@ VARIANTS = [
     Variant("ddp-adamw-gw-powersgd32h-b1", "DDP (1 MB buckets) + gradwire.ddp powersgd:rank=32,dtype=fp16, AdamW",
             "adamw", "ddp", ("--optimizer", "adamw", *ADAMW_LR, "--hook",
                              "gradwire:powersgd:rank=32,dtype=fp16,start_step=2", "--bucket-cap-mb", "1")),
+    gw_adamw_sync("gw-adamw-powersgd24h", "sync", "powersgd:rank=24,dtype=fp16"),
     gw_adamw_sync("gw-adamw-powersgd32h", "sync", R32H),
     gw_adamw_sync("gw-adamw-powersgd32h-ov", "sync:overlap=true", R32H),
     gw_adamw_sync("gw-adamw-powersgd32h-ov2", "sync:overlap=true,bucket_mb=2", R32H),
