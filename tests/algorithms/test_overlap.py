@@ -74,6 +74,22 @@ def test_backward_announces_every_tensor_once_with_its_finished_gradient():
     assert len(seen) == 4
 
 
+def test_a_tensor_without_gradient_still_gets_the_l2_term_and_is_never_announced():
+    torch.manual_seed(1)
+    used, unused = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    module = torch.nn.ModuleDict({"used": used, "unused": unused})
+    module.forward = lambda x: used(x)  # the loss never reaches the second layer
+    model = FlatModel(module)
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    params = model.flatten()
+    _, plain = model.loss_and_grad(params, torch.nn.functional.cross_entropy, x, y, l2=0.5)
+    seen = []
+    _, hooked = model.loss_and_grad(params, torch.nn.functional.cross_entropy, x, y, l2=0.5,
+                                    on_ready=lambda i, g: seen.append(i))
+    assert sorted(seen) == [0, 1]
+    assert torch.equal(hooked, plain) and bool(hooked[15:].ne(0).all())  # 0.5 x for the unused layer
+
+
 @pytest.mark.parametrize("compressor", ["none", "powersgd:rank=2", "powersgd:rank=2,alternate=true"])
 def test_simulator_gives_the_numbers_and_bytes_of_overlap_false(make_config, compressor):
     base = run(make_config(MLP, out="plain", network="ring", compressor=compressor), progress=False)

@@ -35,7 +35,10 @@ class FlatModel:
         self.dtype = params[0].dtype
         self.flat = torch.cat([p.detach().reshape(-1) for p in params])
         self.flat_grad = torch.zeros_like(self.flat)
-        self._hooked, self._ready = False, None
+        self._hooked, self._ready, self._announced = False, None, set()
+        self.offsets = [0]
+        for n in self.numels:
+            self.offsets.append(self.offsets[-1] + n)
         offset = 0
         for p, n, shape in zip(params, self.numels, self.shapes):
             p.data = self.flat[offset : offset + n].view(shape)
@@ -71,12 +74,16 @@ class FlatModel:
                 grad.add_(self.flat, alpha=l2)
         else:
             self._install_hooks()
-            self._ready = (on_ready, l2)
+            self._ready, self._announced = (on_ready, l2), set()
             try:
                 loss.backward()
             finally:
                 self._ready = None
-            grad = self.flat_grad.clone()  # the hooks added the L2 term, tensor by tensor
+            if l2:  # the hooks added the L2 term to the tensors they announced; the others get it here
+                for i in set(range(len(self.numels))) - self._announced:
+                    self.flat_grad[self.offsets[i]:self.offsets[i + 1]].add_(
+                        self.flat[self.offsets[i]:self.offsets[i + 1]], alpha=l2)
+            grad = self.flat_grad.clone()
         if l2:
             loss = loss.detach() + 0.5 * l2 * self.flat.square().sum()
         return loss.detach(), grad
@@ -93,6 +100,7 @@ class FlatModel:
         if self._ready is None:  # a backward pass outside loss_and_grad(on_ready=...)
             return
         on_ready, l2 = self._ready
+        self._announced.add(index)
         if l2:  # the same sum, element by element, as grad.add_(flat, alpha=l2) on the whole vector
             param.grad.add_(param.detach(), alpha=l2)
         on_ready(index, param.grad)
