@@ -5,8 +5,9 @@ For every worker and step (evaluation steps and the first two left out), from th
 records: how long the gradient took (COMPUTE), how many collectives the step ran (COMM records),
 the time from the end of computing to the end of the step's last collective, and the time spent
 inside collectives (their intervals summed; with ``sync:overlap=true`` some of them lie inside the
-computation; ``read_timeline`` has already split off, as WAIT, each collective's wait for the last
-rank to arrive). Prints the median of each over all workers and steps, one line per run folder:
+computation, and are counted whole: ``read_timeline(..., overlapped=False)``, which still splits
+off, as WAIT, each collective's wait for the last rank to arrive). Prints the median of each over
+all workers and steps, one line per run folder:
 
     .venv/bin/python benchmarks/step_breakdown.py runs/time-to-accuracy/100mbps/gw-adamw-powersgd32h ...
 """
@@ -25,7 +26,7 @@ from gradwire.report.timeline import COMM, COMPUTE, read_timeline
 def breakdown(run: Path, eval_every: int = 20) -> dict[str, float] | None:
     """Medians over (worker, step) of the four figures above, in seconds (collectives: a count);
     None when the folder has no timeline."""
-    found = read_timeline(run)
+    found = read_timeline(run, overlapped=False)  # the collectives whole, inside computing or not
     if found is None:
         return None
     recs, _ = found

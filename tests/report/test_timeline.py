@@ -20,6 +20,7 @@ from gradwire.report.timeline import (
     WAIT,
     Timeline,
     _records,
+    mark_overlapped,
     per_worker,
     read_timeline,
     sim_shares,
@@ -271,3 +272,56 @@ def test_collective_split_equals_the_rule_one_collective_at_a_time():
     assert (got["kind"] == WAIT).sum() == (want["kind"] == WAIT).sum() > 100
     assert np.array_equal(_canonical(got), _canonical(want))
     assert split_collective_waits(recs[recs["worker"] == 0]).size == (recs["worker"] == 0).sum()  # one worker
+
+
+def _intervals(recs: np.ndarray, worker: int) -> list[tuple[int, float, float, int]]:
+    mine = recs[recs["worker"] == worker]
+    mine = mine[np.lexsort((mine["kind"], mine["start"]))]
+    return [(int(r["kind"]), float(r["start"]), float(r["end"]), int(r["bytes"])) for r in mine]
+
+
+def test_collectives_inside_the_computation_become_overlap():
+    """sync:overlap=true's communication thread records collectives while its worker computes: the
+    reader cuts COMM and WAIT at the computation's edges, the parts inside become OVERLAP, bytes stay
+    on the first piece, another worker's computation changes nothing, and the seconds per worker
+    then add up to at most the time that passed."""
+    rows = [(0, 1, COMPUTE, 0, 0.0, 1.0, 0, 0.0), (0, 1, WAIT, 0, 0.2, 0.4, 0, 0.0),   # inside: all OVERLAP
+            (0, 1, COMM, 0, 0.5, 1.5, 64, 0.0),                                        # across the end
+            (0, 2, COMPUTE, 0, 2.0, 3.0, 0, 0.0), (0, 2, COMM, 0, 1.8, 3.2, 8, 0.0),   # around a computation
+            (0, 3, COMPUTE, 0, 4.0, 4.5, 0, 0.0), (0, 3, COMPUTE, 0, 4.7, 5.0, 0, 0.0),
+            (0, 3, COMM, 0, 4.2, 4.9, 0, 0.0),                                         # across two of them
+            (0, 4, COMM, 0, 6.0, 6.5, 0, 0.0),                                         # outside: kept whole
+            (1, 1, COMM, 0, 0.5, 1.5, 0, 0.0)]                                         # worker 1 never computes
+    recs = np.array(rows, dtype=RECORD)
+    got = mark_overlapped(recs.copy())
+    assert _intervals(got, 0) == [
+        (COMPUTE, 0.0, 1.0, 0), (OVERLAP, 0.2, 0.4, 0), (OVERLAP, 0.5, 1.0, 64), (COMM, 1.0, 1.5, 0),
+        (COMM, 1.8, 2.0, 8), (COMPUTE, 2.0, 3.0, 0), (OVERLAP, 2.0, 3.0, 0), (COMM, 3.0, 3.2, 0),
+        (COMPUTE, 4.0, 4.5, 0), (OVERLAP, 4.2, 4.5, 0), (COMM, 4.5, 4.7, 0), (COMPUTE, 4.7, 5.0, 0),
+        (OVERLAP, 4.7, 4.9, 0), (COMM, 6.0, 6.5, 0)]
+    assert _intervals(got, 1) == _intervals(recs, 1)
+    assert int(got["bytes"].sum()) == int(recs["bytes"].sum())
+    t = per_worker(got)[0]
+    assert t["overlap_s"] == pytest.approx(0.2 + 0.5 + 1.0 + 0.3 + 0.2)
+    assert t["compute_s"] + t["comm_s"] + t["wait_s"] == pytest.approx(2.8 + 0.5 + 0.2 + 0.2 + 0.2 + 0.5)
+    assert mark_overlapped(recs[recs["kind"] != COMPUTE]).size == (recs["kind"] != COMPUTE).sum()
+
+
+def test_overlapped_sync_on_the_threads_backend_adds_up_per_worker(make_config):
+    """sync:overlap=true on the torch code path (threads backend): read back, each worker's compute,
+    comm and wait seconds fit in its elapsed time (a collective in flight during the backward pass
+    counts once, as OVERLAP), and step_breakdown's reading (overlapped=False) keeps every
+    collective whole. (A small transformer in 1 KB buckets: some collectives of 3 workers x 6
+    steps always finish during a backward pass; the plain reading would find no OVERLAP at all.)"""
+    cfg = make_config(task="stdlib-lm:context=16,dim=32,layers=1,heads=2", workers=3,
+                      algorithm="sync:overlap=true,bucket_mb=0.001", compressor="powersgd:rank=2",
+                      steps=6, eval_every=6, backend="threads", timeout_s=30)
+    run(cfg, progress=False)
+    recs, clock = read_timeline(cfg.out)
+    whole, _ = read_timeline(cfg.out, overlapped=False)
+    assert clock == "wall" and not (whole["kind"] == OVERLAP).any() and (recs["kind"] == OVERLAP).any()
+    for w, t in per_worker(recs).items():
+        mine = recs[recs["worker"] == w]
+        assert t["compute_s"] + t["comm_s"] + t["wait_s"] <= mine["end"].max() - mine["start"].min() + 1e-9
+        kept = whole[(whole["worker"] == w) & np.isin(whole["kind"], (COMM, WAIT))]
+        assert t["comm_s"] + t["wait_s"] + t["overlap_s"] == pytest.approx(float((kept["end"] - kept["start"]).sum()))

@@ -20,7 +20,9 @@ message they concern; a plot draws them on the server's row.
 Kinds: ``COMPUTE`` (a gradient or a local step; on a real backend the straggler delay included),
 ``COMM`` (blocking communication: a collective, a message's transfer), ``WAIT`` (neither: waiting
 for the slowest, for the server's answer, for an average still in flight), ``OVERLAP`` (a
-collective in flight while the worker computes: DaSGD, Streaming DiLoCo), ``QUEUED`` (a message
+collective in flight while the worker computes: DaSGD, Streaming DiLoCo; and ``sync:overlap=true``,
+whose communication thread records its collectives as ``COMM``, the parts inside the computation
+becoming ``OVERLAP`` when read, :func:`mark_overlapped`), ``QUEUED`` (a message
 that reached the server and waits to be handled; real backends: the simulated server handles at
 once), ``SERVE`` (the server handles a message; ``value`` is its staleness where the algorithm
 says). On the simulator time passes only through compute and communication, so ``WAIT`` is
@@ -175,10 +177,13 @@ def _records(path: Path) -> np.ndarray:
     return np.frombuffer(data[:usable], dtype=RECORD).copy()
 
 
-def read_timeline(run_dir: Path) -> tuple[np.ndarray, str] | None:
+def read_timeline(run_dir: Path, *, overlapped: bool = True) -> tuple[np.ndarray, str] | None:
     """Every process's records of ``run_dir`` on one time axis (real backends: aligned by each
     file's origin, the earliest at 0), sorted by start, with ``DROPPED`` carried from the server's
-    verdicts to the computations they judged; and the clock ("simulated" or "wall").
+    verdicts to the computations they judged; and the clock ("simulated" or "wall"). On a real
+    clock, each collective's wait for the last rank is split off (:func:`split_collective_waits`)
+    and, with ``overlapped``, what a worker's collectives spent while it was computing is recorded
+    as ``OVERLAP`` (:func:`mark_overlapped`); ``overlapped=False`` keeps the collectives whole.
     None for a run folder without a timeline (written before timelines existed)."""
     folder = Path(run_dir) / FOLDER
     files = sorted(folder.glob("*.bin")) if folder.is_dir() else []
@@ -198,6 +203,8 @@ def read_timeline(run_dir: Path) -> tuple[np.ndarray, str] | None:
     recs = np.concatenate(parts)
     if clock == "wall" and len(parts) > 1:
         recs = split_collective_waits(recs)
+    if clock == "wall" and overlapped:
+        recs = mark_overlapped(recs)
     verdicts = recs[(recs["kind"] == SERVE) & (recs["flags"] & DROPPED > 0)]
     if len(verdicts):
         judged = {(int(w), int(s)) for w, s in zip(verdicts["worker"], verdicts["step"])}
@@ -249,6 +256,47 @@ def split_collective_waits(recs: np.ndarray) -> np.ndarray:
     waits["kind"], waits["end"], waits["bytes"] = WAIT, last_in, 0
     recs["start"][idx] = last_in
     return np.concatenate([recs, waits])
+
+
+def mark_overlapped(recs: np.ndarray) -> np.ndarray:
+    """A real backend's ``COMM`` and ``WAIT`` records that lie, in part or whole, inside the same
+    worker's ``COMPUTE`` are cut at the computation's edges, and the pieces inside become
+    ``OVERLAP``: a collective that a communication thread runs while the worker computes
+    (``sync:overlap=true``) is in flight, not time the worker spent communicating or waiting, so
+    each worker's compute, comm and wait seconds add up to at most its elapsed time. A record's
+    bytes stay with its first piece. The simulator needs none of this: there a worker's time passes
+    by one interval at a time."""
+    blocking = np.isin(recs["kind"], (COMM, WAIT))
+    pieces, cut = [], np.zeros(len(recs), dtype=bool)
+    for worker in np.unique(recs["worker"][blocking]):
+        busy = recs[(recs["worker"] == worker) & (recs["kind"] == COMPUTE)]
+        if not len(busy):
+            continue
+        busy = busy[np.argsort(busy["start"], kind="stable")]
+        starts, ends = busy["start"], np.maximum.accumulate(busy["end"])
+        mine = np.flatnonzero(blocking & (recs["worker"] == worker))
+        # the first computation that ends after the record starts: does it start before it ends?
+        first = np.searchsorted(ends, recs["start"][mine], side="right")
+        hit = first < len(busy)
+        hit[hit] = starts[first[hit]] < recs["end"][mine[hit]]
+        for i, j in zip(mine[hit], first[hit]):
+            rec, at = recs[i], float(recs["start"][i])
+            end, parts = float(rec["end"]), []
+            while j < len(busy) and starts[j] < end:
+                if starts[j] > at:
+                    parts.append((int(rec["kind"]), at, float(starts[j])))
+                inside_end = min(end, float(busy["end"][j]))
+                if inside_end > max(at, starts[j]):
+                    parts.append((OVERLAP, max(at, float(starts[j])), inside_end))
+                at, j = max(at, inside_end), j + 1
+            if end > at:
+                parts.append((int(rec["kind"]), at, end))
+            pieces += [(rec["worker"], rec["step"], kind, rec["flags"], start, stop, rec["bytes"] if k == 0 else 0,
+                        rec["value"]) for k, (kind, start, stop) in enumerate(parts)]
+            cut[i] = True
+    if not cut.any():
+        return recs
+    return np.concatenate([recs[~cut], np.array(pieces, dtype=RECORD)])
 
 
 def per_worker(recs: np.ndarray) -> dict[int, dict[str, float]]:
