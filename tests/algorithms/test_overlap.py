@@ -147,6 +147,38 @@ def test_a_worker_with_a_non_finite_gradient_stops_every_worker_at_that_step(mak
     assert "on worker 1" in outcome[1][1] and "another worker's gradient was not finite" in outcome[0][1]
 
 
+def test_a_step_stopped_mid_way_starts_no_further_bucket(make_config):
+    """A stop (SIGTERM arrives as a KeyboardInterrupt) after the backward pass has handed every
+    bucket to the communication thread, on a worker whose peer never comes: the bucket under way
+    waits out its timeout, the others are cancelled instead of each waiting out one of their own
+    (3 collectives entered, 1.5 s, without the cancelling)."""
+    cfg = make_config(MLP, workers=2, algorithm=f"sync:overlap=true,bucket_mb={SMALL_BUCKETS}")
+    r = Run(cfg)
+    transport = ThreadTransport(Hub(timeout_s=0.5), 2, 0)
+    entered = []
+    inner_mean = transport.allreduce_mean
+
+    def allreduce_mean(tensors, ranks=None):
+        entered.append(1)
+        return inner_mean(tensors, ranks)
+
+    transport.allreduce_mean = allreduce_mean
+
+    def oracle(rank, params, on_ready=None):
+        r.oracle(rank, params, on_ready)  # every bucket announced and handed on, then the stop
+        raise KeyboardInterrupt("SIGTERM")
+
+    ctx = Context(world_size=2, local_ranks=(0,), transport=transport, oracle=oracle, stragglers=r.ctx.stragglers,
+                  clock=SimClock(), seed=cfg.seed, param_shapes=r.ctx.param_shapes)
+    alg = ALGORITHMS.build(cfg.algorithm)
+    alg.setup(ctx, r.model.flatten(), OptimConfig(lr=0.05), CodecConfig())
+    assert len(alg.plan.buckets) == 3
+    with pytest.raises(KeyboardInterrupt):
+        alg.step(ctx, 1)
+    alg._thread.shutdown(wait=True)
+    assert len(entered) <= 1  # the first bucket, if the thread had started it before the stop
+
+
 @pytest.mark.parametrize("changes, message", [
     (dict(algorithm="sync:overlap=true,backups=1"), "overlap=true needs backups=0"),
     (dict(algorithm="sync:overlap=true", compressor="topk:ratio=0.1"), "use none or powersgd"),

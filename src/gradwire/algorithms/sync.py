@@ -160,14 +160,21 @@ class SyncSGD(Algorithm):
 
         queue = BucketQueue(self.plan, submit)
         try:
-            loss, grad = ctx.gradient(rank, self.x, on_ready=queue.ready)
-        except DivergenceError:
-            # the other workers average the buckets announced so far with ours: finish them, then stop
-            queue.flush(torch.zeros_like(self.x))
-            self._results(ctx, futures)
+            try:
+                loss, grad = ctx.gradient(rank, self.x, on_ready=queue.ready)
+            except DivergenceError:
+                # the other workers average the buckets announced so far with ours: finish them, then stop
+                queue.flush(torch.zeros_like(self.x))
+                self._results(ctx, futures)
+                raise
+            queue.flush(grad)
+            mean = self.plan.assemble(self._results(ctx, futures), self.x)
+        except BaseException:
+            # stopped (a signal), or a collective failed: the buckets not yet started never will be,
+            # so at most the one under way holds the communication thread, until its timeout
+            for future in futures:
+                future.cancel()
             raise
-        queue.flush(grad)
-        mean = self.plan.assemble(self._results(ctx, futures), self.x)
         self.codec.end_step()
         # a worker whose gradient was not finite stopped above; its NaN reached every mean
         if not math.isfinite(float(mean.sum())):
