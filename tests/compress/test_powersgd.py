@@ -248,13 +248,38 @@ def test_alternate_keeps_the_error_feedback_identity_and_its_state_round_trips()
     again = PowerSGDMemory()
     shapes = {k: matrix_shape(s) for k, s in zip(KEYS, SHAPES, strict=True) if len(s) >= 2}
     again.load_state_dict(state, shapes=shapes)
-    grads = gradients(3, 99)
-    a = p.average(memory, grads, KEYS, local_mean)
-    b = p.average(again, grads, KEYS, local_mean)
-    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    for step in (4, 5):  # a P step, then a Q step, which starts from the restored P
+        assert p.sends_p(memory, "t0") == (step == 4) == p.sends_p(again, "t0")
+        grads = gradients(3, 99 + step)
+        a = p.average(memory, grads, KEYS, local_mean)
+        b = p.average(again, grads, KEYS, local_mean)
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        memory.step += 1
+        again.step += 1
     state["p"]["t0"] = torch.zeros(7, 2)
     with pytest.raises(ConfigError, match=r"wrong size: \['t0'\]"):
         PowerSGDMemory().load_state_dict(state, shapes=shapes)
+
+
+@pytest.mark.parametrize("spec", ["powersgd:rank=2", "powersgd:rank=2,alternate=true"])
+def test_a_matrix_whose_mean_was_exactly_zero_for_a_step_is_compressed_again_afterwards(spec):
+    """A layer whose gradient is exactly zero for one step (behind a zero-initialised layer) leaves
+    a zero factor; power iteration from it would send zeros for good (the mean 0, the error growing
+    without end). The zero columns are drawn again: with PowerSGD the next step equals that of a
+    worker that never saw the zero step; with ACP-SGD the Q step starts from a P drawn afresh."""
+    p = AGGREGATORS.build(spec)
+    memory, fresh = PowerSGDMemory(seed=3), PowerSGDMemory(seed=3)
+    zero = {w: [torch.zeros(40, 30)] for w in range(2)}
+    p.average(memory, zero, ["w"], local_mean)
+    memory.step += 1
+    assert not memory.q["w"].any() or not memory.p.get("w", torch.ones(1)).any()
+    g = torch.Generator().manual_seed(5)
+    grads = {w: [torch.randn(40, 30, generator=g)] for w in range(2)}
+    out = p.average(memory, grads, ["w"], local_mean)[0]
+    assert out.norm() > 0.1 * local_mean({w: t[0] for w, t in grads.items()}).norm()
+    if "alternate" not in spec:
+        fresh.step = 1
+        assert torch.equal(out, p.average(fresh, grads, ["w"], local_mean)[0])
 
 
 def test_alternate_needs_warm_start():

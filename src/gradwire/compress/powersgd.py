@@ -247,8 +247,8 @@ class PowerSGD(Specced):
         workers = sorted(grads)
         like = grads[workers[0]]
         sends_p = {i: self.sends_p(memory, keys[i]) for i in packed}
-        carried = [self._start_q(memory, keys[i], like[i], ranks[i]) if sends_p[i] else memory.p[keys[i]].clone()
-                   for i in packed]
+        carried = [self._start_q(memory, keys[i], like[i], ranks[i]) if sends_p[i]
+                   else self._revived(memory, keys[i], memory.p[keys[i]], "p") for i in packed]
         fixed = dict(zip(packed, orthogonalized(carried), strict=True))  # Q^ or P^, the same at every worker
         send = {w: torch.cat([(matrices[w][i] @ fixed[i] if sends_p[i] else matrices[w][i].T @ fixed[i]).reshape(-1)
                               for i in packed] + [grads[w][i].reshape(-1) for i in plain]) for w in workers}
@@ -285,11 +285,26 @@ class PowerSGD(Specced):
         worker. Drawn on the CPU then moved, so every device starts from the same Q."""
         m = grad[0].numel()
         if self.warm_start and key in memory.q and memory.q[key].shape == (m, r):
-            return memory.q[key].clone()
-        draw = 0 if self.warm_start else memory.step  # without warm start: a new projection each step
-        g = torch.Generator(device="cpu").manual_seed(hash_seed(memory.seed, "powersgd", key, draw))
-        q = torch.randn((m, r), generator=g, device="cpu", dtype=torch.float32)
-        return q.to(device=grad.device, dtype=grad.dtype)
+            return self._revived(memory, key, memory.q[key], "q")
+        if self.warm_start:
+            return memory.first_draw(key, "q", (m, r), grad).clone()
+        return _seeded_normal(hash_seed(memory.seed, "powersgd", key, memory.step), (m, r), grad)  # a new one each step
+
+    def _revived(self, memory: PowerSGDMemory, key: str, factor: torch.Tensor, which: str) -> torch.Tensor:
+        """A copy of the factor carried over from the last step, each column that is exactly zero
+        replaced by that column of the factor's first draw. A matrix whose mean was exactly zero for
+        one step (a layer behind a zero-initialised one) leaves a zero factor, which power iteration
+        would keep for good (M 0 = 0): the layer's mean would stay 0 and its error grow without end.
+        Elementwise, with no host synchronisation; a factor with no zero column is returned as it is."""
+        dead = factor.abs().amax(dim=0, keepdim=True) == 0
+        return torch.where(dead, memory.first_draw(key, which, tuple(factor.shape), factor), factor)
+
+
+def _seeded_normal(seed: int, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+    """A standard normal draw of ``shape`` from ``seed``, drawn on the CPU (so every device gets the
+    same numbers) then moved to ``like``'s device and dtype."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(shape, generator=g, device="cpu", dtype=torch.float32).to(device=like.device, dtype=like.dtype)
 
 
 class PowerSGDMemory:
@@ -303,13 +318,23 @@ class PowerSGDMemory:
     ``seed``: the run's seed; the first Q of tensor ``key`` is drawn from ``hash_seed(seed,
     "powersgd", key, 0)``. ``state_dict()`` holds only tensors, ints and strings."""
 
-    __slots__ = ("seed", "step", "q", "p", "errors")
+    __slots__ = ("seed", "step", "q", "p", "errors", "_draws")
 
     def __init__(self, seed: int = 0):
         self.seed, self.step = int(seed), 0
         self.q: dict[str, torch.Tensor] = {}
         self.p: dict[str, torch.Tensor] = {}
         self.errors: dict[int, dict[str, torch.Tensor]] = {}
+        self._draws: dict[tuple, torch.Tensor] = {}  # first_draw's cache: derived from the seed, not state
+
+    def first_draw(self, key: str, which: str, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+        """The seeded first Q (``which`` "q": the warm start's initial factor) or P ("p") of tensor
+        ``key``, on ``like``'s device and dtype, the same at every worker; drawn once, then cached."""
+        tag = (key, which, shape, like.device, like.dtype)
+        if tag not in self._draws:
+            parts = ("powersgd", key, 0) if which == "q" else ("powersgd", key, "p")
+            self._draws[tag] = _seeded_normal(hash_seed(self.seed, *parts), shape, like)
+        return self._draws[tag]
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "step": self.step, "q": dict(self.q), "p": dict(self.p),
@@ -326,6 +351,7 @@ class PowerSGDMemory:
             if bad:
                 raise ConfigError(f"powersgd state has Q or errors for unknown tensors or of the wrong size: {bad[:5]}")
         self.seed, self.step = int(state["seed"]), int(state["step"])
+        self._draws.clear()  # drawn from the seed
         self.q = {k: q.clone() for k, q in state["q"].items()}
         self.p = {k: p.clone() for k, p in state.get("p", {}).items()}  # absent before alternate existed
         self.errors = {int(w): {k: t.clone() for k, t in e.items()} for w, e in state["errors"].items()}
