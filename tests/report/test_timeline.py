@@ -291,7 +291,10 @@ def test_collectives_inside_the_computation_become_overlap():
             (0, 3, COMPUTE, 0, 4.0, 4.5, 0, 0.0), (0, 3, COMPUTE, 0, 4.7, 5.0, 0, 0.0),
             (0, 3, COMM, 0, 4.2, 4.9, 0, 0.0),                                         # across two of them
             (0, 4, COMM, 0, 6.0, 6.5, 0, 0.0),                                         # outside: kept whole
-            (1, 1, COMM, 0, 0.5, 1.5, 0, 0.0)]                                         # worker 1 never computes
+            (1, 1, COMM, 0, 0.5, 1.5, 0, 0.0),                                         # worker 1 never computes
+            (2, 1, COMPUTE, 0, 10.0, 14.0, 0, 0.0), (2, 1, COMPUTE, 0, 11.0, 12.0, 0, 0.0),  # computations that
+            (2, 1, COMM, 0, 13.0, 15.0, 0, 0.0), (2, 1, COMM, 0, 11.5, 11.5, 5, 0.0),        # overlap; an instant
+            (2, 2, COMPUTE, 0, 16.0, 16.0, 0, 0.0), (2, 2, WAIT, 0, 15.5, 16.5, 0, 0.0)]     # an empty computation
     recs = np.array(rows, dtype=RECORD)
     got = mark_overlapped(recs.copy())
     assert _intervals(got, 0) == [
@@ -300,6 +303,9 @@ def test_collectives_inside_the_computation_become_overlap():
         (COMPUTE, 4.0, 4.5, 0), (OVERLAP, 4.2, 4.5, 0), (COMM, 4.5, 4.7, 0), (COMPUTE, 4.7, 5.0, 0),
         (OVERLAP, 4.7, 4.9, 0), (COMM, 6.0, 6.5, 0)]
     assert _intervals(got, 1) == _intervals(recs, 1)
+    assert _intervals(got, 2) == [
+        (COMPUTE, 10.0, 14.0, 0), (COMPUTE, 11.0, 12.0, 0), (OVERLAP, 11.5, 11.5, 5), (OVERLAP, 13.0, 14.0, 0),
+        (COMM, 14.0, 15.0, 0), (WAIT, 15.5, 16.5, 0), (COMPUTE, 16.0, 16.0, 0)]
     assert int(got["bytes"].sum()) == int(recs["bytes"].sum())
     t = per_worker(got)[0]
     assert t["overlap_s"] == pytest.approx(0.2 + 0.5 + 1.0 + 0.3 + 0.2)

@@ -269,34 +269,43 @@ def mark_overlapped(recs: np.ndarray) -> np.ndarray:
     blocking = np.isin(recs["kind"], (COMM, WAIT))
     pieces, cut = [], np.zeros(len(recs), dtype=bool)
     for worker in np.unique(recs["worker"][blocking]):
-        busy = recs[(recs["worker"] == worker) & (recs["kind"] == COMPUTE)]
-        if not len(busy):
-            continue
-        busy = busy[np.argsort(busy["start"], kind="stable")]
-        starts, ends = busy["start"], np.maximum.accumulate(busy["end"])
+        starts, ends = _union(recs[(recs["worker"] == worker) & (recs["kind"] == COMPUTE)])
         mine = np.flatnonzero(blocking & (recs["worker"] == worker))
         # the first computation that ends after the record starts: does it start before it ends?
         first = np.searchsorted(ends, recs["start"][mine], side="right")
-        hit = first < len(busy)
+        hit = first < len(starts)
         hit[hit] = starts[first[hit]] < recs["end"][mine[hit]]
         for i, j in zip(mine[hit], first[hit]):
             rec, at = recs[i], float(recs["start"][i])
             end, parts = float(rec["end"]), []
-            while j < len(busy) and starts[j] < end:
+            while j < len(starts) and starts[j] < end:
                 if starts[j] > at:
                     parts.append((int(rec["kind"]), at, float(starts[j])))
-                inside_end = min(end, float(busy["end"][j]))
+                inside_end = min(end, float(ends[j]))
                 if inside_end > max(at, starts[j]):
                     parts.append((OVERLAP, max(at, float(starts[j])), inside_end))
                 at, j = max(at, inside_end), j + 1
             if end > at:
                 parts.append((int(rec["kind"]), at, end))
+            parts = parts or [(OVERLAP, at, end)]  # an instant inside a computation
             pieces += [(rec["worker"], rec["step"], kind, rec["flags"], start, stop, rec["bytes"] if k == 0 else 0,
                         rec["value"]) for k, (kind, start, stop) in enumerate(parts)]
             cut[i] = True
     if not cut.any():
         return recs
     return np.concatenate([recs[~cut], np.array(pieces, dtype=RECORD)])
+
+
+def _union(busy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The starts and ends of the union of ``busy``'s intervals of positive length: disjoint and
+    sorted, so each record of ``mark_overlapped`` visits only the computations it meets."""
+    busy = busy[busy["end"] > busy["start"]]
+    busy = busy[np.argsort(busy["start"], kind="stable")]
+    if not len(busy):
+        return np.empty(0), np.empty(0)
+    reach = np.maximum.accumulate(busy["end"])
+    opens = np.flatnonzero(np.r_[True, busy["start"][1:] > reach[:-1]])
+    return busy["start"][opens], np.maximum.reduceat(busy["end"], opens)
 
 
 def per_worker(recs: np.ndarray) -> dict[int, dict[str, float]]:
