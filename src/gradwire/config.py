@@ -191,9 +191,15 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
     if cfg.backend != "torch":
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r} needs --backend torch (gradwire launch "
                           f"--nproc-per-node WORKERSxP -- run ...), not --backend {cfg.backend}")
-    if ALGORITHMS.build(cfg.algorithm).needs_server:
+    algorithm = ALGORITHMS.build(cfg.algorithm)
+    if algorithm.needs_server:
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} has a server; "
                           "tensor parallelism runs with the collective algorithms only")
+    if getattr(algorithm, "overlap", False):
+        # its communication thread would issue the data-parallel collectives while the backward pass
+        # issues the tensor-parallel ones, in an order that differs between ranks (NCCL can hang)
+        raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} averages during "
+                          "the backward pass, which also runs the tensor-parallel collectives; use overlap=false")
     sizes = transformer_sizes(cfg.task)
     check_layout(layout, world_size=cfg.workers * layout.size, dim=sizes["dim"], heads=sizes["heads"],
                  vocab=sizes["vocab"], batch=None if cfg.batch_size == "full" else int(cfg.batch_size))

@@ -64,6 +64,7 @@ def test_run_refuses_a_world_that_does_not_match(monkeypatch, tmp_path):
     (["--tensor-parallel", "2d:q=2", "--backend", "sim"], "needs --backend torch"),
     (["--tensor-parallel", "1d:p=2", "--task", "digits-mlp"], "task 'digits-mlp' has none"),
     (["--tensor-parallel", "1d:p=2", "--algorithm", "async"], "algorithm 'async' has a server"),
+    (["--tensor-parallel", "1d:p=2", "--algorithm", "sync:overlap=true"], "use overlap=false"),
 ])
 def test_cli_says_one_line(args, message, tmp_path, capsys):
     argv = ["run", "--task", LM, "--backend", "torch", "--out", str(tmp_path / "r"), *args]
