@@ -12,6 +12,7 @@ import torch
 
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.algorithms.buckets import BucketPlan, BucketQueue
+from gradwire.algorithms.sync import SyncSGD
 from gradwire.errors import ConfigError, DivergenceError
 from gradwire.run.loop import Run, run
 from gradwire.tasks.oracle import FlatModel
@@ -100,10 +101,19 @@ def test_simulator_gives_the_numbers_and_bytes_of_overlap_false(make_config, com
     assert over["final"]["test_acc"] == base["final"]["test_acc"]
 
 
-def test_threads_backend_overlaps_on_a_communication_thread_and_agrees(make_config, tmp_path):
+def test_threads_backend_overlaps_on_a_communication_thread_and_agrees(make_config, tmp_path, monkeypatch):
     """The threads backend runs the real-backend path: each rank's buckets go to a communication
-    thread as its backward pass finishes them. Same losses and bytes as without overlap."""
+    thread as its backward pass finishes them. Same losses and bytes as without overlap, and each
+    rank's run closes its algorithm, which ends that thread."""
     algorithm = f"sync:overlap=true,bucket_mb={SMALL_BUCKETS}"
+    closed, close = [], SyncSGD.close
+
+    def counted(self):
+        closed.append(self._thread is not None)
+        close(self)
+        assert self._thread is None
+
+    monkeypatch.setattr(SyncSGD, "close", counted)
     for name, alg in (("plain", "sync"), ("over", algorithm)):
         run(make_config(MLP, out=name, algorithm=alg, backend="threads", compressor="powersgd:rank=2,start_step=2"),
             progress=False)
@@ -111,6 +121,7 @@ def test_threads_backend_overlaps_on_a_communication_thread_and_agrees(make_conf
     assert [r["train_loss"] for r in over] == [r["train_loss"] for r in plain]
     assert [r["bytes_sent"] for r in over] == [r["bytes_sent"] for r in plain]
     assert over[-1]["train_loss"] < over[0]["train_loss"]
+    assert closed == [False] * 3 + [True] * 3  # 3 ranks without overlap, then 3 with a thread to end
 
 
 def test_a_worker_with_a_non_finite_gradient_stops_every_worker_at_that_step(make_config):

@@ -295,6 +295,9 @@ class Algorithm(Specced, ABC):
         ``algorithm.json`` in the run folder and printed by ``gradwire run``."""
         return {}
 
+    def close(self) -> None:  # noqa: B027 - most hold nothing to release
+        """The run is over (finished or not): release what ``setup`` or ``step`` started (threads)."""
+
     def before_evaluation(self, ctx: Context) -> None:  # noqa: B027 - most evaluate what every process holds
         """Every process calls this at an evaluation step, before rank 0 evaluates ``eval_params()``:
         an algorithm that evaluates something it must first gather (the workers' average) does so here."""

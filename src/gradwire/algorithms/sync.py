@@ -182,6 +182,12 @@ class SyncSGD(Algorithm):
                                   "worker's gradient was not finite)", step=step, worker=rank)
         return loss, mean
 
+    def close(self) -> None:
+        """The communication thread ends: at once when idle, else when its collective returns."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
+
     def _results(self, ctx, futures: list[Future]) -> list[list[torch.Tensor]]:
         """Every bucket's mean, waiting at most twice the transport's timeout for each (a bucket runs
         at most two collectives, each bounded by that timeout)."""

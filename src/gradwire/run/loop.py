@@ -324,6 +324,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
         try:
             return run_worker(r)
         finally:
+            r.algorithm.close()
             timeline.close()
             r.transport.close()
     resumed = cfg.resume and r.try_resume(out / "checkpoint")
@@ -392,6 +393,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
     finally:
+        r.algorithm.close()
         bar.close()
         timeline.close()
         if lines is not None:
