@@ -20,8 +20,10 @@ produces it (``algorithms/buckets.py``): on a real backend each bucket's allredu
 or PowerSGD's) travel on a communication thread while the earlier layers' gradients are still being
 computed, as DDP overlaps them. Each tensor's mean is computed as with ``overlap=false`` (the
 tests find the same losses and bytes, to the bit, on the simulator, threads and gloo); the buckets
-only change when the bytes travel, and how many collectives carry them. On this project's 4-process
-test bed it gained nothing (docs/time_to_accuracy.md, "Overlap and ACP-SGD").
+only change when the bytes travel, and how many collectives carry them. A step that stops
+mid-way (a signal, a failed collective) cancels the buckets not yet started; ``close()`` ends the
+thread with the run. On this project's 4-process test bed it gained nothing
+(docs/time_to_accuracy.md, "Overlap and ACP-SGD").
 """
 
 from __future__ import annotations
