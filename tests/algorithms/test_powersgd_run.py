@@ -62,8 +62,13 @@ def test_bytes_per_worker_do_not_grow_with_workers(make_config):
     assert per_worker == [wire_bytes(2)] * 3
 
 
-def test_resume_is_bitwise_exact(make_config, tmp_path):
-    kw = dict(MLP, steps=30, eval_every=5, checkpoint_every=10, compressor="powersgd:rank=2",
+@pytest.mark.parametrize("algorithm, compressor", [
+    ("sync", "powersgd:rank=2"),
+    ("sync", "powersgd:rank=2,alternate=true,start_step=1"),       # ACP-SGD: P and Q steps on either side
+    (f"sync:overlap=true,bucket_mb={700 * 4 / 2**20}", "powersgd:rank=2"),  # bucket by bucket (3 buckets)
+])
+def test_resume_is_bitwise_exact(make_config, tmp_path, algorithm, compressor):
+    kw = dict(MLP, steps=30, eval_every=5, checkpoint_every=10, compressor=compressor, algorithm=algorithm,
               stragglers="lognormal:sigma=0.5")
     run(make_config(kw, out="whole"), progress=False)
     run(make_config(kw, out="split", steps=25), progress=False)  # "crashes" after step 25
@@ -77,6 +82,7 @@ def test_resume_is_bitwise_exact(make_config, tmp_path):
     whole, split = final(tmp_path / "whole"), final(tmp_path / "split")
     memory = whole["algorithm"]["codec"]["powersgd"]
     assert sorted(memory["q"]) == ["0", "2"] and sorted(memory["errors"]) == ["0", "1", "2"]
+    assert sorted(memory["p"]) == (["0", "2"] if "alternate" in compressor else [])
     assert memory["step"] == 30
     assert states_equal(whole, split)
     rows = [read_jsonl(tmp_path / f / "metrics.jsonl") for f in ("whole", "split")]
