@@ -112,7 +112,7 @@ class HookState:
 
     __slots__ = ("compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
                  "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
-                 "device", "powersgd_memory", "non_finite", "_params", "_shapes", "_thread")
+                 "device", "powersgd_memory", "non_finite", "_params", "_shapes", "_thread", "_failed_step")
 
     def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
                  error_feedback: bool = False, seed: int = 0, process_group=None,
@@ -161,6 +161,7 @@ class HookState:
         if self.powersgd_memory is not None:
             self.powersgd_memory.seed = self.seed
         self._thread = None
+        self._failed_step = -1  # a step whose PowerSGD bucket failed: its later buckets are not sent
 
     def communication_thread(self) -> ThreadPoolExecutor:
         """The one thread that runs PowerSGD's buckets (started at the first), in submission order."""
@@ -277,9 +278,14 @@ def _powersgd(state: HookState, bucket: dist.GradBucket, layout) -> torch.future
     future = torch.futures.Future()
 
     def job() -> None:
+        if state._failed_step == step:  # DDP raises the earlier bucket's error: no collective for this one
+            future.set_exception(CommunicationError(f"gradwire.ddp: step {step}, bucket {index}: not sent, "
+                                                    "an earlier bucket of this step failed"))
+            return
         try:
             future.set_result(mean())
         except BaseException as error:  # noqa: BLE001 - handed to DDP, which raises it where it waits
+            state._failed_step = step  # the later buckets would wait out a timeout each for nothing
             future.set_exception(error)
 
     state.communication_thread().submit(job)

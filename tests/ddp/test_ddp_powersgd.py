@@ -180,16 +180,30 @@ def overlap(rank, world_size):
 
 
 def failure(rank, world_size):
-    """Rank 1's gradient turns NaN at step 2: every rank stops with one error naming the step."""
+    """Rank 1's gradient turns NaN at step 2: every rank stops with one error naming the step, and
+    the buckets after the failed one (layer 0's) send nothing: allreduces per step, by step."""
     x, y = make_data(rank, world_size)
     model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
-    gwddp.register(model, "powersgd:rank=2")
+    state = gwddp.register(model, "powersgd:rank=2")
     poison(model, rank)
+    calls, all_reduce = {}, torch.distributed.all_reduce
+
+    def counted(*args, **kwargs):
+        step = state.powersgd_memory.step
+        calls[step] = calls.get(step, 0) + 1
+        return all_reduce(*args, **kwargs)
+
+    torch.distributed.all_reduce = counted
+    message = ""
     try:
         train(model, x, y, 0, 5)
     except Exception as e:  # noqa: BLE001 - the parent checks the text
-        return str(e)
-    return ""
+        message = str(e)
+    try:  # what the communication thread still had queued runs before the counts are read
+        state.communication_thread().submit(lambda: None).result(timeout=20)
+    finally:
+        torch.distributed.all_reduce = all_reduce
+    return {"message": message, "calls": calls}
 
 
 def suite(rank, world_size, folder):
@@ -299,8 +313,12 @@ def test_hook_returns_while_its_allreduces_wait(results):
 
 @pytest.mark.timeout(200)
 def test_a_non_finite_gradient_stops_every_rank(results):
-    for text in part(results, "failure"):
+    for got in part(results, "failure"):
+        text = got["message"]
         assert "step 2" in text and "non-finite gradients after powersgd:rank=2" in text, text
+        # step 1 sends both buckets of the rebuilt layout, 2 allreduces each; step 2 stops after the
+        # failed first (the second would run its 2 in vain: 4, and on NCCL a dead peer's timeout each)
+        assert (got["calls"][1], got["calls"][2]) == (4, 2), got["calls"]
 
 
 def test_bad_powersgd_settings_are_one_clear_error():
