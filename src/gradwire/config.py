@@ -184,6 +184,7 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
     """The layout parses, runs on the torch backend without a server, and splits the task's
     transformer (docs/tensor_parallel.md); the process count is checked when the run starts."""
     from gradwire.algorithms import ALGORITHMS
+    from gradwire.algorithms.sync import SyncSGD
     from gradwire.parallel.layout import check_layout, parse_layout
     from gradwire.tasks.language import transformer_sizes
 
@@ -195,7 +196,7 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
     if algorithm.needs_server:
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} has a server; "
                           "tensor parallelism runs with the collective algorithms only")
-    if getattr(algorithm, "overlap", False):
+    if isinstance(algorithm, SyncSGD) and algorithm.overlap:
         # its communication thread would issue the data-parallel collectives while the backward pass
         # issues the tensor-parallel ones, in an order that differs between ranks (NCCL can hang)
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} averages during "

@@ -112,7 +112,7 @@ class HookState:
 
     __slots__ = ("compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
                  "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
-                 "device", "powersgd_memory", "non_finite", "_params", "_shapes", "_thread", "_failed_step")
+                 "device", "powersgd_memory", "non_finite", "_params", "_shapes", "_thread", "_passes", "_failed_pass")
 
     def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
                  error_feedback: bool = False, seed: int = 0, process_group=None,
@@ -161,7 +161,9 @@ class HookState:
         if self.powersgd_memory is not None:
             self.powersgd_memory.seed = self.seed
         self._thread = None
-        self._failed_step = -1  # a step whose PowerSGD bucket failed: its later buckets are not sent
+        # backward passes seen (never saved or restored, unlike step: a step retried after
+        # load_state_dict is a new pass), and the last whose PowerSGD bucket failed
+        self._passes, self._failed_pass = 0, -1
 
     def communication_thread(self) -> ThreadPoolExecutor:
         """The one thread that runs PowerSGD's buckets (started at the first), in submission order."""
@@ -240,6 +242,7 @@ def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torc
         future = _allgather(state, bucket, layout)
     if bucket.is_last():
         state.step += 1
+        state._passes += 1
     return future
 
 
@@ -254,7 +257,7 @@ def _powersgd(state: HookState, bucket: dist.GradBucket, layout) -> torch.future
     buffer, world = bucket.buffer(), state.world_size
     grads = [buffer[o:o + k].view(state._shapes[name]) for _, name, o, k in layout]
     keys = [n for _, n, _, _ in layout]
-    step, index = state.step, bucket.index()
+    step, index, backward = state.step, bucket.index(), state._passes
 
     def allreduce_mean(tensors: dict[int, torch.Tensor]) -> torch.Tensor:
         total = tensors[state.rank]  # a new tensor (the concatenated factors): summed in place
@@ -278,14 +281,14 @@ def _powersgd(state: HookState, bucket: dist.GradBucket, layout) -> torch.future
     future = torch.futures.Future()
 
     def job() -> None:
-        if state._failed_step == step:  # DDP raises the earlier bucket's error: no collective for this one
+        if state._failed_pass == backward:  # DDP raises the earlier bucket's error: no collective for this one
             future.set_exception(CommunicationError(f"gradwire.ddp: step {step}, bucket {index}: not sent, "
                                                     "an earlier bucket of this step failed"))
             return
         try:
             future.set_result(mean())
         except BaseException as error:  # noqa: BLE001 - handed to DDP, which raises it where it waits
-            state._failed_step = step  # the later buckets would wait out a timeout each for nothing
+            state._failed_pass = backward  # the later buckets would wait out a timeout each for nothing
             future.set_exception(error)
 
     state.communication_thread().submit(job)

@@ -181,7 +181,8 @@ def overlap(rank, world_size):
 
 def failure(rank, world_size):
     """Rank 1's gradient turns NaN at step 2: every rank stops with one error naming the step, and
-    the buckets after the failed one (layer 0's) send nothing: allreduces per step, by step."""
+    the bucket after the failed one (layer 0's) sends nothing. Then the step is retried from the
+    hook's state saved before it, with a clean gradient, and runs in full. Allreduces per step."""
     x, y = make_data(rank, world_size)
     model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
     state = gwddp.register(model, "powersgd:rank=2")
@@ -189,21 +190,26 @@ def failure(rank, world_size):
     calls, all_reduce = {}, torch.distributed.all_reduce
 
     def counted(*args, **kwargs):
-        step = state.powersgd_memory.step
+        step = state.powersgd_memory.step  # set by the bucket's job, on the communication thread
         calls[step] = calls.get(step, 0) + 1
         return all_reduce(*args, **kwargs)
 
     torch.distributed.all_reduce = counted
     message = ""
     try:
-        train(model, x, y, 0, 5)
-    except Exception as e:  # noqa: BLE001 - the parent checks the text
-        message = str(e)
-    try:  # what the communication thread still had queued runs before the counts are read
+        opt = train(model, x, y, 0, 2)
+        saved = state.state_dict()
+        try:
+            train(model, x, y, 2, 1, opt)
+        except Exception as e:  # noqa: BLE001 - the parent checks the text
+            message = str(e)
+        # what the communication thread still had queued runs before the retry and the counts
         state.communication_thread().submit(lambda: None).result(timeout=20)
+        state.load_state_dict(saved)
+        train(model, x, y, 2, 1, opt)
     finally:
         torch.distributed.all_reduce = all_reduce
-    return {"message": message, "calls": calls}
+    return {"message": message, "calls": calls, "step": state.step}
 
 
 def suite(rank, world_size, folder):
@@ -316,9 +322,11 @@ def test_a_non_finite_gradient_stops_every_rank(results):
     for got in part(results, "failure"):
         text = got["message"]
         assert "step 2" in text and "non-finite gradients after powersgd:rank=2" in text, text
-        # step 1 sends both buckets of the rebuilt layout, 2 allreduces each; step 2 stops after the
-        # failed first (the second would run its 2 in vain: 4, and on NCCL a dead peer's timeout each)
-        assert (got["calls"][1], got["calls"][2]) == (4, 2), got["calls"]
+        # step 1 sends both buckets of the rebuilt layout, 2 allreduces each. Step 2 stops after the
+        # failed first bucket (the second would run its 2 in vain, and on NCCL wait out a dead peer's
+        # timeout), then its retry from the saved state runs in full: 2 + 4
+        assert (got["calls"][1], got["calls"][2]) == (4, 6), got["calls"]
+        assert got["step"] == 3
 
 
 def test_bad_powersgd_settings_are_one_clear_error():

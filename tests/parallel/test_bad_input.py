@@ -74,6 +74,13 @@ def test_cli_says_one_line(args, message, tmp_path, capsys):
     assert not dist.is_initialized()
 
 
+@pytest.mark.parametrize("algorithm", ["sync", "sync:overlap=false", "streaming-diloco", "local:period=2"])
+def test_collective_algorithms_pass_the_check(algorithm, tmp_path):
+    """Only sync's overlap=true is refused; Streaming DiLoCo's own `overlap` (tau steps) is not it."""
+    RunConfig(task=LM, backend="torch", workers=2, tensor_parallel="1d:p=2", algorithm=algorithm, batch_size=4,
+              out=str(tmp_path / "run")).validate()
+
+
 def test_launch_refuses_a_process_count_that_is_not_a_multiple_of_p(tmp_path, capsys):
     argv = ["launch", "--nproc-per-node", "6", "--", "run", "--task", LM, "--tensor-parallel", "2.5d:q=2,d=2",
             "--out", str(tmp_path / "r")]
