@@ -14,6 +14,7 @@ from gradwire.report.timeline import (
     COMM,
     COMPUTE,
     DROPPED,
+    FOLDER,
     OVERLAP,
     RECORD,
     SERVE,
@@ -331,3 +332,17 @@ def test_overlapped_sync_on_the_threads_backend_adds_up_per_worker(make_config):
         assert t["compute_s"] + t["comm_s"] + t["wait_s"] <= mine["end"].max() - mine["start"].min() + 1e-9
         kept = whole[(whole["worker"] == w) & np.isin(whole["kind"], (COMM, WAIT))]
         assert t["comm_s"] + t["wait_s"] + t["overlap_s"] == pytest.approx(float((kept["end"] - kept["start"]).sum()))
+
+
+def test_shards_of_one_worker_are_not_marked_overlapped(tmp_path):
+    """Tensor parallelism: two processes record worker 0 (its shards). Shard 0's collective starts
+    while shard 1 still computes; that is not a collective behind shard 0's own computation."""
+    folder = tmp_path / FOLDER
+    folder.mkdir()
+    for process, end in ((0, 1.0), (1, 1.1)):
+        rows = [(0, 1, COMPUTE, 0, 0.0, end, 0, 0.0), (0, 1, COMM, 0, end, 1.5, 0, 0.0)]
+        (folder / f"rank{process}.bin").write_bytes(np.array(rows, dtype=RECORD).tobytes())
+        (folder / f"rank{process}.json").write_text(json.dumps({"clock": "wall", "origin_unix_s": 100.0}))
+    recs, _ = read_timeline(tmp_path)
+    assert not (recs["kind"] == OVERLAP).any()
+    assert per_worker(recs)[0]["comm_s"] == pytest.approx(0.5 + 0.4)  # as recorded

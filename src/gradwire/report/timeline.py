@@ -183,7 +183,8 @@ def read_timeline(run_dir: Path, *, overlapped: bool = True) -> tuple[np.ndarray
     verdicts to the computations they judged; and the clock ("simulated" or "wall"). On a real
     clock, each collective's wait for the last rank is split off (:func:`split_collective_waits`)
     and, with ``overlapped``, what a worker's collectives spent while it was computing is recorded
-    as ``OVERLAP`` (:func:`mark_overlapped`); ``overlapped=False`` keeps the collectives whole.
+    as ``OVERLAP`` (:func:`mark_overlapped`; not where several processes record one worker, as the
+    shards of a tensor-parallel worker do); ``overlapped=False`` keeps the collectives whole.
     None for a run folder without a timeline (written before timelines existed)."""
     folder = Path(run_dir) / FOLDER
     files = sorted(folder.glob("*.bin")) if folder.is_dir() else []
@@ -200,10 +201,13 @@ def read_timeline(run_dir: Path, *, overlapped: bool = True) -> tuple[np.ndarray
         for recs, origin in zip(parts, origins):
             recs["start"] += origin - first
             recs["end"] += origin - first
+    # a worker recorded by several processes (tensor parallelism: P shards of one worker) computes
+    # in each of them at once: one shard's computing says nothing about another's waiting
+    shared = sum(len(np.unique(r["worker"])) for r in parts) > len(np.unique(np.concatenate(parts)["worker"]))
     recs = np.concatenate(parts)
     if clock == "wall" and len(parts) > 1:
         recs = split_collective_waits(recs)
-    if clock == "wall" and overlapped:
+    if clock == "wall" and overlapped and not shared:
         recs = mark_overlapped(recs)
     verdicts = recs[(recs["kind"] == SERVE) & (recs["flags"] & DROPPED > 0)]
     if len(verdicts):
