@@ -292,10 +292,12 @@ class PowerSGD(Specced):
 
     def _revived(self, memory: PowerSGDMemory, key: str, factor: torch.Tensor, which: str) -> torch.Tensor:
         """A copy of the factor carried over from the last step, each column that is exactly zero
-        replaced by that column of the factor's first draw. A matrix whose mean was exactly zero for
-        one step (a layer behind a zero-initialised one) leaves a zero factor, which power iteration
-        would keep for good (M 0 = 0): the layer's mean would stay 0 and its error grow without end.
-        Elementwise, with no host synchronisation; a factor with no zero column is returned as it is."""
+        replaced by that column of the factor's first draw. Power iteration keeps a zero column for
+        good (M 0 = 0): after a step whose mean was exactly zero (a layer behind a zero-initialised
+        one) the layer's mean would stay 0 and its error grow without end; after a step whose mean
+        had rank below r (Gram-Schmidt leaves the extra columns zero) the rank would stay lost.
+        Elementwise, with no host synchronisation (so the draw is kept at hand, cached: as much
+        memory again as the factors); a factor with no zero column is returned as it is."""
         dead = factor.abs().amax(dim=0, keepdim=True) == 0
         return torch.where(dead, memory.first_draw(key, which, tuple(factor.shape), factor), factor)
 
@@ -330,7 +332,7 @@ class PowerSGDMemory:
     def first_draw(self, key: str, which: str, shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
         """The seeded first Q (``which`` "q": the warm start's initial factor) or P ("p") of tensor
         ``key``, on ``like``'s device and dtype, the same at every worker; drawn once, then cached."""
-        tag = (key, which, shape, like.device, like.dtype)
+        tag = (self.seed, key, which, shape, like.device, like.dtype)
         if tag not in self._draws:
             parts = ("powersgd", key, 0) if which == "q" else ("powersgd", key, "p")
             self._draws[tag] = _seeded_normal(hash_seed(self.seed, *parts), shape, like)
