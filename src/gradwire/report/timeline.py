@@ -203,8 +203,8 @@ def read_timeline(run_dir: Path, *, overlapped: bool = True) -> tuple[np.ndarray
             recs["end"] += origin - first
     # a worker recorded by several processes (tensor parallelism: P shards of one worker) computes
     # in each of them at once: one shard's computing says nothing about another's waiting
-    shared = sum(len(np.unique(r["worker"])) for r in parts) > len(np.unique(np.concatenate(parts)["worker"]))
     recs = np.concatenate(parts)
+    shared = sum(len(np.unique(r["worker"])) for r in parts) > len(np.unique(recs["worker"]))
     if clock == "wall" and len(parts) > 1:
         recs = split_collective_waits(recs)
     if clock == "wall" and overlapped and not shared:
