@@ -150,7 +150,9 @@ def test_async_lsgd_restarts_from_its_checkpoint_after_a_crash(tmp_path, data_di
                launch_args=["--max-restarts", "1"])
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
+    # (a rare failure here under a loaded machine: resumed false; what torchrun said tells which attempt ran)
+    assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == [], (
+        {k: summary.get(k) for k in ("resumed", "steps", "lost_workers", "local_steps")}, p.stderr[-3000:])
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [0, 5, 10, 15, 20]
     assert [s["step"] for s in read_jsonl(out / "steps.jsonl")] == list(range(1, 21))
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
