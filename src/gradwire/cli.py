@@ -35,7 +35,11 @@ EPILOG_COMPARE = """each --variant is a quoted list of run flags applied on top 
   gradwire compare --task mnist1d-mlp --steps 300 --out runs/cmp \\
       --variant "--algorithm sync" --variant "--algorithm sync:backups=2" \\
       --variant "--name qsgd-ef --compressor qsgd:levels=4 --error-feedback"
-A config file may hold the common keys and a list `variants:` of mappings of keys."""
+A config file may hold the common keys and a list `variants:` of mappings of keys.
+With --seeds 0,1,2 every variant runs once per seed (folders VARIANT-seedS); comparison.md adds, per
+variant, the mean, standard deviation and range of its final losses and accuracy over the seeds, and
+its paired difference from the first variant (seed by seed: the same initial model and batches), so
+that a 1 % difference can be told from seed-to-seed noise; the plot shows the mean curves."""
 
 EPILOG_PLAN = """examples:
   gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 200 --network ring:mbps=100 \\
@@ -90,10 +94,15 @@ def _add_run_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> No
             p.add_argument(flag, dest=key, default=argparse.SUPPRESS, metavar=key.upper(), help=text)
 
 
+# config-file keys that only `gradwire compare` reads (every other key is a RunConfig field); the
+# other commands take a comparison's file for its common keys (docs/leader_sgd.md does)
+COMPARE_KEYS = ("variants", "seeds")
+
+
 def _config_from(ns: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
     cfg = base or RunConfig()
     if getattr(ns, "config", None):
-        cfg = from_mapping({k: v for k, v in read_config_file(ns.config).items() if k != "variants"}, cfg)
+        cfg = from_mapping({k: v for k, v in read_config_file(ns.config).items() if k not in COMPARE_KEYS}, cfg)
     given = {k: coerce(k, v) for k, v in vars(ns).items() if k in KEYS}
     return cfg.replace(**given)
 
@@ -204,10 +213,44 @@ def variants_of(ns, parser) -> tuple[RunConfig, list[RunConfig]]:
         common = common.replace(out=fresh_out("compare", common))
     require_named(common.out)
     root = Path(common.out)
-    specs = [c.replace(out=str(root / _slug(c.label()))) for c in specs]
+    seeds = seeds_of(ns)
+    if len(seeds) > 1:
+        pinned = [c.label() for c in specs if c.seed != common.seed]
+        if pinned:
+            raise ConfigError(f"variant(s) {pinned} set their own --seed; with --seeds every variant runs every "
+                              f"seed ({','.join(map(str, seeds))}): drop the variant's --seed")
+        # seed-major: an interrupted comparison leaves whole seeds, every variant paired
+        specs = [c.replace(seed=s, name=f"{c.label()} seed {s}", out=str(root / f"{_slug(c.label())}-seed{s}"))
+                 for s in seeds for c in specs]
+    else:
+        specs = [c.replace(out=str(root / _slug(c.label()))) for c in specs]
     for c in specs:
         c.validate()
     return common, specs
+
+
+def seeds_of(ns) -> list[int]:
+    """compare's --seeds (or ``seeds:`` in its config file): distinct integers in [0, 2**63), given
+    as 0,1,2 (or a list in the file); [] when not given."""
+    text = getattr(ns, "seeds", None)
+    where = "--seeds"
+    if text is None and getattr(ns, "config", None):
+        text, where = read_config_file(ns.config).get("seeds"), f"seeds in {ns.config}"
+    if text is None:
+        return []
+    items = text if isinstance(text, list) else str(text).split(",")
+    seeds = []
+    for item in items:
+        value = str(item).strip()
+        if not re.fullmatch(r"\d+", value) or int(value) >= 2**63:
+            raise ConfigError(f"{where}={text!r}: {value!r} is not a seed (an integer in [0, 2**63)); give e.g. 0,1,2")
+        seeds.append(int(value))
+    if not seeds:
+        raise ConfigError(f"{where} is empty; give e.g. 0,1,2")
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise ConfigError(f"{where}={text!r} names seed(s) {twice} more than once; each seed runs once")
+    return seeds
 
 
 def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
@@ -229,6 +272,7 @@ def cmd_compare(ns, variant_parser) -> int:
     refuse_to_replace(common, specs)
     root = Path(common.out)
     root.mkdir(parents=True, exist_ok=True)
+    seeds = seeds_of(ns)
     summaries = []
     for i, c in enumerate(specs, 1):
         print(f"[{i}/{len(specs)}] {c.label()}", flush=True)
@@ -243,7 +287,10 @@ def cmd_compare(ns, variant_parser) -> int:
               f"{s['bytes_sent'] / 1e6:.2f} MB, {s['sim_time_s']:.1f} s "
               f"{'simulated' if c.backend == 'sim' else 'elapsed'}, {s['wall_time_s']:.1f} s wall", flush=True)
     title = f"{common.task}, {common.workers} workers, {common.stragglers} stragglers, {common.network}"
-    files = write_report(root, summaries, [Path(c.out) for c in specs], title)
+    labels = None
+    if len(seeds) > 1:  # the variants' own labels: those of the first seed's runs, less " seed S"
+        labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]
+    files = write_report(root, summaries, [Path(c.out) for c in specs], title, seeds=seeds, labels=labels)
     print((root / "comparison.md").read_text())
     print(f"report: {files['markdown']}  plot: {files['plot']}")
     if ns.html:
@@ -365,6 +412,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                            "comparison.md, comparison.csv, comparison.png and report.html into --out.")
     _add_run_flags(p_cmp)
     p_cmp.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable")
+    p_cmp.add_argument("--seeds", default=None, metavar="S,S,...",
+                       help="run every variant once per seed (e.g. 0,1,2; replaces --seed) and add each variant's "
+                            "mean, spread and paired difference from the first variant over the seeds")
     p_plan = sub.add_parser("plan", help="profile short runs, fit time and convergence models, recommend an "
                             "algorithm, compressor and worker count", epilog=EPILOG_PLAN,
                             formatter_class=argparse.RawDescriptionHelpFormatter,

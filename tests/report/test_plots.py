@@ -32,3 +32,14 @@ def test_plot_uses_the_scale_the_values_ask_for(tmp_path, monkeypatch):
     assert [ax.get_yscale() for ax in narrow.axes[:3]] == ["linear"] * 3  # the objective's row
     assert [ax.get_yscale() for ax in wide.axes[:3]] == ["log"] * 3
     assert (tmp_path / "narrow.png").stat().st_size > 1000
+
+
+def test_the_test_loss_has_a_row_where_the_runs_recorded_it(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    with_loss = [dict(r, test_loss=3.0 - 0.1 * r["step"]) if r["step"] else r for r in records([5.6, 3.1, 2.2])]
+    plot_runs({"a": with_loss}, tmp_path / "lm.png")  # the first record has none: the others decide
+    plot_runs({"a": records([5.6, 3.1, 2.2])}, tmp_path / "plain.png")
+    lm, plain = figures
+    assert [ax.get_ylabel() for ax in lm.axes[::3]] == ["training objective", "test loss", "test accuracy"]
+    assert [ax.get_ylabel() for ax in plain.axes[::3]] == ["training objective", "test accuracy"]

@@ -1,26 +1,35 @@
-"""Side-by-side comparison of several runs on the same task, seed and partition."""
+"""Side-by-side comparison of several runs on the same task, seed and partition; with several
+seeds (``gradwire compare --seeds``), each variant's spread over them and its paired difference
+from the first variant."""
 
 from __future__ import annotations
 
 import csv
+import math
+import statistics
 from pathlib import Path
 
 from gradwire.report.plots import plot_runs, time_label
 from gradwire.report.run_folder import read_json_or_empty, read_jsonl
 
-COLUMNS = [("label", "variant"), ("status", "status"), ("steps", "steps"), ("test_acc", "final test acc"),
-           ("best_test_acc", "best test acc"), ("train_loss", "final train objective"),
-           ("suboptimality", "final f - f*"), ("mb_sent", "MB sent"), ("sim_time_s", "sim time (s)"),
-           ("wall_time_s", "wall time (s)")]
+COLUMNS = [("label", "variant"), ("status", "status"), ("steps", "steps"), ("test_loss", "final test loss"),
+           ("test_acc", "final test acc"), ("best_test_acc", "best test acc"),
+           ("train_loss", "final train objective"), ("suboptimality", "final f - f*"), ("mb_sent", "MB sent"),
+           ("sim_time_s", "sim time (s)"), ("wall_time_s", "wall time (s)")]
+
+# the final quantities summarised over seeds, in the order of the table
+SEED_METRICS = [("test_loss", "final test loss"), ("test_acc", "final test acc"),
+                ("train_loss", "final train objective"), ("suboptimality", "final f - f*")]
+SEEDS_CSV = "comparison_seeds.csv"
 
 
 def row_of(summary: dict) -> dict:
     final = summary.get("final") or {}
     return {"label": summary["label"], "status": summary["status"], "steps": summary["steps"],
-            "test_acc": final.get("test_acc"), "best_test_acc": summary.get("best_test_acc"),
-            "train_loss": final.get("train_loss"), "suboptimality": final.get("suboptimality"),
-            "mb_sent": summary["bytes_sent"] / 1e6, "sim_time_s": summary["sim_time_s"],
-            "wall_time_s": summary["wall_time_s"]}
+            "test_loss": final.get("test_loss"), "test_acc": final.get("test_acc"),
+            "best_test_acc": summary.get("best_test_acc"), "train_loss": final.get("train_loss"),
+            "suboptimality": final.get("suboptimality"), "mb_sent": summary["bytes_sent"] / 1e6,
+            "sim_time_s": summary["sim_time_s"], "wall_time_s": summary["wall_time_s"]}
 
 
 def _fmt(v) -> str:
@@ -31,8 +40,124 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: str) -> dict[str, Path]:
-    """Write comparison.md, comparison.csv and comparison.png into ``out``."""
+def _finite(v) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
+
+
+def _finished_value(summary: dict, key: str) -> float | None:
+    """``key`` of the run's final evaluation, or None where the run did not finish (diverged,
+    stopped) or never measured it."""
+    value = (summary.get("final") or {}).get(key)
+    return float(value) if summary.get("status") == "finished" and _finite(value) else None
+
+
+def seed_rows(seeds: list[int], labels: list[str], summaries: list[list[dict]]) -> list[dict]:
+    """One row per variant: over the seeds its runs finished, the mean, sample standard deviation,
+    least and greatest of each final quantity, and the paired relative difference from the first
+    variant (``100 (v_s / b_s - 1)`` per seed s where both finished: the seeds pair the runs, which
+    start from the same model and draw the same batches) as its mean, least and greatest.
+    ``summaries[v][k]``: variant v's run with ``seeds[k]``."""
+    base = summaries[0]
+    rows = []
+    for label, runs in zip(labels, summaries, strict=True):
+        row = {"label": label, "seeds": len(seeds),
+               "finished": sum(s.get("status") == "finished" for s in runs),
+               "mb_sent": statistics.fmean(s["bytes_sent"] / 1e6 for s in runs),
+               "sim_time_s": statistics.fmean(s["sim_time_s"] for s in runs)}
+        for key, _ in SEED_METRICS:
+            values = [v for v in (_finished_value(s, key) for s in runs) if v is not None]
+            if not values:
+                continue
+            row[f"{key}_mean"] = statistics.fmean(values)
+            row[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else None
+            row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
+            pairs = [(_finished_value(s, key), _finished_value(b, key)) for s, b in zip(runs, base, strict=True)]
+            rel = [100.0 * (v / b - 1.0) for v, b in pairs if v is not None and b is not None and b != 0]
+            if rel:
+                row[f"{key}_vs_first_pct"] = statistics.fmean(rel)
+                row[f"{key}_vs_first_min_pct"], row[f"{key}_vs_first_max_pct"] = min(rel), max(rel)
+        rows.append(row)
+    return rows
+
+
+def mean_curve(curves: list[list[dict]]) -> list[dict]:
+    """The seeds' curves averaged: at each step every curve evaluated, the mean of each number
+    they all recorded there (steps some seed lacks, as after a divergence, are left out)."""
+    by_step = [{rec["step"]: rec for rec in recs if "step" in rec} for recs in curves]
+    steps = sorted(set.intersection(*(set(s) for s in by_step))) if by_step else []
+    out = []
+    for step in steps:
+        recs = [s[step] for s in by_step]
+        keys = [k for k, v in recs[0].items() if _finite(v) and not isinstance(v, bool)
+                and all(_finite(r.get(k)) for r in recs)]
+        out.append({k: statistics.fmean(r[k] for r in recs) for k in keys} | {"step": step})
+    return out
+
+
+SEEDS_NOTE = ("Each variant ran once per seed; a seed gives every variant the same initial model, batches and "
+              "draws, so the runs pair up. \"vs first\" is 100 (v / b − 1) % per seed against the first variant, "
+              "over the seeds both finished. The standard deviation is the sample one (n − 1).")
+
+
+def seed_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """The table over seeds (:func:`seed_rows`'s rows, or comparison_seeds.csv's read back) as
+    headers and text cells: comparison.md and report.html show the same table."""
+    present = [(k, h) for k, h in SEED_METRICS if any(r.get(f"{k}_mean") is not None for r in rows)]
+    head = ["variant", "finished"]
+    for _, name in present:
+        head += [f"{name}: mean ± sd", "least .. greatest", "vs first, paired: mean (least .. greatest)"]
+    head += ["MB sent (mean)"]
+    cells = []
+    for r in rows:
+        line = [str(r["label"]), f"{r['finished']} of {r['seeds']}"]
+        for key, _ in present:
+            if r.get(f"{key}_mean") is None:
+                line += ["–", "–", "–"]
+                continue
+            sd = r.get(f"{key}_sd")
+            line += [f"{_fmt(r[f'{key}_mean'])} ± {_fmt(sd)}" if sd is not None else _fmt(r[f"{key}_mean"]),
+                     f"{_fmt(r[f'{key}_min'])} .. {_fmt(r[f'{key}_max'])}"]
+            if r.get(f"{key}_vs_first_pct") is not None:
+                line.append(f"{r[f'{key}_vs_first_pct']:+.2f} % ({r[f'{key}_vs_first_min_pct']:+.2f} .. "
+                            f"{r[f'{key}_vs_first_max_pct']:+.2f})")
+            else:
+                line.append("–")
+        line.append(_fmt(r["mb_sent"]))
+        cells.append(line)
+    return head, cells
+
+
+def read_seed_rows(path: Path) -> list[dict]:
+    """comparison_seeds.csv read back: numbers as numbers, empty cells as None."""
+    def value(text: str):
+        if text == "":
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                return text
+
+    with open(path, newline="") as f:
+        return [{k: (v if k == "label" else value(v)) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _seed_lines(seeds: list[int], rows: list[dict]) -> list[str]:
+    """comparison.md's table over seeds."""
+    head, cells = seed_cells(rows)
+    return ([f"## Over seeds {', '.join(map(str, seeds))}", "", SEEDS_NOTE, "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            + ["| " + " | ".join(line) + " |" for line in cells])
+
+
+def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: str, *,
+                 seeds: list[int] | None = None, labels: list[str] | None = None) -> dict[str, Path]:
+    """Write comparison.md, comparison.csv and comparison.png into ``out``. With ``seeds`` (more
+    than one), ``summaries`` and ``run_dirs`` are seed-major (every variant of the first seed, then
+    of the next), ``labels`` are the variants' own labels; comparison.md adds the table over seeds
+    (also written as comparison_seeds.csv) and the plot shows each variant's mean curve."""
     rows = [row_of(s) for s in summaries]
     backends = [read_json_or_empty(Path(d) / "config.json").get("backend", "sim") for d in run_dirs]
     keep = [(k, h) for k, h in COLUMNS if any(r.get(k) is not None for r in rows)]
@@ -44,9 +169,28 @@ def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: 
         for r in rows:
             w.writerow([r.get(k) for k, _ in keep])
     curves = {s["label"]: read_jsonl(Path(d) / "metrics.jsonl") for s, d in zip(summaries, run_dirs)}
+    seed_lines: list[str] = []
+    if seeds and len(seeds) > 1:
+        n = len(labels)
+        by_variant = [[summaries[k * n + v] for k in range(len(seeds))] for v in range(n)]
+        table = seed_rows(seeds, labels, by_variant)
+        fields = list(dict.fromkeys(k for r in table for k in r))
+        with open(out / SEEDS_CSV, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(table)
+        seed_lines = _seed_lines(seeds, table)
+        runs = list(curves.values())
+        curves = {f"{label} (mean of {len(seeds)} seeds)": mean_curve([runs[k * n + v] for k in range(len(seeds))])
+                  for v, label in enumerate(labels)}
+        title = f"{title}, seeds {', '.join(map(str, seeds))}"
+    elif (out / SEEDS_CSV).exists():
+        (out / SEEDS_CSV).unlink()  # an earlier comparison's, with seeds, replaced by this one
     png = plot_runs(curves, out / "comparison.png", title, backends=backends)
     lines = [f"# {title}", "", "| " + " | ".join(h for _, h in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in keep) + " |" for r in rows]
+    if seed_lines:
+        lines += [""] + seed_lines
     lines += ["", f"![curves]({png.name})", "", "Each variant's own folder holds its config.json, "
               "metrics.jsonl, summary.json and curves.png."]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")

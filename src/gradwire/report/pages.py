@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gradwire.errors import ConfigError  # noqa: E402
-from gradwire.report.compare import COLUMNS, row_of  # noqa: E402
+from gradwire.report.compare import COLUMNS, SEEDS_CSV, SEEDS_NOTE, read_seed_rows, row_of, seed_cells  # noqa: E402
 from gradwire.report.gantt import plot_timeline, window_end  # noqa: E402
 from gradwire.report.html import Heading, Image, Paragraph, Preformatted, Row, Table, write_page  # noqa: E402
 from gradwire.report.plots import plot_runs, time_label  # noqa: E402
@@ -98,8 +98,8 @@ def _curves(runs: list[RunData], title: str, drawn: Path | None = None) -> list:
         png = _png(lambda buf: plot_runs({r.label: r.metrics for r in with_metrics}, buf, title,
                                          backends=[r.backend for r in with_metrics]))
     return [Image(png, alt=f"loss and accuracy against steps, bytes and time: {title}",
-                  caption="Rows: training objective (and f - f* where known), test accuracy; columns: against "
-                          "steps, MB sent, and time.")]
+                  caption="Rows: training objective (and f - f* where known), test loss, test accuracy; columns: "
+                          "against steps, MB sent, and time.")]
 
 
 def _timeline_blocks(run: RunData, xmax: float | None = None, caption: bool = True) -> list:
@@ -212,9 +212,14 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
     differing = sorted({k for r in runs for k in r.config if k not in ("out", "name")
                         and len({json.dumps(x.config.get(k), sort_keys=True) for x in runs}) > 1})
     common = {k: v for k, v in runs[0].config.items() if k not in differing and k not in ("out", "name")}
-    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve()}: {len(runs)} variants on the same task, seed "
-                        "and partition."),
-              Heading("Summary"), _summary_table(runs), Heading("Curves"),
+    seeds = Path(folder) / SEEDS_CSV
+    over_seeds = []
+    if seeds.exists():  # gradwire compare --seeds: every variant once per seed
+        over_seeds = [Heading("Over seeds"), Paragraph(SEEDS_NOTE), Table(*seed_cells(read_seed_rows(seeds)))]
+    what = "runs (variants times seeds)" if over_seeds else "variants"
+    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve()}: {len(runs)} {what} on the same task"
+                        + (" and partition." if over_seeds else ", seed and partition.")),
+              Heading("Summary"), _summary_table(runs), *over_seeds, Heading("Curves"),
               *_curves(runs, "all variants", Path(folder) / "comparison.png"),
               Heading("Timelines"), Paragraph("Each variant's first steps, one under the other on the same time axis."),
               *[b for i, r in enumerate(runs) for b in _timeline_blocks(r, xmax, caption=i == len(runs) - 1)],

@@ -26,10 +26,16 @@ def time_label(backends: Iterable[str]) -> str:
 
 
 def _rows(records_by_label: dict[str, list[dict]]) -> list[tuple[str, str, bool]]:
-    first = next(iter(records_by_label.values()))[0]
+    """The quantities plotted: the training objective, f - f* where the task knows f*, the test
+    (validation) loss where the task reports one, and the test accuracy."""
+    def recorded(key: str) -> bool:
+        return any(rec.get(key) is not None for recs in records_by_label.values() for rec in recs)
+
     rows = [("train_loss", "training objective", True)]
-    if "suboptimality" in first:
+    if recorded("suboptimality"):
         rows.append(("suboptimality", "f(x) - f*", True))
+    if recorded("test_loss"):
+        rows.append(("test_loss", "test loss", True))
     rows.append(("test_acc", "test accuracy", False))
     return rows
 

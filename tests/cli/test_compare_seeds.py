@@ -1,0 +1,116 @@
+"""gradwire compare --seeds: every variant once per seed, paired by seed, summarised over seeds (the
+mean, spread and paired difference from the first variant), so that a difference of a few per cent
+can be told from seed-to-seed noise."""
+
+import csv
+import json
+import math
+import statistics
+
+import pytest
+
+from gradwire.cli import main
+from gradwire.report.compare import mean_curve, seed_rows
+
+TINY = ["--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2"]
+
+
+def final(folder, key="test_loss"):
+    return json.loads((folder / "summary.json").read_text())["final"][key]
+
+
+def test_every_variant_runs_every_seed_and_the_table_pairs_them(tmp_path, data_dir, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--seeds", "3,5",
+                 "--variant", "--algorithm sync", "--variant", "--name q4 --compressor qsgd:levels=4"]) == 0
+    for name in ("sync", "q4"):
+        for seed in (3, 5):
+            assert json.loads((out / f"{name}-seed{seed}" / "config.json").read_text())["seed"] == seed
+    # a seed's run is the plain run with that seed: the same numbers
+    alone = tmp_path / "alone"
+    assert main(["run", *TINY, "--data-dir", str(data_dir), "--out", str(alone), "--seed", "5"]) == 0
+    assert final(out / "sync-seed5") == final(alone)
+    assert final(out / "sync-seed3") != final(out / "sync-seed5")
+
+    with open(out / "comparison_seeds.csv", newline="") as f:
+        rows = {r["label"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"sync", "q4"} and rows["q4"]["finished"] == "2"
+    base = [final(out / f"sync-seed{s}") for s in (3, 5)]
+    q4 = [final(out / f"q4-seed{s}") for s in (3, 5)]
+    paired = [100 * (v / b - 1) for v, b in zip(q4, base)]
+    assert float(rows["q4"]["test_loss_mean"]) == pytest.approx(statistics.fmean(q4))
+    assert float(rows["q4"]["test_loss_sd"]) == pytest.approx(statistics.stdev(q4))
+    assert float(rows["q4"]["test_loss_vs_first_pct"]) == pytest.approx(statistics.fmean(paired))
+    assert float(rows["q4"]["test_loss_vs_first_min_pct"]) == pytest.approx(min(paired))
+    assert float(rows["sync"]["test_loss_vs_first_pct"]) == 0.0
+
+    md = (out / "comparison.md").read_text()
+    assert "## Over seeds 3, 5" in md and f"{statistics.fmean(paired):+.2f} %" in md
+    assert "| sync seed 3 |" in md and "| q4 seed 5 |" in md  # every run's own row too
+    html = (out / "report.html").read_text()
+    assert "Over seeds" in html and f"{statistics.fmean(paired):+.2f} %" in html
+    # a comparison without seeds in the same folder leaves no stale table over seeds behind
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--overwrite",
+                 "--variant", "--algorithm sync"]) == 0
+    assert not (out / "comparison_seeds.csv").exists() and "Over seeds" not in (out / "comparison.md").read_text()
+
+
+@pytest.mark.parametrize("seeds, words", [
+    ("0,x", "'x' is not a seed"),
+    ("1,2,1", "seed(s) [1] more than once"),
+    ("-1", "'-1' is not a seed"),
+    ("", "'' is not a seed"),
+])
+def test_bad_seeds_are_named(tmp_path, data_dir, capsys, seeds, words):
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", seeds,
+                 "--variant", "--algorithm sync"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and "--seeds" in err[0], err
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_variant_with_its_own_seed_is_refused_with_seeds(tmp_path, data_dir, capsys):
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", "0,1",
+                 "--variant", "--algorithm sync", "--variant", "--name pinned --seed 7"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "['pinned'] set their own --seed" in err and "0,1" in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_seeds_in_the_config_file(tmp_path, data_dir):
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text("task: digits-logreg\nworkers: 2\nsteps: 2\neval_every: 2\nseeds: [0, 1]\n"
+                   "variants:\n  - {algorithm: sync}\n")
+    assert main(["compare", "--config", str(cfg), "--data-dir", str(data_dir), "--out", str(tmp_path / "c")]) == 0
+    assert sorted(p.name for p in (tmp_path / "c").iterdir() if p.is_dir()) == ["sync-seed0", "sync-seed1"]
+    # gradwire run takes the comparison's common keys, as it takes them beside `variants`
+    assert main(["run", "--config", str(cfg), "--data-dir", str(data_dir), "--out", str(tmp_path / "r")]) == 0
+
+
+def summary(status, loss, mb=1.0):
+    return {"status": status, "bytes_sent": mb * 1e6, "sim_time_s": 1.0,
+            "final": None if loss is None else {"test_loss": loss, "test_acc": 0.5}}
+
+
+def test_runs_that_did_not_finish_are_left_out_of_the_figures():
+    base = [summary("finished", 2.0), summary("finished", 4.0), summary("finished", 3.0)]
+    other = [summary("finished", 2.2), summary("diverged", math.nan), summary("stopped", 3.3)]
+    rows = seed_rows([0, 1, 2], ["base", "other"], [base, other])
+    assert rows[0]["finished"] == 3 and rows[1]["finished"] == 1
+    assert rows[0]["test_loss_mean"] == pytest.approx(3.0) and rows[0]["test_loss_sd"] == pytest.approx(1.0)
+    assert rows[1]["test_loss_mean"] == pytest.approx(2.2) and rows[1]["test_loss_sd"] is None  # one value
+    assert rows[1]["test_loss_vs_first_pct"] == pytest.approx(10.0)  # seed 0 only: 2.2 against 2.0
+    # a variant that finished no seed has no figures, rather than zeros
+    rows = seed_rows([0], ["base", "gone"], [[summary("finished", 2.0)], [summary("diverged", None)]])
+    assert "test_loss_mean" not in rows[1] and rows[1]["finished"] == 0
+
+
+def test_the_mean_curve_averages_the_steps_every_seed_reached():
+    a = [{"step": 0, "train_loss": 4.0, "bytes_sent": 0}, {"step": 2, "train_loss": 2.0, "bytes_sent": 10},
+         {"step": 4, "train_loss": 1.0, "bytes_sent": 20}]
+    b = [{"step": 0, "train_loss": 6.0, "bytes_sent": 0}, {"step": 2, "train_loss": 3.0, "bytes_sent": 10,
+                                                           "test_loss": 1.0}]  # diverged after step 2
+    curve = mean_curve([a, b])
+    assert [r["step"] for r in curve] == [0, 2]
+    assert [r["train_loss"] for r in curve] == [5.0, 2.5]
+    assert "test_loss" not in curve[1]  # recorded by one seed only: no mean of it
