@@ -214,16 +214,17 @@ def variants_of(ns, parser) -> tuple[RunConfig, list[RunConfig]]:
     require_named(common.out)
     root = Path(common.out)
     seeds = seeds_of(ns)
-    if len(seeds) > 1:
+    if seeds:
         pinned = [c.label() for c in specs if c.seed != common.seed]
         if pinned:
             raise ConfigError(f"variant(s) {pinned} set their own --seed; with --seeds every variant runs every "
                               f"seed ({','.join(map(str, seeds))}): drop the variant's --seed")
-        # seed-major: an interrupted comparison leaves whole seeds, every variant paired
+    if len(seeds) > 1:  # seed-major: an interrupted comparison leaves whole seeds, every variant paired
         specs = [c.replace(seed=s, name=f"{c.label()} seed {s}", out=str(root / f"{_slug(c.label())}-seed{s}"))
                  for s in seeds for c in specs]
-    else:
-        specs = [c.replace(out=str(root / _slug(c.label()))) for c in specs]
+    else:  # one seed (--seeds 5: as --seed 5) or none
+        specs = [c.replace(out=str(root / _slug(c.label())), **({"seed": seeds[0]} if seeds else {}))
+                 for c in specs]
     for c in specs:
         c.validate()
     return common, specs

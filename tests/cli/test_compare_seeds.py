@@ -114,3 +114,11 @@ def test_the_mean_curve_averages_the_steps_every_seed_reached():
     assert [r["step"] for r in curve] == [0, 2]
     assert [r["train_loss"] for r in curve] == [5.0, 2.5]
     assert "test_loss" not in curve[1]  # recorded by one seed only: no mean of it
+
+
+def test_one_seed_is_that_seed(tmp_path, data_dir):
+    out = tmp_path / "c"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--seeds", "7",
+                 "--variant", "--algorithm sync"]) == 0
+    assert json.loads((out / "sync" / "config.json").read_text())["seed"] == 7
+    assert not (out / "comparison_seeds.csv").exists()
