@@ -195,30 +195,39 @@ def cmd_run(ns) -> int:
 def variants_of(ns, parser) -> tuple[RunConfig, list[RunConfig]]:
     common = _config_from(ns)
     specs: list[RunConfig] = []
+    own_seed: list[bool] = []  # whether the variant sets its own seed (which --seeds would override)
     file_variants = read_config_file(ns.config).get("variants", []) if getattr(ns, "config", None) else []
     for v in file_variants:
         if not isinstance(v, dict):
             raise ConfigError(f"each entry of 'variants' in {ns.config} must be a mapping of config keys")
         specs.append(from_mapping(v, common))
+        own_seed.append("seed" in v)
     for text in ns.variant or []:
         sub = parser.parse_args(shlex.split(text))
         specs.append(_config_from(sub, common))
+        own_seed.append("seed" in vars(sub) or bool(sub.config and "seed" in read_config_file(sub.config)))
     if not specs:
         raise ConfigError("compare needs at least one --variant (or a 'variants' list in the config file)")
     labels = [c.label() for c in specs]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
         raise ConfigError(f"variants share the label(s) {dupes}; give each a distinct --name")
+    folders: dict[str, str] = {}
+    for label in labels:  # one folder per variant: labels that differ only where _slug rewrites would share one
+        other = folders.setdefault(_slug(label).casefold(), label)
+        if other != label:
+            raise ConfigError(f"variants {other!r} and {label!r} would share the folder {_slug(label)!r}; "
+                              "give them names that differ in letters or digits")
     if not _out_given(ns):
         common = common.replace(out=fresh_out("compare", common))
     require_named(common.out)
     root = Path(common.out)
     seeds = seeds_of(ns)
     if seeds:
-        pinned = [c.label() for c in specs if c.seed != common.seed]
+        pinned = [c.label() for c, own in zip(specs, own_seed, strict=True) if own]
         if pinned:
-            raise ConfigError(f"variant(s) {pinned} set their own --seed; with --seeds every variant runs every "
-                              f"seed ({','.join(map(str, seeds))}): drop the variant's --seed")
+            raise ConfigError(f"variant(s) {pinned} set their own seed; with --seeds every variant runs every "
+                              f"seed ({','.join(map(str, seeds))}): drop the variant's seed")
     if len(seeds) > 1:  # seed-major: an interrupted comparison leaves whole seeds, every variant paired
         specs = [c.replace(seed=s, name=f"{c.label()} seed {s}", out=str(root / f"{_slug(c.label())}-seed{s}"))
                  for s in seeds for c in specs]
@@ -243,7 +252,7 @@ def seeds_of(ns) -> list[int]:
     seeds = []
     for item in items:
         value = str(item).strip()
-        if not re.fullmatch(r"\d+", value) or int(value) >= 2**63:
+        if not re.fullmatch(r"\d{1,19}", value) or int(value) >= 2**63:
             raise ConfigError(f"{where}={text!r}: {value!r} is not a seed (an integer in [0, 2**63)); give e.g. 0,1,2")
         seeds.append(int(value))
     if not seeds:

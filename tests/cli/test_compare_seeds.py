@@ -49,10 +49,33 @@ def test_every_variant_runs_every_seed_and_the_table_pairs_them(tmp_path, data_d
     assert "| sync seed 3 |" in md and "| q4 seed 5 |" in md  # every run's own row too
     html = (out / "report.html").read_text()
     assert "Over seeds" in html and f"{statistics.fmean(paired):+.2f} %" in html
-    # a comparison without seeds in the same folder leaves no stale table over seeds behind
+    # a comparison without seeds in the same folder leaves no stale table over seeds behind, and its
+    # page, drawn again later, shows its own run only (the seeds' folders are still there)
     assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--overwrite",
                  "--variant", "--algorithm sync"]) == 0
     assert not (out / "comparison_seeds.csv").exists() and "Over seeds" not in (out / "comparison.md").read_text()
+    assert (out / "sync-seed3").is_dir()
+    assert main(["report", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert "sync seed 3" not in html and "1 variants on the same task" in html
+
+
+def test_the_plot_shows_each_variants_own_mean_curve(tmp_path, data_dir, monkeypatch):
+    from gradwire.report import compare
+
+    drawn = {}
+    real = compare.plot_runs
+    monkeypatch.setattr(compare, "plot_runs", lambda curves, *a, **k: drawn.update(curves) or real(curves, *a, **k))
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--seeds", "0,1,2",
+                 "--variant", "--algorithm sync", "--variant", "--name q4 --compressor qsgd:levels=4"]) == 0
+    assert sorted(drawn) == ["q4 (mean of 3 seeds)", "sync (mean of 3 seeds)"]
+    for name in ("sync", "q4"):
+        runs = [[json.loads(line) for line in (out / f"{name}-seed{s}" / "metrics.jsonl").read_text().splitlines()]
+                for s in (0, 1, 2)]
+        assert drawn[f"{name} (mean of 3 seeds)"] == mean_curve(runs)
+        assert drawn[f"{name} (mean of 3 seeds)"][-1]["test_loss"] == pytest.approx(
+            statistics.fmean(final(out / f"{name}-seed{s}") for s in (0, 1, 2)))
 
 
 @pytest.mark.parametrize("seeds, words", [
@@ -60,6 +83,7 @@ def test_every_variant_runs_every_seed_and_the_table_pairs_them(tmp_path, data_d
     ("1,2,1", "seed(s) [1] more than once"),
     ("-1", "'-1' is not a seed"),
     ("", "'' is not a seed"),
+    ("1" * 5000, "is not a seed"),  # too long for a seed: the same one line, no traceback
 ])
 def test_bad_seeds_are_named(tmp_path, data_dir, capsys, seeds, words):
     assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", seeds,
@@ -69,17 +93,27 @@ def test_bad_seeds_are_named(tmp_path, data_dir, capsys, seeds, words):
     assert not (tmp_path / "c").exists()
 
 
-def test_a_variant_with_its_own_seed_is_refused_with_seeds(tmp_path, data_dir, capsys):
-    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", "0,1",
-                 "--variant", "--algorithm sync", "--variant", "--name pinned --seed 7"]) == 2
+@pytest.mark.parametrize("seeds, own", [("0,1", "7"), ("0,1", "0"), ("5", "0")])
+def test_a_variant_with_its_own_seed_is_refused_with_seeds(tmp_path, data_dir, capsys, seeds, own):
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", seeds,
+                 "--variant", "--algorithm sync", "--variant", f"--name pinned --seed {own}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "['pinned'] set their own --seed" in err and "0,1" in err
+    assert "['pinned'] set their own seed" in err and f"({seeds})" in err
     assert not (tmp_path / "c").exists()
 
 
-def test_seeds_in_the_config_file(tmp_path, data_dir):
+def test_variants_that_would_share_a_folder_are_refused(tmp_path, data_dir, capsys):
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", "0,1",
+                 "--variant", "--name 'a b'", "--variant", "--name a_b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'a b' and 'a_b' would share the folder 'a_b'" in err
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("seeds", ["[0, 1]", "'0,1'"])
+def test_seeds_in_the_config_file(tmp_path, data_dir, seeds):
     cfg = tmp_path / "cmp.yaml"
-    cfg.write_text("task: digits-logreg\nworkers: 2\nsteps: 2\neval_every: 2\nseeds: [0, 1]\n"
+    cfg.write_text(f"task: digits-logreg\nworkers: 2\nsteps: 2\neval_every: 2\nseeds: {seeds}\n"
                    "variants:\n  - {algorithm: sync}\n")
     assert main(["compare", "--config", str(cfg), "--data-dir", str(data_dir), "--out", str(tmp_path / "c")]) == 0
     assert sorted(p.name for p in (tmp_path / "c").iterdir() if p.is_dir()) == ["sync-seed0", "sync-seed1"]
@@ -100,9 +134,12 @@ def test_runs_that_did_not_finish_are_left_out_of_the_figures():
     assert rows[0]["test_loss_mean"] == pytest.approx(3.0) and rows[0]["test_loss_sd"] == pytest.approx(1.0)
     assert rows[1]["test_loss_mean"] == pytest.approx(2.2) and rows[1]["test_loss_sd"] is None  # one value
     assert rows[1]["test_loss_vs_first_pct"] == pytest.approx(10.0)  # seed 0 only: 2.2 against 2.0
+    assert rows[1]["mb_sent"] == 1.0  # of the finished run only
+    other[0]["bytes_sent"] = 3e6
+    assert seed_rows([0, 1, 2], ["base", "other"], [base, other])[1]["mb_sent"] == 3.0
     # a variant that finished no seed has no figures, rather than zeros
     rows = seed_rows([0], ["base", "gone"], [[summary("finished", 2.0)], [summary("diverged", None)]])
-    assert "test_loss_mean" not in rows[1] and rows[1]["finished"] == 0
+    assert "test_loss_mean" not in rows[1] and rows[1]["finished"] == 0 and rows[1]["mb_sent"] is None
 
 
 def test_the_mean_curve_averages_the_steps_every_seed_reached():

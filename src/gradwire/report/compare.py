@@ -53,17 +53,19 @@ def _finished_value(summary: dict, key: str) -> float | None:
 
 def seed_rows(seeds: list[int], labels: list[str], summaries: list[list[dict]]) -> list[dict]:
     """One row per variant: over the seeds its runs finished, the mean, sample standard deviation,
-    least and greatest of each final quantity, and the paired relative difference from the first
-    variant (``100 (v_s / b_s - 1)`` per seed s where both finished: the seeds pair the runs, which
-    start from the same model and draw the same batches) as its mean, least and greatest.
+    least and greatest of each final quantity (and the mean MB sent and time), and the paired
+    relative difference from the first variant (``100 (v_s / b_s - 1)`` per seed s where both
+    finished and b_s is not 0: the seeds pair the runs, which start from the same model and draw
+    the same batches) as its mean, least and greatest. A run that did not finish is left out of
+    every figure.
     ``summaries[v][k]``: variant v's run with ``seeds[k]``."""
     base = summaries[0]
     rows = []
     for label, runs in zip(labels, summaries, strict=True):
-        row = {"label": label, "seeds": len(seeds),
-               "finished": sum(s.get("status") == "finished" for s in runs),
-               "mb_sent": statistics.fmean(s["bytes_sent"] / 1e6 for s in runs),
-               "sim_time_s": statistics.fmean(s["sim_time_s"] for s in runs)}
+        done = [s for s in runs if s.get("status") == "finished"]
+        row = {"label": label, "seeds": len(seeds), "finished": len(done),
+               "mb_sent": statistics.fmean(s["bytes_sent"] / 1e6 for s in done) if done else None,
+               "sim_time_s": statistics.fmean(s["sim_time_s"] for s in done) if done else None}
         for key, _ in SEED_METRICS:
             values = [v for v in (_finished_value(s, key) for s in runs) if v is not None]
             if not values:
@@ -96,7 +98,8 @@ def mean_curve(curves: list[list[dict]]) -> list[dict]:
 
 SEEDS_NOTE = ("Each variant ran once per seed; a seed gives every variant the same initial model, batches and "
               "draws, so the runs pair up. \"vs first\" is 100 (v / b − 1) % per seed against the first variant, "
-              "over the seeds both finished. The standard deviation is the sample one (n − 1).")
+              "over the seeds both finished (and where the first variant's value is not 0). A run that did not "
+              "finish is left out of every figure. The standard deviation is the sample one (n − 1).")
 
 
 def seed_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:

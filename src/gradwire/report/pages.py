@@ -10,6 +10,7 @@ written before timelines existed gets a page without one.
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from pathlib import Path
@@ -216,9 +217,9 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
     over_seeds = []
     if seeds.exists():  # gradwire compare --seeds: every variant once per seed
         over_seeds = [Heading("Over seeds"), Paragraph(SEEDS_NOTE), Table(*seed_cells(read_seed_rows(seeds)))]
-    what = "runs (variants times seeds)" if over_seeds else "variants"
-    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve()}: {len(runs)} {what} on the same task"
-                        + (" and partition." if over_seeds else ", seed and partition.")),
+    what = ("runs (every variant once per seed) on the same task; the runs of one seed share the initial model, "
+            "batches and partition" if over_seeds else "variants on the same task, seed and partition")
+    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve()}: {len(runs)} {what}."),
               Heading("Summary"), _summary_table(runs), *over_seeds, Heading("Curves"),
               *_curves(runs, "all variants", Path(folder) / "comparison.png"),
               Heading("Timelines"), Paragraph("Each variant's first steps, one under the other on the same time axis."),
@@ -235,13 +236,14 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
 def variant_dirs(folder: Path) -> list[Path]:
     """A comparison folder's variant run folders, in comparison.csv's order where it names them."""
     found = sorted(d for d in Path(folder).iterdir() if d.is_dir() and is_run(d))
-    order = []
-    csv = Path(folder) / "comparison.csv"
-    if csv.exists():
-        labels = [line.split(",")[0] for line in csv.read_text().splitlines()[1:]]
-        by_label = {read_json_or_empty(d / "summary.json").get("label"): d for d in found}
-        order = [by_label[x] for x in labels if x in by_label]
-    return order + [d for d in found if d not in order]
+    table = Path(folder) / "comparison.csv"
+    if not table.exists():  # a comparison still running (or stopped before its report): every run in it
+        return found
+    with open(table, newline="") as f:
+        labels = [row[0] for row in list(csv.reader(f))[1:] if row]
+    by_label = {read_json_or_empty(d / "summary.json").get("label"): d for d in found}
+    # only the runs of the comparison the table is of: an earlier comparison's folders may remain beside them
+    return [by_label[x] for x in labels if x in by_label]
 
 
 def write_report(folder: str | Path, run_dirs: list[Path] | None = None, *, out: str | Path | None = None,
