@@ -150,7 +150,9 @@ def test_the_mean_curve_averages_the_steps_every_seed_reached():
     curve = mean_curve([a, b])
     assert [r["step"] for r in curve] == [0, 2]
     assert [r["train_loss"] for r in curve] == [5.0, 2.5]
-    assert "test_loss" not in curve[1]  # recorded by one seed only: no mean of it
+    assert [(r["train_loss:lo"], r["train_loss:hi"]) for r in curve] == [(4.0, 6.0), (2.0, 3.0)]
+    assert "test_loss" not in curve[1] and "test_loss:lo" not in curve[1]  # one seed only: no mean of it
+    assert "bytes_sent:lo" not in curve[1]  # an x-axis: its mean only
 
 
 def test_one_seed_is_that_seed(tmp_path, data_dir):

@@ -43,3 +43,18 @@ def test_the_test_loss_has_a_row_where_the_runs_recorded_it(tmp_path, monkeypatc
     lm, plain = figures
     assert [ax.get_ylabel() for ax in lm.axes[::3]] == ["training objective", "test loss", "test accuracy"]
     assert [ax.get_ylabel() for ax in plain.axes[::3]] == ["training objective", "test accuracy"]
+
+
+def test_a_range_over_seeds_is_shaded(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    banded = [dict(r, **{"train_loss:lo": r["train_loss"] - 0.1, "train_loss:hi": r["train_loss"] + 0.2})
+              for r in records([5.6, 3.1, 2.2])]
+    plot_runs({"mean": banded}, tmp_path / "band.png")
+    plot_runs({"one": records([5.6, 3.1, 2.2])}, tmp_path / "line.png")
+    band, line = figures
+    assert [len(ax.collections) for ax in band.axes[:3]] == [1, 1, 1]  # the objective's row, every x-axis
+    assert all(not ax.collections for ax in band.axes[3:])  # no range given for the accuracy
+    assert all(not ax.collections for ax in line.axes)
+    ys = band.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(2.1) and ys.max() == pytest.approx(5.8)  # from the least lo to the greatest hi

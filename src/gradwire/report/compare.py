@@ -82,9 +82,14 @@ def seed_rows(seeds: list[int], labels: list[str], summaries: list[list[dict]]) 
     return rows
 
 
+# the quantities whose range over seeds the plot shades (KEY:lo .. KEY:hi)
+BANDS = ("train_loss", "test_loss", "test_acc", "suboptimality")
+
+
 def mean_curve(curves: list[list[dict]]) -> list[dict]:
     """The seeds' curves averaged: at each step every curve evaluated, the mean of each number
-    they all recorded there (steps some seed lacks, as after a divergence, are left out)."""
+    they all recorded there (steps some seed lacks, as after a divergence, are left out), and for
+    the plotted quantities (:data:`BANDS`) their least and greatest as ``KEY:lo`` and ``KEY:hi``."""
     by_step = [{rec["step"]: rec for rec in recs if "step" in rec} for recs in curves]
     steps = sorted(set.intersection(*(set(s) for s in by_step))) if by_step else []
     out = []
@@ -92,7 +97,11 @@ def mean_curve(curves: list[list[dict]]) -> list[dict]:
         recs = [s[step] for s in by_step]
         keys = [k for k, v in recs[0].items() if _finite(v) and not isinstance(v, bool)
                 and all(_finite(r.get(k)) for r in recs)]
-        out.append({k: statistics.fmean(r[k] for r in recs) for k in keys} | {"step": step})
+        row = {k: statistics.fmean(r[k] for r in recs) for k in keys} | {"step": step}
+        for k in BANDS:
+            if k in keys:
+                row[f"{k}:lo"], row[f"{k}:hi"] = min(r[k] for r in recs), max(r[k] for r in recs)
+        out.append(row)
     return out
 
 

@@ -51,7 +51,9 @@ def log_worthy(values: Iterable[float]) -> bool:
 def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = "", *,
               backends: Iterable[str] = ("sim",)) -> Path:
     """One PNG with a grid: a row per quantity, a column per x-axis, a line per run. ``backends``:
-    those the runs used (config.json's ``backend``), which name the time axis."""
+    those the runs used (config.json's ``backend``), which name the time axis. A record holding
+    ``KEY:lo`` and ``KEY:hi`` beside ``KEY`` (a mean over seeds: ``report.compare.mean_curve``)
+    gets the band between them shaded in the line's colour."""
     rows = _rows(records_by_label)
     columns = [(k, time_label(backends) if k == "sim_time_s" else x, s) for k, x, s in AXES]
     fig, axes = plt.subplots(len(rows), len(columns), figsize=(4.2 * len(columns), 3.0 * len(rows)),
@@ -66,7 +68,13 @@ def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = 
                 if log:
                     pts = [(x, y) for x, y in pts if y > 0]
                 if pts:
-                    ax.plot(*zip(*pts), label=label, marker="." if len(pts) < 30 else None)
+                    (line,) = ax.plot(*zip(*pts), label=label, marker="." if len(pts) < 30 else None)
+                    band = [(rec[xkey] * scale, rec[f"{key}:lo"], rec[f"{key}:hi"]) for rec in recs
+                            if rec.get(key) is not None and f"{key}:lo" in rec and f"{key}:hi" in rec
+                            and not (log and rec[f"{key}:lo"] <= 0)]
+                    if band:
+                        xs, lo, hi = zip(*band)
+                        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
             if log:
                 ax.set_yscale("log")
             ax.set_xlabel(xlabel)
