@@ -76,6 +76,14 @@ def test_the_plot_shows_each_variants_own_mean_curve(tmp_path, data_dir, monkeyp
         assert drawn[f"{name} (mean of 3 seeds)"] == mean_curve(runs)
         assert drawn[f"{name} (mean of 3 seeds)"][-1]["test_loss"] == pytest.approx(
             statistics.fmean(final(out / f"{name}-seed{s}") for s in (0, 1, 2)))
+    # the page drawn again later, without an up-to-date comparison.png, draws the same mean curves
+    from gradwire.report import pages
+
+    again = {}
+    monkeypatch.setattr(pages, "plot_runs", lambda curves, *a, **k: again.update(curves) or real(curves, *a, **k))
+    (out / "comparison.png").unlink()
+    assert main(["report", str(out)]) == 0
+    assert again == drawn
 
 
 @pytest.mark.parametrize("seeds, words", [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 import matplotlib
@@ -21,7 +22,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gradwire.errors import ConfigError  # noqa: E402
-from gradwire.report.compare import COLUMNS, SEEDS_CSV, SEEDS_NOTE, read_seed_rows, row_of, seed_cells  # noqa: E402
+from gradwire.report.compare import (  # noqa: E402
+    COLUMNS,
+    SEEDS_CSV,
+    SEEDS_NOTE,
+    mean_curve,
+    read_seed_rows,
+    row_of,
+    seed_cells,
+)
 from gradwire.report.gantt import plot_timeline, window_end  # noqa: E402
 from gradwire.report.html import Heading, Image, Paragraph, Preformatted, Row, Table, write_page  # noqa: E402
 from gradwire.report.plots import plot_runs, time_label  # noqa: E402
@@ -88,16 +97,21 @@ def _fresh(png: Path, runs: list[RunData]) -> bool:
     return png.stat().st_mtime >= newest
 
 
-def _curves(runs: list[RunData], title: str, drawn: Path | None = None) -> list:
-    """The curves, from ``drawn`` (curves.png, comparison.png: the same plot) when it is up to date."""
+def _curves(runs: list[RunData], title: str, drawn: Path | None = None, variants: list[str] | None = None) -> list:
+    """The curves, from ``drawn`` (curves.png, comparison.png: the same plot) when it is up to date.
+    ``variants`` (a comparison over seeds): drawn again, each variant's mean over its runs "V seed S"."""
     with_metrics = [r for r in runs if r.metrics]
     if not with_metrics:
         return [Paragraph("No evaluations recorded (metrics.jsonl is empty or missing).")]
+    curves = {r.label: r.metrics for r in with_metrics}
+    if variants:
+        groups = {v: [r.metrics for r in with_metrics if re.fullmatch(re.escape(v) + r" seed \d+", r.label)]
+                  for v in variants}
+        curves = {f"{v} (mean of {len(g)} seeds)": mean_curve(g) for v, g in groups.items() if g}
     if drawn is not None and _fresh(drawn, with_metrics):
         png = drawn.read_bytes()
     else:
-        png = _png(lambda buf: plot_runs({r.label: r.metrics for r in with_metrics}, buf, title,
-                                         backends=[r.backend for r in with_metrics]))
+        png = _png(lambda buf: plot_runs(curves, buf, title, backends=[r.backend for r in with_metrics]))
     return [Image(png, alt=f"loss and accuracy against steps, bytes and time: {title}",
                   caption="Rows: training objective (and f - f* where known), test loss, test accuracy; columns: "
                           "against steps, MB sent, and time.")]
@@ -214,14 +228,16 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
                         and len({json.dumps(x.config.get(k), sort_keys=True) for x in runs}) > 1})
     common = {k: v for k, v in runs[0].config.items() if k not in differing and k not in ("out", "name")}
     seeds = Path(folder) / SEEDS_CSV
-    over_seeds = []
+    over_seeds, variants = [], None
     if seeds.exists():  # gradwire compare --seeds: every variant once per seed
-        over_seeds = [Heading("Over seeds"), Paragraph(SEEDS_NOTE), Table(*seed_cells(read_seed_rows(seeds)))]
+        table = read_seed_rows(seeds)
+        variants = [str(r["label"]) for r in table]
+        over_seeds = [Heading("Over seeds"), Paragraph(SEEDS_NOTE), Table(*seed_cells(table))]
     what = ("runs (every variant once per seed) on the same task; the runs of one seed share the initial model, "
             "batches and partition" if over_seeds else "variants on the same task, seed and partition")
     blocks = [Paragraph(f"Comparison folder {Path(folder).resolve()}: {len(runs)} {what}."),
               Heading("Summary"), _summary_table(runs), *over_seeds, Heading("Curves"),
-              *_curves(runs, "all variants", Path(folder) / "comparison.png"),
+              *_curves(runs, "all variants", Path(folder) / "comparison.png", variants),
               Heading("Timelines"), Paragraph("Each variant's first steps, one under the other on the same time axis."),
               *[b for i, r in enumerate(runs) for b in _timeline_blocks(r, xmax, caption=i == len(runs) - 1)],
               Heading("Workers"), *_worker_table(runs),
