@@ -18,15 +18,15 @@ The comparison with ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook`
   before P = M Q, P orthogonalised after its allreduce, Q = M^T P averaged (divided by the world
   size), M~ = P Q^T, error = local M - M~, warm start; epsilon 0.
 * What differs and is only rounding: PyTorch sums P and does not divide it by the world size (the
-  orthogonalisation does not care: exact for 2 ranks, a power of two); PyTorch orthogonalises with
-  its Gram-Schmidt for rank <= 2 and Householder QR (``torch.linalg.qr``) above, gradwire always
-  with its own Gram-Schmidt (QR may flip the sign of a column of P or Q, which P Q^T does not see);
+  orthogonalisation does not care: exact for 2 ranks, a power of two); both orthogonalise with
+  Gram-Schmidt for rank <= 2 and Householder QR (``torch.linalg.qr``) above, gradwire fixing each
+  column's sign and PyTorch not (a flipped column of P or Q, which P Q^T does not see);
   PyTorch also keeps, for the uncompressed tensors, the error "local minus mean", which sums to zero
   over the ranks, so the mean it adds back is zero up to rounding; gradwire keeps none there.
 
 Measured (recorded in docs/powersgd.md), SGD with momentum 0.9, the first 2 steps uncompressed:
 the largest parameter difference is 1.5e-8 after step 3 and 3e-8 after step 10 (a float32 ulp of
-these parameters), 1.1e-5 after step 30 (rank 2; rank 4, where PyTorch uses QR: 1.5e-5), the
+these parameters), 1.1e-5 after step 30 (rank 2; rank 4, where both use QR: 6e-8 and 5e-6), the
 rounding amplified by the power iteration; plain DDP differs from PyTorch's PowerSGD by 1e-3 to
 7e-3 at the same steps, over 100 times more (checked), so the comparison can tell them apart.
 """
