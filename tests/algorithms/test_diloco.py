@@ -89,27 +89,27 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
 
     alg.replicas.sgd_step = recorded
     sent: dict[int, tuple[torch.Tensor, int]] = {}  # fragment -> (Δ, the step it was sent at)
+
+    def merge(p, x):
+        a, b = ranges[p]
+        theta[p].grad = sent.pop(p)[0].clone()
+        outer[p].step()
+        for k in x:
+            x[k][a:b] = alpha * x[k][a:b] + (1 - alpha) * theta[p].detach()
+
     merges = 0
     for step in range(1, 25):
         r.train_step()
         x = dict(after_inner)
-
-        def merge(p):
-            a, b = ranges[p]
-            theta[p].grad = sent.pop(p)[0].clone()
-            outer[p].step()
-            for k in x:
-                x[k][a:b] = alpha * x[k][a:b] + (1 - alpha) * theta[p].detach()
-
         for p in sorted(sent):
             if sent[p][1] + tau == step:
-                merge(p)
+                merge(p, x)
                 merges += 1
         for p, (a, b) in enumerate(ranges):
             if (step - p * h // fragments) % h == 0:
                 sent[p] = (sum(theta[p].detach() - x[k][a:b] for k in x) / len(x), step)
                 if tau == 0:
-                    merge(p)
+                    merge(p, x)
                     merges += 1
         for p, (a, b) in enumerate(ranges):
             torch.testing.assert_close(alg.theta[a:b], theta[p].detach(), rtol=0, atol=1e-12,

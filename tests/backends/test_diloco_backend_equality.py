@@ -26,3 +26,25 @@ def test_sim_and_torch_backends_agree(tmp_path, data_dir, nproc, extra):
     torch.testing.assert_close([r["train_loss"] for r in real], [r["train_loss"] for r in sim], rtol=1e-5, atol=1e-6)
     assert [r["bytes_sent"] for r in real] == [r["bytes_sent"] for r in sim]
     assert real[-1]["train_loss"] < real[0]["train_loss"]
+
+
+@pytest.mark.timeout(300)
+def test_quantised_outer_gradients_travel_while_the_next_steps_compute(tmp_path, data_dir):
+    """qsgd payloads are not summable: their all-gather is started with ``async_op`` and waited for
+    only when the round merges, τ = 2 steps later. Each rank's timeline shows the all-gather in flight
+    (OVERLAP, recorded only by a collective left running) across a whole inner step's compute."""
+    from gradwire.report.timeline import COMPUTE, OVERLAP, read_timeline
+    from tests.backends.processes import launch
+
+    args = COMMON + ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=4,fragments=2,overlap=2",
+                     "--compressor", "qsgd:levels=8,bucket=128"]
+    p = launch(2, args, tmp_path / "run", data_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs, _ = read_timeline(tmp_path / "run", overlapped=False)
+    for worker in (0, 1):
+        mine = recs[recs["worker"] == worker]
+        flights = mine[mine["kind"] == OVERLAP]
+        computes = mine[mine["kind"] == COMPUTE]
+        assert len(flights) >= 4, worker  # a round per fragment every 4 steps, from step 2 on
+        covered = [f for f in flights if any(f["start"] <= c["start"] and c["end"] <= f["end"] for c in computes)]
+        assert len(covered) >= 4, (worker, flights[["step", "start", "end"]])

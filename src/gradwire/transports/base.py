@@ -128,8 +128,9 @@ class Transport(ABC):
     def allgather_start(self, buffers: dict[int, torch.Tensor], ranks: Sequence[int] | None = None, *,
                         size: int | None = None) -> Handle:
         """Start ``allgather`` without blocking, as ``allreduce_mean_start``; ``handle.wait()``
-        returns the buffers. This default runs the blocking collective (the torch backend does:
-        the same numbers, no overlap); the simulator overlaps it with computation."""
+        returns the buffers. This default runs the blocking collective (the threads backend does:
+        the same numbers, no overlap); the simulator and the torch backend overlap it with
+        computation."""
         return Handle(self.allgather(buffers, ranks, size=size))
 
     @abstractmethod

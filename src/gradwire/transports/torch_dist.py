@@ -94,19 +94,22 @@ def init_from_env(timeout_s: float, device: torch.device | None = None) -> None:
 
 
 class _TorchHandle(Handle):
-    def __init__(self, work, tensor: torch.Tensor, n: int, out_dtype: torch.dtype, transport: TorchTransport):
-        super().__init__(tensor)
-        self.work, self.n, self.out_dtype, self.transport = work, n, out_dtype, transport
+    """A collective started with ``async_op=True``: ``wait()`` waits for ``work`` (bounded by the
+    group's timeout), records the interval in flight, and returns ``finish()``, once."""
+
+    def __init__(self, work, finish, transport: TorchTransport, what: str):
+        super().__init__(None)
+        self.work, self.finish, self.transport, self.what = work, finish, transport, what
         self.done = False
         self.started = transport.timeline.now() if transport.timeline.enabled else 0.0
 
-    def wait(self) -> torch.Tensor:
+    def wait(self):
         if not self.done:
-            self.transport._guard(self.work.wait, "allreduce (async)", kind=WAIT)  # what computing did not cover
+            self.transport._guard(self.work.wait, f"{self.what} (async)", kind=WAIT)  # what computing did not cover
             timeline = self.transport.timeline
             timeline.add_many(self.transport.local_ranks, OVERLAP, self.started, timeline.now() if timeline.enabled
                               else 0.0)  # in flight from the start until this wait returned
-            self._result = self._result.div_(self.n).to(self.out_dtype)
+            self._result = self.finish()
             self.done = True
         return self._result
 
@@ -229,7 +232,24 @@ class TorchTransport(Transport):
                            kind=None)
         n = len(ranks)
         self.bytes_sent += 2 * (n - 1) * mine.numel() * mine.element_size()
-        return _TorchHandle(work, acc, n, mine.dtype, self)
+        return _TorchHandle(work, lambda: acc.div_(n).to(mine.dtype), self, "allreduce")
+
+    def allgather_start(self, buffers, ranks=None, *, size=None):
+        """As :meth:`allgather`, the payloads' all-gather left in flight (``async_op``) so that the
+        caller computes meanwhile (Streaming DiLoCo's compressed outer gradients); without ``size``
+        the sizes are exchanged first, blocking (8 bytes each)."""
+        ranks = self._all(ranks, "allgather")
+        mine = buffers[self.rank]
+        sizes = self._sizes(int(mine.numel()), size)
+        m = max(sizes)
+        padded = torch.zeros(m, dtype=torch.uint8, device=self.device)
+        padded[: mine.numel()] = mine  # a copy: the caller may change its buffer once this returns
+        out = [torch.empty(m, dtype=torch.uint8, device=self.device) for _ in ranks]
+        work = self._guard(lambda: dist.all_gather(out, padded, group=self._world, async_op=True),
+                           "allgather (start)", kind=None)
+        n = len(ranks)
+        self.bytes_sent += (n - 1) * n * m
+        return _TorchHandle(work, lambda: {r: out[i][: sizes[r]] for i, r in enumerate(ranks)}, self, "allgather")
 
     def allgather(self, buffers, ranks=None, *, size=None):
         group, ranks = self._group(ranks, "allgather")
