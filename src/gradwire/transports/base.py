@@ -11,8 +11,9 @@ Every call counts the bytes that cross the wire (``bytes_sent``, every message b
 buffers (``torch.uint8`` for compressed data, dense tensors for summable ones): no Python object
 is ever sent.
 
-``allreduce_mean_start`` is the one non-blocking collective: it returns a :class:`Handle` whose
-``wait()`` gives the result, so an algorithm (DaSGD) can compute while the average travels.
+``allreduce_mean_start`` and ``allgather_start`` are the non-blocking collectives: each returns a
+:class:`Handle` whose ``wait()`` gives the result, so an algorithm (DaSGD, Streaming DiLoCo) can
+compute while the average (or the compressed payloads) travels.
 
 Point-to-point messages (``send`` / ``recv``) carry the server modes (gradwire/servers/): a worker
 talks to ``SERVER``, the parameter server or coordinator (process 0 on a real backend), which
