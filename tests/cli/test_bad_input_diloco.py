@@ -25,6 +25,9 @@ from gradwire.cli import main
                                       "AdamW's are the spec's beta1, beta2 and weight_decay"),
     ("diloco", ["--error-feedback"], "--error-feedback needs --compressor"),
     ("diloco", ["--compressor", "qsgd:levels=0"], "levels"),
+    ("streaming-diloco:inner_steps=4", ["--compressor", "powersgd:rank=2"],
+     "--compressor powersgd:rank=2 averages gradients by allreduce itself: it runs with sync (without backups) and "
+     "the DDP hook only"),
 ])
 def test_bad_parameters_are_one_clear_line(tmp_path, data_dir, capsys, spec, flags, needle):
     code = main(["run", "--algorithm", spec, *flags, "--workers", "2", "--steps", "1", "--task", "digits-logreg",
