@@ -102,10 +102,12 @@ class _TorchHandle(Handle):
         self.work, self.finish, self.transport, self.what = work, finish, transport, what
         self.done = False
         self.started = transport.timeline.now() if transport.timeline.enabled else 0.0
+        self.began = time.perf_counter()  # an error's message counts from the start, not from wait()
 
     def wait(self):
         if not self.done:
-            self.transport._guard(self.work.wait, f"{self.what} (async)", kind=WAIT)  # what computing did not cover
+            self.transport._guard(self.work.wait, f"{self.what} (async)", kind=WAIT,  # what computing did not cover
+                                  since=self.began)
             timeline = self.transport.timeline
             timeline.add_many(self.transport.local_ranks, OVERLAP, self.started, timeline.now() if timeline.enabled
                               else 0.0)  # in flight from the start until this wait returned
@@ -188,14 +190,17 @@ class TorchTransport(Transport):
         runs in process ``rank + first_worker_process``."""
         return (self._global[rank] + self.first_worker_process) // self.local_world
 
-    def _guard(self, fn, what: str, kind: int | None = COMM):
-        """Run a collective call; ``kind``: how the local workers' timelines record it (None: not)."""
+    def _guard(self, fn, what: str, kind: int | None = COMM, since: float | None = None):
+        """Run a collective call; ``kind``: how the local workers' timelines record it (None: not);
+        ``since``: when the collective started (``time.perf_counter()``), where that was before this
+        call (a wait for one started earlier), for the error's message."""
         start = time.perf_counter()
         began = self.timeline.now() if self.timeline.enabled else 0.0
         try:
             return fn()
         except RuntimeError as e:  # gloo/NCCL report timeouts and dead peers as RuntimeError
-            raise CommunicationError(f"rank {self.rank}: {what} failed after {time.perf_counter() - start:.1f} s "
+            first = start if since is None else since
+            raise CommunicationError(f"rank {self.rank}: {what} failed after {time.perf_counter() - first:.1f} s "
                                      f"(timeout {self.timeout_s:g} s; a peer is missing or died): "
                                      f"{str(e).splitlines()[0]}") from None
         finally:
