@@ -32,7 +32,8 @@ def test_sim_and_torch_backends_agree(tmp_path, data_dir, nproc, extra):
 def test_quantised_outer_gradients_travel_while_the_next_steps_compute(tmp_path, data_dir):
     """qsgd payloads are not summable: their all-gather is started with ``async_op`` and waited for
     only when the round merges, τ = 2 steps later. Each rank's timeline shows the all-gather in flight
-    (OVERLAP, recorded only by a collective left running) across a whole inner step's compute."""
+    (OVERLAP, recorded only by a collective left running) across a whole inner step's compute. (That
+    its bytes travel before the wait, not only that it is left running, is test_torch_allgather.py's.)"""
     from gradwire.report.timeline import COMPUTE, OVERLAP, read_timeline
     from tests.backends.processes import launch
 
