@@ -50,12 +50,18 @@ def spawn(nproc, args, out, data_dir, env_extra):
                                        "--workers", str(nproc - 1), *args, "--out", str(out), "--data-dir",
                                        str(data_dir), "--timeout-s", "20"],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return finished(procs, timeout=200)
+
+
+def finished(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str]]:
+    """(exit code, stderr) of each process, in order, each waited for at most ``timeout`` seconds
+    (then killed)."""
     results = []
     for p in procs:
         try:
-            out_, err = p.communicate(timeout=200)
+            _, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
-            out_, err = p.communicate()
+            _, err = p.communicate()
         results.append((p.returncode, err))
     return results

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.backends.processes import free_port
+from tests.backends.processes import finished, free_port
 
 SCRIPT = r"""
 import sys, time, torch
@@ -48,12 +48,5 @@ def test_allgather_start_travels_before_wait_and_cuts_each_payload(tmp_path):
                               text=True, env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
                                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"))
              for r in range(2)]
-    results = []
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            _, err = p.communicate()
-        results.append((p.returncode, err[-2000:]))
-    assert [code for code, _ in results] == [0, 0], results
+    results = finished(procs, timeout=90)
+    assert [code for code, _ in results] == [0, 0], [(code, err[-2000:]) for code, err in results]
