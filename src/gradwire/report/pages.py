@@ -103,14 +103,14 @@ def _curves(runs: list[RunData], title: str, drawn: Path | None = None, variants
     with_metrics = [r for r in runs if r.metrics]
     if not with_metrics:
         return [Paragraph("No evaluations recorded (metrics.jsonl is empty or missing).")]
-    curves = {r.label: r.metrics for r in with_metrics}
-    if variants:
-        groups = {v: [r.metrics for r in with_metrics if re.fullmatch(re.escape(v) + r" seed \d+", r.label)]
-                  for v in variants}
-        curves = {f"{v} (mean of {len(g)} seeds)": mean_curve(g) for v, g in groups.items() if g}
     if drawn is not None and _fresh(drawn, with_metrics):
         png = drawn.read_bytes()
     else:
+        curves = {r.label: r.metrics for r in with_metrics}
+        if variants:
+            groups = {v: [r.metrics for r in with_metrics if re.fullmatch(re.escape(v) + r" seed \d+", r.label)]
+                      for v in variants}
+            curves = {f"{v} (mean of {len(g)} seeds)": mean_curve(g) for v, g in groups.items() if g}
         png = _png(lambda buf: plot_runs(curves, buf, title, backends=[r.backend for r in with_metrics]))
     return [Image(png, alt=f"loss and accuracy against steps, bytes and time: {title}",
                   caption="Rows: training objective (and f - f* where known), test loss, test accuracy; columns: "

@@ -239,36 +239,35 @@ class TorchTransport(Transport):
         self.bytes_sent += 2 * (n - 1) * mine.numel() * mine.element_size()
         return _TorchHandle(work, lambda: acc.div_(n).to(mine.dtype), self, "allreduce")
 
+    def _gather_buffers(self, mine: torch.Tensor, size: int | None, count: int):
+        """An all-gather's buffers: (every rank's size, this rank's payload padded to the longest, a
+        buffer of that length per participant). The padded copy lets the caller change ``mine``."""
+        sizes = self._sizes(int(mine.numel()), size)
+        m = max(sizes)
+        padded = torch.zeros(m, dtype=torch.uint8, device=self.device)
+        padded[: mine.numel()] = mine
+        return sizes, padded, [torch.empty(m, dtype=torch.uint8, device=self.device) for _ in range(count)]
+
     def allgather_start(self, buffers, ranks=None, *, size=None):
         """As :meth:`allgather`, the payloads' all-gather left in flight (``async_op``) so that the
         caller computes meanwhile (Streaming DiLoCo's compressed outer gradients); without ``size``
         the sizes are exchanged first, blocking (8 bytes each)."""
         ranks = self._all(ranks, "allgather")
-        mine = buffers[self.rank]
-        sizes = self._sizes(int(mine.numel()), size)
-        m = max(sizes)
-        padded = torch.zeros(m, dtype=torch.uint8, device=self.device)
-        padded[: mine.numel()] = mine  # a copy: the caller may change its buffer once this returns
-        out = [torch.empty(m, dtype=torch.uint8, device=self.device) for _ in ranks]
+        sizes, padded, out = self._gather_buffers(buffers[self.rank], size, len(ranks))
         work = self._guard(lambda: dist.all_gather(out, padded, group=self._world, async_op=True),
                            "allgather (start)", kind=None)
         n = len(ranks)
-        self.bytes_sent += (n - 1) * n * m
+        self.bytes_sent += (n - 1) * n * padded.numel()
         return _TorchHandle(work, lambda: {r: out[i][: sizes[r]] for i, r in enumerate(ranks)}, self, "allgather")
 
     def allgather(self, buffers, ranks=None, *, size=None):
         group, ranks = self._group(ranks, "allgather")
         if group is not self._world and size is None:
             raise NotImplementedError("a subgroup allgather needs the buffer size announced (size=)")
-        mine = buffers[self.rank]
-        sizes = self._sizes(int(mine.numel()), size)
-        m = max(sizes)
-        padded = torch.zeros(m, dtype=torch.uint8, device=self.device)
-        padded[: mine.numel()] = mine
-        out = [torch.empty(m, dtype=torch.uint8, device=self.device) for _ in ranks]
+        sizes, padded, out = self._gather_buffers(buffers[self.rank], size, len(ranks))
         self._guard(lambda: dist.all_gather(out, padded, group=group), "allgather")
         n = len(ranks)
-        self._count((n - 1) * n * m, group, ranks)
+        self._count((n - 1) * n * padded.numel(), group, ranks)
         return {r: out[i][: sizes[r] if group is self._world else size] for i, r in enumerate(ranks)}
 
     def gather(self, buffers, dst, ranks=None, *, size=None):
