@@ -52,6 +52,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's gradwire
 
+from gradwire.algorithms.optim import LR_SCHEDULES  # noqa: E402
+from gradwire.errors import ConfigError  # noqa: E402
 from gradwire.seeding import hash_seed  # noqa: E402
 from gradwire.tasks import build_partition, build_task  # noqa: E402
 from gradwire.tasks.evaluate import evaluate  # noqa: E402
@@ -94,6 +96,19 @@ def powersgd_step_bytes(model: torch.nn.Module, world: int, rank: int, start_ite
     return lambda step: plain if step <= start_iter else compressed
 
 
+def make_optimizer(args, params) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """torch.optim.SGD or AdamW as ``args`` say, and a LambdaLR following gradwire's
+    ``--lr-schedule`` of the same spec (the same factor for update k of ``args.steps``), stepped
+    after each ``opt.step()``."""
+    if args.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay or 0.0)
+    else:
+        opt = torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+                                weight_decay=0.1 if args.weight_decay is None else args.weight_decay)
+    rule = LR_SCHEDULES.build(args.lr_schedule)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: rule.factor(k, args.steps))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="stdlib-lm", help="gradwire task spec (default stdlib-lm)")
@@ -107,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beta2", type=float, default=0.95, help="adamw only")
     p.add_argument("--eps", type=float, default=1e-8, help="adamw only")
     p.add_argument("--weight-decay", type=float, default=None, help="default: 0 for sgd, 0.1 for adamw")
+    p.add_argument("--lr-schedule", default="constant",
+                   help="gradwire's --lr-schedule spec: constant (default), cosine:warmup=W,min_ratio=R, linear:...")
     p.add_argument("--hook", default="allreduce",
                    help="allreduce (DDP's own), powersgd (PyTorch's powerSGD_hook) or gradwire:SPEC")
     p.add_argument("--powersgd-rank", type=int, default=4)
@@ -128,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        LR_SCHEDULES.build(args.lr_schedule)
+    except ConfigError as e:
+        raise SystemExit(f"ddp_train.py: error: --lr-schedule: {e}") from None
     started = time.perf_counter()
     torch.set_num_threads(1)  # as gradwire run (--threads 1): one core's worth per rank
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
@@ -168,12 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         step_bytes = None
     else:
         raise SystemExit(f"ddp_train.py: error: --hook {args.hook!r}: allreduce, powersgd or gradwire:SPEC")
-    if args.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                              weight_decay=args.weight_decay or 0.0)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
-                                weight_decay=0.1 if args.weight_decay is None else args.weight_decay)
+    opt, schedule = make_optimizer(args, model.parameters())
     writer = rank == 0
     out = Path(args.out)
     eval_model = FlatModel(task.model_fn(torch.Generator().manual_seed(0))) if writer else None
@@ -220,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             loss = task.loss_fn(ddp(x), y)
             loss.backward()
             opt.step()
+            schedule.step()
             value = float(loss.detach())
             if not math.isfinite(value):
                 status = f"diverged at step {step} (loss {value})"

@@ -35,11 +35,11 @@ from gradwire.errors import ConfigError
 FORMAT = 2  # 2: with the sha256 digest (format 1 had none)
 # Keys that must agree between the run that wrote a checkpoint and the run that resumes it.
 MUST_MATCH = ("task", "workers", "algorithm", "compressor", "error_feedback", "partition", "stragglers",
-              "network", "backend", "batch_size", "lr", "optimizer", "momentum", "nesterov", "weight_decay", "dtype",
-              "seed")
+              "network", "backend", "batch_size", "lr", "optimizer", "lr_schedule", "momentum", "nesterov",
+              "weight_decay", "dtype", "seed")
 # keys added after checkpoints were already written: what an older checkpoint that lacks them meant
 # (--device is not here: a checkpoint resumes on either device)
-ADDED_KEYS = {"nesterov": False, "optimizer": "sgd"}
+ADDED_KEYS = {"nesterov": False, "optimizer": "sgd", "lr_schedule": "constant"}
 
 
 def floats_to(obj, device: torch.device):
@@ -99,7 +99,8 @@ def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barr
     """Write this process's ``state`` for ``step``; with ``moves_latest``, point ``latest`` at it."""
     stepdir = Path(folder) / f"step-{step:08d}"
     stepdir.mkdir(parents=True, exist_ok=True)
-    payload = {"format": FORMAT, "step": step, "config": {k: config[k] for k in MUST_MATCH}, "state": state}
+    kept = {k: config[k] for k in (*MUST_MATCH, "steps") if k in config}
+    payload = {"format": FORMAT, "step": step, "config": kept, "state": state}
     payload["sha256"] = digest(payload)
     _atomic_save(payload, stepdir / f"{label}.pt")
     if barrier is not None:
@@ -144,8 +145,14 @@ def load(stepdir: Path, label: str, config: dict) -> tuple[int, dict]:
                           "another backend or number of workers?")
     payload = read(path)
     saved = payload["config"]
+    saved_steps = saved.get("steps")
     saved = {k: saved.get(k, ADDED_KEYS.get(k)) for k in MUST_MATCH}
     diff = [f"{k}: checkpoint {saved[k]!r} vs now {config[k]!r}" for k in MUST_MATCH if saved[k] != config[k]]
+    schedule = config.get("lr_schedule", "constant")
+    scheduled = schedule.partition(":")[0].strip() != "constant"  # the schedule spans --steps
+    if saved_steps is not None and scheduled and saved_steps != config.get("steps"):
+        diff.append(f"steps: checkpoint {saved_steps!r} vs now {config.get('steps')!r}, which lr_schedule "
+                    f"{schedule!r} spans")
     if diff:
         raise ConfigError(f"checkpoint {path} was written by a different run configuration ({'; '.join(diff)})")
     step = int(payload["step"])

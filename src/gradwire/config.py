@@ -37,6 +37,7 @@ class RunConfig:
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float = 0.05                          # step size γ
     optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw:beta1=0.9,beta2=0.999,eps=1e-8
+    lr_schedule: str = "constant"             # lr over the run: constant, cosine:warmup=W,min_ratio=R, linear:...
     momentum: float = 0.0                     # heavy-ball momentum β
     nesterov: bool = False                    # Nesterov momentum (as torch.optim.SGD's); needs momentum > 0
     weight_decay: float = 0.0                 # weight decay: added to the gradient (sgd), decoupled (adamw)
@@ -104,6 +105,10 @@ class RunConfig:
             raise ConfigError(f"--error-feedback needs --compressor: algorithm {self.algorithm!r} sends uncompressed "
                               "gradients without one, so there is no compression error to feed back (e.g. "
                               "--compressor topk:ratio=0.01 --error-feedback)")
+        warmup = registry_for("lr_schedule", self.lr_schedule).registry.build(self.lr_schedule).warmup
+        if warmup >= self.steps:
+            raise ConfigError(f"lr_schedule={self.lr_schedule!r} warms up over {warmup} steps, but the run has only "
+                              f"--steps {self.steps}: lower warmup= (10 % of the steps is common)")
         if self.tensorboard:
             from gradwire.report.tensorboard import require_tensorboard
 

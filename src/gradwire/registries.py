@@ -33,6 +33,7 @@ REGISTRIES: tuple[RegistryRef, ...] = (
     RegistryRef("networks", "network", "gradwire.transports.network", "NETWORKS"),
     RegistryRef("algorithms", "algorithm", "gradwire.algorithms", "ALGORITHMS"),
     RegistryRef("optimizers", "optimizer", "gradwire.algorithms.optim", "OPTIMIZERS", build_to_validate=True),
+    RegistryRef("lr-schedules", "lr_schedule", "gradwire.algorithms.optim", "LR_SCHEDULES", build_to_validate=True),
     RegistryRef("compressors", "compressor", "gradwire.compress", "REGISTRY", build_to_validate=True),
     # compressors that average by allreduce themselves (PowerSGD): their specs go in --compressor too
     RegistryRef("aggregators", "compressor", "gradwire.compress.powersgd", "AGGREGATORS", build_to_validate=True),

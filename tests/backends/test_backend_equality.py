@@ -16,7 +16,8 @@ COMMON = ["--task", "digits-mlp", "--steps", "12", "--eval-every", "1", "--batch
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("nproc, extra", [
     (2, ["--algorithm", "sync"]),
-    (3, ["--algorithm", "sync", "--compressor", "qsgd:levels=4,bucket=128", "--error-feedback"]),
+    (3, ["--algorithm", "sync", "--compressor", "qsgd:levels=4,bucket=128", "--error-feedback",
+         "--lr-schedule", "cosine:warmup=3,min_ratio=0.1"]),
     (2, ["--algorithm", "diana", "--compressor", "pquant:p=inf,block=64"]),
     (3, ["--algorithm", "signsgd", "--lr", "0.01"]),
 ])

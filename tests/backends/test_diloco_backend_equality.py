@@ -14,7 +14,7 @@ LM = "stdlib-lm:context=16,dim=32,layers=1,heads=2,train_bytes=40000,val_bytes=4
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("nproc, extra", [
-    (2, ["--task", LM, "--algorithm", "diloco:inner_steps=3"]),
+    (2, ["--task", LM, "--algorithm", "diloco:inner_steps=3", "--lr-schedule", "cosine:warmup=2,min_ratio=0.1"]),
     (2, ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=4,fragments=2,overlap=3"]),
     (3, ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=3,fragments=3,overlap=1",
          "--compressor", "qsgd:levels=8,bucket=128", "--error-feedback"]),

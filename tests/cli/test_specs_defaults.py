@@ -28,7 +28,7 @@ def names(group: str) -> list[str]:
 
 def test_every_registry_is_covered():
     assert set(REGISTRY) == {"tasks", "partitions", "stragglers", "networks", "algorithms", "compressors",
-                             "aggregators", "optimizers"}
+                             "aggregators", "optimizers", "lr-schedules"}
 
 
 @pytest.mark.parametrize("name", names("algorithms"))
@@ -71,6 +71,17 @@ def test_optimizer_runs_bare(tmp_path, data_dir, name):
     rule = REGISTRY["optimizers"].build(name)
     assert spec_of(rule).split(":")[0] == name
     assert spec_of(REGISTRY["optimizers"].build(spec_of(rule))) == spec_of(rule)
+
+
+@pytest.mark.parametrize("name", names("lr-schedules"))
+def test_lr_schedule_runs_bare(tmp_path, data_dir, name):
+    cfg = RunConfig(task="digits-logreg", workers=2, steps=3, eval_every=3, lr_schedule=name,
+                    out=str(tmp_path / name), data_dir=str(data_dir)).validate()
+    assert run(cfg, progress=False)["status"] == "finished"
+    schedule = REGISTRY["lr-schedules"].build(name)
+    factors = [schedule.factor(k, 3) for k in range(3)]
+    assert factors[0] == 1.0 and all(0 <= f <= 1 for f in factors)  # bare: no warm-up, never above --lr
+    assert spec_of(REGISTRY["lr-schedules"].build(spec_of(schedule))) == spec_of(schedule)
 
 
 @pytest.mark.parametrize("name", names("stragglers"))

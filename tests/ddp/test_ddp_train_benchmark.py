@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from gradwire.config import RunConfig
@@ -21,11 +22,14 @@ def load_script():
     return helpers.load_script(SCRIPT, "ddp_train")
 
 
-def test_ddp_script_trains_what_gradwire_sync_trains(tmp_path):
+# (SGD: AdamW's m / sqrt(v) turns last-bit differences of near-zero gradients, from another order of
+# floating-point sums in the module against gradwire's flat model, into differences of order lr)
+@pytest.mark.parametrize("schedule", ["constant", "cosine:warmup=1,min_ratio=0.1"])
+def test_ddp_script_trains_what_gradwire_sync_trains(tmp_path, schedule):
     ddp_train = load_script()
     world, steps = 2, 3
     cfg = RunConfig(task=TASK, workers=world, algorithm="sync", lr=0.05, momentum=0.9, batch_size=8, seed=0,
-                    steps=steps, out=str(tmp_path / "run"), data_dir=str(tmp_path / "data"))
+                    lr_schedule=schedule, steps=steps, out=str(tmp_path / "run"), data_dir=str(tmp_path / "data"))
     reference = Run(cfg)
     built = [ddp_train.build(TASK, world=world, rank=r, seed=0, batch_size=8, data_dir=str(tmp_path / "data"))
              for r in range(world)]
@@ -33,7 +37,9 @@ def test_ddp_script_trains_what_gradwire_sync_trains(tmp_path):
     for model in models:  # the same initial model, bit for bit
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         assert torch.equal(flat, reference.model.flatten())
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in models]
+    args = ddp_train.build_parser().parse_args(["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
+                                                "--lr-schedule", schedule, "--steps", str(steps)])
+    opts, schedules = zip(*(ddp_train.make_optimizer(args, m.parameters()) for m in models), strict=True)
     task = built[0][0]
     for _ in range(steps):
         for (_, model, data), opt in zip(built, opts, strict=True):
@@ -44,11 +50,14 @@ def test_ddp_script_trains_what_gradwire_sync_trains(tmp_path):
             mean = torch.stack([p.grad for p in params]).mean(0)
             for p in params:
                 p.grad.copy_(mean)
-        for opt in opts:
+        for opt, scheduler in zip(opts, schedules, strict=True):
             opt.step()
+            scheduler.step()
         reference.train_step()
     flat = torch.cat([p.detach().reshape(-1) for p in models[0].parameters()])
     assert torch.allclose(flat, reference.algorithm.eval_params(), rtol=0, atol=1e-6)
+    # the rate after the last update: past the schedule's end, at min_ratio
+    assert opts[0].param_groups[0]["lr"] == pytest.approx(0.05 * (1.0 if schedule == "constant" else 0.1))
     # the batches were the same: each rank's data position equals gradwire's worker's
     assert [d.state_dict() for _, _, d in built] == [reference.oracle.workers[r].state_dict() for r in range(world)]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
-from gradwire.algorithms.optim import make_optimizer
+from gradwire.algorithms.optim import make_optimizer, require_constant_lr
 from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
 from gradwire.spec import require
 
@@ -44,6 +44,7 @@ class AsyncSGD(Algorithm):
         super().setup(ctx, params, optim, codec)
         self.world_size = ctx.world_size
         self.x = params.clone()  # the server's parameters
+        require_constant_lr(optim, "async (its server applies every worker's gradient, world_size updates a step)")
         self.opt = make_optimizer(self.x, optim)
         self.codec = Codec(ctx, codec)
         self.version = 0

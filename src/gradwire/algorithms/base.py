@@ -46,6 +46,8 @@ class OptimConfig:
     weight_decay: float = 0.0    # extra L2 decay added to the aggregated gradient
     l1: float = 0.0              # the task's L1 weight: a proximal step x <- soft(x, lr*l1)
     optimizer: str = "sgd"       # update rule spec (algorithms/optim.py OPTIMIZERS): sgd or adamw:beta2=...
+    lr_schedule: str = "constant"  # how lr changes over the updates (optim.py LR_SCHEDULES): constant, cosine, linear
+    horizon: int = 0             # the updates a schedule spans (the run's --steps); unused by constant
 
 
 @dataclass(frozen=True)

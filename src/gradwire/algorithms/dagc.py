@@ -42,7 +42,7 @@ import torch
 
 from gradwire.algorithms.adaptive import budgeted_counts, data_shares, weighted_gather
 from gradwire.algorithms.base import ALGORITHMS, Algorithm
-from gradwire.algorithms.optim import make_optimizer
+from gradwire.algorithms.optim import make_optimizer, require_constant_lr
 from gradwire.compress import ErrorFeedback, Packet
 from gradwire.compress.positions import keep_count
 from gradwire.compress.sparse import KeepTopK, Threshold, top_indices
@@ -80,6 +80,7 @@ class DAGC(Algorithm):
         weights = np.ones(self.world) if self.mode == "uniform" else self.shares ** (2 / 3)
         self.keep = budgeted_counts(weights, self.total_keep, 1, self.d)
         self.x = params.clone()
+        require_constant_lr(optim, "dagc (its workers' local steps use --lr as it is)")
         self.opt = make_optimizer(self.x, optim)
         self.thresholds = torch.zeros(self.world, dtype=torch.float64)
         if self.mode == "absolute":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, soft_threshold_
-from gradwire.algorithms.optim import require_sgd
+from gradwire.algorithms.optim import require_constant_lr, require_sgd
 from gradwire.spec import require
 
 
@@ -38,6 +38,7 @@ class DIANA(Algorithm):
         require(not codec.error_feedback, "diana takes no --error-feedback: its memories h_i already correct "
                 "the compression error (use sync with --error-feedback for error feedback)")
         require_sgd(optim, "diana (heavy-ball momentum of its own on the master)")
+        require_constant_lr(optim, "diana (its own update on the master)")
         require(not optim.nesterov, "diana's master update is heavy-ball momentum of its own: --nesterov does not "
                 "apply (leave it off)")
         self.codec = Codec(ctx, codec, default=self.default_compressor)

@@ -132,7 +132,7 @@ class StreamingDiLoCo(Algorithm):
         if self.inner == "sgd":
             return None  # the replicas' heavy ball with --lr, --momentum, --nesterov, --weight-decay
         return lambda x: AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
-                               l1=optim.l1)
+                               l1=optim.l1, lr_schedule=optim.lr_schedule, horizon=optim.horizon)
 
     def compressor_spec(self):
         return self.codec.spec()

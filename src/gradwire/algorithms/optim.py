@@ -7,9 +7,16 @@ deep learning", ICML, eqs. (3)-(4); the LSGD authors train with it, Teng et al. 
 proximal step of the L1 term, x <- soft(x, γ·l1) (proximal SGD; Parikh & Boyd 2014, §4.2). Kept
 here rather than in torch.optim so the prox is part of the same update and the whole state is one
 tensor in the checkpoint.
+
+``--lr-schedule`` (LR_SCHEDULES) scales --lr by update: update k of a rule uses --lr · f(k, --steps).
+Every rule counts its own updates, so the rules that update once a step (sync's, each replica's in
+local SGD, EASGD, LSGD, DiLoCo's inner AdamW) follow the schedule by step; algorithms with an update
+of their own, or a server applying every worker's gradient, refuse any schedule but constant.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -17,28 +24,102 @@ from gradwire.algorithms.base import OptimConfig, soft_threshold_
 from gradwire.spec import Registry, parse_spec, require
 
 OPTIMIZERS = Registry("optimizer")
+LR_SCHEDULES = Registry("lr_schedule")
+
+
+@LR_SCHEDULES.register("constant", help="the same --lr at every update")
+class ConstantLR:
+    warmup = 0
+
+    def factor(self, update: int, total: int) -> float:
+        return 1.0
+
+
+class _WarmupDecay:
+    """Linear warm-up, then a decay to ``min_ratio`` of --lr. Update k (0-based) of ``total`` steps
+    uses --lr times f(k): f(k) = (k + 1) / W for k < W (warm-up W), so the W-th update is the first at
+    the full rate; then f = min_ratio + (1 - min_ratio) d(p), p = (k - W) / (total - W) the fraction
+    of the decay done (so the first decayed update is at the full rate and the last one close to
+    min_ratio) and d falling from 1 at p = 0 to 0 at p = 1 (the subclass's shape). Updates past
+    ``total`` stay at min_ratio. The indexing of HuggingFace's and torch's LambdaLR schedules: the
+    k-th ``scheduler.step()`` sets the rate of update k."""
+
+    def __init__(self, *, warmup: int = 0, min_ratio: float = 0.0):
+        require(warmup >= 0, f"warmup must be an integer >= 0 (updates of linear warm-up), got {warmup}")
+        require(math.isfinite(min_ratio) and 0 <= min_ratio <= 1,
+                f"min_ratio must be in [0, 1] (the final rate as a fraction of --lr), got {min_ratio}")
+        self.warmup, self.min_ratio = warmup, min_ratio
+
+    def factor(self, update: int, total: int) -> float:
+        if update < self.warmup:
+            return (update + 1) / self.warmup
+        progress = min(1.0, (update - self.warmup) / max(1, total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * self.decay(progress)
+
+    def decay(self, progress: float) -> float:
+        raise NotImplementedError
+
+
+_SCHEDULE_PARAMS = {"warmup": "updates of linear warm-up from --lr/warmup to --lr (0: none)",
+                    "min_ratio": "the rate the decay ends at, as a fraction of --lr (0.1 is common)"}
+
+
+@LR_SCHEDULES.register("cosine", help="linear warm-up, then cosine decay to min_ratio·lr at the last step (SGDR "
+                       "without restarts: Loshchilov & Hutter 2017, eq. (5); the DiLoCo papers' inner schedule)",
+                       params=_SCHEDULE_PARAMS)
+class CosineLR(_WarmupDecay):
+    def decay(self, progress: float) -> float:
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@LR_SCHEDULES.register("linear", help="linear warm-up, then linear decay to min_ratio·lr at the last step",
+                       params=_SCHEDULE_PARAMS)
+class LinearLR(_WarmupDecay):
+    def decay(self, progress: float) -> float:
+        return 1 - progress
+
+
+class ScheduledRate:
+    """--lr times the schedule's factor, by update. The rule that holds it counts its own updates, and
+    the count is part of its state, so a resumed run continues the schedule where it stopped."""
+
+    def __init__(self, lr: float, schedule: str = "constant", horizon: int = 0):
+        self.base, self.schedule, self.horizon = lr, LR_SCHEDULES.build(schedule), horizon
+        self.constant = isinstance(self.schedule, ConstantLR)
+        require(self.constant or horizon > 0, f"lr schedule {schedule!r} needs the number of steps it spans, got "
+                f"{horizon}")
+
+    def at(self, update: int) -> float:
+        """The rate of update ``update`` (0-based): exactly --lr for the constant schedule."""
+        return self.base if self.constant else self.base * self.schedule.factor(update, self.horizon)
 
 
 class HeavyBall:
     def __init__(self, params: torch.Tensor, cfg: OptimConfig):
         self.x, self.cfg = params, cfg
         self.velocity = torch.zeros_like(params) if cfg.momentum else None
+        self.rate = ScheduledRate(cfg.lr, cfg.lr_schedule, cfg.horizon)
+        self.steps = 0
 
     def apply(self, grad: torch.Tensor) -> None:
         """Update the parameters in place with the aggregated gradient ``grad`` (not kept)."""
         cfg = self.cfg
+        lr = self.rate.at(self.steps)
+        self.steps += 1
         if cfg.weight_decay:
             grad = grad.add(self.x, alpha=cfg.weight_decay)
         if self.velocity is not None:
             velocity = self.velocity.mul_(cfg.momentum).add_(grad)
             grad = grad.add(velocity, alpha=cfg.momentum) if cfg.nesterov else velocity
-        self.x.sub_(grad, alpha=cfg.lr)
-        soft_threshold_(self.x, cfg.lr * cfg.l1)
+        self.x.sub_(grad, alpha=lr)
+        soft_threshold_(self.x, lr * cfg.l1)
 
     def state_dict(self) -> dict:
-        return {} if self.velocity is None else {"velocity": self.velocity}
+        state = {"steps": self.steps}
+        return state if self.velocity is None else {**state, "velocity": self.velocity}
 
     def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state.get("steps", 0))  # checkpoints from before the schedules have no count
         if self.velocity is not None:
             self.velocity.copy_(state["velocity"])
 
@@ -55,8 +136,9 @@ class AdamW:
     (Douillard et al. 2023). The state (m, v and the step count t) is part of the checkpoint."""
 
     def __init__(self, params: torch.Tensor, *, lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float, l1: float = 0.0):
+                 weight_decay: float, l1: float = 0.0, lr_schedule: str = "constant", horizon: int = 0):
         self.x, self.lr, self.betas, self.eps, self.weight_decay, self.l1 = params, lr, betas, eps, weight_decay, l1
+        self.rate = ScheduledRate(lr, lr_schedule, horizon)
         self.exp_avg = torch.zeros_like(params)
         self.exp_avg_sq = torch.zeros_like(params)
         self.steps = 0
@@ -64,15 +146,16 @@ class AdamW:
     def apply(self, grad: torch.Tensor) -> None:
         """One AdamW step on the parameters in place with gradient ``grad`` (not kept)."""
         beta1, beta2 = self.betas
+        lr = self.rate.at(self.steps)
         self.steps += 1
         if self.weight_decay:
-            self.x.mul_(1 - self.lr * self.weight_decay)
+            self.x.mul_(1 - lr * self.weight_decay)
         self.exp_avg.lerp_(grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         bias1, bias2 = 1 - beta1 ** self.steps, 1 - beta2 ** self.steps
         denominator = (self.exp_avg_sq / bias2).sqrt_().add_(self.eps)
-        self.x.addcdiv_(self.exp_avg, denominator, value=-self.lr / bias1)
-        soft_threshold_(self.x, self.lr * self.l1)
+        self.x.addcdiv_(self.exp_avg, denominator, value=-lr / bias1)
+        soft_threshold_(self.x, lr * self.l1)
 
     def state_dict(self) -> dict:
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": self.steps}
@@ -102,12 +185,20 @@ class AdamWRule:
         self.betas, self.eps = (beta1, beta2), eps
 
     def make(self, x: torch.Tensor, optim: OptimConfig) -> AdamW:
-        return AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=optim.weight_decay, l1=optim.l1)
+        return AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=optim.weight_decay, l1=optim.l1,
+                     lr_schedule=optim.lr_schedule, horizon=optim.horizon)
 
 
 def make_optimizer(x: torch.Tensor, optim: OptimConfig) -> HeavyBall | AdamW:
     """The update rule ``optim.optimizer`` names, updating the flat vector ``x`` in place."""
     return OPTIMIZERS.build(optim.optimizer).make(x, optim)
+
+
+def require_constant_lr(optim: OptimConfig, who: str) -> None:
+    """For an algorithm that does not update through one rule once a step (its own update rule, or a
+    server applying every worker's gradient): refuse a learning-rate schedule."""
+    require(parse_spec(optim.lr_schedule)[0] == "constant",
+            f"{who} does not follow --lr-schedule {optim.lr_schedule!r}; leave it at constant")
 
 
 def require_sgd(optim: OptimConfig, who: str) -> None:

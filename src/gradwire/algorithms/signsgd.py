@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, soft_threshold_
-from gradwire.algorithms.optim import require_sgd
+from gradwire.algorithms.optim import require_constant_lr, require_sgd
 from gradwire.compress import Packet
 from gradwire.compress import build as build_compressor
 from gradwire.spec import require
@@ -31,6 +31,7 @@ class SignSGD(Algorithm):
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_sgd(optim, "signsgd (x <- x - γ·majority vote)")
+        require_constant_lr(optim, "signsgd (its own update x <- x - γ·majority vote)")
         require(not optim.nesterov, "signsgd takes its momentum from its own spec (signsgd:momentum=β): --nesterov "
                 "does not apply (leave it off)")
         require(codec.compressor in ("none", "sign") and not codec.error_feedback,

@@ -25,6 +25,7 @@ import torch
 
 from gradwire import checkpoint
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
+from gradwire.algorithms.optim import ScheduledRate
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError, DivergenceError, Stopped
 from gradwire.report.progress import ProgressLines, progress_mode
@@ -131,7 +132,7 @@ class Run:
                            inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"),
                            param_shapes=tuple(self.model.shapes))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
-                            l1=self.task.l1, optimizer=cfg.optimizer)
+                            l1=self.task.l1, optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, horizon=cfg.steps)
         try:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim,
                                  CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback))
@@ -347,6 +348,11 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
     lines = ProgressLines(cfg.label(), cfg.steps, interval, started) if mode == "lines" else None
     sync_counters = None if r.server_process else getattr(r.transport, "sync_counters", None)
 
+    rate = ScheduledRate(cfg.lr, cfg.lr_schedule, cfg.steps)
+
+    def scheduled_lr() -> dict:  # under a schedule, the rate of the step's (last) update; step 0: the first's
+        return {} if rate.constant else {"lr": rate.at(max(r.step - 1, 0))}
+
     def record(extra: dict) -> None:
         if r.tensor_parallel:  # every process: rank 0 evaluates the dense model its group holds
             r.tensor_parallel.gather(r.algorithm.eval_params())
@@ -354,7 +360,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
             folder.metrics({"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started,
                             "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
                             "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate()
-                           | {"evaluated": r.algorithm.evaluates} | extra)  # whose: model, leader, center, ...
+                           | {"evaluated": r.algorithm.evaluates} | scheduled_lr() | extra)  # whose: model, ...
 
     if not resumed:
         record({})
