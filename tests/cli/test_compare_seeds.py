@@ -169,3 +169,15 @@ def test_one_seed_is_that_seed(tmp_path, data_dir):
                  "--variant", "--algorithm sync"]) == 0
     assert json.loads((out / "sync" / "config.json").read_text())["seed"] == 7
     assert not (out / "comparison_seeds.csv").exists()
+
+
+def test_paired_percentages_stay_short():
+    # a first variant whose loss is close to 0 makes the paired differences huge: they print in
+    # three significant digits, not as a long fixed-point number
+    from gradwire.report.compare import seed_cells
+
+    row = {"label": "b", "finished": 2, "seeds": 2, "mb_sent": 1.0, "test_loss_mean": 2.0, "test_loss_sd": 0.1,
+           "test_loss_min": 1.9, "test_loss_max": 2.1, "test_loss_vs_first_pct": 2e9,
+           "test_loss_vs_first_min_pct": 1.5e9, "test_loss_vs_first_max_pct": 0.53}
+    _, cells = seed_cells([row])
+    assert "+2e+09 % (+1.5e+09 .. +0.53)" in cells[0]

@@ -111,6 +111,12 @@ SEEDS_NOTE = ("Each variant ran once per seed; a seed gives every variant the sa
               "finish is left out of every figure. The standard deviation is the sample one (n − 1).")
 
 
+def _pct(value: float) -> str:
+    """A signed percentage: two decimals (+0.53), or three significant digits once fixed point
+    would run long (+1.23e+08, from a first variant whose value is close to 0)."""
+    return f"{value:+.2f}" if abs(value) < 1e5 else f"{value:+.3g}"
+
+
 def seed_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """The table over seeds (:func:`seed_rows`'s rows, or comparison_seeds.csv's read back) as
     headers and text cells: comparison.md and report.html show the same table."""
@@ -130,8 +136,8 @@ def seed_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             line += [f"{_fmt(r[f'{key}_mean'])} ± {_fmt(sd)}" if sd is not None else _fmt(r[f"{key}_mean"]),
                      f"{_fmt(r[f'{key}_min'])} .. {_fmt(r[f'{key}_max'])}"]
             if r.get(f"{key}_vs_first_pct") is not None:
-                line.append(f"{r[f'{key}_vs_first_pct']:+.2f} % ({r[f'{key}_vs_first_min_pct']:+.2f} .. "
-                            f"{r[f'{key}_vs_first_max_pct']:+.2f})")
+                line.append(f"{_pct(r[f'{key}_vs_first_pct'])} % ({_pct(r[f'{key}_vs_first_min_pct'])} .. "
+                            f"{_pct(r[f'{key}_vs_first_max_pct'])})")
             else:
                 line.append("–")
         line.append(_fmt(r["mb_sent"]))
