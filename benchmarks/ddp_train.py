@@ -146,9 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        LR_SCHEDULES.build(args.lr_schedule)
+        warmup = LR_SCHEDULES.build(args.lr_schedule).warmup
     except ConfigError as e:
         raise SystemExit(f"ddp_train.py: error: --lr-schedule: {e}") from None
+    if warmup >= args.steps:
+        raise SystemExit(f"ddp_train.py: error: --lr-schedule {args.lr_schedule!r} warms up over {warmup} steps, "
+                         f"but --steps is {args.steps}")
     started = time.perf_counter()
     torch.set_num_threads(1)  # as gradwire run (--threads 1): one core's worth per rank
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))

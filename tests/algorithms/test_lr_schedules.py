@@ -10,7 +10,8 @@ import signal
 import pytest
 import torch
 
-from gradwire.algorithms.optim import LR_SCHEDULES
+from gradwire.algorithms.base import OptimConfig
+from gradwire.algorithms.optim import LR_SCHEDULES, HeavyBall
 from gradwire.cli import main
 from gradwire.errors import ConfigError, Stopped
 from gradwire.run import loop
@@ -37,6 +38,29 @@ def test_linear_decays_in_equal_steps_and_constant_is_one():
     f = [linear.factor(k, 5) for k in range(6)]
     assert f == pytest.approx([1.0, 0.84, 0.68, 0.52, 0.36, 0.2])
     assert {LR_SCHEDULES.build("constant").factor(k, 5) for k in range(9)} == {1.0}
+
+
+def test_a_state_from_before_the_schedules_loads_at_update_zero():
+    # checkpoints written before --lr-schedule hold a heavy ball's velocity (or nothing) and no count
+    rule = HeavyBall(torch.zeros(3), OptimConfig(lr=0.1, momentum=0.9))
+    rule.apply(torch.ones(3))
+    rule.load_state_dict({"velocity": torch.full((3,), 2.0)})
+    assert rule.steps == 0 and torch.equal(rule.velocity, torch.full((3,), 2.0))
+    assert HeavyBall(torch.zeros(3), OptimConfig(lr=0.1)).state_dict() == {"steps": 0}
+
+
+def test_dagc_with_one_local_step_follows_the_schedule(make_config):
+    # dagc's workers send gradients (K = 1) and its rule on the averaged gradient is scheduled: with
+    # every coordinate kept (budget=1) it trains as sync under the same schedule
+    def params(algorithm: str, schedule: str):
+        r = Run(make_config(algorithm=algorithm, lr_schedule=schedule, steps=6, out=f"{algorithm}-{schedule}"))
+        for _ in range(6):
+            r.train_step()
+        return r.algorithm.eval_params()
+
+    scheduled = params("dagc:budget=1", "linear:warmup=2")
+    assert (scheduled - params("sync", "linear:warmup=2")).abs().max() < 1e-4
+    assert (scheduled - params("dagc:budget=1", "constant")).abs().max() > 1e-3
 
 
 def test_metrics_record_the_rate_under_a_schedule(make_config, tmp_path):
@@ -120,6 +144,8 @@ def test_diloco_inner_adamw_follows_the_schedule(make_config):
 
 @pytest.mark.parametrize("kw", [
     dict(algorithm="sync", optimizer="adamw:beta2=0.95", weight_decay=0.1),
+    dict(algorithm="sync"),                      # plain SGD: the update count is its only state
+    dict(algorithm="sync:backups=1", momentum=0.9),  # the server's rule
     dict(algorithm="local:period=3", momentum=0.9),
     dict(algorithm="diloco:inner_steps=3"),
 ])
@@ -169,7 +195,10 @@ def test_resuming_with_other_steps_is_refused_under_a_schedule(make_config):
                                                            "--lr-schedule 'cosine'"),
     (["--lr-schedule", "linear", "--algorithm", "signsgd"], "signsgd (its own update"),
     (["--lr-schedule", "cosine", "--algorithm", "async"], "async (its server applies every worker's gradient"),
-    (["--lr-schedule", "cosine", "--algorithm", "dagc"], "dagc (its workers' local steps use --lr as it is)"),
+    (["--lr-schedule", "cosine", "--algorithm", "dagc:local_steps=2"], "dagc with local_steps=2 (its workers' local "
+                                                                       "steps use --lr as it is)"),
+    (["--lr-schedule", "cosine", "--algorithm", "easgd:async=true"], "easgd:async=true (each worker's updates"),
+    (["--lr-schedule", "cosine", "--algorithm", "lsgd:async=true"], "lsgd:async=true (each worker's updates"),
 ])
 def test_bad_schedule_input_is_one_line(tmp_path, data_dir, capsys, flags, message):
     code = main(["run", *flags, "--steps", "5", "--task", "digits-logreg", "--workers", "2",

@@ -18,6 +18,7 @@ from gradwire.run.loop import run
 from gradwire.spec import convert, format_value, spec_of
 from gradwire.tasks.base import build_task
 from gradwire.tasks.partition import build_partition
+from tests.helpers import read_jsonl
 
 REGISTRY = {ref.group: ref.registry for ref in REGISTRIES}
 
@@ -81,6 +82,8 @@ def test_lr_schedule_runs_bare(tmp_path, data_dir, name):
     schedule = REGISTRY["lr-schedules"].build(name)
     factors = [schedule.factor(k, 3) for k in range(3)]
     assert factors[0] == 1.0 and all(0 <= f <= 1 for f in factors)  # bare: no warm-up, never above --lr
+    last = read_jsonl(tmp_path / name / "metrics.jsonl")[-1]
+    assert last.get("lr", cfg.lr) == pytest.approx(cfg.lr * factors[2])  # the run's last update used the rate
     assert spec_of(REGISTRY["lr-schedules"].build(spec_of(schedule))) == spec_of(schedule)
 
 

@@ -80,7 +80,9 @@ class DAGC(Algorithm):
         weights = np.ones(self.world) if self.mode == "uniform" else self.shares ** (2 / 3)
         self.keep = budgeted_counts(weights, self.total_keep, 1, self.d)
         self.x = params.clone()
-        require_constant_lr(optim, "dagc (its workers' local steps use --lr as it is)")
+        if self.local_steps > 1:
+            require_constant_lr(optim, f"dagc with local_steps={self.local_steps} (its workers' local steps use --lr "
+                                "as it is)")
         self.opt = make_optimizer(self.x, optim)
         self.thresholds = torch.zeros(self.world, dtype=torch.float64)
         if self.mode == "absolute":

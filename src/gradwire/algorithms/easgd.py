@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import Algorithm
+from gradwire.algorithms.optim import require_constant_lr
 from gradwire.algorithms.protocol import ELASTIC, GO, JOIN, REPORT, Answer, Message, as_body
 from gradwire.algorithms.replicas import (
     EvaluatedReplicas,
@@ -63,6 +64,9 @@ class EASGD(Algorithm):
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_plain_codec(codec, "easgd")
+        if self.asynchronous:
+            require_constant_lr(optim, "easgd:async=true (each worker's updates, at its own pace, are not the run's "
+                                "steps)")
         self.alpha = self.alpha_arg or self.beta / ctx.world_size
         self.replicas = Replicas(ctx, params, optim)
         self.center = params.clone()

@@ -57,6 +57,7 @@ import torch
 
 from gradwire.algorithms.base import Algorithm
 from gradwire.algorithms.lsgd_async import GLOBAL_SCOPE, Round, RoundServer
+from gradwire.algorithms.optim import require_constant_lr
 from gradwire.algorithms.protocol import JOIN, LEAD, PULL, REPORT, UPLOAD, Answer, Message, as_body
 from gradwire.algorithms.replicas import (
     EvaluatedReplicas,
@@ -113,6 +114,9 @@ class LeaderSGD(Algorithm):
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_plain_codec(codec, "lsgd")
+        if self.asynchronous:
+            require_constant_lr(optim, "lsgd:async=true (each worker's updates, at its own pace, are not the run's "
+                                "steps)")
         n, g = ctx.world_size, self.groups_arg
         if g:
             require(g <= n and n % g == 0, f"groups={g} does not divide the {n} workers into equal groups "
