@@ -34,15 +34,19 @@ def test_plot_uses_the_scale_the_values_ask_for(tmp_path, monkeypatch):
     assert (tmp_path / "narrow.png").stat().st_size > 1000
 
 
-def test_the_test_loss_has_a_row_where_the_runs_recorded_it(tmp_path, monkeypatch):
+def test_the_test_loss_and_the_rate_have_a_row_where_the_runs_recorded_them(tmp_path, monkeypatch):
     figures = []
     monkeypatch.setattr(plots.plt, "close", figures.append)
     with_loss = [dict(r, test_loss=3.0 - 0.1 * r["step"]) if r["step"] else r for r in records([5.6, 3.1, 2.2])]
     plot_runs({"a": with_loss}, tmp_path / "lm.png")  # the first record has none: the others decide
     plot_runs({"a": records([5.6, 3.1, 2.2])}, tmp_path / "plain.png")
-    lm, plain = figures
+    plot_runs({"a": [dict(r, lr=0.1 / (1 + r["step"])) for r in records([5.6, 3.1, 2.2])]}, tmp_path / "lr.png")
+    lm, plain, scheduled = figures
     assert [ax.get_ylabel() for ax in lm.axes[::3]] == ["training objective", "test loss", "test accuracy"]
     assert [ax.get_ylabel() for ax in plain.axes[::3]] == ["training objective", "test accuracy"]
+    # a run under --lr-schedule: its rate, step by step
+    assert [ax.get_ylabel() for ax in scheduled.axes[::3]] == ["training objective", "test accuracy", "learning rate"]
+    assert list(scheduled.axes[6].lines[0].get_ydata()) == [0.1, 0.05, 0.1 / 3]
 
 
 def test_a_range_over_seeds_is_shaded(tmp_path, monkeypatch):

@@ -27,7 +27,8 @@ def time_label(backends: Iterable[str]) -> str:
 
 def _rows(records_by_label: dict[str, list[dict]]) -> list[tuple[str, str, bool]]:
     """The quantities plotted: the training objective, f - f* where the task knows f*, the test
-    (validation) loss where the task reports one, and the test accuracy."""
+    (validation) loss where the task reports one, the test accuracy, and the learning rate where a
+    run followed a schedule (``--lr-schedule``: its metrics record ``lr``)."""
     def recorded(key: str) -> bool:
         return any(rec.get(key) is not None for recs in records_by_label.values() for rec in recs)
 
@@ -37,6 +38,8 @@ def _rows(records_by_label: dict[str, list[dict]]) -> list[tuple[str, str, bool]
     if recorded("test_loss"):
         rows.append(("test_loss", "test loss", True))
     rows.append(("test_acc", "test accuracy", False))
+    if recorded("lr"):
+        rows.append(("lr", "learning rate", False))
     return rows
 
 
