@@ -52,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's gradwire
 
-from gradwire.algorithms.optim import LR_SCHEDULES  # noqa: E402
+from gradwire.algorithms.optim import lr_schedule, torch_lr_scheduler  # noqa: E402
 from gradwire.errors import ConfigError  # noqa: E402
 from gradwire.seeding import hash_seed  # noqa: E402
 from gradwire.tasks import build_partition, build_task  # noqa: E402
@@ -97,16 +97,15 @@ def powersgd_step_bytes(model: torch.nn.Module, world: int, rank: int, start_ite
 
 
 def make_optimizer(args, params) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """torch.optim.SGD or AdamW as ``args`` say, and a LambdaLR following gradwire's
-    ``--lr-schedule`` of the same spec (the same factor for update k of ``args.steps``), stepped
+    """torch.optim.SGD or AdamW as ``args`` say, and gradwire's ``torch_lr_scheduler`` for the
+    ``--lr-schedule`` spec (the factor gradwire's rules use for update k of ``args.steps``), stepped
     after each ``opt.step()``."""
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay or 0.0)
     else:
         opt = torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                                 weight_decay=0.1 if args.weight_decay is None else args.weight_decay)
-    rule = LR_SCHEDULES.build(args.lr_schedule)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: rule.factor(k, args.steps))
+    return opt, torch_lr_scheduler(opt, args.lr_schedule, args.steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,12 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        warmup = LR_SCHEDULES.build(args.lr_schedule).warmup
+        lr_schedule(args.lr_schedule, args.steps)
     except ConfigError as e:
         raise SystemExit(f"ddp_train.py: error: --lr-schedule: {e}") from None
-    if warmup >= args.steps:
-        raise SystemExit(f"ddp_train.py: error: --lr-schedule {args.lr_schedule!r} warms up over {warmup} steps, "
-                         f"but --steps is {args.steps}")
     started = time.perf_counter()
     torch.set_num_threads(1)  # as gradwire run (--threads 1): one core's worth per rank
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))

@@ -105,10 +105,9 @@ class RunConfig:
             raise ConfigError(f"--error-feedback needs --compressor: algorithm {self.algorithm!r} sends uncompressed "
                               "gradients without one, so there is no compression error to feed back (e.g. "
                               "--compressor topk:ratio=0.01 --error-feedback)")
-        warmup = registry_for("lr_schedule", self.lr_schedule).registry.build(self.lr_schedule).warmup
-        if warmup >= self.steps:
-            raise ConfigError(f"lr_schedule={self.lr_schedule!r} warms up over {warmup} steps, but the run has only "
-                              f"--steps {self.steps}: lower warmup= (10 % of the steps is common)")
+        from gradwire.algorithms.optim import lr_schedule
+
+        lr_schedule(self.lr_schedule, self.steps)  # a warm-up that fits in the run
         if self.tensorboard:
             from gradwire.report.tensorboard import require_tensorboard
 

@@ -22,6 +22,7 @@ import math
 import torch
 
 from gradwire.algorithms.base import OptimConfig, soft_threshold_
+from gradwire.errors import ConfigError
 from gradwire.spec import Registry, parse_spec, require
 
 OPTIMIZERS = Registry("optimizer")
@@ -78,6 +79,24 @@ class CosineLR(_WarmupDecay):
 class LinearLR(_WarmupDecay):
     def decay(self, progress: float) -> float:
         return 1 - progress
+
+
+def lr_schedule(spec: str, steps: int):
+    """The schedule ``spec`` names, for a run of ``steps``; ConfigError for a bad spec, or for a
+    warm-up that would last the whole run."""
+    rule = LR_SCHEDULES.build(spec)
+    if rule.warmup >= steps:
+        raise ConfigError(f"lr_schedule={spec!r} warms up over {rule.warmup} steps, but the run has only --steps "
+                          f"{steps}: lower warmup= (10 % of the steps is common)")
+    return rule
+
+
+def torch_lr_scheduler(optimizer: torch.optim.Optimizer, spec: str, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The same ``--lr-schedule`` for a torch.optim optimizer (a DDP script with ``gradwire.ddp``'s
+    hook, say): a LambdaLR giving update k the factor ``f(k, steps)`` that gradwire's rules use; call
+    its ``step()`` after each ``optimizer.step()``."""
+    rule = lr_schedule(spec, steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: rule.factor(k, steps))
 
 
 class ScheduledRate:
