@@ -90,3 +90,30 @@ def resume_matches(cfg: RunConfig, first: int, then: int) -> None:
     resumed = [b.train_step() for _ in range(then)]
     assert torch.equal(b.algorithm.eval_params(), straight.algorithm.eval_params())
     assert resumed == infos[first:]
+
+
+def torch_on_mean_gradient(r, steps: int, make_opt, factor=None) -> torch.Tensor:
+    """The flat parameters after ``steps`` steps of a torch.optim optimizer (``make_opt(params)``) on
+    the nn.Module of run ``r``'s task, from the same initial model (seed 0) and the same batches as its
+    workers (batch 16), stepping with the workers' mean gradient (what sync averages exactly);
+    ``factor(k)``, when given, scales the rate of update k through LambdaLR."""
+    from gradwire.seeding import hash_seed
+    from gradwire.tasks.oracle import WorkerData
+
+    module = r.task.model_fn(torch.Generator().manual_seed(hash_seed(0, "model")))
+    opt = make_opt(module.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, factor) if factor is not None else None
+    replays = [WorkerData(w.x, w.y, batch_size=16, seed=0, rank=k) for k, w in sorted(r.oracle.workers.items())]
+    for _ in range(steps):
+        grads = []
+        for replay in replays:
+            x, y = replay.next_batch()
+            module.zero_grad()
+            r.task.loss_fn(module(x), y).backward()
+            grads.append([p.grad.clone() for p in module.parameters()])
+        for i, p in enumerate(module.parameters()):
+            p.grad = torch.stack([g[i] for g in grads]).mean(0)
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])

@@ -16,9 +16,7 @@ from gradwire.cli import main
 from gradwire.errors import ConfigError, Stopped
 from gradwire.run import loop
 from gradwire.run.loop import Run, run
-from gradwire.seeding import hash_seed
-from gradwire.tasks.oracle import WorkerData
-from tests.helpers import final_checkpoint, read_jsonl, states_equal
+from tests.helpers import final_checkpoint, read_jsonl, states_equal, torch_on_mean_gradient
 
 
 def test_cosine_warms_up_linearly_then_decays_to_min_ratio():
@@ -77,22 +75,7 @@ def test_metrics_record_the_rate_under_a_schedule(make_config, tmp_path):
 def _torch_on_mean_gradient(r: Run, steps: int, make_opt, schedule) -> torch.Tensor:
     """The same model and batches through a torch.optim optimizer with LambdaLR on the nn.Module,
     stepping with the workers' mean gradient (what sync averages exactly)."""
-    module = r.task.model_fn(torch.Generator().manual_seed(hash_seed(0, "model")))
-    opt = make_opt(module.parameters())
-    lam = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: schedule.factor(k, steps))
-    replays = [WorkerData(w.x, w.y, batch_size=16, seed=0, rank=k) for k, w in sorted(r.oracle.workers.items())]
-    for _ in range(steps):
-        grads = []
-        for replay in replays:
-            x, y = replay.next_batch()
-            module.zero_grad()
-            r.task.loss_fn(module(x), y).backward()
-            grads.append([p.grad.clone() for p in module.parameters()])
-        for i, p in enumerate(module.parameters()):
-            p.grad = torch.stack([g[i] for g in grads]).mean(0)
-        opt.step()
-        lam.step()
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    return torch_on_mean_gradient(r, steps, make_opt, lambda k: schedule.factor(k, steps))
 
 
 @pytest.mark.parametrize(("algorithm", "workers"), [("sync", 3), ("local:period=1", 1)])

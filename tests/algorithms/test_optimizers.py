@@ -6,9 +6,7 @@ import torch
 from gradwire.cli import main
 from gradwire.errors import ConfigError
 from gradwire.run.loop import Run, run
-from gradwire.seeding import hash_seed
-from gradwire.tasks.oracle import WorkerData
-from tests.helpers import final_checkpoint, states_equal
+from tests.helpers import final_checkpoint, states_equal, torch_on_mean_gradient
 
 ADAMW = dict(optimizer="adamw:beta2=0.95", lr=0.01, weight_decay=0.1)
 
@@ -16,20 +14,8 @@ ADAMW = dict(optimizer="adamw:beta2=0.95", lr=0.01, weight_decay=0.1)
 def _torch_adamw_on_mean_gradient(r: Run, steps: int) -> torch.Tensor:
     """The same model and batches through torch.optim.AdamW on the nn.Module, stepping with the
     workers' mean gradient (what sync averages exactly, uncompressed)."""
-    module = r.task.model_fn(torch.Generator().manual_seed(hash_seed(0, "model")))
-    opt = torch.optim.AdamW(module.parameters(), lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    replays = [WorkerData(w.x, w.y, batch_size=16, seed=0, rank=k) for k, w in sorted(r.oracle.workers.items())]
-    for _ in range(steps):
-        grads = []
-        for replay in replays:
-            x, y = replay.next_batch()
-            module.zero_grad()
-            r.task.loss_fn(module(x), y).backward()
-            grads.append([p.grad.clone() for p in module.parameters()])
-        for i, p in enumerate(module.parameters()):
-            p.grad = torch.stack([g[i] for g in grads]).mean(0)
-        opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    return torch_on_mean_gradient(
+        r, steps, lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1))
 
 
 @pytest.mark.parametrize("algorithm", ["sync", "local:period=1"])
