@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from gradwire.errors import ConfigError
+from gradwire.spec import parse_spec
 
 FORMAT = 2  # 2: with the sha256 digest (format 1 had none)
 # Keys that must agree between the run that wrote a checkpoint and the run that resumes it.
@@ -99,7 +100,7 @@ def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barr
     """Write this process's ``state`` for ``step``; with ``moves_latest``, point ``latest`` at it."""
     stepdir = Path(folder) / f"step-{step:08d}"
     stepdir.mkdir(parents=True, exist_ok=True)
-    kept = {k: config[k] for k in (*MUST_MATCH, "steps") if k in config}
+    kept = {k: config[k] for k in MUST_MATCH} | ({"steps": config["steps"]} if "steps" in config else {})
     payload = {"format": FORMAT, "step": step, "config": kept, "state": state}
     payload["sha256"] = digest(payload)
     _atomic_save(payload, stepdir / f"{label}.pt")
@@ -149,7 +150,7 @@ def load(stepdir: Path, label: str, config: dict) -> tuple[int, dict]:
     saved = {k: saved.get(k, ADDED_KEYS.get(k)) for k in MUST_MATCH}
     diff = [f"{k}: checkpoint {saved[k]!r} vs now {config[k]!r}" for k in MUST_MATCH if saved[k] != config[k]]
     schedule = config.get("lr_schedule", "constant")
-    scheduled = schedule.partition(":")[0].strip() != "constant"  # the schedule spans --steps
+    scheduled = parse_spec(schedule)[0] != "constant"  # the schedule spans --steps
     if saved_steps is not None and scheduled and saved_steps != config.get("steps"):
         diff.append(f"steps: checkpoint {saved_steps!r} vs now {config.get('steps')!r}, which lr_schedule "
                     f"{schedule!r} spans")

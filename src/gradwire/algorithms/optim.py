@@ -157,8 +157,8 @@ class AdamW:
 
     def __init__(self, params: torch.Tensor, *, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float, l1: float = 0.0, lr_schedule: str = "constant", horizon: int = 0):
-        self.x, self.lr, self.betas, self.eps, self.weight_decay, self.l1 = params, lr, betas, eps, weight_decay, l1
-        self.rate = ScheduledRate(lr, lr_schedule, horizon)
+        self.x, self.betas, self.eps, self.weight_decay, self.l1 = params, betas, eps, weight_decay, l1
+        self.rate = ScheduledRate(lr, lr_schedule, horizon)  # --lr, by update
         self.exp_avg = torch.zeros_like(params)
         self.exp_avg_sq = torch.zeros_like(params)
         self.steps = 0
