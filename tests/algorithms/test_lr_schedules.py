@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gradwire.algorithms.base import OptimConfig
-from gradwire.algorithms.optim import LR_SCHEDULES, HeavyBall
+from gradwire.algorithms.optim import LR_SCHEDULES, HeavyBall, ScheduledRate, torch_lr_scheduler
 from gradwire.cli import main
 from gradwire.errors import ConfigError, Stopped
 from gradwire.run import loop
@@ -36,6 +36,20 @@ def test_linear_decays_in_equal_steps_and_constant_is_one():
     f = [linear.factor(k, 5) for k in range(6)]
     assert f == pytest.approx([1.0, 0.84, 0.68, 0.52, 0.36, 0.2])
     assert {LR_SCHEDULES.build("constant").factor(k, 5) for k in range(9)} == {1.0}
+
+
+def test_torch_lr_scheduler_gives_a_torch_optimizer_the_rules_rates():
+    spec, steps = "cosine:warmup=3,min_ratio=0.1", 10
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.2)
+    scheduler = torch_lr_scheduler(opt, spec, steps)
+    rates = []
+    for _ in range(steps):
+        rates.append(opt.param_groups[0]["lr"])  # the rate of this update
+        opt.step()
+        scheduler.step()
+    assert rates == [ScheduledRate(0.2, spec, steps).at(k) for k in range(steps)]
+    with pytest.raises(ConfigError, match=r"warms up over 10 steps, but the run has only --steps 10"):
+        torch_lr_scheduler(opt, "linear:warmup=10", steps)
 
 
 def test_a_state_from_before_the_schedules_loads_at_update_zero():
