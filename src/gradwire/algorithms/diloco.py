@@ -62,7 +62,8 @@ INNER_CHOICES = ("adamw", "sgd")
 DILOCO_PARAMS = {
     "inner_steps": "H >= 1: inner steps per outer round (paper: 500; 1 with inner=sgd, outer_lr=1 and "
                    "outer_momentum=0 is synchronous SGD)",
-    "outer_lr": "outer learning rate (paper: 0.7)",
+    "outer_lr": "outer learning rate (paper: 0.7; from a random start, stdlib-lm trained better with 1 and "
+                "outer_momentum=0, a plain average: docs/diloco.md)",
     "outer_momentum": "outer Nesterov momentum in [0, 1) (paper: 0.9; 0 = plain outer SGD)",
     "inner": "inner optimizer: adamw (lr from --lr; paper) or sgd (--lr, --momentum, --nesterov, --weight-decay)",
     "beta1": "inner AdamW β1 (paper: 0.9)",
