@@ -100,7 +100,6 @@ def test_adamw_with_cosine_equals_torch_adamw_with_lambda_lr(make_config, algori
     reference = _torch_on_mean_gradient(
         r, 10, lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1),
         LR_SCHEDULES.build(spec))
-    start = r.algorithm.eval_params().clone()
     for _ in range(10):
         r.train_step()
     torch.testing.assert_close(r.algorithm.eval_params(), reference, rtol=1e-5, atol=1e-6)
@@ -109,7 +108,6 @@ def test_adamw_with_cosine_equals_torch_adamw_with_lambda_lr(make_config, algori
         r, 10, lambda p: torch.optim.AdamW(p, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1),
         LR_SCHEDULES.build("constant"))
     assert (constant - reference).abs().max() > 100 * (r.algorithm.eval_params() - reference).abs().max()
-    assert not torch.equal(start, reference)
 
 
 def test_heavy_ball_with_linear_schedule_equals_torch_sgd_with_lambda_lr(make_config):
