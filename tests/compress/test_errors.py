@@ -77,7 +77,7 @@ def _packet(buffer, like):
 @pytest.mark.parametrize("n", [0, 1, 13, 1000])
 def test_truncated_or_oversized_buffers(spec, n):
     c = build(spec)
-    x = torch.randn(n, dtype=torch.float64)
+    x = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))  # fixed: see below
     buf = c.encode(x).buffer
     if buf.numel():
         with pytest.raises(CorruptPayload):
@@ -86,6 +86,16 @@ def test_truncated_or_oversized_buffers(spec, n):
         c.decode(_packet(torch.cat([buf, torch.zeros(1, dtype=torch.uint8)]), x))
     with pytest.raises(CorruptPayload):
         c.decode(_packet(buf.to(torch.int16), x))  # not uint8
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: top-k's decoder accepts one trailing zero byte for some inputs "
+                   "(about 7 % of 13-element draws); found when the unseeded test above drew one")
+def test_topk_refuses_one_trailing_zero_byte():
+    c = build("topk:ratio=0.1")
+    x = torch.randn(13, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    buf = c.encode(x).buffer
+    with pytest.raises(CorruptPayload):
+        c.decode(_packet(torch.cat([buf, torch.zeros(1, dtype=torch.uint8)]), x))
 
 
 def _corrupt(spec, x, edit):
