@@ -24,7 +24,9 @@ payload's). b is a function of n and k alone (:func:`golomb_parameter`), so both
 With b = 1 there are no remainders and the unary stream is the bitmap cut after its last one. A
 full bitmap of ceil(n/8) bytes is sent instead whenever the gap code would not be strictly smaller
 (clustered positions); a section of exactly ceil(n/8) bytes therefore is a bitmap, any shorter one
-the gap code. So positions never cost more than a bitmap. Random positions cost within 0.1% of
+the gap code, and the decoder refuses a bitmap whose positions the gap code would have sent in fewer
+bytes (so one encoding per set: a gap code padded with zero bytes is not read as a bitmap). So
+positions never cost more than a bitmap. Random positions cost within 0.1% of
 log2 C(n, k) bits at ratios 1% and 0.1% (docs/compressors.md); the worst case is
 ``R + k + (n - k) / b`` bits, since the gaps sum to at most n - k.
 
@@ -208,8 +210,17 @@ def decode(buf: torch.Tensor, n: int, k: int, name: str) -> torch.Tensor:
     if size > full_map or (k == 0 and size):
         raise CorruptPayload(f"{name}: position section of {size} bytes for {k} of {n} elements "
                              f"(at most {full_map if k else 0})")
-    if b == 1 or size == full_map:
-        return _decode_bitmap(buf, n, k, cut=b == 1, name=name)
+    if b == 1:
+        return _decode_bitmap(buf, n, k, cut=True, name=name)
+    if size == full_map:
+        mask = _decode_bitmap(buf, n, k, cut=False, name=name)
+        # the encoder sends a bitmap only when the gap code is no smaller, so a bitmap whose gap code
+        # would be smaller is not its output (e.g. a shorter gap code with zero bytes appended)
+        gap = (remainder_bits(k, b) + k + quotient_sum(n, mask.nonzero().view(-1)) + 7) // 8
+        if gap < full_map:
+            raise CorruptPayload(f"{name}: bitmap section of {size} bytes for positions whose gap code "
+                                 f"takes {gap}; the encoder would have sent the gap code")
+        return mask
     bits = bytes_to_bits(buf)
     rbits = remainder_bits(k, b)
     if 8 * size < rbits + k:
