@@ -10,6 +10,8 @@ tests/backends/processes.py.
 """
 
 import os
+import random
+import zlib
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,15 @@ import torch
 # Keep tests single-threaded: the machine has 2 cores and results must not depend on threading.
 torch.set_num_threads(1)
 os.environ.setdefault("CI", "1")  # no progress bars in test output
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_generators(request):
+    """Seed torch's and Python's global generators from the test's id, so a test that draws from
+    them sees the same inputs whatever ran before it (in this worker, in any order)."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(seed)
+    random.seed(seed)
 
 
 NO_CUDA = "no CUDA device here (CI has none): the cuda case runs on a machine with a GPU"

@@ -143,6 +143,7 @@ class Run:
         self.window: list[float] = []
         self.worker_resume: dict | None = None  # a server-mode worker process: where its checkpoint left it
         self.rejoin = False                      # ... or none: it rejoins from the server's parameters
+        self.worker_checkpoints_saved = 0        # parts of server checkpoints this worker process saved
         self.checkpoint_folder = Path(cfg.out) / "checkpoint"
         # the server-mode driver: the simulator's, or the real server on process 0 (workers run run_worker)
         self.server: SimulatedServer | RealServer | None = None
@@ -192,12 +193,19 @@ class Run:
         that worker with SIGKILL after that step, in the first attempt only (torchrun counts
         restarts in TORCHELASTIC_RESTART_COUNT), so a restarted group runs through.
         ``WORKER:STEP:sent`` kills a server-mode worker right after it sent that step's message,
-        before the answer."""
+        before the answer. ``WORKER:STEP:saved`` kills a server-mode worker after the first step
+        at or past STEP that follows a committed checkpoint (it has saved its part, and the server,
+        which answers only once ``latest`` has moved, has answered since), so that a restart
+        resumes whatever the processes' relative speeds."""
         spec = os.environ.get("GRADWIRE_KILL_AT")
         if not spec or self.cfg.backend != "torch" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return
         worker, at, *when = spec.split(":")
-        if step == int(at) and int(worker) in self.ctx.local_ranks and (when or ["step"])[0] == phase:
+        if (when or ["step"])[0] == "saved" and phase == "step":
+            hit = step >= int(at) and self.worker_checkpoints_saved > 0
+        else:
+            hit = step == int(at) and (when or ["step"])[0] == phase
+        if hit and int(worker) in self.ctx.local_ranks:
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
@@ -240,6 +248,7 @@ class Run:
         state = self.state_dict() | {"step": step, "worker_position": position}
         self.ctx.timeline.mark_checkpoint(step)
         checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), moves_latest=False)
+        self.worker_checkpoints_saved += 1
 
     def try_resume(self, folder: Path) -> bool:
         stepdir = checkpoint.latest(folder)
