@@ -6,6 +6,7 @@ against gradwire's compressed sync, PowerSGD, local SGD, DiLoCo and Streaming Di
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --quick          # smoke run, ~3 min
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --rates 100 --only ddp-sgd,gw-topk
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --only adamw     # the AdamW rows, ~25 min
+    sudo .venv/bin/python benchmarks/time_to_accuracy.py --long           # AdamW, 1000 steps, ~40 min
     .venv/bin/python benchmarks/time_to_accuracy.py --report-only         # table + plot from the run folders
 
 The task: `stdlib-lm` (byte-level transformer, 1,445,824 parameters, a 5.8 MB float32 gradient;
@@ -163,6 +164,11 @@ ADAMW_KEYS = ("ddp-adamw", "ddp-adamw-powersgd", "ddp-adamw-powersgd32", "ddp-ad
               "ddp-adamw-gw-powersgd", "ddp-adamw-gw-powersgd32h", "ddp-adamw-gw-powersgd32h-b1",
               "gw-adamw-powersgd16", "gw-adamw-powersgd32h", "gw-adamw-powersgd32h-ov3", "gw-adamw-acp32h")
 QUICK_KEYS = ("ddp-sgd", "ddp-sgd-powersgd", "gw-topk", "gw-diloco")
+# --long: AdamW trained 5x longer, where the low-rank rows fall behind (docs/time_to_accuracy.md,
+# "A longer run"); the main target 2.0 is the loss DDP reaches about a third of the way through
+LONG_KEYS = ("ddp-adamw", "ddp-adamw-powersgd", "ddp-adamw-powersgd32h", "gw-adamw-powersgd32h",
+             "gw-adamw-powersgd24h")
+LONG = {"rates": "100", "steps": 1000, "targets": "2.0,3.0,2.6,1.8,1.6", "timeout_s": 1500.0}
 
 
 def command(v: Variant, steps: int, eval_every: int, out: Path, task: str = TASK) -> list[str]:
@@ -259,8 +265,9 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
 
 def verdict(results: list[dict], rate: float, target: float) -> str:
     """Issue 13's targets for every gradwire variant: >= 3x faster to ``target`` than DDP (with the
-    same optimiser, and than the faster DDP), faster than PyTorch's PowerSGD hook (same optimiser),
-    final loss within 1 % of DDP's (same optimiser)."""
+    same optimiser, and than the faster DDP), faster than PyTorch's PowerSGD hook (same optimiser;
+    the fastest of the hook's rows that ran, whatever their rank), final loss within 1 % of DDP's
+    (same optimiser)."""
     rows = {r["key"]: r for r in results if r["rate"] == rate}
     t = str(target)
 
@@ -275,14 +282,16 @@ def verdict(results: list[dict], rate: float, target: float) -> str:
         if r["kind"] != "gradwire" and "-gw-" not in key:
             continue
         mine, fam = secs(key), r["family"]
-        ddp, hook = secs(f"ddp-{fam}"), secs(f"ddp-{fam}-powersgd")
+        hooks = [k for k in rows if k.startswith(f"ddp-{fam}-powersgd")]  # PyTorch's hook, at every rank run
+        ddp = secs(f"ddp-{fam}")
+        hook = min((x for x in map(secs, hooks) if x is not None), default=None)  # the fastest of them
         base = rows.get(f"ddp-{fam}")
         delta = base and r["summary"]["final_loss"] / base["summary"]["final_loss"] - 1
         checks = [
             ("3x DDP (same opt.)", mine is not None and ddp is not None and ddp / mine >= 3),
             ("3x best DDP", mine is not None and best_ddp is not None and best_ddp / mine >= 3),
             ("faster than torch PowerSGD hook (same opt.)",
-             None if rows.get(f"ddp-{fam}-powersgd") is None else mine is not None and (hook is None or mine < hook)),
+             None if not hooks else mine is not None and (hook is None or mine < hook)),
             ("final loss within 1 % of DDP (same opt.)", delta is not None and delta <= 0.01),
         ]
         lines.append(f"- {r['label']}: " + "; ".join(f"{name} {'n/a' if ok is None else 'yes' if ok else 'no'}"
@@ -368,6 +377,9 @@ def main() -> int:
                     f"the first rate, {','.join(FAST_RATE_KEYS)} at the others)")
     ap.add_argument("--quick", action="store_true",
                     help=f"smoke run: 100 Mbit/s only, 30 steps, {','.join(QUICK_KEYS)}, target 4.0")
+    ap.add_argument("--long", action="store_true",
+                    help=f"AdamW over {LONG['steps']} steps at 100 Mbit/s: {','.join(LONG_KEYS)}, targets "
+                         f"{LONG['targets']} (~40 min)")
     ap.add_argument("--out", default="runs/time-to-accuracy", help="run folders, results.md, results.json, plot")
     ap.add_argument("--plot", help="also write the plot here (e.g. docs/img/time_to_accuracy.png)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="longest testbed run before it is stopped")
@@ -378,6 +390,11 @@ def main() -> int:
         ns.rates, ns.steps, ns.eval_every, ns.targets = "100", 30, 10, "4.0"
         ns.only = ns.only or ",".join(QUICK_KEYS)
         ns.out = ns.out if ns.out != "runs/time-to-accuracy" else "runs/time-to-accuracy-quick"
+    if ns.long:
+        for key, value in LONG.items():
+            setattr(ns, key, value)
+        ns.only = ns.only or ",".join(LONG_KEYS)
+        ns.out = ns.out if ns.out != "runs/time-to-accuracy" else "runs/time-to-accuracy-long"
     rates = [float(x) for x in ns.rates.split(",")]
     targets = [float(x) for x in ns.targets.split(",")]
     if ns.only == "adamw":

@@ -1,0 +1,56 @@
+"""``benchmarks/time_to_accuracy.py``'s verdict on issue 13's three conditions, from constructed
+results: 3x faster than DDP, faster than PyTorch's PowerSGD hook (the fastest of its rows, at any
+rank), and a final loss within 1 % of DDP's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import load_script
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "time_to_accuracy.py"
+
+
+@pytest.fixture(scope="module")
+def tta():
+    return load_script(SCRIPT, "time_to_accuracy")
+
+
+def row(key: str, kind: str, seconds: float | None, final: float) -> dict:
+    return {"key": key, "rate": 100.0, "kind": kind, "family": "adamw", "label": key,
+            "summary": {"final_loss": final, "targets": {"2.0": None if seconds is None else {"seconds": seconds}}}}
+
+
+def checks(text: str, key: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith(f"- {key}:"))
+    return [part.rsplit(" ", 1)[1] for part in line.split(": ", 1)[1].split("; ")]
+
+
+def test_every_condition_met(tta):
+    results = [row("ddp-adamw", "ddp", 300.0, 1.40), row("ddp-adamw-powersgd", "ddp", 150.0, 1.70),
+               row("gw-adamw-powersgd32h", "gradwire", 99.0, 1.41)]
+    # 3x DDP (same opt.), 3x best DDP (no SGD row: AdamW's), faster than the hook, within 1 %
+    assert checks(tta.verdict(results, 100.0, 2.0), "gw-adamw-powersgd32h") == ["yes"] * 4
+
+
+def test_the_hook_to_beat_is_the_fastest_of_its_rows(tta):
+    base = [row("ddp-adamw", "ddp", 300.0, 1.40), row("ddp-adamw-powersgd", "ddp", 150.0, 1.70),
+            row("gw-adamw-powersgd32h", "gradwire", 99.0, 1.41)]
+    faster_hook = row("ddp-adamw-powersgd32h", "ddp", 95.0, 1.41)  # the hook at rank 32, sooner than us
+    assert checks(tta.verdict(base + [faster_hook], 100.0, 2.0), "gw-adamw-powersgd32h")[2] == "no"
+    unreached = row("ddp-adamw-powersgd32h", "ddp", None, 1.80)  # a hook row that never gets there
+    assert checks(tta.verdict(base + [unreached], 100.0, 2.0), "gw-adamw-powersgd32h")[2] == "yes"
+
+
+def test_each_condition_can_fail(tta):
+    ddp, hook = row("ddp-adamw", "ddp", 300.0, 1.40), row("ddp-adamw-powersgd", "ddp", 150.0, 1.70)
+    slow = row("gw-a", "gradwire", 101.0, 1.40)  # 2.97x
+    worse = row("gw-b", "gradwire", 90.0, 1.40 * 1.011)  # 1.1 % above DDP
+    never = row("gw-c", "gradwire", None, 1.40)
+    text = tta.verdict([ddp, hook, slow, worse, never], 100.0, 2.0)
+    assert checks(text, "gw-a") == ["no", "no", "yes", "yes"]
+    assert checks(text, "gw-b") == ["yes", "yes", "yes", "no"]
+    assert checks(text, "gw-c") == ["no", "no", "no", "yes"]
+    assert checks(tta.verdict([ddp, slow], 100.0, 2.0), "gw-a")[2] == "n/a"  # no hook row ran
