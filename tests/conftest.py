@@ -24,8 +24,10 @@ os.environ.setdefault("CI", "1")  # no progress bars in test output
 
 @pytest.fixture(autouse=True)
 def _seed_global_generators(request):
-    """Seed torch's and Python's global generators from the test's id, so a test that draws from
-    them sees the same inputs whatever ran before it (in this worker, in any order)."""
+    """Seed torch's and Python's global generators from the test's id, so that what a test draws
+    from them in its body (and in function-scoped fixtures) does not depend on which tests ran
+    before it in this worker. Module- and session-scoped fixtures draw before this runs: they
+    seed their own generators."""
     seed = zlib.crc32(request.node.nodeid.encode())
     torch.manual_seed(seed)
     random.seed(seed)

@@ -88,7 +88,7 @@ def test_truncated_or_oversized_buffers(spec, n):
         c.decode(_packet(buf.to(torch.int16), x))  # not uint8
 
 
-@pytest.mark.parametrize("n", [13, 40, 200])
+@pytest.mark.parametrize("n", [9, 13, 20])  # sizes whose gap code can be one byte short of the bitmap
 def test_sparse_buffers_with_one_trailing_zero_byte_are_refused(n):
     """A gap code one byte shorter than the bitmap, with a zero byte appended, has the bitmap's size;
     it decodes as a bitmap with the right count for some inputs (seed 7 at n=13 did), so the decoder

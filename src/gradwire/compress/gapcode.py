@@ -31,7 +31,8 @@ log2 C(n, k) bits at ratios 1% and 0.1% (docs/compressors.md); the worst case is
 ``R + k + (n - k) / b`` bits, since the gaps sum to at most n - k.
 
 Everything runs as vectorised torch ops on the index's (encode) or buffer's (decode) device; the
-host reads a handful of scalars (the quotient sum to size the output, and one validity flag).
+host reads a handful of scalars (the quotient sum to size the output, and one validity flag; a
+full-size bitmap under b > 1 costs two more, to check the gap code would not have been smaller).
 """
 
 from __future__ import annotations
