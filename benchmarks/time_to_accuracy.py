@@ -426,8 +426,11 @@ def main() -> int:
     beds = {(r["rate"], r["key"]): {k: r[k] for k in ("wire_mb", "drops", "note") if k in r}
             for r in previous.get("results", [])}
     results, k = [], 0
-    for i, rate in enumerate(rates):
-        runs = {v.key for v in chosen(i)} if not ns.report_only else set()
+    # report the rates run now, then those an earlier run into --out recorded (a second rate run
+    # later into the same folder must not drop the first from the table and the plot)
+    earlier = sorted({x["rate"] for x in previous.get("results", [])} - set(rates))
+    for i, rate in enumerate(rates + earlier):
+        runs = {v.key for v in chosen(i)} if not ns.report_only and rate in rates else set()
         for v in VARIANTS:  # runs the chosen ones, reports every one with a run folder (earlier runs too)
             folder = out / f"{rate:g}mbps" / v.key
             if v.key in runs:
@@ -458,7 +461,7 @@ def main() -> int:
             record = {"results": kept + results, "steps": ns.steps, "targets": targets, "task": ns.task,
                       "workers": ns.workers}
             (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
-    done_rates = [r for r in rates if any(x["rate"] == r for x in results)]
+    done_rates = [r for r in rates + earlier if any(x["rate"] == r for x in results)]
     md = []
     for rate in done_rates:
         md.append(f"### {rate:g} Mbit/s\n\n{table(results, rate, targets)}\n\nIssue 13's targets at {rate:g} Mbit/s "

@@ -1,9 +1,11 @@
-"""``benchmarks/time_to_accuracy.py``'s verdict on issue 13's three conditions, from constructed
-results: 3x faster than DDP, faster than PyTorch's PowerSGD hook (the fastest of its rows, at any
-rank), and a final loss within 1 % of DDP's."""
+"""``benchmarks/time_to_accuracy.py``, from constructed results: its verdict on issue 13's three
+conditions (3x faster than DDP, faster than PyTorch's PowerSGD hook, the fastest of its rows at any
+rank, and a final loss within 1 % of DDP's), and a report that keeps every rate run into its folder."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,24 @@ def test_each_condition_can_fail(tta):
     assert checks(text, "gw-b") == ["yes", "yes", "yes", "no"]
     assert checks(text, "gw-c") == ["no", "no", "no", "yes"]
     assert checks(tta.verdict([ddp, slow], 100.0, 2.0), "gw-a")[2] == "n/a"  # no hook row ran
+
+
+def test_a_later_run_at_another_rate_keeps_the_earlier_rate_in_the_report(tta, tmp_path, monkeypatch):
+    """Running 1 Gbit/s into a folder that holds a 100 Mbit/s run reports both rates (the report
+    used to cover only the rates of the latest command line)."""
+    records = []
+    for rate, step_s in ((100.0, 0.9), (1000.0, 0.2)):
+        folder = tmp_path / f"{rate:g}mbps" / "ddp-adamw"
+        folder.mkdir(parents=True)
+        rows = [{"step": s, "wall_time_s": 1.0 + s * step_s, "bytes_sent": s * 1000, "test_loss": 3.0 - 0.5 * s}
+                for s in range(3)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        records.append({"rate": rate, "key": "ddp-adamw", "wire_mb": 0.01, "drops": 0})
+    (tmp_path / "results.json").write_text(json.dumps({"results": records}))
+    monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "1000", "--steps", "2",
+                                      "--targets", "2.0", "--out", str(tmp_path)])
+    assert tta.main() == 0
+    text = (tmp_path / "results.md").read_text()
+    assert "### 1000 Mbit/s" in text and "### 100 Mbit/s" in text
+    assert {(r["rate"], r["key"]) for r in json.loads((tmp_path / "results.json").read_text())["results"]} == {
+        (100.0, "ddp-adamw"), (1000.0, "ddp-adamw")}
