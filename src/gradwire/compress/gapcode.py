@@ -217,10 +217,10 @@ def decode(buf: torch.Tensor, n: int, k: int, name: str) -> torch.Tensor:
         mask = _decode_bitmap(buf, n, k, cut=False, name=name)
         # the encoder sends a bitmap only when the gap code is no smaller, so a bitmap whose gap code
         # would be smaller is not its output (e.g. a shorter gap code with zero bytes appended)
-        gap = (remainder_bits(k, b) + k + quotient_sum(n, mask.nonzero().view(-1)) + 7) // 8
-        if gap < full_map:
+        smallest = section_bytes(n, k, quotient_sum(n, mask.nonzero().view(-1)))
+        if smallest < full_map:
             raise CorruptPayload(f"{name}: bitmap section of {size} bytes for positions whose gap code "
-                                 f"takes {gap}; the encoder would have sent the gap code")
+                                 f"takes {smallest}; the encoder would have sent the gap code")
         return mask
     bits = bytes_to_bits(buf)
     rbits = remainder_bits(k, b)
