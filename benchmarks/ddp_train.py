@@ -16,8 +16,8 @@ optimiser, ``loss.backward(); opt.step()``. What it shares with ``gradwire run -
 - the evaluation (``gradwire.tasks.evaluate.evaluate`` on rank 0, every ``--eval-every`` steps
   and at the last), and the run folder's ``metrics.jsonl`` format (``step``, ``wall_time_s`` since
   the start, taken before the evaluation, ``bytes_sent``, ``train_loss``, ``test_loss``, ...), so
-  the benchmark reads both alike. ``eval_time_s`` (only here) is the time spent in the earlier
-  evaluations.
+  the benchmark reads both alike. ``eval_time_s``, as ``gradwire run`` writes it, is the time spent in the
+  earlier evaluations.
 
 The optimiser: ``sgd`` is torch.optim.SGD (heavy ball as gradwire's ``sync``: same update), ``adamw``
 torch.optim.AdamW with DiLoCo's inner defaults (betas 0.9/0.95, eps 1e-8, weight decay 0.1).

@@ -54,8 +54,10 @@ Columns:
 - final loss: validation loss after the last step; Δ vs DDP: relative to DDP with the same
   optimiser family (the issue's target: within 1 %). loss at T s: each run's last validation loss
   measured within T seconds of its step 0, T the shortest run's length (equal wall time).
-- s to L less evals: the main target's time less rank 0's evaluations before it (measured by the
-  DDP script; for gradwire runs estimated, "≈", as their number times the DDP runs' median).
+- s to L less evals: the main target's time less rank 0's evaluations before it, as each run
+  measured them (``eval_time_s`` in metrics.jsonl, written by ddp_train.py and by ``gradwire run``);
+  for a gradwire run folder from before ``gradwire run`` measured them, estimated, "≈", as their
+  number times the median of the runs that did.
 
 The machine has 2 cores: 4 worker processes (plus torchrun agents) share them, so compute per step
 is contended and wall times move with other load; the load average is recorded.
@@ -193,7 +195,7 @@ def summarise(rows: list[dict], targets: list[float]) -> dict:
     out = {"steps": last["step"], "final_loss": last["test_loss"], "best_loss": min(r["test_loss"] for r in rows),
            "total_mb": last["bytes_sent"] / 1e6, "s_per_step": (last["wall_time_s"] - t0) / max(1, last["step"]),
            "run_s": last["wall_time_s"] - t0, "targets": {}}
-    if "eval_time_s" in last and len(rows) > 1:  # ddp_train.py measures its evaluations
+    if "eval_time_s" in last and len(rows) > 1:  # the run measured its evaluations
         out["s_per_eval"] = last["eval_time_s"] / (len(rows) - 1)
     for target in targets:
         hit = first_reaching(rows, target, "test_loss", lower=True)
@@ -227,11 +229,11 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
         return [loss for sec, loss in zip(c["seconds"], c["loss"], strict=True) if sec <= t + 1e-9][-1]
 
     measured = sorted(r["summary"]["s_per_eval"] for r in rows if "s_per_eval" in r["summary"])
-    per_eval = measured[len(measured) // 2] if measured else None  # the DDP runs' median
+    per_eval = measured[len(measured) // 2] if measured else None  # the median of the runs that measured it
 
     def without_evals(r: dict) -> str:
-        """Time to the main target less rank 0's evaluations before it: measured by the DDP
-        script; for gradwire runs estimated (≈) as their number times the DDP runs' median."""
+        """Time to the main target less rank 0's evaluations before it, as the run measured them;
+        estimated (≈) as their number times ``per_eval`` for a run folder that did not."""
         hit = r["summary"]["targets"].get(main)
         if hit is None or "evals_before" not in hit:
             return "n/r" if hit is None else "-"
@@ -470,7 +472,7 @@ def main() -> int:
     notes = (f"\n\n{ns.workers} workers (one process per node namespace; 2 cores shared), `{ns.task}`, batch 8 per "
              "worker, "
              f"{ns.steps} steps, evaluation every {ns.eval_every} steps"
-             f"{f' (rank 0, {min(evals):.2f}-{max(evals):.2f} s each, measured in the DDP runs)' if evals else ''}, "
+             f"{f' (rank 0, {min(evals):.2f}-{max(evals):.2f} s each, as measured)' if evals else ''}, "
              f"targets {', '.join(map(str, targets))}. n/r = not reached."
              + ("" if ns.report_only else f" Load average before/after: {load_before[0]:.1f} / "
                 f"{os.getloadavg()[0]:.1f}. Benchmark wall time {time.perf_counter() - started:.0f} s."))

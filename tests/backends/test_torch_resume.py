@@ -22,7 +22,8 @@ def _metrics(folder) -> tuple[list[dict], list[int]]:
     """(the records less elapsed seconds, which differ between any two runs on real processes, and
     less bytes sent; the bytes sent, step by step)."""
     rows = read_jsonl(folder / "metrics.jsonl")
-    return ([{k: v for k, v in r.items() if k not in ("wall_time_s", "sim_time_s", "bytes_sent")} for r in rows],
+    timing = ("wall_time_s", "eval_time_s", "sim_time_s", "bytes_sent")
+    return ([{k: v for k, v in r.items() if k not in timing} for r in rows],
             [r["bytes_sent"] for r in rows])
 
 

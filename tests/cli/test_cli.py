@@ -44,6 +44,11 @@ def test_run_writes_folder_and_flags_override_file(tmp_path, data_dir):
     for key in ("sim_time_s", "wall_time_s", "bytes_sent", "train_loss", "test_loss", "test_acc"):
         assert key in recs[-1]
     assert recs[-1]["bytes_sent"] > recs[1]["bytes_sent"] > 0
+    # eval_time_s: the seconds spent in the evaluations before each row, so that wall_time_s less it,
+    # the time spent training, grows with the steps
+    assert recs[0]["eval_time_s"] == 0 < recs[1]["eval_time_s"] < recs[2]["eval_time_s"]
+    training = [r["wall_time_s"] - r["eval_time_s"] for r in recs]
+    assert training == sorted(training) and recs[2]["eval_time_s"] < recs[2]["wall_time_s"]
     assert json.loads((out / "summary.json").read_text())["status"] == "finished"
     assert (out / "curves.png").stat().st_size > 10_000
 

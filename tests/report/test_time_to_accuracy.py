@@ -77,3 +77,34 @@ def test_a_later_run_at_another_rate_keeps_the_earlier_rate_in_the_report(tta, t
     assert "### 1000 Mbit/s" in text and "### 100 Mbit/s" in text
     assert {(r["rate"], r["key"]) for r in json.loads((tmp_path / "results.json").read_text())["results"]} == {
         (100.0, "ddp-adamw"), (1000.0, "ddp-adamw")}
+
+
+def test_time_less_evaluations_is_measured_where_the_run_recorded_it(tta, tmp_path, monkeypatch):
+    """"s to L less evals" subtracts the evaluation seconds a run recorded (``eval_time_s``, which
+    ddp_train.py and ``gradwire run`` write); a run folder without them is estimated (≈) from the
+    median of the runs that have them."""
+    records = []
+    for key, step_s, eval_s in (("ddp-adamw", 0.9, 0.2), ("gw-adamw-powersgd32h", 0.3, 0.1),
+                                ("gw-adamw-powersgd24h", 0.25, None)):
+        folder = tmp_path / "100mbps" / key
+        folder.mkdir(parents=True)
+        rows = [{"step": s, "wall_time_s": 1.0 + s * step_s, "bytes_sent": s * 1000, "test_loss": 3.0 - 0.5 * s}
+                | ({} if eval_s is None else {"eval_time_s": s * eval_s}) for s in range(3)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        records.append({"rate": 100.0, "key": key, "wire_mb": 0.01, "drops": 0})
+    (tmp_path / "results.json").write_text(json.dumps({"results": records}))
+    monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "100", "--steps", "2",
+                                      "--targets", "2.0", "--out", str(tmp_path)])
+    assert tta.main() == 0
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    head = next(x for x in lines if x.startswith("| variant"))
+    column = [c.strip() for c in head.split("|")].index("s to 2.0 less evals")
+
+    def cell(key: str) -> str:
+        label = tta.BY_KEY[key].label
+        return next([c.strip() for c in x.split("|")] for x in lines if x.startswith(f"| {label} |"))[column]
+
+    # the target falls at step 2: 2 steps' time less the 2 evaluations before it (steps 0 and 1)
+    assert cell("ddp-adamw") == "1.4"  # 1.8 s - 2 x 0.2 s
+    assert cell("gw-adamw-powersgd32h") == "0.4"  # 0.6 s - 2 x 0.1 s
+    assert cell("gw-adamw-powersgd24h") == "≈0.1"  # 0.5 s - 2 x the upper median of 0.1 and 0.2 s

@@ -362,14 +362,21 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
     def scheduled_lr() -> dict:  # under a schedule, the rate of the step's (last) update; step 0: the first's
         return {} if rate.constant else {"lr": rate.at(max(r.step - 1, 0))}
 
+    evaluating_s = 0.0  # wall seconds this process has spent in its evaluations so far
+
     def record(extra: dict) -> None:
+        nonlocal evaluating_s
         if r.tensor_parallel:  # every process: rank 0 evaluates the dense model its group holds
             r.tensor_parallel.gather(r.algorithm.eval_params())
         if r.is_writer:
-            folder.metrics({"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started,
-                            "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
-                            "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate()
-                           | {"evaluated": r.algorithm.evaluates} | scheduled_lr() | extra)  # whose: model, ...
+            # wall_time_s is taken before this evaluation and eval_time_s sums the earlier ones, so
+            # wall_time_s - eval_time_s is the time spent training
+            now = time.perf_counter()
+            row = {"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": now - started,
+                   "eval_time_s": evaluating_s, "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
+                   "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate()
+            evaluating_s += time.perf_counter() - now
+            folder.metrics(row | {"evaluated": r.algorithm.evaluates} | scheduled_lr() | extra)  # whose: model, ...
 
     if not resumed:
         record({})
