@@ -10,8 +10,9 @@ against gradwire's compressed sync, PowerSGD, local SGD, DiLoCo and Streaming Di
     .venv/bin/python benchmarks/time_to_accuracy.py --report-only         # table + plot from the run folders
 
 The task: `stdlib-lm` (byte-level transformer, 1,445,824 parameters, a 5.8 MB float32 gradient;
-docs/diloco.md), batch 8 sequences of 64 bytes per worker, seed 0, the same initial model and the
-same batches for every variant (benchmarks/ddp_train.py builds them with gradwire's own task code).
+docs/diloco.md), batch 8 sequences of 64 bytes per worker, seed 0 (`--seed`), the same initial
+model and the same batches for every variant (benchmarks/ddp_train.py builds them with gradwire's
+own task code).
 The validation set is cut to `val_bytes=4096` so that rank 0's evaluation (every --eval-every
 steps; the other workers wait for it) costs a few per cent of a run, not a third.
 
@@ -173,9 +174,9 @@ LONG_KEYS = ("ddp-adamw", "ddp-adamw-powersgd", "ddp-adamw-powersgd32h", "gw-ada
 LONG = {"rates": "100", "steps": 1000, "targets": "2.0,3.0,2.6,1.8,1.6", "timeout_s": 1500.0}
 
 
-def command(v: Variant, steps: int, eval_every: int, out: Path, task: str = TASK) -> list[str]:
+def command(v: Variant, steps: int, eval_every: int, out: Path, task: str = TASK, seed: int = 0) -> list[str]:
     """What follows ``--`` of scripts/testbed.py for variant ``v``."""
-    common = ["--batch-size", "8", "--seed", "0", "--steps", str(steps), "--eval-every", str(eval_every),
+    common = ["--batch-size", "8", "--seed", str(seed), "--steps", str(steps), "--eval-every", str(eval_every),
               "--out", str(out)]
     if v.kind == "ddp":
         return ["torchrun", DDP_SCRIPT, "--task", task, *v.flags, *common, "--name", v.label]
@@ -301,7 +302,8 @@ def verdict(results: list[dict], rate: float, target: float) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[dict], rates: list[float], targets: list[float], path: Path, workers: int = WORKERS) -> None:
+def plot(results: list[dict], rates: list[float], targets: list[float], path: Path, workers: int = WORKERS,
+         seed: int = 0) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -332,7 +334,7 @@ def plot(results: list[dict], rates: list[float], targets: list[float], path: Pa
         row[1].set_title(f"{rate:g} Mbit/s: validation loss against bytes")
     axes[0][1].legend(fontsize=7, loc="upper right")
     fig.suptitle(f"stdlib-lm (1.45M parameters), {workers} workers on the namespace test bed, batch 8/worker, "
-                 "seed 0; solid: PyTorch DDP (+ its hook), dotted: DDP + gradwire.ddp, dashed: gradwire run",
+                 f"seed {seed}; solid: PyTorch DDP (+ its hook), dotted: DDP + gradwire.ddp, dashed: gradwire run",
                  fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -372,6 +374,9 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=WORKERS, help=f"nodes of the test bed (default {WORKERS})")
     ap.add_argument("--task", default=TASK, help=f"gradwire task spec (default {TASK}; smaller for a smoke run)")
     ap.add_argument("--eval-every", type=int, default=20, help="evaluate the validation loss every E steps (20)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of every row: initial model, partition and batches (default 0). A repeated run "
+                         "repeats the losses bit for bit, so only another seed tests the loss conditions")
     ap.add_argument("--targets", default="3.0,2.6",
                     help="validation losses to time, the first one the main target (default 3.0,2.6: DDP with "
                          "SGD reaches 3.0 within 200 steps, AdamW also 2.6)")
@@ -415,7 +420,7 @@ def main() -> int:
         for i, rate in enumerate(rates):
             for v in chosen(i):
                 folder = out / f"{rate:g}mbps" / v.key
-                line = command(v, ns.steps, ns.eval_every, folder, ns.task)
+                line = command(v, ns.steps, ns.eval_every, folder, ns.task, ns.seed)
                 print(f"[{rate:g} Mbit/s] {v.key}: scripts/testbed.py --nodes {ns.workers} --mbps {rate:g} "
                       f"--burst-kbit {burst_for(rate):g} -- {' '.join(line)}")
         return 0
@@ -425,6 +430,8 @@ def main() -> int:
     started, load_before = time.perf_counter(), os.getloadavg()
     results_path = out / "results.json"
     previous = json.loads(results_path.read_text()) if results_path.exists() else {}
+    if previous.get("seed", 0) != ns.seed:  # one table, one seed (folders from before --seed hold seed 0)
+        ap.error(f"--seed {ns.seed}: {out} holds runs of seed {previous.get('seed', 0)}; give another --out")
     beds = {(r["rate"], r["key"]): {k: r[k] for k in ("wire_mb", "drops", "note") if k in r}
             for r in previous.get("results", [])}
     results, k = [], 0
@@ -440,8 +447,8 @@ def main() -> int:
                 print(f"[{rate:g} Mbit/s] {v.label} ...", flush=True)
                 t = time.perf_counter()
                 try:
-                    beds[(rate, v.key)] = testbed_run(rate, command(v, ns.steps, ns.eval_every, folder, ns.task),
-                                                      folder, ns.timeout_s, f"tta-{os.getpid()}-{k}",
+                    line = command(v, ns.steps, ns.eval_every, folder, ns.task, ns.seed)
+                    beds[(rate, v.key)] = testbed_run(rate, line, folder, ns.timeout_s, f"tta-{os.getpid()}-{k}",
                                                       nodes=ns.workers, burst_kbit=burst_for(rate), label=v.label)
                 except RuntimeError as e:  # one failed run does not end the benchmark: say so, go on
                     print(f"  {str(e)[:300]}", file=sys.stderr, flush=True)
@@ -461,7 +468,7 @@ def main() -> int:
             done = {(x["rate"], x["key"]) for x in results}  # keep earlier runs' records (other rates, --only)
             kept = [x for x in previous.get("results", []) if (x["rate"], x["key"]) not in done]
             record = {"results": kept + results, "steps": ns.steps, "targets": targets, "task": ns.task,
-                      "workers": ns.workers}
+                      "workers": ns.workers, "seed": ns.seed}
             (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     done_rates = [r for r in rates + earlier if any(x["rate"] == r for x in results)]
     md = []
@@ -471,7 +478,7 @@ def main() -> int:
     evals = [x["summary"]["s_per_eval"] for x in results if "s_per_eval" in x["summary"]]
     notes = (f"\n\n{ns.workers} workers (one process per node namespace; 2 cores shared), `{ns.task}`, batch 8 per "
              "worker, "
-             f"{ns.steps} steps, evaluation every {ns.eval_every} steps"
+             f"{ns.steps} steps, seed {ns.seed}, evaluation every {ns.eval_every} steps"
              f"{f' (rank 0, {min(evals):.2f}-{max(evals):.2f} s each, as measured)' if evals else ''}, "
              f"targets {', '.join(map(str, targets))}. n/r = not reached."
              + ("" if ns.report_only else f" Load average before/after: {load_before[0]:.1f} / "
@@ -479,7 +486,7 @@ def main() -> int:
     text = "\n\n".join(md) + notes + "\n"
     (out / "results.md").write_text(text)
     for path in [out / "time_to_accuracy.png", *([ROOT / ns.plot] if ns.plot else [])]:
-        plot(results, done_rates, targets, path, ns.workers)
+        plot(results, done_rates, targets, path, ns.workers, ns.seed)
     print(text)
     return 0
 

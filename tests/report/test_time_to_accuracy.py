@@ -108,3 +108,23 @@ def test_time_less_evaluations_is_measured_where_the_run_recorded_it(tta, tmp_pa
     assert cell("ddp-adamw") == "1.4"  # 1.8 s - 2 x 0.2 s
     assert cell("gw-adamw-powersgd32h") == "0.4"  # 0.6 s - 2 x 0.1 s
     assert cell("gw-adamw-powersgd24h") == "≈0.1"  # 0.5 s - 2 x the upper median of 0.1 and 0.2 s
+
+
+def test_seed_reaches_every_row_and_one_folder_holds_one_seed(tta, tmp_path, monkeypatch, capsys):
+    """``--seed`` goes to ddp_train.py and to ``gradwire run`` alike (a repeated run repeats its
+    losses bit for bit: only another seed tests the loss conditions), and a folder holding runs of
+    one seed refuses another, so that one table never mixes seeds."""
+    monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--list", "--rates", "100", "--seed", "3",
+                                      "--only", "ddp-adamw,gw-adamw-powersgd32h", "--out", str(tmp_path)])
+    assert tta.main() == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(" --seed 3 " in x and " --seed 0 " not in x for x in lines)
+    assert "torchrun benchmarks/ddp_train.py" in lines[0] and " -- run " in lines[1]
+
+    (tmp_path / "results.json").write_text(json.dumps({"results": [], "seed": 0}))
+    monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "100", "--seed", "1",
+                                      "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        tta.main()
+    assert stop.value.code == 2
+    assert f"--seed 1: {tmp_path} holds runs of seed 0; give another --out" in capsys.readouterr().err
