@@ -430,7 +430,7 @@ def main() -> int:
     started, load_before = time.perf_counter(), os.getloadavg()
     results_path = out / "results.json"
     previous = json.loads(results_path.read_text()) if results_path.exists() else {}
-    if previous.get("seed", 0) != ns.seed:  # one table, one seed (folders from before --seed hold seed 0)
+    if previous and previous.get("seed", 0) != ns.seed:  # one table, one seed (older folders: seed 0)
         ap.error(f"--seed {ns.seed}: {out} holds runs of seed {previous.get('seed', 0)}; give another --out")
     beds = {(r["rate"], r["key"]): {k: r[k] for k in ("wire_mb", "drops", "note") if k in r}
             for r in previous.get("results", [])}
@@ -470,6 +470,9 @@ def main() -> int:
             record = {"results": kept + results, "steps": ns.steps, "targets": targets, "task": ns.task,
                       "workers": ns.workers, "seed": ns.seed}
             (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
+    if not results:  # every run failed, or --report-only found no run folder
+        print(f"time_to_accuracy.py: error: no finished run to report under {out}", file=sys.stderr)
+        return 2 if ns.report_only else 1
     done_rates = [r for r in rates + earlier if any(x["rate"] == r for x in results)]
     md = []
     for rate in done_rates:

@@ -121,9 +121,11 @@ def test_seed_reaches_every_row_and_one_folder_holds_one_seed(tta, tmp_path, mon
     assert len(lines) == 2 and all(" --seed 3 " in x and " --seed 0 " not in x for x in lines)
     assert "torchrun benchmarks/ddp_train.py" in lines[0] and " -- run " in lines[1]
 
+    report = ["time_to_accuracy.py", "--report-only", "--rates", "100", "--seed", "1", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", report)
+    assert tta.main() == 2  # a new folder takes any seed; it has nothing to report yet, and says so
+    assert capsys.readouterr().err.strip() == f"time_to_accuracy.py: error: no finished run to report under {tmp_path}"
     (tmp_path / "results.json").write_text(json.dumps({"results": [], "seed": 0}))
-    monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "100", "--seed", "1",
-                                      "--out", str(tmp_path)])
     with pytest.raises(SystemExit) as stop:
         tta.main()
     assert stop.value.code == 2
