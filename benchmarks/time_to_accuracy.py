@@ -7,6 +7,7 @@ against gradwire's compressed sync, PowerSGD, local SGD, DiLoCo and Streaming Di
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --rates 100 --only ddp-sgd,gw-topk
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --only adamw     # the AdamW rows, ~25 min
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --long           # AdamW, 1000 steps, ~40 min
+    sudo .venv/bin/python benchmarks/time_to_accuracy.py --long --seed 1 --out runs/tta-long-seed1  # another seed
     .venv/bin/python benchmarks/time_to_accuracy.py --report-only         # table + plot from the run folders
 
 The task: `stdlib-lm` (byte-level transformer, 1,445,824 parameters, a 5.8 MB float32 gradient;
