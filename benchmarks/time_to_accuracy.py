@@ -8,6 +8,8 @@ against gradwire's compressed sync, PowerSGD, local SGD, DiLoCo and Streaming Di
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --only adamw     # the AdamW rows, ~25 min
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --long           # AdamW, 1000 steps, ~40 min
     sudo .venv/bin/python benchmarks/time_to_accuracy.py --long --seed 1 --out runs/tta-long-seed1  # another seed
+    sudo .venv/bin/python benchmarks/time_to_accuracy.py --long --lr-schedule cosine:warmup=50,min_ratio=0.1 \
+        --out runs/tta-long-cosine                                        # every row warmed up and decayed
     .venv/bin/python benchmarks/time_to_accuracy.py --report-only         # table + plot from the run folders
 
 The task: `stdlib-lm` (byte-level transformer, 1,445,824 parameters, a 5.8 MB float32 gradient;
@@ -77,6 +79,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gradwire.algorithms.optim import lr_schedule  # noqa: E402
+from gradwire.errors import ConfigError  # noqa: E402
 from testbed_time_to_accuracy import ROOT, first_reaching, fmt, read_metrics, testbed_run  # noqa: E402
 
 TASK = "stdlib-lm:val_bytes=4096"
@@ -175,10 +179,12 @@ LONG_KEYS = ("ddp-adamw", "ddp-adamw-powersgd", "ddp-adamw-powersgd32h", "gw-ada
 LONG = {"rates": "100", "steps": 1000, "targets": "2.0,3.0,2.6,1.8,1.6", "timeout_s": 1500.0}
 
 
-def command(v: Variant, steps: int, eval_every: int, out: Path, task: str = TASK, seed: int = 0) -> list[str]:
-    """What follows ``--`` of scripts/testbed.py for variant ``v``."""
+def command(v: Variant, steps: int, eval_every: int, out: Path, task: str = TASK, seed: int = 0,
+            lr_schedule: str = "constant") -> list[str]:
+    """What follows ``--`` of scripts/testbed.py for variant ``v``; ``lr_schedule`` (gradwire's
+    spec, which ddp_train.py takes too) reaches every row, the constant default left implicit."""
     common = ["--batch-size", "8", "--seed", str(seed), "--steps", str(steps), "--eval-every", str(eval_every),
-              "--out", str(out)]
+              *(["--lr-schedule", lr_schedule] if lr_schedule != "constant" else []), "--out", str(out)]
     if v.kind == "ddp":
         return ["torchrun", DDP_SCRIPT, "--task", task, *v.flags, *common, "--name", v.label]
     return ["run", "--task", task, *v.flags, *common, "--name", v.label, "--overwrite"]
@@ -304,7 +310,7 @@ def verdict(results: list[dict], rate: float, target: float) -> str:
 
 
 def plot(results: list[dict], rates: list[float], targets: list[float], path: Path, workers: int = WORKERS,
-         seed: int = 0) -> None:
+         seed: int = 0, lr_schedule: str = "constant") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -335,7 +341,8 @@ def plot(results: list[dict], rates: list[float], targets: list[float], path: Pa
         row[1].set_title(f"{rate:g} Mbit/s: validation loss against bytes")
     axes[0][1].legend(fontsize=7, loc="upper right")
     fig.suptitle(f"stdlib-lm (1.45M parameters), {workers} workers on the namespace test bed, batch 8/worker, "
-                 f"seed {seed}; solid: PyTorch DDP (+ its hook), dotted: DDP + gradwire.ddp, dashed: gradwire run",
+                 f"seed {seed}{'' if lr_schedule == 'constant' else f', lr schedule {lr_schedule}'}; "
+                 "solid: PyTorch DDP (+ its hook), dotted: DDP + gradwire.ddp, dashed: gradwire run",
                  fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -378,6 +385,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of every row: initial model, partition and batches (default 0). A repeated run "
                          "repeats the losses bit for bit, so only another seed tests the loss conditions")
+    ap.add_argument("--lr-schedule", default="constant",
+                    help="learning-rate schedule of every row, gradwire's spec (ddp_train.py takes the same): "
+                         "constant (default), cosine:warmup=W,min_ratio=R, linear:warmup=W,min_ratio=R")
     ap.add_argument("--targets", default="3.0,2.6",
                     help="validation losses to time, the first one the main target (default 3.0,2.6: DDP with "
                          "SGD reaches 3.0 within 200 steps, AdamW also 2.6)")
@@ -403,6 +413,10 @@ def main() -> int:
             setattr(ns, key, value)
         ns.only = ns.only or ",".join(LONG_KEYS)
         ns.out = ns.out if ns.out != "runs/time-to-accuracy" else "runs/time-to-accuracy-long"
+    try:  # one line now, not a failed run per row later
+        lr_schedule(ns.lr_schedule, ns.steps)
+    except ConfigError as e:
+        ap.error(f"--lr-schedule: {e}")
     rates = [float(x) for x in ns.rates.split(",")]
     targets = [float(x) for x in ns.targets.split(",")]
     if ns.only == "adamw":
@@ -421,7 +435,7 @@ def main() -> int:
         for i, rate in enumerate(rates):
             for v in chosen(i):
                 folder = out / f"{rate:g}mbps" / v.key
-                line = command(v, ns.steps, ns.eval_every, folder, ns.task, ns.seed)
+                line = command(v, ns.steps, ns.eval_every, folder, ns.task, ns.seed, ns.lr_schedule)
                 print(f"[{rate:g} Mbit/s] {v.key}: scripts/testbed.py --nodes {ns.workers} --mbps {rate:g} "
                       f"--burst-kbit {burst_for(rate):g} -- {' '.join(line)}")
         return 0
@@ -433,6 +447,9 @@ def main() -> int:
     previous = json.loads(results_path.read_text()) if results_path.exists() else {}
     if previous and previous.get("seed", 0) != ns.seed:  # one table, one seed (older folders: seed 0)
         ap.error(f"--seed {ns.seed}: {out} holds runs of seed {previous.get('seed', 0)}; give another --out")
+    if previous and previous.get("lr_schedule", "constant") != ns.lr_schedule:  # and one schedule
+        ap.error(f"--lr-schedule {ns.lr_schedule}: {out} holds runs under "
+                 f"{previous.get('lr_schedule', 'constant')}; give another --out")
     beds = {(r["rate"], r["key"]): {k: r[k] for k in ("wire_mb", "drops", "note") if k in r}
             for r in previous.get("results", [])}
     results, k = [], 0
@@ -448,7 +465,7 @@ def main() -> int:
                 print(f"[{rate:g} Mbit/s] {v.label} ...", flush=True)
                 t = time.perf_counter()
                 try:
-                    line = command(v, ns.steps, ns.eval_every, folder, ns.task, ns.seed)
+                    line = command(v, ns.steps, ns.eval_every, folder, ns.task, ns.seed, ns.lr_schedule)
                     beds[(rate, v.key)] = testbed_run(rate, line, folder, ns.timeout_s, f"tta-{os.getpid()}-{k}",
                                                       nodes=ns.workers, burst_kbit=burst_for(rate), label=v.label)
                 except RuntimeError as e:  # one failed run does not end the benchmark: say so, go on
@@ -469,7 +486,7 @@ def main() -> int:
             done = {(x["rate"], x["key"]) for x in results}  # keep earlier runs' records (other rates, --only)
             kept = [x for x in previous.get("results", []) if (x["rate"], x["key"]) not in done]
             record = {"results": kept + results, "steps": ns.steps, "targets": targets, "task": ns.task,
-                      "workers": ns.workers, "seed": ns.seed}
+                      "workers": ns.workers, "seed": ns.seed, "lr_schedule": ns.lr_schedule}
             (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     if not results:  # every run failed, or --report-only found no run folder
         print(f"time_to_accuracy.py: error: no finished run to report under {out}", file=sys.stderr)
@@ -482,7 +499,8 @@ def main() -> int:
     evals = [x["summary"]["s_per_eval"] for x in results if "s_per_eval" in x["summary"]]
     notes = (f"\n\n{ns.workers} workers (one process per node namespace; 2 cores shared), `{ns.task}`, batch 8 per "
              "worker, "
-             f"{ns.steps} steps, seed {ns.seed}, evaluation every {ns.eval_every} steps"
+             f"{ns.steps} steps, seed {ns.seed}, learning rate {ns.lr_schedule}, "
+             f"evaluation every {ns.eval_every} steps"
              f"{f' (rank 0, {min(evals):.2f}-{max(evals):.2f} s each, as measured)' if evals else ''}, "
              f"targets {', '.join(map(str, targets))}. n/r = not reached."
              + ("" if ns.report_only else f" Load average before/after: {load_before[0]:.1f} / "
@@ -490,7 +508,7 @@ def main() -> int:
     text = "\n\n".join(md) + notes + "\n"
     (out / "results.md").write_text(text)
     for path in [out / "time_to_accuracy.png", *([ROOT / ns.plot] if ns.plot else [])]:
-        plot(results, done_rates, targets, path, ns.workers, ns.seed)
+        plot(results, done_rates, targets, path, ns.workers, ns.seed, ns.lr_schedule)
     print(text)
     return 0
 

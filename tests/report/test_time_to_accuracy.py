@@ -130,3 +130,34 @@ def test_seed_reaches_every_row_and_one_folder_holds_one_seed(tta, tmp_path, mon
         tta.main()
     assert stop.value.code == 2
     assert f"--seed 1: {tmp_path} holds runs of seed 0; give another --out" in capsys.readouterr().err
+
+
+def test_lr_schedule_reaches_every_row_and_one_folder_holds_one_schedule(tta, tmp_path, monkeypatch, capsys):
+    """``--lr-schedule`` goes to ddp_train.py and to ``gradwire run`` alike, the constant default
+    leaves the command lines as they were, a bad spec is one line before any run, and a folder of
+    constant-rate runs refuses a schedule (one table, one schedule)."""
+    listing = ["time_to_accuracy.py", "--list", "--rates", "100", "--steps", "1000", "--only",
+               "ddp-adamw,gw-adamw-powersgd32h", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*listing, "--lr-schedule", "cosine:warmup=50,min_ratio=0.1"])
+    assert tta.main() == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(" --lr-schedule cosine:warmup=50,min_ratio=0.1 " in x for x in lines)
+    monkeypatch.setattr(sys, "argv", listing)
+    assert tta.main() == 0
+    assert "--lr-schedule" not in capsys.readouterr().out
+
+    monkeypatch.setattr(sys, "argv", [*listing, "--lr-schedule", "cosine:warmup=2000"])
+    with pytest.raises(SystemExit) as stop:
+        tta.main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err[-1].startswith("time_to_accuracy.py: error: --lr-schedule: ")
+    assert "2000" in err[-1]
+
+    (tmp_path / "results.json").write_text(json.dumps({"results": [], "seed": 0}))  # an older folder: constant
+    monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "100", "--lr-schedule",
+                                      "cosine:warmup=5", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        tta.main()
+    assert stop.value.code == 2
+    assert (f"--lr-schedule cosine:warmup=5: {tmp_path} holds runs under constant; give another --out"
+            in capsys.readouterr().err)
