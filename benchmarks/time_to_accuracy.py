@@ -38,7 +38,9 @@ Variants (`--only` takes the keys; `--list` prints them with their command lines
 - `ddp-adamw-gw-powersgd32h`, `ddp-adamw-gw-powersgd32h-b1`: `gradwire.ddp` with
   `powersgd:rank=32,dtype=fp16,start_step=2` (fp16 factors), DDP's default buckets or 1 MB ones;
 - `gw-adamw-powersgd32h`: `gradwire run --algorithm sync` AdamW with `powersgd:rank=32,dtype=fp16`;
-  `gw-adamw-powersgd24h` the same at rank 24 (the lowest rank under 1 % on the simulator);
+  `gw-adamw-powersgd24h` the same at rank 24 (the lowest rank under 1 % on the simulator), and
+  `gw-adamw-powersgd48h`, `-64h` at ranks 48 and 64 (what it takes to stay within 1 % on three
+  seeds over 1000 steps);
 - `gw-adamw-ov`: `gw-adamw` with `sync:overlap=true` (1 MB buckets, as DDP's first);
 - `gw-adamw-powersgd32h-ov`, `-ov2`, `-ov3`: the same with `sync:overlap=true` (each bucket's
   allreduces during the backward pass), 1, 2 and 3 MB buckets;
@@ -150,6 +152,8 @@ VARIANTS = [
                              "gradwire:powersgd:rank=32,dtype=fp16,start_step=2", "--bucket-cap-mb", "1")),
     gw_adamw_sync("gw-adamw-powersgd24h", "sync", "powersgd:rank=24,dtype=fp16"),
     gw_adamw_sync("gw-adamw-powersgd32h", "sync", R32H),
+    gw_adamw_sync("gw-adamw-powersgd48h", "sync", "powersgd:rank=48,dtype=fp16"),
+    gw_adamw_sync("gw-adamw-powersgd64h", "sync", "powersgd:rank=64,dtype=fp16"),
     gw_adamw_sync("gw-adamw-powersgd32h-ov", "sync:overlap=true", R32H),
     gw_adamw_sync("gw-adamw-powersgd32h-ov2", "sync:overlap=true,bucket_mb=2", R32H),
     gw_adamw_sync("gw-adamw-powersgd32h-ov3", "sync:overlap=true,bucket_mb=3", R32H),
