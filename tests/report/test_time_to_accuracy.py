@@ -129,7 +129,7 @@ def test_seed_reaches_every_row_and_one_folder_holds_one_seed(tta, tmp_path, mon
     with pytest.raises(SystemExit) as stop:
         tta.main()
     assert stop.value.code == 2
-    assert f"--seed 1: {tmp_path} holds runs of seed 0; give another --out" in capsys.readouterr().err
+    assert f"--seed 1: {tmp_path} holds runs of seed 0; pass --seed 0 or give another --out" in capsys.readouterr().err
 
 
 def test_lr_schedule_reaches_every_row_and_one_folder_holds_one_schedule(tta, tmp_path, monkeypatch, capsys):
@@ -159,5 +159,23 @@ def test_lr_schedule_reaches_every_row_and_one_folder_holds_one_schedule(tta, tm
     with pytest.raises(SystemExit) as stop:
         tta.main()
     assert stop.value.code == 2
-    assert (f"--lr-schedule cosine:warmup=5: {tmp_path} holds runs under constant; give another --out"
-            in capsys.readouterr().err)
+    assert (f"--lr-schedule cosine:warmup=5,min_ratio=0: {tmp_path} holds runs under constant; pass --lr-schedule "
+            "constant or give another --out" in capsys.readouterr().err)
+
+
+def test_a_folder_records_its_schedule_and_takes_the_same_one_spelt_otherwise(tta, tmp_path, monkeypatch):
+    """The schedule is recorded in results.json in one spelling (every parameter, a fixed order), so
+    the same schedule written another way is accepted and the report says which it was."""
+    folder = tmp_path / "100mbps" / "ddp-adamw"
+    folder.mkdir(parents=True)
+    rows = [{"step": s, "wall_time_s": 1.0 + s, "bytes_sent": s * 1000, "test_loss": 3.0 - 0.5 * s} for s in range(3)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "results.json").write_text(json.dumps({
+        "results": [{"rate": 100.0, "key": "ddp-adamw", "wire_mb": 0.01, "drops": 0}],
+        "lr_schedule": "cosine:warmup=1,min_ratio=0.1"}))
+    monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "100", "--steps", "2",
+                                      "--targets", "2.0", "--lr-schedule", "cosine:min_ratio=0.1,warmup=1",
+                                      "--out", str(tmp_path)])
+    assert tta.main() == 0
+    assert json.loads((tmp_path / "results.json").read_text())["lr_schedule"] == "cosine:warmup=1,min_ratio=0.1"
+    assert "learning rate cosine:warmup=1,min_ratio=0.1," in (tmp_path / "results.md").read_text()
