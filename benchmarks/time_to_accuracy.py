@@ -58,8 +58,11 @@ Columns:
   gradwire's torch transport uses; DDP's from the shapes, see ddp_train.py); MB run: counted for
   the whole run / what the four veth interfaces really sent (TCP/IP, rendezvous, evaluation waits).
 - final loss: validation loss after the last step; Δ vs DDP: relative to DDP with the same
-  optimiser family (the issue's target: within 1 %). loss at T s: each run's last validation loss
-  measured within T seconds of its step 0, T the shortest run's length (equal wall time).
+  optimiser family (the issue's target: within 1 %). Δ last 5 vs DDP: the same for the mean of
+  the last five evaluations, steadier than one evaluation (at a constant rate the 4 KB validation
+  set's loss moves by up to 4.4 % between evaluations; docs/time_to_accuracy.md, "Ninth pass").
+  loss at T s: each run's last validation loss measured within T seconds of its step 0, T the
+  shortest run's length (equal wall time).
 - s to L less evals: the main target's time less rank 0's evaluations before it, as each run
   measured them (``eval_time_s`` in metrics.jsonl, written by ddp_train.py and by ``gradwire run``);
   for a gradwire run folder from before ``gradwire run`` measured them, estimated, "≈", as their
@@ -200,10 +203,15 @@ def burst_for(rate: float) -> float:
     return 32.0 if rate <= 100 else rate
 
 
+TAIL = 5  # evaluations averaged for "Δ last 5"
+
+
 def summarise(rows: list[dict], targets: list[float]) -> dict:
     t0 = rows[0]["wall_time_s"]
     last = rows[-1]
+    tail = rows[-TAIL:]
     out = {"steps": last["step"], "final_loss": last["test_loss"], "best_loss": min(r["test_loss"] for r in rows),
+           "tail_loss": sum(r["test_loss"] for r in tail) / len(tail),
            "total_mb": last["bytes_sent"] / 1e6, "s_per_step": (last["wall_time_s"] - t0) / max(1, last["step"]),
            "run_s": last["wall_time_s"] - t0, "targets": {}}
     if "eval_time_s" in last and len(rows) > 1:  # the run measured its evaluations
@@ -255,7 +263,7 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
     head = ["variant", "opt.", *(f"s to {t}" for t in targets), f"s to {main} less evals",
             f"speed-up to {main}, x (same opt. / best DDP)",
             f"steps to {main}", f"MB to {main}", "ms/step", "MB run (counted / wire)", "tbf drops", "final loss",
-            "Δ final vs DDP", f"loss at {equal_s:.0f} s"]
+            "Δ final vs DDP", f"Δ last {TAIL} vs DDP", f"loss at {equal_s:.0f} s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = [f"(*) {r['label']}: {r['note']}" for r in rows if r.get("note")]
     for r in rows:
@@ -266,13 +274,15 @@ def table(results: list[dict], rate: float, targets: list[float]) -> str:
         same = None if base is None or mine is None or secs(base, main) is None else secs(base, main) / mine
         vs_best = None if best_ddp is None or mine is None else best_ddp / mine
         delta = None if base is None else s["final_loss"] / base["summary"]["final_loss"] - 1
+        tail = None if base is None else s["tail_loss"] / base["summary"]["tail_loss"] - 1
         lines.append("| " + " | ".join([
             r["label"] + (" (*)" if r.get("note") else ""), r["family"],
             *(fmt(secs(r, str(t)), ".1f", "n/r") for t in targets), without_evals(r),
             f"{fmt(same, '.2f', 'n/r')} / {fmt(vs_best, '.2f', 'n/r')}", fmt(hit and hit["step"], "d", "n/r"),
             fmt(hit and hit["mb"], ".1f", "-"), f"{s['s_per_step'] * 1e3:.0f}",
             f"{s['total_mb']:.0f} / {r['wire_mb']:.0f}", str(r["drops"]), f"{s['final_loss']:.3f}",
-            fmt(delta and delta * 100, "+.1f", "0.0") + " %", f"{loss_at(r, equal_s):.3f}"]) + " |")
+            fmt(delta and delta * 100, "+.1f", "0.0") + " %", fmt(tail and tail * 100, "+.1f", "0.0") + " %",
+            f"{loss_at(r, equal_s):.3f}"]) + " |")
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
