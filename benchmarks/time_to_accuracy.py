@@ -322,6 +322,17 @@ def verdict(results: list[dict], rate: float, target: float) -> str:
     return "\n".join(lines)
 
 
+def colours(keys: list[str]) -> dict[str, tuple]:
+    """A colour per distinct row key of one figure, in first-seen order: tab10's for up to 10 rows,
+    then tab20's, so no two rows of a plot share one up to 20 (indexing by the variant's place in
+    VARIANTS, as before, gave DDP and rank 64 the same blue)."""
+    from matplotlib import colormaps
+
+    distinct = list(dict.fromkeys(keys))
+    cmap = colormaps["tab10" if len(distinct) <= 10 else "tab20"]
+    return {key: cmap(i % cmap.N) for i, key in enumerate(distinct)}
+
+
 def plot(results: list[dict], rates: list[float], targets: list[float], path: Path, workers: int = WORKERS,
          seed: int = 0, schedule: str = "constant") -> None:
     import matplotlib
@@ -330,13 +341,12 @@ def plot(results: list[dict], rates: list[float], targets: list[float], path: Pa
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(rates), 2, figsize=(13, 4.6 * len(rates)), squeeze=False)
-    keys = [v.key for v in VARIANTS]
-    cmap = plt.get_cmap("tab20")
+    colour = colours([r["key"] for r in results])
     for row, rate in zip(axes, rates, strict=True):
         for r in (x for x in results if x["rate"] == rate):
             c = r["curves"]
             ls = "--" if r["kind"] == "gradwire" else ":" if "-gw-" in r["key"] else "-"
-            kw = {"label": r["label"], "ls": ls, "color": cmap(keys.index(r["key"]) % 20), "marker": "o", "ms": 2.5,
+            kw = {"label": r["label"], "ls": ls, "color": colour[r["key"]], "marker": "o", "ms": 2.5,
                   "lw": 1.4}
             row[0].plot(c["seconds"], c["loss"], **kw)
             sent = [(m, loss) for m, loss in zip(c["mb"], c["loss"], strict=True) if m > 0]  # log axis: no step 0

@@ -205,3 +205,13 @@ def test_the_table_gives_the_mean_of_the_last_five_evaluations_beside_the_final_
            .split("|")]
     assert row[head.index("Δ final vs DDP")] == "+10.0 %"  # 1.43 against 1.30
     assert row[head.index("Δ last 5 vs DDP")] == "+1.8 %"  # 7.23 / 5 against 7.10 / 5
+
+
+def test_every_row_of_a_plot_has_its_own_colour(tta):
+    """Up to 20 rows, no two share a colour, whatever their places among the variants (DDP and
+    rank 64, 20 places apart, used to share one); a row keeps its colour across rates."""
+    keys = [v.key for v in tta.VARIANTS]
+    for chosen in (["ddp-adamw", "ddp-adamw-powersgd", "gw-adamw-powersgd32h", "gw-adamw-powersgd48h",
+                    "gw-adamw-powersgd64h"], keys[:20]):
+        colour = tta.colours(chosen + chosen)  # two rates: every key twice
+        assert len(colour) == len(chosen) and len(set(colour.values())) == len(chosen)
