@@ -25,6 +25,17 @@ def row(key: str, kind: str, seconds: float | None, final: float) -> dict:
             "summary": {"final_loss": final, "targets": {"2.0": None if seconds is None else {"seconds": seconds}}}}
 
 
+def write_runs(out: Path, runs: dict[tuple[float, str], list[dict]], **record) -> None:
+    """Run folders under ``out`` as the benchmark leaves them: each (rate, key)'s metrics.jsonl
+    rows, and results.json recording them (plus ``record``'s keys: seed, lr_schedule)."""
+    for (rate, key), rows in runs.items():
+        folder = out / f"{rate:g}mbps" / key
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = [{"rate": rate, "key": key, "wire_mb": 0.01, "drops": 0} for rate, key in runs]
+    (out / "results.json").write_text(json.dumps({"results": records} | record))
+
+
 def checks(text: str, key: str) -> list[str]:
     line = next(x for x in text.splitlines() if x.startswith(f"- {key}:"))
     return [part.rsplit(" ", 1)[1] for part in line.split(": ", 1)[1].split("; ")]
@@ -61,15 +72,9 @@ def test_each_condition_can_fail(tta):
 def test_a_later_run_at_another_rate_keeps_the_earlier_rate_in_the_report(tta, tmp_path, monkeypatch):
     """Running 1 Gbit/s into a folder that holds a 100 Mbit/s run reports both rates (the report
     used to cover only the rates of the latest command line)."""
-    records = []
-    for rate, step_s in ((100.0, 0.9), (1000.0, 0.2)):
-        folder = tmp_path / f"{rate:g}mbps" / "ddp-adamw"
-        folder.mkdir(parents=True)
-        rows = [{"step": s, "wall_time_s": 1.0 + s * step_s, "bytes_sent": s * 1000, "test_loss": 3.0 - 0.5 * s}
-                for s in range(3)]
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        records.append({"rate": rate, "key": "ddp-adamw", "wire_mb": 0.01, "drops": 0})
-    (tmp_path / "results.json").write_text(json.dumps({"results": records}))
+    write_runs(tmp_path, {(rate, "ddp-adamw"): [{"step": s, "wall_time_s": 1.0 + s * step_s, "bytes_sent": s * 1000,
+                                                 "test_loss": 3.0 - 0.5 * s} for s in range(3)]
+                          for rate, step_s in ((100.0, 0.9), (1000.0, 0.2))})
     monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "1000", "--steps", "2",
                                       "--targets", "2.0", "--out", str(tmp_path)])
     assert tta.main() == 0
@@ -83,16 +88,11 @@ def test_time_less_evaluations_is_measured_where_the_run_recorded_it(tta, tmp_pa
     """"s to L less evals" subtracts the evaluation seconds a run recorded (``eval_time_s``, which
     ddp_train.py and ``gradwire run`` write); a run folder without them is estimated (≈) from the
     median of the runs that have them."""
-    records = []
-    for key, step_s, eval_s in (("ddp-adamw", 0.9, 0.2), ("gw-adamw-powersgd32h", 0.3, 0.1),
-                                ("gw-adamw-powersgd24h", 0.25, None)):
-        folder = tmp_path / "100mbps" / key
-        folder.mkdir(parents=True)
-        rows = [{"step": s, "wall_time_s": 1.0 + s * step_s, "bytes_sent": s * 1000, "test_loss": 3.0 - 0.5 * s}
-                | ({} if eval_s is None else {"eval_time_s": s * eval_s}) for s in range(3)]
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        records.append({"rate": 100.0, "key": key, "wire_mb": 0.01, "drops": 0})
-    (tmp_path / "results.json").write_text(json.dumps({"results": records}))
+    write_runs(tmp_path, {(100.0, key): [{"step": s, "wall_time_s": 1.0 + s * step_s, "bytes_sent": s * 1000,
+                                          "test_loss": 3.0 - 0.5 * s}
+                                         | ({} if eval_s is None else {"eval_time_s": s * eval_s}) for s in range(3)]
+                          for key, step_s, eval_s in (("ddp-adamw", 0.9, 0.2), ("gw-adamw-powersgd32h", 0.3, 0.1),
+                                                      ("gw-adamw-powersgd24h", 0.25, None))})
     monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "100", "--steps", "2",
                                       "--targets", "2.0", "--out", str(tmp_path)])
     assert tta.main() == 0
@@ -166,13 +166,8 @@ def test_lr_schedule_reaches_every_row_and_one_folder_holds_one_schedule(tta, tm
 def test_a_folder_records_its_schedule_and_takes_the_same_one_spelt_otherwise(tta, tmp_path, monkeypatch):
     """The schedule is recorded in results.json in one spelling (every parameter, a fixed order), so
     the same schedule written another way is accepted and the report says which it was."""
-    folder = tmp_path / "100mbps" / "ddp-adamw"
-    folder.mkdir(parents=True)
     rows = [{"step": s, "wall_time_s": 1.0 + s, "bytes_sent": s * 1000, "test_loss": 3.0 - 0.5 * s} for s in range(3)]
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "results.json").write_text(json.dumps({
-        "results": [{"rate": 100.0, "key": "ddp-adamw", "wire_mb": 0.01, "drops": 0}],
-        "lr_schedule": "cosine:warmup=1,min_ratio=0.1"}))
+    write_runs(tmp_path, {(100.0, "ddp-adamw"): rows}, lr_schedule="cosine:warmup=1,min_ratio=0.1")
     monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "100", "--steps", "2",
                                       "--targets", "2.0", "--lr-schedule", "cosine:min_ratio=0.1,warmup=1",
                                       "--out", str(tmp_path)])
@@ -187,15 +182,8 @@ def test_the_table_gives_the_mean_of_the_last_five_evaluations_beside_the_final_
     evaluation alone is off shows it in full in "Δ final", and a fifth of it in "Δ last 5"."""
     losses = {"ddp-adamw": [3.0, 2.0, 1.50, 1.40, 1.50, 1.40, 1.30],
               "gw-adamw-powersgd32h": [3.0, 2.0, 1.50, 1.40, 1.50, 1.40, 1.43]}
-    records = []
-    for key, curve in losses.items():
-        folder = tmp_path / "100mbps" / key
-        folder.mkdir(parents=True)
-        rows = [{"step": s, "wall_time_s": 1.0 + s, "bytes_sent": s * 1000, "test_loss": loss}
-                for s, loss in enumerate(curve)]
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        records.append({"rate": 100.0, "key": key, "wire_mb": 0.01, "drops": 0})
-    (tmp_path / "results.json").write_text(json.dumps({"results": records}))
+    write_runs(tmp_path, {(100.0, key): [{"step": s, "wall_time_s": 1.0 + s, "bytes_sent": s * 1000, "test_loss": loss}
+                                         for s, loss in enumerate(curve)] for key, curve in losses.items()})
     monkeypatch.setattr(sys, "argv", ["time_to_accuracy.py", "--report-only", "--rates", "100", "--steps", "6",
                                       "--targets", "2.0", "--out", str(tmp_path)])
     assert tta.main() == 0
