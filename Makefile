@@ -1,10 +1,11 @@
 # The two set-up commands of the README: `make demo` and `make test`, each from a fresh clone.
+# `make check` is the edit-test loop: ruff and the tests that stay in one process (tests/tiers.py).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test check lint bench clean
 
 # torch is installed first and pinned, so that no later step can pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -20,6 +21,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(PY) -m pytest -q -n 3 --dist loadgroup
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not multiprocess"
 
 bench: $(STAMP)
 	$(PY) benchmarks/compressors.py

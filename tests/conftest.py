@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import tiers
+
 # Keep tests single-threaded: the machine has 2 cores and results must not depend on threading.
 torch.set_num_threads(1)
 os.environ.setdefault("CI", "1")  # no progress bars in test output
@@ -31,6 +33,18 @@ def _seed_global_generators(request):
     seed = zlib.crc32(request.node.nodeid.encode())
     torch.manual_seed(seed)
     random.seed(seed)
+
+
+def pytest_collection_modifyitems(config, items):
+    tiers.mark_multiprocess(items)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request, monkeypatch):
+    """In ``make check`` (``-m "not multiprocess"``), a test that starts a process fails: the marker
+    rule of tests/tiers.py missed it."""
+    if tiers.fast_tier(request.config):
+        tiers.forbid_processes(monkeypatch, request.node.nodeid)
 
 
 NO_CUDA = "no CUDA device here (CI has none): the cuda case runs on a machine with a GPU"

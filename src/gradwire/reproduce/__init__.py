@@ -62,7 +62,7 @@ def run_claims(out: Path, *, quick: bool, names: list[str] | None = None,
 
 def write_report(out: Path, claims: list[Claim], *, quick: bool, command: str, wall_time_s: float) -> dict[str, Path]:
     """``claims.json``, ``reproduce.md`` and ``report.html`` (the same content, plots inlined) in ``out``."""
-    from gradwire.cli import version
+    from gradwire import version
 
     meta = {"gradwire_version": version(), "mode": "quick" if quick else "full", "command": command,
             "wall_time_s": wall_time_s, "written": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
