@@ -49,6 +49,7 @@ from gradwire.compress.wire import work_dtype
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
 from gradwire.registries import registry_for
 from gradwire.seeding import hash_seed
+from gradwire.transports import ledger
 
 _RAW = build("none")  # small parameters travel as they are (see _allgather)
 
@@ -101,10 +102,11 @@ class HookState:
       computed. Larger buckets mean fewer, larger all-gathers.
 
     Byte counters (``bytes_sent``, ``wire_bytes_sent``) count what this rank contributed times the
-    ``world_size - 1`` peers it reaches, whatever algorithm the backend uses (a ring allreduce moves
-    about twice that in total). ``bytes_sent`` counts compressor payloads only: the exact
-    ``Packet.nbytes`` of every packet. ``wire_bytes_sent`` adds what the compressed path
-    really hands to the all-gathers: an int64 size per parameter and padding to the longest rank.
+    ``world_size - 1`` peers it reaches (the byte ledger's broadcast of it, transports/ledger.py),
+    whatever algorithm the backend uses (a ring allreduce moves about twice that in total).
+    ``bytes_sent`` counts compressor payloads only: the exact ``Packet.nbytes`` of every packet.
+    ``wire_bytes_sent`` adds what the compressed path really hands to the all-gathers: an int64 size
+    per parameter and padding to the longest rank.
 
     ``state_dict()`` holds ints, strings and tensors (``torch.load(weights_only=True)`` reads it),
     never the process group. Residuals belong to one rank's data: every rank saves its own.
@@ -263,9 +265,9 @@ def _powersgd(state: HookState, bucket: dist.GradBucket, layout) -> torch.future
         total = tensors[state.rank]  # a new tensor (the concatenated factors): summed in place
         _wait(state, dist.all_reduce(total, group=state.process_group, async_op=True), bucket, "PowerSGD factors",
               "allreduce", step=step)
-        nbytes = total.numel() * total.element_size()
-        state.bytes_sent += nbytes * (world - 1)
-        state.wire_bytes_sent += nbytes * (world - 1)
+        nbytes = ledger.broadcast(total.numel() * total.element_size(), world)
+        state.bytes_sent += nbytes
+        state.wire_bytes_sent += nbytes
         return total.div_(world)
 
     def mean() -> torch.Tensor:
@@ -362,9 +364,9 @@ def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futur
         refused = _refused(state, bucket, layout, error)
         # NaN everywhere: the sum tells every peer, who then stops too instead of waiting for us
         values = torch.full((buffer.numel(),), math.nan, dtype=wire_dtype, device=buffer.device)
-    nbytes = values.numel() * values.element_size()
-    state.bytes_sent += nbytes * (state.world_size - 1)
-    state.wire_bytes_sent += nbytes * (state.world_size - 1)
+    nbytes = ledger.broadcast(values.numel() * values.element_size(), state.world_size)
+    state.bytes_sent += nbytes
+    state.wire_bytes_sent += nbytes
     step, index = state.step, bucket.index()
     future = dist.all_reduce(values, group=state.process_group, async_op=True).get_future()
 
@@ -433,8 +435,8 @@ def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, 
     received = torch.empty(world * total, dtype=torch.uint8, device=buffer.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the name before 2.13
     future = gather(received, send, group=state.process_group, async_op=True).get_future()
-    state.bytes_sent += sum(sizes) * (world - 1)
-    state.wire_bytes_sent += total * (world - 1)
+    state.bytes_sent += ledger.broadcast(sum(sizes), world)
+    state.wire_bytes_sent += ledger.broadcast(total, world)
     step, index = state.step, bucket.index()
 
     def finish(done: torch.futures.Future) -> torch.Tensor:
@@ -478,8 +480,8 @@ def _gather_variable(state: HookState, bucket, layout, raw, small, packets, refu
     torch.cat([p.buffer for p in packets], out=send[:totals[state.rank]])
     received = [torch.empty_like(send) for _ in range(world)]
     _wait(state, dist.all_gather(received, send, group=group, async_op=True), bucket, "payloads")
-    state.bytes_sent += totals[state.rank] * (world - 1)
-    state.wire_bytes_sent += (sizes.numel() * 8 + send.numel()) * (world - 1)
+    state.bytes_sent += ledger.broadcast(totals[state.rank], world)
+    state.wire_bytes_sent += ledger.broadcast(sizes.numel() * ledger.SIZE_BYTES + send.numel(), world)
     mean = _decode_mean(state, buffer, layout, raw, small,
                         [(received[r], all_sizes[r].tolist()) for r in range(world)])
     future = torch.futures.Future()

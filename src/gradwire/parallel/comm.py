@@ -1,10 +1,11 @@
 """Counted collectives on a process group, and the two autograd operators tensor parallelism needs.
 
-Bytes are counted as gradwire's torch transport counts them (ring / pipelined collectives, every
-message once, summed over the group): broadcast and reduce of n bytes over g ranks (g-1)·n,
-all-reduce 2·(g-1)·n. Each group's first rank adds its group's bytes to its
-:class:`ByteCounter`, under the label of the layer that made the call, so the sum of every
-process's counter is the run's total, with no communication to count.
+Bytes are counted as gradwire's torch transport counts them, by the byte ledger
+(transports/ledger.py: ring / pipelined collectives, every message once, summed over the group):
+broadcast and reduce of n bytes over g ranks (g-1)·n, all-reduce 2·(g-1)·n, gather (g-1)·n. Each
+group's first rank adds its group's bytes to its :class:`ByteCounter`, under the label of the layer
+that made the call, so the sum of every process's counter is the run's total, with no communication
+to count.
 
 Gradient conventions (Megatron-LM, Shoeybi et al. 2019): a tensor replicated over a group carries
 its *full* gradient on every member. Hence
@@ -22,6 +23,8 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+
+from gradwire.transports import ledger
 
 
 class ByteCounter:
@@ -60,20 +63,31 @@ class Group:
         """``t`` of member ``src`` (an index into ``ranks``) at every member, in place."""
         if self.size > 1:
             dist.broadcast(t, src=self.ranks[src], group=self.pg)
-            self._count(label, (self.size - 1) * t.numel() * t.element_size())
+            self._count(label, ledger.broadcast(t.numel() * t.element_size(), self.size))
         return t
 
     def reduce(self, t: torch.Tensor, dst: int, label: str) -> torch.Tensor:
         """The members' sum at member ``dst``, in place (elsewhere ``t`` is left undefined)."""
         if self.size > 1:
             dist.reduce(t, dst=self.ranks[dst], op=dist.ReduceOp.SUM, group=self.pg)
-            self._count(label, (self.size - 1) * t.numel() * t.element_size())
+            self._count(label, ledger.reduce(t.numel() * t.element_size(), self.size))
         return t
+
+    def gather(self, t: torch.Tensor, dst: int, label: str | None) -> list[torch.Tensor] | None:
+        """Every member's ``t`` (all of one shape) at member ``dst``, in member order (None at the
+        others). ``label`` None: not counted (evaluation's gathers are not training traffic)."""
+        if self.size == 1:
+            return [t]
+        out = [torch.empty_like(t) for _ in range(self.size)] if self.index == dst else None
+        dist.gather(t, out, dst=self.ranks[dst], group=self.pg)
+        if label is not None:
+            self._count(label, ledger.gather([t.numel() * t.element_size()] * self.size, dst))
+        return out
 
     def all_reduce(self, t: torch.Tensor, label: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
         if self.size > 1:
             dist.all_reduce(t, op=op, group=self.pg)
-            self._count(label, 2 * (self.size - 1) * t.numel() * t.element_size())
+            self._count(label, ledger.allreduce(t.numel() * t.element_size(), self.size))
         return t
 
 

@@ -1,6 +1,7 @@
 """Exact bytes of the tensor-parallel layers, per layer and per training step (forward + backward),
 summed over every process of one tensor-parallel group, as the layers send them and
-:mod:`gradwire.parallel.comm` counts them (broadcast and reduce (g-1)·n, all-reduce 2·(g-1)·n).
+:mod:`gradwire.parallel.comm` counts them: each formula is a sum of the byte ledger's collectives
+(transports/ledger.py: broadcast and reduce (g-1)·n, all-reduce 2·(g-1)·n).
 
 ``tokens`` is the number of tokens (sequences x length) that the group works on in a step,
 ``e`` the bytes per element. The tests check every counter against these; the benchmark and the
@@ -9,15 +10,17 @@ weak-scaling prediction use them. Derivations are in docs/tensor_parallel.md.
 
 from __future__ import annotations
 
+from gradwire.transports.ledger import allreduce, broadcast
+
 
 def column_parallel(p: int, tokens: int, in_features: int, e: int) -> int:
     """1-D column-parallel linear: its input gradient all-reduced backward (Megatron's f)."""
-    return 2 * (p - 1) * tokens * in_features * e
+    return allreduce(tokens * in_features * e, p)
 
 
 def row_parallel(p: int, tokens: int, out_features: int, e: int) -> int:
     """1-D row-parallel linear: its output all-reduced forward (Megatron's g)."""
-    return 2 * (p - 1) * tokens * out_features * e
+    return allreduce(tokens * out_features * e, p)
 
 
 def summa_linear(q: int, d: int, tokens: int, in_features: int, out_features: int, e: int,
@@ -26,29 +29,35 @@ def summa_linear(q: int, d: int, tokens: int, in_features: int, out_features: in
     and W = in·out (forward: X along rows and W along columns, q steps; backward: the same two
     broadcasts plus two reduces); the depth all-reduce of the weight gradient, 2·(d-1)·W; the
     bias gradient all-reduced over columns then depth, 2·d·(q-1)·out + 2·q·(d-1)·out."""
-    a, w = tokens * in_features, in_features * out_features
-    total = 3 * (q - 1) * (a + d * w) + 2 * (d - 1) * w
+    a, w = tokens * in_features * e, in_features * out_features * e
+    total = 3 * (broadcast(a, q) + broadcast(d * w, q)) + allreduce(w, d)
     if bias:
-        total += 2 * d * (q - 1) * out_features + 2 * q * (d - 1) * out_features
-    return total * e
+        total += _columns_then_depth(q, d, out_features * e)
+    return total
+
+
+def _columns_then_depth(q: int, d: int, nbytes: int) -> int:
+    """A gradient of ``nbytes`` held by each row of the grid, all-reduced along its columns (d
+    all-reduces over q ranks), then over depth (q all-reduces over d ranks):
+    2·d·(q-1)·n + 2·q·(d-1)·n."""
+    return d * allreduce(nbytes, q) + q * allreduce(nbytes, d)
 
 
 def summa_layer_norm(q: int, d: int, tokens: int, dim: int, e: int) -> int:
     """2-D / 2.5-D layer norm: two row sums (mean, variance) all-reduced forward and again backward,
     2·(q-1)·tokens each; weight and bias gradients over columns then depth."""
-    return (4 * 2 * (q - 1) * tokens + 2 * (2 * d * (q - 1) * dim + 2 * q * (d - 1) * dim)) * e
+    return 4 * allreduce(tokens * e, q) + 2 * _columns_then_depth(q, d, dim * e)
 
 
 def summa_embedding(q: int, d: int, rows: int, dim: int, e: int) -> int:
     """2-D / 2.5-D embedding table [rows, dim] split by columns: its gradient over columns, then depth."""
-    return (2 * d * (q - 1) * rows * dim + 2 * q * (d - 1) * rows * dim) * e
+    return _columns_then_depth(q, d, rows * dim * e)
 
 
 def summa_cross_entropy(q: int, d: int, tokens: int, e: int) -> int:
     """Vocabulary-parallel cross entropy: max, sum of exponentials and target logit all-reduced
     along each row (2·(q-1)·tokens each), and the loss value over the group (one element)."""
-    p = q * q * d
-    return (3 * 2 * (q - 1) * tokens + 2 * (p - 1)) * e
+    return 3 * allreduce(tokens * e, q) + allreduce(e, q * q * d)
 
 
 def lm_step_bytes(layout, *, batch: int, context: int, dim: int, layers: int, vocab: int, e: int) -> dict[str, int]:

@@ -10,12 +10,12 @@ data-parallel group of the processes holding the same shard (``TorchTransport(wo
 All P processes of a worker draw the same batch (the same seed and worker rank); 2-D / 2.5-D
 models take their block of it.
 
-Bytes per step are exact: after each step one 16-byte all-reduce (bookkeeping, not counted) sums
-the data-parallel bytes (each group's first member's count) and the tensor-parallel bytes (each
-group leader's counters), so ``bytes_sent`` is the whole run's on every process; ``tp_bytes``,
-``dp_bytes`` and ``tp_layer_bytes`` (per layer, this step) go into steps.jsonl and, at evaluation
-steps, metrics.jsonl. Rank 0 evaluates the dense model gathered from its group's shards
-(uncounted, as evaluation is everywhere in gradwire).
+Bytes per step are exact: after each step the transport sums (``sum_step_counters``, one all-reduce
+of bookkeeping, not counted) the data-parallel bytes (each group's first member's count) and the
+tensor-parallel bytes (each group leader's counters), so ``bytes_sent`` is the whole run's on every
+process; ``tp_bytes``, ``dp_bytes`` and ``tp_layer_bytes`` (per layer, this step) go into
+steps.jsonl and, at evaluation steps, metrics.jsonl. Rank 0 evaluates the dense model gathered from
+its group's shards (uncounted, as evaluation is everywhere in gradwire).
 """
 
 from __future__ import annotations
@@ -81,13 +81,8 @@ class TensorParallelRun:
         layer = [counts.get(k, 0) - self._seen.get(k, 0) for k in self.labels]
         other = self.mesh.counter.total - sum(self._seen.values()) - sum(layer)
         self._seen = dict(counts)
-        data_parallel = (transport.bytes_sent - before if self.mesh.dp_group.index == 0 else 0) + transport.group_bytes
-        transport.group_bytes = 0
-        t = torch.tensor([data_parallel, other, *layer], dtype=torch.int64)
-        dist.all_reduce(t)  # bookkeeping, not training traffic: not counted
-        t = t.tolist()
+        t = transport.sum_step_counters(before, [other, *layer])  # the transport's worker 0 is dp_group's first
         tp_bytes = sum(t[1:])
-        transport.bytes_sent = before + t[0] + tp_bytes
         return {"dp_bytes": t[0], "tp_bytes": tp_bytes, "tp_layer_bytes": dict(zip(self.labels, t[2:]))}
 
     def gather(self, params: torch.Tensor) -> None:

@@ -16,7 +16,6 @@ its own block of sequences (:func:`~gradwire.parallel.tp2p5d.sequence_block`).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -118,9 +117,7 @@ class ParallelTransformerLM(nn.Module):
         tp = self.mesh.tp
         if tp.size == 1:
             return self.dense_flat([flat], dense)
-        flat = flat.contiguous()
-        shards = [torch.empty_like(flat) for _ in range(tp.size)] if tp.index == 0 else None
-        dist.gather(flat, shards, dst=tp.ranks[0], group=tp.pg)
+        shards = tp.gather(flat.contiguous(), 0, label=None)  # evaluation: not counted
         return self.dense_flat(shards, dense) if tp.index == 0 else None
 
 

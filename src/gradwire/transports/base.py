@@ -26,9 +26,10 @@ mode exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -76,6 +77,11 @@ class Transport(ABC):
     # clock and collectives belong to the one thread that runs every worker
     concurrent = False
     timeout_s: float | None = None  # how long a collective may wait for its peers, where bounded
+    # Optional capabilities, declared here with what a single-process transport (the simulator)
+    # means by them, so that callers never probe with getattr:
+    rank = 0  # this process's worker rank among the processes (one process: 0)
+    device: torch.device | None = None  # where this process's tensors live when the transport decides
+    # (torch.distributed: the local rank's GPU); None: wherever the run's --device says
 
     def __init__(self) -> None:
         self.bytes_sent = 0
@@ -89,6 +95,25 @@ class Transport(ABC):
         with self._lock:
             self.bytes_sent += int(nbytes)
             self.comm_time_s += seconds
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Collectives inside the block are not charged (counters restored, timeline paused):
+        evaluation's communication, kept out of what a run reports as its training cost."""
+        saved = self.bytes_sent, self.comm_time_s
+        try:
+            with self.timeline.paused():
+                yield
+        finally:
+            self.bytes_sent, self.comm_time_s = saved
+
+    def barrier(self) -> None:  # noqa: B027 - one process has no peers to wait for
+        """Wait until every process has called it (a real backend); nothing to do in one process."""
+
+    def sync_counters(self) -> None:  # noqa: B027 - one process counts every collective itself
+        """Make ``bytes_sent`` global after subgroup collectives, where each process counts only
+        some of them (a real backend); every process calls it at the same points. One process
+        already holds the global count."""
 
     def participants(self, ranks: Sequence[int] | None) -> list[int]:
         return list(range(self.world_size)) if ranks is None else sorted(ranks)

@@ -17,7 +17,8 @@ send           bytes n; time lat + n/bw             (same)
 =============  ===================================  =============================================
 
 The ring allgather is priced by the largest buffer, as a padded allgather (what gloo and NCCL
-do with variable sizes) would be. Bytes count every message both ways.
+do with variable sizes) would be. Bytes count every message both ways; they are the byte ledger's
+(transports/ledger.py), where every counter in gradwire takes its figures.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradwire.spec import Registry, Specced, require
+from gradwire.transports import ledger
 
 NETWORKS = Registry("network")
 
@@ -46,10 +48,10 @@ class Network(Specced):
         self.latency_s = latency_ms / 1e3
 
     def send(self, n: int) -> Cost:
-        return Cost(n, self.latency_s + n / self.bytes_per_s)
+        return Cost(ledger.point_to_point(n), self.latency_s + n / self.bytes_per_s)
 
     def gather(self, sizes: list[int], root_index: int) -> Cost:
-        total = sum(sizes) - sizes[root_index]
+        total = ledger.gather(sizes, root_index)
         return Cost(total, self.latency_s + total / self.bytes_per_s)
 
 
@@ -64,18 +66,18 @@ class PSNetwork(Network):
     def allreduce(self, nbytes: int, n: int) -> Cost:
         if n <= 1:
             return Cost(0, 0.0)
-        return Cost(2 * n * nbytes, 2 * (self.latency_s + n * nbytes / self.bytes_per_s))
+        return Cost(ledger.star_allreduce(nbytes, n), 2 * (self.latency_s + n * nbytes / self.bytes_per_s))
 
     def allgather(self, sizes: list[int]) -> Cost:
         n, total = len(sizes), sum(sizes)
         if n <= 1:
             return Cost(0, 0.0)
-        return Cost(n * total, 2 * self.latency_s + n * total / self.bytes_per_s)
+        return Cost(ledger.star_allgather(sizes), 2 * self.latency_s + n * total / self.bytes_per_s)
 
     def broadcast(self, nbytes: int, n: int) -> Cost:
         if n <= 1:
             return Cost(0, 0.0)
-        return Cost((n - 1) * nbytes, self.latency_s + (n - 1) * nbytes / self.bytes_per_s)
+        return Cost(ledger.broadcast(nbytes, n), self.latency_s + (n - 1) * nbytes / self.bytes_per_s)
 
 
 @NETWORKS.register("ring", help="ring collectives over neighbour links that transmit in parallel",
@@ -90,15 +92,15 @@ class RingNetwork(Network):
         if n <= 1:
             return Cost(0, 0.0)
         steps = 2 * (n - 1)
-        return Cost(steps * nbytes, steps * (self.latency_s + nbytes / (n * self.bytes_per_s)))
+        return Cost(ledger.allreduce(nbytes, n), steps * (self.latency_s + nbytes / (n * self.bytes_per_s)))
 
     def allgather(self, sizes: list[int]) -> Cost:
         n = len(sizes)
         if n <= 1:
             return Cost(0, 0.0)
-        return Cost((n - 1) * sum(sizes), (n - 1) * (self.latency_s + max(sizes) / self.bytes_per_s))
+        return Cost(ledger.allgather(sizes), (n - 1) * (self.latency_s + max(sizes) / self.bytes_per_s))
 
     def broadcast(self, nbytes: int, n: int) -> Cost:
         if n <= 1:
             return Cost(0, 0.0)
-        return Cost((n - 1) * nbytes, (n - 1) * self.latency_s + nbytes / self.bytes_per_s)
+        return Cost(ledger.broadcast(nbytes, n), (n - 1) * self.latency_s + nbytes / self.bytes_per_s)

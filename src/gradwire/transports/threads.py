@@ -6,7 +6,7 @@ collectives (subgroups included) and point-to-point messages, each wait bounded 
 So the code path of a real backend (one worker per process, the real server driver with its inbox,
 checkpoints as a quiescent cut) runs and can be debugged in one process, without torchrun, a
 network or a GPU. Bytes are counted as the torch transport counts them for equal-size buffers (the
-ring formulas of ``network.RingNetwork``, every rank the global count; point-to-point messages at
+ring formulas of the byte ledger, transports/ledger.py; every rank the global count; point-to-point messages at
 both ends). Time is real time (``WallClock``).
 """
 
@@ -18,10 +18,8 @@ import threading
 import torch
 
 from gradwire.report.timeline import COMM
+from gradwire.transports import ledger
 from gradwire.transports.base import SERVER, PeerLost, Sent, Transport
-from gradwire.transports.network import RingNetwork
-
-_RING = RingNetwork()  # byte counts only
 
 
 class Hub:
@@ -104,24 +102,24 @@ class ThreadTransport(Transport):
         total = first.to(torch.float64 if first.dtype == torch.float64 else torch.float32, copy=True)
         for r in order[1:]:
             total += got[r]
-        self._count(_RING.allreduce(first.numel() * first.element_size(), len(order)).bytes, ranks)
+        self._count(ledger.allreduce(first.numel() * first.element_size(), len(order)), ranks)
         return total.div_(len(order))
 
     def allgather(self, buffers, ranks=None, *, size=None):
         got = self._meet("allgather", ranks, buffers[self.rank].clone())
-        self._count(_RING.allgather([int(got[r].numel()) for r in sorted(got)]).bytes, ranks)
+        self._count(ledger.allgather([int(got[r].numel()) for r in sorted(got)]), ranks)
         return {r: b.clone() for r, b in sorted(got.items())}
 
     def gather(self, buffers, dst, ranks=None, *, size=None):
         got = self._meet("gather", ranks, buffers[self.rank].clone())
         order = sorted(got)
-        self._count(_RING.gather([int(got[r].numel()) for r in order], order.index(dst)).bytes, ranks)
+        self._count(ledger.gather([int(got[r].numel()) for r in order], order.index(dst)), ranks)
         return dict(sorted(got.items())) if self.rank == dst else None
 
     def broadcast(self, buffer, src, ranks=None, *, size=None):
         mine = buffer.clone() if self.rank == src else None
         got = self._meet("broadcast", ranks, mine, needed=[src])[src]
-        self._count(_RING.broadcast(int(got.numel()), len(self.participants(ranks))).bytes, ranks)
+        self._count(ledger.broadcast(int(got.numel()), len(self.participants(ranks))), ranks)
         return got.clone()
 
     def process_of(self, address: int) -> int:

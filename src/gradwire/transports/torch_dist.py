@@ -11,8 +11,8 @@ The same collectives as the simulator, carried by torch.distributed; payloads ar
 buffers (variable sizes are padded to the largest, as gloo and NCCL need equal sizes). Every call
 is bounded by the process group's timeout, so a missing peer raises instead of hanging.
 
-Bytes are counted as the ring algorithms that gloo and NCCL use send them, the same formulas as
-the simulator's ``ring`` network (transports/network.py): allreduce 2·(N-1)·B, allgather
+Bytes are counted as the ring algorithms that gloo and NCCL use send them, the byte ledger's
+formulas (transports/ledger.py) that the simulator's ``ring`` network uses too: allreduce 2·(N-1)·B, allgather
 (N-1)·N·max n (padded), gather Σ of the non-root buffers, broadcast (N-1)·n, plus (N-1)·N·8 for a
 size exchange when the sizes are not known in advance. Every rank knows every size, so every
 rank holds the same global ``bytes_sent``, with no extra communication. Collectives over a subset
@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from gradwire.errors import CommunicationError
 from gradwire.report.timeline import COMM, OVERLAP, WAIT
+from gradwire.transports import ledger
 from gradwire.transports.base import SERVER, Handle, PeerLost, Sent, Transport
 
 
@@ -183,6 +184,22 @@ class TorchTransport(Transport):
         self.bytes_sent += int(t)
         self.group_bytes = 0
 
+    def sum_step_counters(self, before: int, others: Sequence[int]) -> list[int]:
+        """Make ``bytes_sent`` the whole run's after a step that began at ``before``, when the
+        workers are a sub-group of the processes (gradwire/parallel) and the processes also count
+        ``others`` (tensor-parallel collectives, each group's counts in one process): this
+        transport's bytes (counted in full by worker 0's process, plus subgroup bytes) and
+        ``others`` summed over every process. Every process calls it at the same points; the
+        16-byte all-reduce is bookkeeping, not training traffic, and not counted. Returns the sums,
+        ``[this transport's bytes, *others]``."""
+        own = (self.bytes_sent - before if self.rank == 0 else 0) + self.group_bytes
+        t = torch.tensor([own, *others], dtype=torch.int64)
+        dist.all_reduce(t)  # not through _guard: its time is not communication time either
+        self.group_bytes = 0
+        sums = t.tolist()
+        self.bytes_sent = before + sum(sums)
+        return sums
+
     first_worker_process = 0  # 1 when process 0 is a parameter server or coordinator
 
     def node_of(self, rank: int) -> int:
@@ -217,7 +234,7 @@ class TorchTransport(Transport):
         t = torch.tensor([mine], dtype=torch.int64)
         out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
         self._guard(lambda: dist.all_gather(out, t, group=self._world), "size exchange")
-        self.bytes_sent += (self.world_size - 1) * self.world_size * 8
+        self.bytes_sent += ledger.size_exchange(self.world_size)
         return [int(x) for x in out]
 
     def allreduce_mean(self, tensors, ranks=None):
@@ -226,7 +243,7 @@ class TorchTransport(Transport):
         acc = mine.clone()
         self._guard(lambda: dist.all_reduce(acc, group=group), "allreduce")
         n = len(ranks)
-        self._count(2 * (n - 1) * mine.numel() * mine.element_size(), group, ranks)
+        self._count(ledger.allreduce(mine.numel() * mine.element_size(), n), group, ranks)
         return acc.div_(n)
 
     def allreduce_mean_start(self, tensors, ranks=None):
@@ -236,7 +253,7 @@ class TorchTransport(Transport):
         work = self._guard(lambda: dist.all_reduce(acc, group=self._world, async_op=True), "allreduce (start)",
                            kind=None)
         n = len(ranks)
-        self.bytes_sent += 2 * (n - 1) * mine.numel() * mine.element_size()
+        self.bytes_sent += ledger.allreduce(mine.numel() * mine.element_size(), n)
         return _TorchHandle(work, lambda: acc.div_(n).to(mine.dtype), self, "allreduce")
 
     def _gather_buffers(self, mine: torch.Tensor, size: int | None, count: int):
@@ -257,7 +274,7 @@ class TorchTransport(Transport):
         work = self._guard(lambda: dist.all_gather(out, padded, group=self._world, async_op=True),
                            "allgather (start)", kind=None)
         n = len(ranks)
-        self.bytes_sent += (n - 1) * n * padded.numel()
+        self.bytes_sent += ledger.padded_allgather(padded.numel(), n)
         return _TorchHandle(work, lambda: {r: out[i][: sizes[r]] for i, r in enumerate(ranks)}, self, "allgather")
 
     def allgather(self, buffers, ranks=None, *, size=None):
@@ -267,7 +284,7 @@ class TorchTransport(Transport):
         sizes, padded, out = self._gather_buffers(buffers[self.rank], size, len(ranks))
         self._guard(lambda: dist.all_gather(out, padded, group=group), "allgather")
         n = len(ranks)
-        self._count((n - 1) * n * padded.numel(), group, ranks)
+        self._count(ledger.padded_allgather(padded.numel(), n), group, ranks)
         return {r: out[i][: sizes[r] if group is self._world else size] for i, r in enumerate(ranks)}
 
     def gather(self, buffers, dst, ranks=None, *, size=None):
@@ -279,7 +296,7 @@ class TorchTransport(Transport):
         padded[: mine.numel()] = mine
         out = [torch.empty(m, dtype=torch.uint8, device=self.device) for _ in ranks] if self.rank == dst else None
         self._guard(lambda: dist.gather(padded, out, dst=self._global[dst], group=self._world), "gather")
-        self.bytes_sent += m * (len(ranks) - 1)
+        self.bytes_sent += ledger.gather([m] * len(ranks), ranks.index(dst))  # padded to the longest
         return None if out is None else {r: out[r][: sizes[r]] for r in ranks}
 
     def broadcast(self, buffer, src, ranks=None, *, size=None):
@@ -289,16 +306,16 @@ class TorchTransport(Transport):
                 raise NotImplementedError("a subgroup broadcast needs the buffer size announced (size=)")
             out = self._on_device(buffer) if self.rank == src else self._empty(size)
             self._guard(lambda: dist.broadcast(out, src=self._global[src], group=group), "broadcast")
-            self._count((len(ranks) - 1) * size, group, ranks)
+            self._count(ledger.broadcast(size, len(ranks)), group, ranks)
             return out
         if size is None:
             n = torch.tensor([buffer.numel() if self.rank == src else 0], dtype=torch.int64)
             self._guard(lambda: dist.broadcast(n, src=self._global[src], group=self._world), "size broadcast")
-            self.bytes_sent += (len(ranks) - 1) * 8
+            self.bytes_sent += ledger.broadcast(ledger.SIZE_BYTES, len(ranks))
             size = int(n)
         out = self._on_device(buffer) if self.rank == src else self._empty(size)
         self._guard(lambda: dist.broadcast(out, src=self._global[src], group=self._world), "broadcast")
-        self.bytes_sent += (len(ranks) - 1) * size
+        self.bytes_sent += ledger.broadcast(size, len(ranks))
         return out
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:
@@ -319,7 +336,7 @@ class TorchTransport(Transport):
         except RuntimeError as e:
             raise PeerLost(f"rank {self.rank}: send to {self.process_of(dst)} refused: "
                            f"{str(e).splitlines()[0][:160]}") from None
-        self.count(int(buffer.numel() * buffer.element_size()))
+        self.count(ledger.point_to_point(int(buffer.numel() * buffer.element_size())))
         return _TorchSent(work, buffer)
 
     def recv(self, nbytes, src, dst, *, tag=0, timeout_s, count=True):
@@ -330,7 +347,7 @@ class TorchTransport(Transport):
         except RuntimeError as e:  # a dead peer or the timeout
             raise PeerLost(str(e).splitlines()[0][:160]) from None
         if count:
-            self.count(nbytes, time.perf_counter() - start)
+            self.count(ledger.point_to_point(nbytes), time.perf_counter() - start)
         return buffer.to(self.device)
 
     def barrier(self) -> None:
