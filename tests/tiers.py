@@ -10,6 +10,7 @@ also guards at run time: a process started there fails the test with a line sayi
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import multiprocessing.process
 import subprocess
@@ -46,14 +47,21 @@ def spawns(fn, seen: set | None = None) -> bool:
         return False
     seen.add(code)
     scope = getattr(fn, "__globals__", {})
-    for name in _names(code):
-        obj = scope.get(name)
+    names = set(_names(code))
+    referred = [scope.get(name) for name in names]
+    if names & SPAWNING_MODULES:  # imported inside the function: ``import subprocess``
+        return True
+    for name in names:  # ``from tests.x import helper`` inside the function: the helper, from its module
+        if name.startswith("tests."):
+            module = importlib.import_module(name)
+            referred += [getattr(module, other, None) for other in names]
+    for obj in referred:
         if isinstance(obj, types.ModuleType):
             if obj.__name__ in SPAWNING_MODULES:
                 return True
             continue
         module = getattr(obj, "__module__", None) or ""
-        if name in SPAWNERS.get(module, ()) and getattr(obj, "__name__", None) == name:
+        if getattr(obj, "__name__", None) in SPAWNERS.get(module, ()):
             return True
         if module.startswith("tests.") and isinstance(obj, types.FunctionType) and spawns(obj, seen):
             return True
