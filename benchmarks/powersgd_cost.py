@@ -34,7 +34,7 @@ def median_ms(fn, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from gradwire.compress.powersgd import AGGREGATORS, PowerSGDMemory, orthogonalize_, orthogonalized
+    from gradwire.averaging.powersgd import AVERAGERS, PowerSGDMemory, orthogonalize_, orthogonalized
     from gradwire.tasks.base import build_task
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for rank in ns.ranks:
         for dtype in ("fp32", "fp16"):
-            powersgd = AGGREGATORS.build(f"powersgd:rank={rank},dtype={dtype}")
+            powersgd = AVERAGERS.build(f"powersgd:rank={rank},dtype={dtype}")
             memory = PowerSGDMemory(seed=0)
 
             def step(powersgd=powersgd, memory=memory):

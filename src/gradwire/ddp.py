@@ -20,7 +20,7 @@ sizes in advance: one asynchronous all-gather, decoded when it completes (the fu
 callback), nothing waited for in the hook. Data-dependent sizes (topk, threshold) exchange the
 sizes first and wait for both gathers.
 
-``powersgd:rank=R`` (``gradwire.compress.powersgd``, Vogels, Karimireddy, Jaggi 2019) is a third
+``powersgd:rank=R`` (``gradwire.averaging.powersgd``, Vogels, Karimireddy, Jaggi 2019) is a third
 path: each parameter's gradient through the same :meth:`PowerSGD.average` that the algorithms use,
 its two allreduces (the Ps with the uncompressed tensors, then the Qs) run by ``dist.all_reduce`` on
 one communication thread per process, so the backward pass goes on meanwhile.
@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from gradwire.averaging import PowerSGD, PowerSGDMemory, build_method
+from gradwire.averaging.powersgd import matrix_shape
 from gradwire.compress import Compressor, ErrorFeedback, Packet, build
-from gradwire.compress.powersgd import AGGREGATORS, PowerSGD, PowerSGDMemory, is_aggregator, matrix_shape
 from gradwire.compress.wire import work_dtype
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
-from gradwire.registries import registry_for
 from gradwire.seeding import hash_seed
 from gradwire.transports import ledger
 
@@ -123,10 +123,8 @@ class HookState:
             raise ConfigError(f"non_finite={non_finite!r}: valid choices are {', '.join(NON_FINITE)}")
         self.non_finite = non_finite
         self.powersgd_memory = None
-        if isinstance(compressor, str):  # an unknown name: one error listing compressors and aggregators
-            registry_for("compressor", compressor)
-        if isinstance(compressor, str) and is_aggregator(compressor):
-            compressor = AGGREGATORS.build(compressor)
+        if isinstance(compressor, str):  # an unknown name: one error listing compressors and averagers
+            compressor = build_method(compressor)
         if isinstance(compressor, PowerSGD):  # Q memories and errors per parameter name, its own EF
             if error_feedback and not compressor.error_feedback:
                 raise ConfigError(f"error_feedback=True contradicts {compressor.spec()}: PowerSGD keeps its own "

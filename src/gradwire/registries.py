@@ -35,8 +35,8 @@ REGISTRIES: tuple[RegistryRef, ...] = (
     RegistryRef("optimizers", "optimizer", "gradwire.algorithms.optim", "OPTIMIZERS", build_to_validate=True),
     RegistryRef("lr-schedules", "lr_schedule", "gradwire.algorithms.optim", "LR_SCHEDULES", build_to_validate=True),
     RegistryRef("compressors", "compressor", "gradwire.compress", "REGISTRY", build_to_validate=True),
-    # compressors that average by allreduce themselves (PowerSGD): their specs go in --compressor too
-    RegistryRef("aggregators", "compressor", "gradwire.compress.powersgd", "AGGREGATORS", build_to_validate=True),
+    # averagers that are no byte compressor (PowerSGD: factors by allreduce): their specs go in --compressor too
+    RegistryRef("averagers", "compressor", "gradwire.averaging", "AVERAGERS", build_to_validate=True),
 )
 
 GROUPS: tuple[str, ...] = tuple(r.group for r in REGISTRIES)

@@ -108,11 +108,11 @@ def test_algorithms_that_cannot_run_it_refuse_in_one_line(make_config, algorithm
 
 
 def test_unknown_compressor_lists_both_kinds(make_config):
-    with pytest.raises(ConfigError, match=r"valid compressors are compressors: .*qsgd.*; aggregators: powersgd"):
+    with pytest.raises(ConfigError, match=r"valid compressors are compressors: .*qsgd.*; averagers: powersgd"):
         make_config(MLP, compressor="powersgdd").validate()
 
 
 def test_gradwire_list_shows_it(capsys):
-    assert main(["list", "aggregators"]) == 0
+    assert main(["list", "averagers"]) == 0
     text = capsys.readouterr().out
     assert "powersgd" in text and "rank (int, default 1)" in text and "Vogels 2019" in text

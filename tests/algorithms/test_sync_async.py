@@ -54,7 +54,7 @@ def test_backups_aggregate_exactly_n_and_step_time_is_order_statistic(make_confi
     r = Run(c)
     net = NETWORKS.build(c.network)
     n = 6 - backups
-    up = HEADER_BYTES + r.algorithm.codec.compressor.nbytes(r.model.numel, torch.float32)  # a gradient
+    up = HEADER_BYTES + r.algorithm.averager.compressor.nbytes(r.model.numel, torch.float32)  # a gradient
     down = HEADER_BYTES + r.model.numel * 4                                                # x_{t+1}
     info = r.train_step()
     # step 1: every worker starts at time 0; the first n gradients to reach the server win, and
@@ -105,14 +105,14 @@ def test_variable_size_payloads_are_counted_exactly(make_config, spec):
     bytes each worker's packet actually has."""
     c = make_config(SHORT, compressor=spec, error_feedback=True, network="ring:mbps=100,latency_ms=1")
     r = Run(c)
-    sizes, encode = [], r.algorithm.codec.encode
+    sizes, encode = [], r.algorithm.averager.encode
 
     def recording(rank, x):
         packet = encode(rank, x)
         sizes.append(packet.nbytes)
         return packet
 
-    r.algorithm.codec.encode = recording
+    r.algorithm.averager.encode = recording
     total = 0
     for _ in range(3):
         sizes.clear()

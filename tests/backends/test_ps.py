@@ -45,7 +45,7 @@ def test_backups_drop_exactly_the_late_gradients(tmp_path, data_dir):
                 r.oracle.workers[w].next_batch()
                 drawn[w] += 1
                 skipped += 1
-            buffers[w] = algo.codec.encode(w, r.ctx.gradient(w, algo.x)[1]).buffer
+            buffers[w] = algo.averager.encode(w, r.ctx.gradient(w, algo.x)[1]).buffer
             drawn[w] += 1
         algo.opt.apply(algo.aggregate(buffers))
         replayed.append(r.evaluate()["train_loss"])

@@ -78,7 +78,7 @@ def test_simulated_server_prices_and_counts_every_message(make_config):
     for _ in range(5):
         r.train_step()
     model = r.model.numel * 4
-    payload = r.algorithm.codec.compressor.nbytes(r.model.numel, torch.float32)
+    payload = r.algorithm.averager.compressor.nbytes(r.model.numel, torch.float32)
     assert r.transport.bytes_sent == 10 * (HEADER_BYTES + payload) + 10 * (HEADER_BYTES + model)
     # the two next gradients are in flight, in the transport's mailbox (a checkpoint holds them)
     box = r.transport.mailbox

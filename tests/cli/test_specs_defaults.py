@@ -29,7 +29,7 @@ def names(group: str) -> list[str]:
 
 def test_every_registry_is_covered():
     assert set(REGISTRY) == {"tasks", "partitions", "stragglers", "networks", "algorithms", "compressors",
-                             "aggregators", "optimizers", "lr-schedules"}
+                             "averagers", "optimizers", "lr-schedules"}
 
 
 @pytest.mark.parametrize("name", names("algorithms"))

@@ -300,7 +300,7 @@ def test_timeout_raises_instead_of_hanging(results):
 
 
 def test_bad_input_is_rejected_before_any_communication():
-    with pytest.raises(ConfigError, match="valid compressors are .*qsgd.*; aggregators: powersgd"):
+    with pytest.raises(ConfigError, match="valid compressors are .*qsgd.*; averagers: powersgd"):
         gwddp.HookState(make_model(), "qsgdd")
     with pytest.raises(ConfigError, match="valid parameters: levels, bucket"):
         gwddp.HookState(make_model(), "qsgd:levles=4")

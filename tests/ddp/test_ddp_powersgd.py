@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as pt_powe
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradwire import ddp as gwddp
-from gradwire.compress.powersgd import AGGREGATORS
+from gradwire.averaging import AVERAGERS
 from gradwire.errors import ConfigError
 from tests.ddp.ddp_harness import (
     full_loss,
@@ -276,7 +276,7 @@ def test_converges_like_plain_ddp_and_ranks_agree(results):
 def test_bytes_per_step_follow_the_formula(results):
     """Per step, each rank contributes (n + m) r floats per compressed matrix and numel per other
     tensor to the two allreduces, counted (as every hook path counts) times the one peer."""
-    powersgd = AGGREGATORS.build("powersgd:rank=2")
+    powersgd = AVERAGERS.build("powersgd:rank=2")
     shapes = [p.shape for p in make_model().parameters()]
     compressed = [(s[0] + s[1]) * 2 for s in shapes if powersgd.matrix_rank(s)]
     assert len(compressed) == 2

@@ -4,7 +4,7 @@
   ``ctx.shard_sizes``, which every rank knows, so all ranks derive the same numbers without talking.
 * :func:`weighted_gather`: the FedAvg aggregate Σ_i p_i · decode(buffer_i) (McMahan, Moore, Ramage,
   Hampson, Agüera y Arcas 2017, "Communication-efficient learning of deep networks from
-  decentralized data", Algorithm 1, where client updates are weighted by n_k/n). ``Codec.mean`` takes
+  decentralized data", Algorithm 1, where client updates are weighted by n_k/n). ``Averager.mean`` takes
   the plain mean, which over-weights small workers when volumes differ; the p-weighted sum is the
   gradient of the loss averaged over all samples.
 * :func:`budgeted_counts`: integers proportional to weights, each within [lo, hi], summing exactly to

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager
 from gradwire.algorithms.optim import make_optimizer, require_constant_lr
 from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
 from gradwire.spec import require
@@ -46,13 +46,13 @@ class AsyncSGD(Algorithm):
         self.x = params.clone()  # the server's parameters
         require_constant_lr(optim, "async (its server applies every worker's gradient, world_size updates a step)")
         self.opt = make_optimizer(self.x, optim)
-        self.codec = Codec(ctx, codec)
+        self.averager = make_averager(ctx, codec)
         self.version = 0
         self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=0)  # tag: the version read
         self.round: list[tuple[float, int | None]] = []           # this step's (loss, staleness)
 
     def compressor_spec(self):
-        return self.codec.spec()
+        return self.averager.spec()
 
     def server_apply(self, buffer, read_version: int) -> int | None:
         """Apply one gradient unless it is staler than max_staleness; returns its staleness, or
@@ -60,12 +60,12 @@ class AsyncSGD(Algorithm):
         stale = self.version - read_version
         if self.max_staleness >= 0 and stale > self.max_staleness:
             return None
-        self.opt.apply(self.codec.decode(buffer, self.x))
+        self.opt.apply(self.averager.decode(buffer, self.x))
         self.version += 1
         return stale
 
     def worker_step(self, ctx, rank, count):
-        return self.workers.message(ctx, rank, count, self.codec)
+        return self.workers.message(ctx, rank, count, self.averager)
 
     def _params(self, worker: int) -> Message:
         return Message(PARAMS, worker, tag=self.version, body=as_body(self.x))
@@ -99,7 +99,7 @@ class AsyncSGD(Algorithm):
         return self.x
 
     def state_dict(self):
-        return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict(), "version": self.version,
+        return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.averager.state_dict(), "version": self.version,
                 "workers": self.workers.state_dict(),
                 "round": [{"loss": torch.tensor(loss, dtype=torch.float64), "staleness": -1 if s is None else s}
                           for loss, s in self.round]}
@@ -107,7 +107,7 @@ class AsyncSGD(Algorithm):
     def load_state_dict(self, state):
         self.x.copy_(state["x"])
         self.opt.load_state_dict(state["opt"])
-        self.codec.load_state_dict(state["codec"])
+        self.averager.load_state_dict(state["codec"])
         self.version = int(state["version"])
         self.workers.load_state_dict(state["workers"])
         self.round = [(float(e["loss"]), None if int(e["staleness"]) < 0 else int(e["staleness"]))

@@ -24,14 +24,12 @@ import numpy as np
 import torch
 
 from gradwire.algorithms.protocol import Answer, Message
-from gradwire.compress import ErrorFeedback, Packet
-from gradwire.compress import build as build_compressor
-from gradwire.compress.powersgd import PowerSGDCodec, is_aggregator
+from gradwire.averaging import Averager, build_averager
 from gradwire.report.timeline import COMPUTE, NULL_TIMELINE, Timeline
 from gradwire.seeding import hash_seed
 from gradwire.spec import Registry, Specced
 from gradwire.tasks.oracle import GradientOracle
-from gradwire.transports.base import Handle, Transport
+from gradwire.transports.base import Transport
 from gradwire.transports.clocks import Clock
 from gradwire.transports.stragglers import Stragglers
 
@@ -125,150 +123,16 @@ def soft_threshold_(x: torch.Tensor, tau: float) -> torch.Tensor:
     return x
 
 
-class Codec:
-    """Per-worker compression: one compressor, an optional error-feedback memory and a seeded
-    generator per local worker, and the collective that carries the payloads.
-
-    An aggregator spec (``powersgd:rank=4``, ``gradwire.compress.powersgd``) is no byte compressor:
-    it averages by allreduce itself, so ``mean`` delegates to it and nothing else is available.
-    Only an algorithm that averages through ``mean`` alone says ``mean_only=True``; the others
-    refuse it at setup."""
-
-    def __init__(self, ctx: Context, cfg: CodecConfig, *, default: str = "none", mean_only: bool = False):
-        spec = cfg.compressor if cfg.compressor != "none" else default
-        self.aggregator = None
-        if is_aggregator(spec):
-            if not mean_only:
-                raise ValueError(f"--compressor {spec} averages gradients by allreduce itself: it runs with sync "
-                                 "(without backups) and the DDP hook only")
-            self.aggregator = PowerSGDCodec(spec, shapes=ctx.param_shapes, workers=ctx.local_ranks, seed=ctx.seed)
-            if cfg.error_feedback and not self.aggregator.powersgd.error_feedback:
-                raise ValueError(f"--error-feedback contradicts {spec}: PowerSGD keeps its own error feedback "
-                                 "(its error_feedback key, on by default)")
-            return
-        self.compressor = build_compressor(spec)
-        self.identity = spec == "none"
-        self.ef = {r: ErrorFeedback(self.compressor) for r in ctx.local_ranks} if cfg.error_feedback else None
-        self.gen = {r: ctx.generator(r, "compress") for r in ctx.local_ranks}
-
-    def spec(self) -> str:
-        return self.aggregator.spec() if self.aggregator is not None else self.compressor.spec()
-
-    def encode(self, rank: int, x: torch.Tensor, *, key: str = "grad") -> Packet:
-        """``key`` names the tensor whose residual error feedback keeps (one per key)."""
-        if self.ef is not None:
-            return self.ef[rank].encode(x, key=key, generator=self.gen[rank])
-        return self.compressor.encode(x, generator=self.gen[rank])
-
-    def decode(self, buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return self.compressor.decode(Packet(buffer, like.shape, like.dtype))
-
-    def mean(self, transport: Transport, tensors: dict[int, torch.Tensor], ranks=None) -> torch.Tensor:
-        """Mean over the participants of their compressed tensors: a dense allreduce when the
-        payload is summable (uncompressed or a cast), else an allgather of the byte buffers,
-        each decoded and summed in rank order."""
-        if self.aggregator is not None:
-            return self.aggregator.mean(transport, tensors, ranks)
-        like = next(iter(tensors.values()))
-        if self.identity and self.ef is None:
-            return transport.allreduce_mean(tensors, ranks)
-        packets = {r: self.encode(r, t) for r, t in tensors.items()}
-        if self.compressor.summable:
-            wire_dtype = self.compressor.wire_dtype(like.dtype)
-            wire = {r: self.decode(p.buffer, like).to(wire_dtype) for r, p in packets.items()}
-            return transport.allreduce_mean(wire, ranks).to(like.dtype)
-        gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks,
-                                       size=self.compressor.nbytes(like.numel(), like.dtype))
-        return self.decode_mean(gathered, like)
-
-    def mean_tensors(self, transport: Transport, tensors: dict[int, list[torch.Tensor]],
-                     indices: list[int]) -> list[torch.Tensor]:
-        """Mean over every worker of some of the model's tensors (``indices``, in parameter order;
-        each local worker's tensors in that order): a bucket of ``sync:overlap``, which calls
-        :meth:`end_step` once every bucket of a step is done. Uncompressed: one allreduce of the
-        bucket; PowerSGD: its two (or one, ``alternate``) over the bucket's tensors."""
-        if self.aggregator is not None:
-            return self.aggregator.mean_tensors(transport, tensors, indices)
-        if not self.averages_buckets():
-            raise ValueError(f"--compressor {self.spec()} compresses the whole gradient at once; only the "
-                             "uncompressed mean and powersgd average bucket by bucket")
-        like = next(iter(tensors.values()))
-        mean = transport.allreduce_mean({r: torch.cat([t.reshape(-1) for t in ts]) for r, ts in tensors.items()})
-        return [m.view(t.shape) for m, t in zip(mean.split([t.numel() for t in like]), like, strict=True)]
-
-    def averages_buckets(self) -> bool:
-        """Whether :meth:`mean_tensors` works for this compressor (uncompressed, or PowerSGD)."""
-        return self.aggregator is not None or (self.identity and self.ef is None)
-
-    def end_step(self) -> None:
-        """A step averaged bucket by bucket is over (PowerSGD counts its steps)."""
-        if self.aggregator is not None:
-            self.aggregator.end_step()
-
-    def payloads(self, tensors: dict[int, torch.Tensor], *, key: str = "grad") -> dict[int, torch.Tensor]:
-        """What each local participant puts on the wire for ``start_mean``: its tensor (no
-        compression), the decoded cast in the wire dtype (a summable compressor), or its packet's
-        bytes. Encoding happens here, once: a payload kept in a checkpoint can be sent again
-        without touching the residuals or the generators."""
-        if self.identity and self.ef is None:
-            return {r: t.clone() for r, t in tensors.items()}
-        like = next(iter(tensors.values()))
-        packets = {r: self.encode(r, t, key=key) for r, t in tensors.items()}
-        if self.compressor.summable:
-            wire_dtype = self.compressor.wire_dtype(like.dtype)
-            return {r: self.decode(p.buffer, like).to(wire_dtype) for r, p in packets.items()}
-        return {r: p.buffer for r, p in packets.items()}
-
-    def start_mean(self, transport: Transport, payloads: dict[int, torch.Tensor], like: torch.Tensor,
-                   ranks=None) -> Handle:
-        """Start the mean of ``payloads`` without blocking, carried as ``mean`` carries them (a dense
-        allreduce, or an allgather of the bytes decoded and summed in rank order); ``wait()`` gives
-        it in ``like``'s dtype."""
-        if (self.identity and self.ef is None) or self.compressor.summable:
-            return _Finished(transport.allreduce_mean_start(payloads, ranks), lambda mean: mean.to(like.dtype))
-        size = self.compressor.nbytes(like.numel(), like.dtype)
-        return _Finished(transport.allgather_start(payloads, ranks, size=size),
-                         lambda gathered: self.decode_mean(gathered, like))
-
-    def decode_mean(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-        """Decode every payload and average them, summed in rank order (so every backend and the
-        parameter server add in the same order)."""
-        order = sorted(buffers)
-        total = self.decode(buffers[order[0]], like).clone()
-        for r in order[1:]:
-            total += self.decode(buffers[r], like)
-        return total.div_(len(order))
-
-    def state_dict(self) -> dict:
-        if self.aggregator is not None:
-            return {"powersgd": self.aggregator.state_dict()}
-        out = {"generators": {str(r): g.get_state() for r, g in self.gen.items()}}
-        if self.ef is not None:
-            out["error_feedback"] = {str(r): ef.state_dict() for r, ef in self.ef.items()}
-        return out
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.aggregator is not None:
-            self.aggregator.load_state_dict(state["powersgd"])
-            return
-        for r, g in self.gen.items():
-            g.set_state(state["generators"][str(r)])
-        if self.ef is not None:
-            for r, ef in self.ef.items():
-                ef.load_state_dict(state["error_feedback"][str(r)])
-
-
-class _Finished(Handle):
-    """A collective in flight whose result ``finish`` turns into what the caller wants (once)."""
-
-    def __init__(self, inner: Handle, finish):
-        super().__init__(None, inner.finish_s)
-        self.inner, self.finish, self.done = inner, finish, False
-
-    def wait(self) -> torch.Tensor:
-        if not self.done:
-            self._result, self.done = self.finish(self.inner.wait()), True
-        return self._result
+def make_averager(ctx: Context, cfg: CodecConfig, *, default: str = "none", mean_only: bool = False) -> Averager:
+    """The averager of ``--compressor`` (``default`` when it is "none") for the context's local
+    workers. Only an algorithm that averages through ``Averager.mean`` alone says
+    ``mean_only=True``; the others also handle compressed payloads (a
+    :class:`~gradwire.averaging.CompressedMean`), so averagers that are no byte compressor
+    (PowerSGD) are refused at setup."""
+    spec = cfg.compressor if cfg.compressor != "none" else default
+    return build_averager(spec, workers=ctx.local_ranks, seed=ctx.seed, shapes=ctx.param_shapes,
+                          error_feedback=cfg.error_feedback, generator=lambda r: ctx.generator(r, "compress"),
+                          payloads=not mean_only)
 
 
 class Algorithm(Specced, ABC):
@@ -276,8 +140,8 @@ class Algorithm(Specced, ABC):
 
     name = "?"
     evaluates = "model"
-    # the compressor a Codec uses when --compressor is "none" ("none": gradients travel as they
-    # are); None: the algorithm has no Codec (it sends parameters, or chooses its compressors itself)
+    # the compressor its averager uses when --compressor is "none" ("none": gradients travel as they
+    # are); None: the algorithm has no averager (it sends parameters, or chooses its compressors itself)
     default_compressor: str | None = None  # which parameters evaluation uses (recorded in the metrics)
 
     def setup(self, ctx: Context, params: torch.Tensor, optim: OptimConfig, codec: CodecConfig) -> None:

@@ -8,7 +8,7 @@ finish (``FlatModel``'s ``on_ready``) and hands every complete bucket on, strict
 every worker then issues its collectives in the same order, whatever order its hooks fire in.
 
 What a bucket's mean is does not depend on who computes it when: the algorithm calls the same
-``Codec.mean_tensors`` per bucket on every backend. On a real backend (one worker per process) it
+``Averager.mean_tensors`` per bucket on every backend. On a real backend (one worker per process) it
 runs on a communication thread as the buckets complete, so the allreduces travel while the
 backward pass goes on; on the simulator, which hosts every worker in one process, the buckets are
 averaged one after another once every worker has computed (its clock charges computation and then

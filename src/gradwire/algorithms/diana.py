@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, soft_threshold_
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager, soft_threshold_
 from gradwire.algorithms.optim import require_constant_lr, require_sgd
 from gradwire.spec import require
 
@@ -41,8 +41,8 @@ class DIANA(Algorithm):
         require_constant_lr(optim, "diana (its own update on the master)")
         require(not optim.nesterov, "diana's master update is heavy-ball momentum of its own: --nesterov does not "
                 "apply (leave it off)")
-        self.codec = Codec(ctx, codec, default=self.default_compressor)
-        omega = self.codec.compressor.omega(params.numel())
+        self.averager = make_averager(ctx, codec, default=self.default_compressor)
+        omega = self.averager.compressor.omega(params.numel())
         self.alpha = self.alpha_arg or (1.0 / (1.0 + omega) if omega is not None else 0.5)
         self.beta = self.momentum_arg or optim.momentum
         self.x = params.clone()
@@ -55,14 +55,14 @@ class DIANA(Algorithm):
         losses, packets, mine = {}, {}, {}
         for r in ctx.local_ranks:
             losses[r], g = ctx.gradient(r, self.x)
-            packets[r] = self.codec.encode(r, g.sub_(self.h_i[r]))
-            mine[r] = self.codec.decode(packets[r].buffer, g)
+            packets[r] = self.averager.encode(r, g.sub_(self.h_i[r]))
+            mine[r] = self.averager.decode(packets[r].buffer, g)
             self.h_i[r].add_(mine[r], alpha=self.alpha)
         gathered = ctx.transport.allgather({r: p.buffer for r, p in packets.items()},
-                                           size=self.codec.compressor.nbytes(self.x.numel(), self.x.dtype))
+                                           size=self.averager.compressor.nbytes(self.x.numel(), self.x.dtype))
         delta = torch.zeros_like(self.x)
         for r in sorted(gathered):
-            delta += mine[r] if r in mine else self.codec.decode(gathered[r], self.x)
+            delta += mine[r] if r in mine else self.averager.decode(gathered[r], self.x)
         delta.div_(len(gathered))
         g_hat = self.h + delta
         if self.optim.weight_decay:
@@ -77,18 +77,18 @@ class DIANA(Algorithm):
         return self.x
 
     def compressor_spec(self):
-        return self.codec.spec()
+        return self.averager.spec()
 
     def spec(self):  # not spec_of: alpha and momentum as resolved at setup
         return f"diana:alpha={self.alpha:g},momentum={self.beta:g}"
 
     def state_dict(self):
         return {"x": self.x, "h": self.h, "v": self.v, "h_i": {str(r): t for r, t in self.h_i.items()},
-                "codec": self.codec.state_dict()}
+                "codec": self.averager.state_dict()}
 
     def load_state_dict(self, state):
         for name in ("x", "h", "v"):
             getattr(self, name).copy_(state[name])
         for r, t in self.h_i.items():
             t.copy_(state["h_i"][str(r)])
-        self.codec.load_state_dict(state["codec"])
+        self.averager.load_state_dict(state["codec"])

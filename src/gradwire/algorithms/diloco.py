@@ -14,7 +14,7 @@ the round ends with one collective, the mean of the *outer gradients*:
 
 With an outer SGD step of learning rate 1 and no momentum θ becomes the workers' mean, local
 SGD; with also H = 1 and plain SGD inside it is synchronous SGD (tested). The outer gradients go
-through gradwire's Codec: ``--compressor`` (with ``--error-feedback``, one residual per fragment)
+through gradwire's averager: ``--compressor`` (with ``--error-feedback``, one residual per fragment)
 compresses them as it compresses gradients elsewhere.
 
 **Streaming DiLoCo** (Douillard, Donchev, Rush, Kale, Rusu, Ranzato, Szlam, Shen, et al. 2025,
@@ -39,7 +39,7 @@ round, only when they travel:
 One class does both: DiLoCo is Streaming DiLoCo with one fragment, no overlap and α = 0 (also
 tested against the streaming form). The workers' replicas, their inner optimizers and the pace of
 workers stepping on their own are local SGD's (``replicas.py``); a fragment in flight is a
-non-blocking collective (``Codec.start_mean``, as DaSGD's ``allreduce_mean_start``): on the
+non-blocking collective (``CompressedMean.start_payloads``, as DaSGD's ``allreduce_mean_start``): on the
 simulator its time overlaps the next τ steps' compute. Evaluation uses the global θ
 (``evaluates = "global"``), which every process holds.
 
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, OptimConfig
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
 from gradwire.algorithms.optim import AdamW, HeavyBall, require_sgd
 from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan
 from gradwire.spec import require
@@ -125,7 +125,7 @@ class StreamingDiLoCo(Algorithm):
         self.offsets = [p * self.inner_steps // p_count for p in range(p_count)]
         outer = OptimConfig(lr=self.outer_lr, momentum=self.outer_momentum, nesterov=self.outer_momentum > 0)
         self.outer = [HeavyBall(self.theta[a:b], outer) for a, b in self.ranges]  # views into θ
-        self.codec = Codec(ctx, codec, default=self.default_compressor)
+        self.averager = make_averager(ctx, codec, default=self.default_compressor)
         self.in_flight: dict[int, dict] = {}  # fragment -> {"started_at", "payloads", "handle"}
         self.resend = False
 
@@ -136,7 +136,7 @@ class StreamingDiLoCo(Algorithm):
                                l1=optim.l1, lr_schedule=optim.lr_schedule, horizon=optim.horizon)
 
     def compressor_spec(self):
-        return self.codec.spec()
+        return self.averager.spec()
 
     def setup_info(self):
         return {"fragments": [{"elements": [a, b], "offset": t} for (a, b), t in zip(self.ranges, self.offsets)]}
@@ -175,13 +175,13 @@ class StreamingDiLoCo(Algorithm):
         """Send fragment p's outer gradients Δ_i = θ_p - x_{i,p} (Douillard et al. 2023, Alg. 1)."""
         a, b = self.ranges[p]
         deltas = {r: self.theta[a:b] - x[a:b] for r, x in self.replicas.x.items()}
-        self.in_flight[p] = {"started_at": step, "payloads": self.codec.payloads(deltas, key=f"fragment{p}")}
+        self.in_flight[p] = {"started_at": step, "payloads": self.averager.payloads(deltas, key=f"fragment{p}")}
         self._start_collective(ctx, p)
 
     def _start_collective(self, ctx, p: int) -> None:
         a, b = self.ranges[p]
         entry = self.in_flight[p]
-        entry["handle"] = self.codec.start_mean(ctx.transport, entry["payloads"], self.theta[a:b])
+        entry["handle"] = self.averager.start_payloads(ctx.transport, entry["payloads"], self.theta[a:b])
 
     def _merge(self, ctx, p: int, info: dict) -> None:
         """The averaged outer gradient of fragment p has arrived: the outer step on θ_p, then each
@@ -204,7 +204,7 @@ class StreamingDiLoCo(Algorithm):
     def state_dict(self):
         return {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(), "theta": self.theta,
                 "outer": {str(p): o.state_dict() for p, o in enumerate(self.outer)},
-                "codec": self.codec.state_dict(),
+                "codec": self.averager.state_dict(),
                 "in_flight": {str(p): {"started_at": e["started_at"],
                                        "payloads": {str(r): t for r, t in e["payloads"].items()}}
                               for p, e in self.in_flight.items()}}
@@ -215,7 +215,7 @@ class StreamingDiLoCo(Algorithm):
         self.theta.copy_(state["theta"])
         for p, o in enumerate(self.outer):
             o.load_state_dict(state["outer"][str(p)])
-        self.codec.load_state_dict(state["codec"])
+        self.averager.load_state_dict(state["codec"])
         device = self.theta.device  # byte payloads load on the CPU (checkpoint.floats_to moves floats only)
         self.in_flight = {int(p): {"started_at": int(e["started_at"]),
                                    "payloads": {int(r): t.to(device) for r, t in e["payloads"].items()}}

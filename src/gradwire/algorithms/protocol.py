@@ -138,9 +138,10 @@ class GradientWorkers:
         self.held = {r: params.clone() for r in ranks}
         self.tag = {r: first_tag for r in ranks}
 
-    def message(self, ctx, rank: int, count: int, codec) -> Message:
+    def message(self, ctx, rank: int, count: int, averager) -> Message:
         loss, g = ctx.gradient(rank, self.held[rank])
-        return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=loss, body=codec.encode(rank, g).buffer)
+        body = averager.encode(rank, g).buffer  # a CompressedMean: the payload goes to the server
+        return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=loss, body=body)
 
     def apply(self, rank: int, reply: Message) -> None:
         """A PARAMS (or JOIN) answer: compute at its parameters, for its tag, next."""

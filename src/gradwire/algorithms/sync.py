@@ -34,7 +34,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager
 from gradwire.algorithms.buckets import BucketPlan, BucketQueue
 from gradwire.algorithms.optim import make_optimizer
 from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
@@ -66,7 +66,7 @@ class SyncSGD(Algorithm):
                 f"backups={self.backups} leaves no worker to aggregate with {ctx.world_size} workers")
         self.x = params.clone()
         self.opt = make_optimizer(self.x, optim)
-        self.codec = Codec(ctx, codec, default=self.default_compressor, mean_only=not self.needs_server)
+        self.averager = make_averager(ctx, codec, default=self.default_compressor, mean_only=not self.needs_server)
         if self.needs_server:
             self.need = ctx.world_size - self.backups
             self.current = 1     # the server's step in progress
@@ -74,8 +74,8 @@ class SyncSGD(Algorithm):
             self.late: list[int] = []
             self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=1)  # tag: the step
         if self.overlap:
-            require(self.codec.averages_buckets(), f"overlap=true averages bucket by bucket, which --compressor "
-                    f"{self.codec.spec()} cannot (it compresses the whole gradient): use none or powersgd")
+            require(self.averager.averages_buckets(), f"overlap=true averages bucket by bucket, which --compressor "
+                    f"{self.averager.spec()} cannot (it compresses the whole gradient): use none or powersgd")
             require(bool(ctx.param_shapes), "overlap=true needs the model's tensor shapes")
             cap = max(1, int(self.bucket_mb * 2**20 / params.element_size()))
             self.plan = BucketPlan(ctx.param_shapes, cap)
@@ -86,20 +86,20 @@ class SyncSGD(Algorithm):
         return self.backups > 0
 
     def compressor_spec(self):
-        return self.codec.spec()
+        return self.averager.spec()
 
     def setup_info(self):
-        return self.codec.aggregator.setup_info() if self.codec.aggregator is not None else {}
+        return self.averager.setup_info()
 
     def aggregate(self, buffers: dict[int, torch.Tensor]) -> torch.Tensor:
         """Mean of the winners' decoded payloads, summed in rank order (as the collectives in
         ``step`` sum)."""
-        return self.codec.decode_mean(buffers, self.x)
+        return self.averager.decode_mean(buffers, self.x)
 
     # -- with backups: the server's protocol ----------------------------------------------------------
 
     def worker_step(self, ctx, rank, count):
-        return self.workers.message(ctx, rank, count, self.codec)
+        return self.workers.message(ctx, rank, count, self.averager)
 
     def _params(self, worker: int, step: int) -> Message:
         return Message(PARAMS, worker, tag=step, body=as_body(self.x))
@@ -139,12 +139,12 @@ class SyncSGD(Algorithm):
             for r in ctx.local_ranks:
                 losses[r], grads[r] = ctx.gradient(r, self.x)
             if self.plan is None:
-                mean = self.codec.mean(ctx.transport, grads)
+                mean = self.averager.mean(ctx.transport, grads)
             else:  # the same buckets, one after another (the simulator: every worker in this process)
-                means = [self.codec.mean_tensors(ctx.transport, {w: self.plan.views(g, b)
+                means = [self.averager.mean_tensors(ctx.transport, {w: self.plan.views(g, b)
                                                                  for w, g in grads.items()}, bucket)
                          for b, bucket in enumerate(self.plan.buckets)]
-                self.codec.end_step()
+                self.averager.end_step()
                 mean = self.plan.assemble(means, self.x)
         self.opt.apply(mean)
         return {"loss": sum(losses.values()) / max(len(losses), 1), "gradients": ctx.world_size, "dropped": 0}
@@ -157,7 +157,7 @@ class SyncSGD(Algorithm):
         futures: list[Future] = []
 
         def submit(bucket: int, tensors: list[torch.Tensor]) -> None:
-            futures.append(self._thread.submit(self.codec.mean_tensors, ctx.transport, {rank: tensors},
+            futures.append(self._thread.submit(self.averager.mean_tensors, ctx.transport, {rank: tensors},
                                                self.plan.buckets[bucket]))
 
         queue = BucketQueue(self.plan, submit)
@@ -177,7 +177,7 @@ class SyncSGD(Algorithm):
             for future in futures:
                 future.cancel()
             raise
-        self.codec.end_step()
+        self.averager.end_step()
         # a worker whose gradient was not finite stopped above; its NaN reached every mean
         if not math.isfinite(float(mean.sum())):
             raise DivergenceError(f"non-finite averaged gradient at step {step} on worker {rank} (another "
@@ -206,7 +206,7 @@ class SyncSGD(Algorithm):
         return self.x
 
     def state_dict(self):
-        state = {"x": self.x, "opt": self.opt.state_dict(), "codec": self.codec.state_dict()}
+        state = {"x": self.x, "opt": self.opt.state_dict(), "codec": self.averager.state_dict()}
         if self.needs_server:
             state["server"] = {"current": self.current, "late": list(self.late),
                                "arrived": [{"worker": w, "body": b, "loss": torch.tensor(loss, dtype=torch.float64),
@@ -218,7 +218,7 @@ class SyncSGD(Algorithm):
     def load_state_dict(self, state):
         self.x.copy_(state["x"])
         self.opt.load_state_dict(state["opt"])
-        self.codec.load_state_dict(state["codec"])
+        self.averager.load_state_dict(state["codec"])
         if self.needs_server:
             s = state["server"]
             self.current, self.late = int(s["current"]), [int(w) for w in s["late"]]

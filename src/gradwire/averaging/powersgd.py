@@ -41,15 +41,15 @@ in half the collectives, which is what lets a caller overlap it with the backwar
 paper's point: one collective per bucket, no orthogonalisation between two).
 
 This is not a byte :class:`~gradwire.compress.Compressor` (a tensor in, a payload out, decoded
-alone): it needs the tensors' shapes and runs two collectives with computation between them. So it
-has a registry of its own, :data:`AGGREGATORS` (``gradwire list aggregators``), and its spec goes
-where a compressor's does (``--compressor powersgd:rank=4``); :meth:`PowerSGD.average` is the one
-implementation of the math, which the algorithms' :class:`~gradwire.algorithms.base.Codec` (through
-``Transport.allreduce_mean``, simulator and torch backend alike) and the DDP hook
-(``gradwire.ddp``, through ``dist.all_reduce``) both call with their own ``allreduce_mean``.
-Everything it remembers (Q per matrix, errors per worker and matrix, the step count) is in
-:class:`PowerSGDMemory`, keyed by tensor name, so how tensors are grouped (DDP's buckets) does not
-matter.
+alone): it needs the tensors' shapes and runs two collectives with computation between them. It is
+an :class:`~gradwire.averaging.base.Averager`, with a registry of its own, :data:`AVERAGERS`
+(``gradwire list averagers``), and its spec goes where a compressor's does (``--compressor
+powersgd:rank=4``); :meth:`PowerSGD.average` is the one implementation of the math, which the
+algorithms' :class:`PowerSGDMean` (through ``Transport.allreduce_mean``, simulator and torch
+backend alike) and the DDP hook (``gradwire.ddp``, through ``dist.all_reduce``) both call with
+their own ``allreduce_mean``. Everything it remembers (Q per matrix, errors per worker and matrix,
+the step count) is in :class:`PowerSGDMemory`, keyed by tensor name, so how tensors are grouped
+(DDP's buckets) does not matter.
 """
 
 from __future__ import annotations
@@ -59,22 +59,18 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from gradwire.averaging.base import Averager
 from gradwire.errors import ConfigError
 from gradwire.seeding import hash_seed
-from gradwire.spec import Registry, Specced, parse_spec, require
+from gradwire.spec import Registry, Specced, require
 
 # Kind "compressor": its specs are --compressor values, and errors should say so.
-AGGREGATORS = Registry("compressor")
+AVERAGERS = Registry("compressor")
 
 # --compressor powersgd:dtype=...: what the two allreduces carry (None: the gradient's own dtype)
 WIRE_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 AllreduceMean = Callable[[dict[int, torch.Tensor]], torch.Tensor]  # one flat tensor per local worker -> mean
-
-
-def is_aggregator(spec: str) -> bool:
-    """Whether the compressor spec names an aggregator (PowerSGD) rather than a byte compressor."""
-    return parse_spec(spec)[0] in AGGREGATORS.names()
 
 
 def orthogonalize_(matrix: torch.Tensor) -> torch.Tensor:
@@ -125,7 +121,7 @@ def matrix_shape(shape: Sequence[int]) -> tuple[int, int] | None:
     return int(shape[0]), math.prod(int(s) for s in shape[1:])
 
 
-@AGGREGATORS.register(
+@AVERAGERS.register(
     "powersgd", help="PowerSGD (Vogels 2019): rank-r power iteration with error feedback, averaged by two "
     "allreduces (bytes per worker constant in the number of workers); --compressor of sync (no backups) "
     "and the DDP hook",
@@ -359,15 +355,15 @@ class PowerSGDMemory:
         self.errors = {int(w): {k: t.clone() for k, t in e.items()} for w, e in state["errors"].items()}
 
 
-class PowerSGDCodec:
-    """What :class:`~gradwire.algorithms.base.Codec.mean` delegates to for ``--compressor powersgd``:
-    flat gradient vectors in, their PowerSGD mean out, through the transport's ``allreduce_mean``
-    (so the simulator and the torch backend run the same code and count the bytes themselves)."""
+class PowerSGDMean(Averager):
+    """The averager of ``--compressor powersgd``: flat gradient vectors in, their PowerSGD mean out,
+    through the transport's ``allreduce_mean`` (so the simulator and the torch backend run the same
+    code and count the bytes themselves)."""
 
     def __init__(self, spec: str, *, shapes: Sequence[torch.Size], workers: Sequence[int], seed: int):
         if not shapes:
             raise ValueError("powersgd needs the model's tensor shapes (Context.param_shapes)")
-        self.powersgd: PowerSGD = AGGREGATORS.build(spec)
+        self.powersgd: PowerSGD = AVERAGERS.build(spec)
         self.shapes = [torch.Size(s) for s in shapes]
         self.numels = [s.numel() for s in self.shapes]
         self.keys = [str(i) for i in range(len(self.shapes))]  # the model's tensors in parameter order
@@ -385,6 +381,9 @@ class PowerSGDCodec:
         averaged = self.mean_tensors(transport, grads, range(len(self.shapes)))
         self.end_step()
         return torch.cat([t.reshape(-1) for t in averaged])
+
+    def averages_buckets(self) -> bool:
+        return True
 
     def mean_tensors(self, transport, tensors: dict[int, Sequence[torch.Tensor]],
                      indices: Sequence[int]) -> list[torch.Tensor]:
@@ -413,8 +412,8 @@ class PowerSGDCodec:
         return {"powersgd": {**info, "floats_uncompressed": sum(self.numels)}}
 
     def state_dict(self) -> dict:
-        return self.memory.state_dict()
+        return {"powersgd": self.memory.state_dict()}  # the key of the layout before averaging/ existed
 
     def load_state_dict(self, state: dict) -> None:
         shapes = {k: matrix_shape(s) for k, s in zip(self.keys, self.shapes, strict=True) if len(s) >= 2}
-        self.memory.load_state_dict(state, shapes=shapes)
+        self.memory.load_state_dict(state["powersgd"], shapes=shapes)

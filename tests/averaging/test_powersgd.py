@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradwire.compress.powersgd import AGGREGATORS, PowerSGDMemory, matrix_shape, orthogonalize_, orthogonalized
+from gradwire.averaging.powersgd import AVERAGERS, PowerSGDMemory, matrix_shape, orthogonalize_, orthogonalized
 from gradwire.errors import ConfigError
 
 SHAPES = [torch.Size(s) for s in [(40, 30), (40,), (6, 3, 5), (3, 100), (2, 2), ()]]
@@ -28,20 +28,20 @@ def gradients(workers: int, seed: int, dtype=torch.float32) -> dict[int, list[to
 
 
 def test_matrix_rank_follows_the_compression_rule_and_caps_at_min_n_m():
-    p = AGGREGATORS.build("powersgd:rank=4")
+    p = AVERAGERS.build("powersgd:rank=4")
     # 40x30: 1200 > 2*70*4; vectors and scalars never; 6x15: 90 <= 2*21*4; 2x2 never pays
     assert [p.matrix_rank(s) for s in SHAPES] == [4, 0, 0, 0, 0, 0]
     assert matrix_shape((6, 3, 5)) == (6, 15) and matrix_shape((7,)) is None
     # rank 8 on a 3x100 matrix is capped at 3 (already exact); it pays only with a rate below 1
-    assert AGGREGATORS.build("powersgd:rank=8").matrix_rank((3, 100)) == 0
-    assert AGGREGATORS.build("powersgd:rank=8,min_compression_rate=0.5").matrix_rank((3, 100)) == 3
+    assert AVERAGERS.build("powersgd:rank=8").matrix_rank((3, 100)) == 0
+    assert AVERAGERS.build("powersgd:rank=8,min_compression_rate=0.5").matrix_rank((3, 100)) == 3
     assert p.wire_numel(SHAPES) == 70 * 4 + 40 + 90 + 300 + 4 + 1
 
 
 def test_error_feedback_identity_and_same_result_at_every_worker():
     """g_w + e_w(before) == mean approximation + e_w(after), for every worker and tensor (the
     compressed ones; the others arrive as their exact mean)."""
-    p = AGGREGATORS.build("powersgd:rank=2,min_compression_rate=1")
+    p = AVERAGERS.build("powersgd:rank=2,min_compression_rate=1")
     memory = PowerSGDMemory(seed=1)
     for step in range(3):
         grads = gradients(3, step)
@@ -64,12 +64,12 @@ def test_a_matrix_of_rank_r_travels_exactly():
     g = torch.Generator().manual_seed(0)
     u, v = torch.randn(50, 2, generator=g, dtype=torch.float64), torch.randn(2, 40, generator=g, dtype=torch.float64)
     grads = {w: [(w + 1) * u @ v] for w in range(2)}
-    out = AGGREGATORS.build("powersgd:rank=2").average(PowerSGDMemory(), grads, ["m"], local_mean)
+    out = AVERAGERS.build("powersgd:rank=2").average(PowerSGDMemory(), grads, ["m"], local_mean)
     torch.testing.assert_close(out[0], 1.5 * u @ v)
 
 
 def test_before_start_step_everything_is_averaged_uncompressed():
-    p = AGGREGATORS.build("powersgd:rank=1,start_step=2")
+    p = AVERAGERS.build("powersgd:rank=1,start_step=2")
     memory = PowerSGDMemory()
     for step in range(3):
         grads = gradients(2, step)
@@ -82,7 +82,7 @@ def test_before_start_step_everything_is_averaged_uncompressed():
 def test_warm_start_and_fresh_draws():
     grads = gradients(2, 0)
     for warm in (True, False):
-        p = AGGREGATORS.build(f"powersgd:rank=2,warm_start={str(warm).lower()}")
+        p = AVERAGERS.build(f"powersgd:rank=2,warm_start={str(warm).lower()}")
         a, b = PowerSGDMemory(seed=4), PowerSGDMemory(seed=4)
         first = p.average(a, grads, KEYS, local_mean)
         assert all(torch.equal(x, y) for x, y in zip(first, p.average(b, grads, KEYS, local_mean), strict=True))
@@ -98,7 +98,7 @@ def test_orthogonalize_makes_orthonormal_columns_and_keeps_zero_columns_zero():
     torch.testing.assert_close(x.T @ x, torch.eye(4, dtype=torch.float64))
     z = torch.zeros(10, 2)
     assert torch.equal(orthogonalize_(z), torch.zeros(10, 2))
-    out = AGGREGATORS.build("powersgd:rank=2").average(PowerSGDMemory(), {0: [torch.zeros(40, 30)]}, ["w"], local_mean)
+    out = AVERAGERS.build("powersgd:rank=2").average(PowerSGDMemory(), {0: [torch.zeros(40, 30)]}, ["w"], local_mean)
     assert torch.equal(out[0], torch.zeros(40, 30))  # a vanished gradient is no NaN
 
 
@@ -136,8 +136,8 @@ def test_sixteen_bit_factors_travel_rounded_and_error_feedback_keeps_the_roundin
         seen.append({t.dtype for t in tensors.values()})
         return local_mean({w: t.float() for w, t in tensors.items()})  # as the simulator sums: in fp32
 
-    half = AGGREGATORS.build(f"powersgd:rank=2,min_compression_rate=1,dtype={dtype}")
-    full = AGGREGATORS.build("powersgd:rank=2,min_compression_rate=1")
+    half = AVERAGERS.build(f"powersgd:rank=2,min_compression_rate=1,dtype={dtype}")
+    full = AVERAGERS.build("powersgd:rank=2,min_compression_rate=1")
     assert half.wire_dtype(torch.float32) == wire and full.wire_dtype(torch.float64) == torch.float64
     grads = gradients(3, 0)
     a, b = PowerSGDMemory(seed=1), PowerSGDMemory(seed=1)
@@ -158,7 +158,7 @@ def test_sixteen_bit_factors_travel_rounded_and_error_feedback_keeps_the_roundin
 def test_no_tensor_is_made_on_the_default_device():
     """Under ``torch.device("meta")`` any factory call without ``device=`` makes a meta tensor,
     which would fail against the CPU inputs or show in the outputs (as tests/compress/test_devices.py)."""
-    p = AGGREGATORS.build("powersgd:rank=2,min_compression_rate=1")
+    p = AVERAGERS.build("powersgd:rank=2,min_compression_rate=1")
     want_memory = PowerSGDMemory(seed=2)
     want = [p.average(want_memory, gradients(2, s), KEYS, local_mean) for s in range(2)]
     memory = PowerSGDMemory(seed=2)
@@ -175,7 +175,7 @@ def gradients_on_cpu(workers: int, seed: int) -> list:
 
 
 def test_state_dict_round_trip_and_shape_check():
-    p = AGGREGATORS.build("powersgd:rank=2")
+    p = AVERAGERS.build("powersgd:rank=2")
     memory = PowerSGDMemory(seed=3)
     p.average(memory, gradients(2, 0), KEYS, local_mean)
     state = memory.state_dict()
@@ -197,7 +197,7 @@ def test_state_dict_round_trip_and_shape_check():
 ])
 def test_bad_spec_is_one_clear_error(spec, message):
     with pytest.raises(ConfigError, match=message) as info:
-        AGGREGATORS.build(spec)
+        AVERAGERS.build(spec)
     assert "\n" not in str(info.value) and "compressor" in str(info.value)
 
 
@@ -205,7 +205,7 @@ def test_alternate_projects_the_mean_on_the_last_steps_subspace_one_allreduce_a_
     """ACP-SGD (alternate=true): step 1 sends P = M Q^ (Q^ the orthonormalised first Q), step 2 sends
     Q = M^T P^ (P^ step 1's P orthonormalised); the result is the mean gradient projected on that
     subspace, M Q^ Q^^T then P^ P^^T M. One allreduce a step, of n r then m r floats per matrix."""
-    p = AGGREGATORS.build("powersgd:rank=3,alternate=true,error_feedback=false")
+    p = AVERAGERS.build("powersgd:rank=3,alternate=true,error_feedback=false")
     memory = PowerSGDMemory(seed=2)
     sizes = []
 
@@ -233,7 +233,7 @@ def test_alternate_projects_the_mean_on_the_last_steps_subspace_one_allreduce_a_
 
 
 def test_alternate_keeps_the_error_feedback_identity_and_its_state_round_trips():
-    p = AGGREGATORS.build("powersgd:rank=2,min_compression_rate=1,alternate=true,dtype=fp16")
+    p = AVERAGERS.build("powersgd:rank=2,min_compression_rate=1,alternate=true,dtype=fp16")
     memory = PowerSGDMemory(seed=4)
     for step in range(4):
         grads = gradients(3, 20 + step)
@@ -267,7 +267,7 @@ def test_a_matrix_whose_mean_was_exactly_zero_for_a_step_is_compressed_again_aft
     a zero factor; power iteration from it would send zeros for good (the mean 0, the error growing
     without end). The zero columns are drawn again: with PowerSGD the next step equals that of a
     worker that never saw the zero step; with ACP-SGD the Q step starts from a P drawn afresh."""
-    p = AGGREGATORS.build(spec)
+    p = AVERAGERS.build(spec)
     memory, fresh = PowerSGDMemory(seed=3), PowerSGDMemory(seed=3)
     zero = {w: [torch.zeros(40, 30)] for w in range(2)}
     p.average(memory, zero, ["w"], local_mean)
@@ -284,4 +284,4 @@ def test_a_matrix_whose_mean_was_exactly_zero_for_a_step_is_compressed_again_aft
 
 def test_alternate_needs_warm_start():
     with pytest.raises(ValueError, match="alternate=true needs warm_start=true"):
-        AGGREGATORS.build("powersgd:alternate=true,warm_start=false")
+        AVERAGERS.build("powersgd:alternate=true,warm_start=false")

@@ -1,0 +1,57 @@
+"""Averaging: the mean over the participants (averaging/base.py), taken by a compressed mean
+(a byte compressor with error feedback, averaging/compressed.py) or by PowerSGD (low-rank factors
+by allreduce, averaging/powersgd.py).
+
+A ``--compressor`` spec names either kind; :func:`build_averager` (for the run's algorithms) and
+:func:`build_method` (for the DDP hook, which runs the collectives itself) are the only places
+that tell them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from gradwire.averaging.base import Averager, Finished
+from gradwire.averaging.compressed import CompressedMean
+from gradwire.averaging.powersgd import AVERAGERS, PowerSGD, PowerSGDMean, PowerSGDMemory
+from gradwire.compress import Compressor
+from gradwire.compress import build as build_compressor
+from gradwire.spec import parse_spec
+
+__all__ = ["AVERAGERS", "Averager", "CompressedMean", "Finished", "PowerSGD", "PowerSGDMean", "PowerSGDMemory",
+           "build_averager", "build_method"]
+
+
+def _averages_itself(spec: str) -> bool:
+    """Whether ``spec`` names an averager (PowerSGD) rather than a byte compressor."""
+    return parse_spec(spec)[0] in AVERAGERS.names()
+
+
+def build_method(spec: str) -> Compressor | PowerSGD:
+    """What a ``--compressor`` spec names: a byte compressor, or PowerSGD's configuration; an
+    unknown name is one ConfigError listing both kinds."""
+    from gradwire.registries import registry_for
+
+    return registry_for("compressor", spec).registry.build(spec)
+
+
+def build_averager(spec: str, *, workers: Sequence[int], seed: int, shapes: Sequence[torch.Size],
+                   error_feedback: bool, generator: Callable[[int], torch.Generator],
+                   payloads: bool) -> Averager:
+    """The averager of ``spec`` for the local ``workers``. ``payloads``: the caller also handles
+    compressed payloads itself (sends them to a server, keeps them in flight), which only a byte
+    compressor makes, so PowerSGD is refused; ``shapes``: the model's tensors in the flat vector's
+    order (PowerSGD works per matrix); ``generator(rank)``: worker ``rank``'s compression stream."""
+    if _averages_itself(spec):
+        if payloads:
+            raise ValueError(f"--compressor {spec} averages gradients by allreduce itself: it runs with sync "
+                             "(without backups) and the DDP hook only")
+        averager = PowerSGDMean(spec, shapes=shapes, workers=workers, seed=seed)
+        if error_feedback and not averager.powersgd.error_feedback:
+            raise ValueError(f"--error-feedback contradicts {spec}: PowerSGD keeps its own error feedback "
+                             "(its error_feedback key, on by default)")
+        return averager
+    return CompressedMean(build_compressor(spec), {r: generator(r) for r in workers}, error_feedback=error_feedback,
+                          identity=spec == "none")

@@ -1,0 +1,119 @@
+"""The compressed mean: each worker's tensor encoded by a byte compressor (with error feedback when
+asked), the payloads carried by the transport, decoded and averaged in rank order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from gradwire.averaging.base import Averager, Finished
+from gradwire.compress import Compressor, ErrorFeedback, Packet
+from gradwire.transports.base import Handle, Transport
+
+
+class CompressedMean(Averager):
+    """One compressor, an optional error-feedback memory and a seeded generator per local worker.
+
+    ``mean`` is a dense allreduce when the payload is summable (uncompressed, or a cast), else an
+    allgather of the byte buffers, each decoded and summed in rank order (so every backend and the
+    parameter server add in the same order). Algorithms that send payloads themselves (to a
+    server, or overlapped with computation) use ``encode``, ``payloads``, ``start_payloads`` and
+    ``decode_mean``."""
+
+    def __init__(self, compressor: Compressor, generators: dict[int, torch.Generator], *, error_feedback: bool,
+                 identity: bool = False):
+        self.compressor = compressor
+        self.identity = identity  # the spec asked for no compression ("none")
+        self.ef = {r: ErrorFeedback(compressor) for r in generators} if error_feedback else None
+        self.gen = generators
+
+    def spec(self) -> str:
+        return self.compressor.spec()
+
+    def encode(self, rank: int, x: torch.Tensor, *, key: str = "grad") -> Packet:
+        """``key`` names the tensor whose residual error feedback keeps (one per key)."""
+        if self.ef is not None:
+            return self.ef[rank].encode(x, key=key, generator=self.gen[rank])
+        return self.compressor.encode(x, generator=self.gen[rank])
+
+    def decode(self, buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return self.compressor.decode(Packet(buffer, like.shape, like.dtype))
+
+    def _plain(self) -> bool:
+        return self.identity and self.ef is None
+
+    def mean(self, transport: Transport, tensors: dict[int, torch.Tensor], ranks=None) -> torch.Tensor:
+        like = next(iter(tensors.values()))
+        if self._plain():
+            return transport.allreduce_mean(tensors, ranks)
+        packets = {r: self.encode(r, t) for r, t in tensors.items()}
+        if self.compressor.summable:
+            wire_dtype = self.compressor.wire_dtype(like.dtype)
+            wire = {r: self.decode(p.buffer, like).to(wire_dtype) for r, p in packets.items()}
+            return transport.allreduce_mean(wire, ranks).to(like.dtype)
+        gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks,
+                                       size=self.compressor.nbytes(like.numel(), like.dtype))
+        return self.decode_mean(gathered, like)
+
+    def start(self, transport: Transport, tensors: dict[int, torch.Tensor], ranks=None) -> Handle:
+        return self.start_payloads(transport, self.payloads(tensors), next(iter(tensors.values())), ranks)
+
+    def averages_buckets(self) -> bool:
+        return self._plain()
+
+    def mean_tensors(self, transport: Transport, tensors: dict[int, Sequence[torch.Tensor]],
+                     indices: Sequence[int]) -> list[torch.Tensor]:
+        """Uncompressed: one allreduce of the bucket."""
+        if not self.averages_buckets():
+            return super().mean_tensors(transport, tensors, indices)
+        like = next(iter(tensors.values()))
+        mean = transport.allreduce_mean({r: torch.cat([t.reshape(-1) for t in ts]) for r, ts in tensors.items()})
+        return [m.view(t.shape) for m, t in zip(mean.split([t.numel() for t in like]), like, strict=True)]
+
+    def payloads(self, tensors: dict[int, torch.Tensor], *, key: str = "grad") -> dict[int, torch.Tensor]:
+        """What each local participant puts on the wire for ``start_payloads``: its tensor (no
+        compression), the decoded cast in the wire dtype (a summable compressor), or its packet's
+        bytes. Encoding happens here, once: a payload kept in a checkpoint can be sent again
+        without touching the residuals or the generators."""
+        if self._plain():
+            return {r: t.clone() for r, t in tensors.items()}
+        like = next(iter(tensors.values()))
+        packets = {r: self.encode(r, t, key=key) for r, t in tensors.items()}
+        if self.compressor.summable:
+            wire_dtype = self.compressor.wire_dtype(like.dtype)
+            return {r: self.decode(p.buffer, like).to(wire_dtype) for r, p in packets.items()}
+        return {r: p.buffer for r, p in packets.items()}
+
+    def start_payloads(self, transport: Transport, payloads: dict[int, torch.Tensor], like: torch.Tensor,
+                       ranks=None) -> Handle:
+        """Start the mean of ``payloads`` without blocking, carried as ``mean`` carries them (a dense
+        allreduce, or an allgather of the bytes decoded and summed in rank order); ``wait()`` gives
+        it in ``like``'s dtype."""
+        if self._plain() or self.compressor.summable:
+            return Finished(transport.allreduce_mean_start(payloads, ranks), lambda mean: mean.to(like.dtype))
+        size = self.compressor.nbytes(like.numel(), like.dtype)
+        return Finished(transport.allgather_start(payloads, ranks, size=size),
+                        lambda gathered: self.decode_mean(gathered, like))
+
+    def decode_mean(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """Decode every payload and average them, summed in rank order (so every backend and the
+        parameter server add in the same order)."""
+        order = sorted(buffers)
+        total = self.decode(buffers[order[0]], like).clone()
+        for r in order[1:]:
+            total += self.decode(buffers[r], like)
+        return total.div_(len(order))
+
+    def state_dict(self) -> dict:
+        out = {"generators": {str(r): g.get_state() for r, g in self.gen.items()}}
+        if self.ef is not None:
+            out["error_feedback"] = {str(r): ef.state_dict() for r, ef in self.ef.items()}
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        for r, g in self.gen.items():
+            g.set_state(state["generators"][str(r)])
+        if self.ef is not None:
+            for r, ef in self.ef.items():
+                ef.load_state_dict(state["error_feedback"][str(r)])

@@ -1,0 +1,81 @@
+"""The averager contract (gradwire/averaging): the factory picks the kind from the spec, and both
+kinds give the mean over the participants through the transport, blocking or started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import gradwire
+from gradwire.averaging import CompressedMean, PowerSGDMean, build_averager
+from gradwire.transports.clocks import SimClock
+from gradwire.transports.network import RingNetwork
+from gradwire.transports.sim import SimTransport
+
+SHAPES = (torch.Size([6, 5]), torch.Size([5]))
+WORKERS = (0, 1, 2)
+
+
+def averager(spec: str, *, payloads: bool = False, error_feedback: bool = False):
+    return build_averager(spec, workers=WORKERS, seed=0, shapes=SHAPES, error_feedback=error_feedback,
+                          generator=lambda r: torch.Generator().manual_seed(r), payloads=payloads)
+
+
+def grads(seed: int = 0) -> dict[int, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {r: torch.randn(35, generator=g) for r in WORKERS}
+
+
+def transport() -> SimTransport:
+    return SimTransport(len(WORKERS), RingNetwork(), SimClock())
+
+
+def test_the_factory_tells_the_kinds_apart():
+    assert isinstance(averager("topk:ratio=0.5"), CompressedMean)
+    assert isinstance(averager("powersgd:rank=1"), PowerSGDMean)
+    with pytest.raises(ValueError, match="averages gradients by allreduce itself"):
+        averager("powersgd:rank=1", payloads=True)
+    with pytest.raises(ValueError, match="contradicts powersgd"):
+        averager("powersgd:rank=1,error_feedback=false", error_feedback=True)
+
+
+def test_the_uncompressed_mean_is_the_mean():
+    x = grads()
+    mean = averager("none").mean(transport(), x)
+    torch.testing.assert_close(mean, torch.stack(list(x.values())).mean(0))
+
+
+@pytest.mark.parametrize("spec", ["qsgd:levels=4", "fp16", "powersgd:rank=2"])
+def test_started_and_blocking_means_agree_in_values_and_bytes(spec):
+    """``start(...).wait()`` is ``mean`` (the same payloads, the same bytes), for each kind."""
+    blocking, started = averager(spec), averager(spec)
+    t1, t2 = transport(), transport()
+    for step in range(3):
+        x = grads(step)
+        a = blocking.mean(t1, {r: t.clone() for r, t in x.items()})
+        b = started.start(t2, {r: t.clone() for r, t in x.items()}).wait()
+        assert torch.equal(a, b), (spec, step)
+    assert t1.bytes_sent == t2.bytes_sent > 0
+
+
+def test_powersgd_state_keeps_the_checkpoint_layout():
+    """PowerSGD's state is saved under "powersgd", as checkpoints written before averaging/ hold it;
+    a fresh averager that loads it continues identically."""
+    a = averager("powersgd:rank=2")
+    t = transport()
+    a.mean(t, grads(0))
+    state = a.state_dict()
+    assert set(state) == {"powersgd"}
+    b = averager("powersgd:rank=2")
+    b.load_state_dict(state)
+    assert torch.equal(a.mean(t, grads(1)), b.mean(transport(), grads(1)))
+
+
+def test_no_aggregator_checks_outside_averaging():
+    """Only gradwire/averaging tells a byte compressor from PowerSGD (its factory)."""
+    src = Path(gradwire.__file__).parent
+    offenders = [str(p.relative_to(src)) for p in src.rglob("*.py")
+                 if "averaging" not in p.parts and ("aggregator" in p.read_text() or "is_aggregator" in p.read_text())]
+    assert offenders == []
