@@ -11,6 +11,7 @@ from gradwire.algorithms import (  # noqa: F401  (registration)
     local_sgd,
     lsgd,
     signsgd,
+    sparseloco,
     sync,
 )
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, CodecConfig, Context, OptimConfig
