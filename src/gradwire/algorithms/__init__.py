@@ -4,6 +4,7 @@ from gradwire.algorithms import (  # noqa: F401  (registration)
     async_ps,
     dagc,
     dasgd,
+    demo,
     diana,
     diloco,
     dqsgd,
