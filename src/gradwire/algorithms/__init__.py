@@ -2,6 +2,7 @@
 
 from gradwire.algorithms import (  # noqa: F401  (registration)
     async_ps,
+    backup_diloco,
     dagc,
     dasgd,
     demo,
