@@ -186,6 +186,12 @@ class Algorithm(Specced, ABC):
         it sends to the server."""
         raise NotImplementedError(f"{self.name} has no server mode")
 
+    def compute_seconds(self, ctx: Context, rank: int, count: int) -> float:
+        """Simulated seconds worker ``rank`` computes before sending its ``count``-th message: one
+        gradient's draw of the straggler model (an algorithm whose message follows several
+        gradients, as DiLoCo's H inner steps, sums their draws)."""
+        return ctx.compute_time(rank, count)
+
     def on_message(self, msg: Message, finished: bool) -> Answer:
         """The server handles one message (in arrival order). ``finished``: the run's last step is
         over; answer, but start nothing new."""
