@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from gradwire import kernels
 from gradwire.compress import bitpack
-from gradwire.compress.base import Compressor, Packet, raise_non_finite
+from gradwire.compress.base import Compressor, CorruptPayload, Packet, raise_non_finite
 from gradwire.compress.stream import SymbolStream
 from gradwire.compress.wire import (
     check_scales,
@@ -179,8 +180,22 @@ class GridCompressor(Compressor):
         out = torch.empty(head + self._stream_bytes(-(-n // group) * group), dtype=torch.uint8,
                           device=xf.device)
         write(out[:head], scales)
-        encode_grid(xf, self._bucket(n), scales, self.levels, self.bits, out[head:], generator, self.per_field)
+        stream = out[head: head + self._stream_bytes(n)]
+        if not (n and kernels.wanted(xf) and self._fused_encode(xf, scales, stream, generator)):
+            encode_grid(xf, self._bucket(n), scales, self.levels, self.bits, out[head:], generator, self.per_field)
         return make_packet(out[: head + self._stream_bytes(n)], x)
+
+    def _fused_encode(self, xf: torch.Tensor, scales: torch.Tensor, stream: torch.Tensor,
+                      generator: torch.Generator | None) -> bool:
+        """The Triton path (gradwire.kernels.grid); False where the float32 multipliers ``s/r``
+        overflow (subnormal scales), which the reference handles in float64."""
+        if not bool(torch.isfinite(self.levels / scales[scales > 0]).all()):
+            return False
+        from gradwire.kernels import grid
+
+        seed = kernels.seed_word(generator, xf.device)
+        grid.encode(xf, self._bucket(xf.numel()), scales, self.levels, self.bits, self.per_field, stream, seed)
+        return True
 
     def decode(self, packet: Packet) -> torch.Tensor:
         n = packet.numel
@@ -188,7 +203,15 @@ class GridCompressor(Compressor):
         head = 4 * self._num_buckets(n)
         scales = read(buf[:head], torch.float32)
         check_scales(scales, self.name)
-        out = decode_grid(buf[head:], n, self._bucket(n), scales, self.levels, self.bits, packet.dtype,
-                          self.name, self.per_field)
+        probe = torch.empty(0, dtype=packet.dtype, device=buf.device)
+        if n and kernels.wanted(probe):
+            from gradwire.kernels import grid
+
+            out = torch.empty(n, dtype=packet.dtype, device=buf.device)
+            if grid.decode(buf[head:], n, self._bucket(n), scales, self.levels, self.bits, self.per_field, out):
+                raise CorruptPayload(f"{self.name}: invalid symbol in the payload")
+        else:
+            out = decode_grid(buf[head:], n, self._bucket(n), scales, self.levels, self.bits, packet.dtype,
+                              self.name, self.per_field)
         return out.reshape(packet.shape)
 
