@@ -40,6 +40,17 @@ def _table(bits: int | None, count: int, a: float, b: float, dtype: torch.dtype,
     return table
 
 
+@functools.lru_cache(maxsize=16)
+def _field_table(count: int, per_field: int, bits: int, a: float, b: float, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """Rows ``field value -> a*q + b of its per_field radix-count digits q``; NaN rows for values
+    at or above ``count**per_field``."""
+    value = torch.arange(1 << bits, dtype=torch.int64, device=device)
+    table = torch.stack([(value // count**j % count).to(dtype) * a + b for j in range(per_field)], dim=1)
+    table[count**per_field:] = float("nan")
+    return table
+
+
 class SymbolStream:
     """A stream of symbols ``q`` in ``0..count-1`` that decode to ``a*q + b`` in ``dtype`` on
     ``device`` (``bits=None``: base-3 trits)."""
@@ -53,6 +64,12 @@ class SymbolStream:
                 raise ValueError(f"{per_field} symbols of radix {count} do not fit {bits} bits")
             self.group, self.per_byte = 8 * per_field, 0
             self.powers = torch.tensor([count**j for j in range(per_field)], dtype=torch.int64, device=device)
+            # field values by one matrix-vector product, exact in float32 below 2^24
+            self.field_dtype = torch.float32 if bits <= 24 else torch.float64
+            self.place = self.powers.to(self.field_dtype)
+            # decoding: fields of up to 16 bits through a table field -> values (NaN: invalid field)
+            self.field_table = _field_table(count, per_field, bits, a, b, dtype, torch.device(device)) \
+                if bits <= 16 else None
             return
         self.group = 5 if bits is None else 8  # symbols per packing group (a whole number of bytes)
         # symbols per byte for the float fast path; 0: widths 3, 5, 6, 7 and 8 go through bitpack
@@ -87,8 +104,8 @@ class SymbolStream:
         """Pack the non-negative float symbols ``t`` (floored here; a whole number of groups) into
         ``out``. ``scratch`` (float, >= len/per_byte) and ``sym`` (uint8, >= len) are work space."""
         if self.per_field > 1:
-            q = t.floor_().to(torch.int64).view(-1, self.per_field)
-            out.copy_(bitpack.pack_uint((q * self.powers).sum(1), self.bits))
+            q = t.floor_().view(-1, self.per_field).to(self.field_dtype)
+            bitpack.pack_fields(torch.mv(q, self.place).to(torch.int64), self.bits, out)
             return
         if self.per_byte:
             rows = scratch[: out.numel()]
@@ -105,7 +122,12 @@ class SymbolStream:
         """Decode the bytes ``src`` into values in ``dst`` (a whole number of groups).
         ``sym`` (uint8) and ``index`` (int64) are work space."""
         if self.per_field > 1:
-            values = bitpack.unpack_uint(src, dst.numel() // self.per_field, self.bits)
+            values = bitpack.unpack_fields(src, self.bits)
+            if self.field_table is not None:
+                torch.index_select(self.field_table, 0, values, out=dst.view(-1, self.per_field))
+                if bool(torch.isnan(dst.sum())):
+                    raise CorruptPayload(f"{name}: invalid symbol in the payload")
+                return
             if int(values.amax()) >= self.count**self.per_field:
                 raise CorruptPayload(f"{name}: invalid symbol in the payload")
             rows = dst.view(-1, self.per_field)
