@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from gradwire import checkpoint
+from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.algorithms.optim import ScheduledRate
 from gradwire.config import RunConfig
@@ -110,6 +110,7 @@ class Run:
                                                 self.tensor_parallel and self.tensor_parallel.workers)
         # where the workers compute: the torch transport's GPU for this local rank, or --device
         self.device = getattr(self.transport, "device", None) or torch.device(cfg.device)
+        kernels.use(cfg.kernels)  # the codecs' kernels, process-wide: torch (reference) or triton
         if self.device.type != "cpu":
             self.task = self.task.to(self.device)
         self.is_writer = self.process_rank == 0
