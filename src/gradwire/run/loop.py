@@ -391,7 +391,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
             folder.step({"step": r.step, "sim_time_s": r.clock.now, "bytes_sent": r.transport.bytes_sent} | info)
             timeline.flush()  # the step's intervals: a crash loses at most the step under way
             bar.update(1)
-            if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
+            if r.algorithm.evaluates_at(r.step, cfg.eval_every, cfg.steps):
                 if sync_counters is not None:
                     sync_counters()  # every rank, at the same steps
                 if not r.server_process:
