@@ -29,7 +29,7 @@ def test_outer_steps_use_the_first_n_and_drop_the_late(make_config):
     """Worker 0 is 4x slower: it never wins a round. Each round's θ is a Nesterov step of
     torch.optim.SGD on the mean of the winners' Δ_i = θ_start - x_i as they arrived; the late Δ
     are answered with the current θ and never touch it."""
-    cfg = make_config(algorithm="backup-diloco:backups=1,inner_steps=2,outer_lr=0.7,outer_momentum=0.9",
+    cfg = make_config(algorithm="backup-diloco:backups=1,inner_steps=2,outer_lr=0.7,outer_momentum=0.9,outer_warmup=0",
                       dtype="float64", lr=0.01, workers=3, stragglers="slow:count=1,slowdown=4,compute_s=0.01")
     r = Run(cfg)
     alg = r.algorithm

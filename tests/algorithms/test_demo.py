@@ -82,18 +82,18 @@ def test_message_bytes_are_the_coefficients_and_their_gap_coded_positions(make_c
     n = r.algorithm.x.numel()
     count = 4 * (n // 64) + math.ceil(4 * (n % 64) / 64)
     expected = 0
-    encode = r.algorithm.codec.encode
+    encode = r.algorithm.averager.encode
 
     def sized(rank, x, **kw):
         nonlocal expected
         packet = encode(rank, x, **kw)
-        index = (r.algorithm.codec.decode(packet.buffer, x) != 0).nonzero().view(-1)
+        index = (r.algorithm.averager.decode(packet.buffer, x) != 0).nonzero().view(-1)
         assert index.numel() == count
         assert packet.nbytes == 8 * count + gapcode.section_bytes(n, count, gapcode.quotient_sum(n, index))
         expected += 2 * packet.nbytes  # ring all-gather: each message crosses (n - 1) = 2 links
         return packet
 
-    r.algorithm.codec.encode = sized
+    r.algorithm.averager.encode = sized
     for _ in range(4):
         r.train_step()
     assert r.transport.bytes_sent == expected > 0

@@ -75,7 +75,7 @@ def test_ternary_values_keep_the_error_feedback_identity_and_the_chunk_supports(
                         dtype="float64", lr=0.01, workers=2))
     alg = r.algorithm
     r.train_step()
-    codec = alg.codec
+    codec = alg.averager
     captured = {}
     payloads = codec.payloads
 
@@ -108,20 +108,20 @@ def test_message_bytes_are_the_values_and_the_gap_coded_positions(make_config):
     full, tail, k_tail = chunk_counts(n, 50, 3)
     count = 3 * full + k_tail
     expected = 0
-    payloads = alg.codec.payloads
+    payloads = alg.averager.payloads
 
     def sized(tensors, key):
         nonlocal expected
         out = payloads(tensors, key=key)
         for k, buf in out.items():
-            index = (alg.codec.decode(buf, tensors[k]) != 0).nonzero().view(-1)
+            index = (alg.averager.decode(buf, tensors[k]) != 0).nonzero().view(-1)
             assert index.numel() == count == ChunkedTopK(chunk=50, k=3).count(n)
             size = 8 * count + gapcode.section_bytes(n, count, gapcode.quotient_sum(n, index))
             assert buf.numel() == size and size - 8 * count < count  # under 8 bits a position at 6% density
             expected += 2 * size  # (n - 1) = 2 other replicas receive it
         return out
 
-    alg.codec.payloads = sized
+    alg.averager.payloads = sized
     for _ in range(8):
         r.train_step()
     assert r.transport.bytes_sent == expected > 0

@@ -29,16 +29,16 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, OptimConfig
-from gradwire.algorithms.diloco import DILOCO_PARAMS, INNER_CHOICES
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
+from gradwire.algorithms.diloco import DILOCO_PARAMS, INNER_CHOICES, OUTER_LR, OUTER_MOMENTUM, OUTER_WARMUP, outer_step
 from gradwire.algorithms.optim import AdamW, HeavyBall, require_constant_lr, require_sgd
 from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Answer, Message, as_body
 from gradwire.algorithms.replicas import Replicas, mean_or_nan
 from gradwire.spec import require
 
 BACKUP_DILOCO_PARAMS = {"backups": "b >= 0: replicas whose pseudo-gradients each round drops (the last to arrive)"} | {
-    key: DILOCO_PARAMS[key] for key in ("inner_steps", "outer_lr", "outer_momentum", "inner", "beta1", "beta2",
-                                        "eps", "weight_decay")}
+    key: DILOCO_PARAMS[key] for key in ("inner_steps", "outer_lr", "outer_momentum", "outer_warmup", "inner",
+                                        "beta1", "beta2", "eps", "weight_decay")}
 
 
 @ALGORITHMS.register("backup-diloco", help="DiLoCo whose outer round averages the first n - b pseudo-gradients "
@@ -49,8 +49,9 @@ class BackupDiLoCo(Algorithm):
     needs_server = True
     default_compressor = "none"
 
-    def __init__(self, *, backups: int = 1, inner_steps: int = 50, outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
+    def __init__(self, *, backups: int = 1, inner_steps: int = 50, outer_lr: float = OUTER_LR,
+                 outer_momentum: float = OUTER_MOMENTUM, outer_warmup: int = OUTER_WARMUP, inner: str = "adamw",
+                 beta1: float = 0.9, beta2: float = 0.95,
                  eps: float = 1e-8, weight_decay: float = 0.1):
         require(backups >= 0, f"backups must be >= 0, got {backups}")
         require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
@@ -58,7 +59,8 @@ class BackupDiLoCo(Algorithm):
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
         require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
         self.backups, self.inner_steps = backups, inner_steps
-        self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
+        require(outer_warmup >= 0, f"outer_warmup must be >= 0 (outer rounds of momentum ramp), got {outer_warmup}")
+        self.outer_lr, self.outer_momentum, self.outer_warmup = outer_lr, outer_momentum, outer_warmup
         self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
 
     def setup(self, ctx, params, optim, codec):
@@ -80,14 +82,14 @@ class BackupDiLoCo(Algorithm):
         self.theta = params.clone()                               # the server's θ
         self.outer = HeavyBall(self.theta, OptimConfig(lr=self.outer_lr, momentum=self.outer_momentum,
                                                        nesterov=self.outer_momentum > 0))
-        self.codec = Codec(ctx, codec, default=self.default_compressor)
+        self.averager = make_averager(ctx, codec, default=self.default_compressor)
         self.need = ctx.world_size - self.backups
         self.current = 1
         self.arrived: dict[int, tuple[torch.Tensor, float, int]] = {}
         self.late: list[int] = []
 
     def compressor_spec(self):
-        return self.codec.spec()
+        return self.averager.spec()
 
     def compute_seconds(self, ctx, rank, count):
         """A message follows H inner steps: the straggler draws of gradients (count-1)H+1 .. count·H."""
@@ -100,7 +102,7 @@ class BackupDiLoCo(Algorithm):
         losses = [self.replicas.sgd_step(ctx, rank) for _ in range(self.inner_steps)]
         delta = self.held[rank] - self.replicas.x[rank]
         return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=mean_or_nan(losses),
-                       body=self.codec.encode(rank, delta, key="outer").buffer)
+                       body=self.averager.encode(rank, delta, key="outer").buffer)
 
     def worker_apply(self, ctx, rank, reply):
         """PARAMS or JOIN: the next round starts from θ (x_i <- θ); the inner optimizer's state stays."""
@@ -124,8 +126,8 @@ class BackupDiLoCo(Algorithm):
         if len(self.arrived) < self.need:
             return Answer()
         winners = sorted(self.arrived)
-        outer_gradient = self.codec.decode_mean({w: self.arrived[w][0] for w in winners}, self.theta)
-        self.outer.apply(outer_gradient)
+        outer_gradient = self.averager.decode_mean({w: self.arrived[w][0] for w in winners}, self.theta)
+        outer_step(self.outer, outer_gradient, self.outer_momentum, self.outer_warmup)
         info = {"loss": sum(self.arrived[w][1] for w in winners) / self.need, "gradients": self.need * self.inner_steps,
                 "dropped": len(self.late), "winners": winners, "late": sorted(self.late),
                 "outer_gradient_norm": float(outer_gradient.norm())}
@@ -141,7 +143,7 @@ class BackupDiLoCo(Algorithm):
         return self.theta
 
     def state_dict(self):
-        return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.codec.state_dict(),
+        return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.averager.state_dict(),
                 "replicas": self.replicas.state_dict(), "held": {str(r): t for r, t in self.held.items()},
                 "tag": {str(r): t for r, t in self.tag.items()},
                 "server": {"current": self.current, "late": list(self.late),
@@ -151,7 +153,7 @@ class BackupDiLoCo(Algorithm):
     def load_state_dict(self, state):
         self.theta.copy_(state["theta"])
         self.outer.load_state_dict(state["outer"])
-        self.codec.load_state_dict(state["codec"])
+        self.averager.load_state_dict(state["codec"])
         self.replicas.load_state_dict(state["replicas"])
         for r in self.held:
             self.held[r].copy_(state["held"][str(r)])

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, Codec, CodecConfig
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, CodecConfig, make_averager
 from gradwire.algorithms.optim import ScheduledRate, require_sgd
 from gradwire.algorithms.replicas import mean_or_nan
 from gradwire.spec import require
@@ -103,12 +103,13 @@ class DeMo(Algorithm):
         self.x = params.clone()
         self.momentum = {r: torch.zeros_like(params) for r in ctx.local_ranks}
         self.dct = ChunkDCT(params.numel(), self.chunk, params.dtype, params.device)
-        self.codec = Codec(ctx, CodecConfig(compressor=f"chunked-topk:chunk={self.chunk},k={self.k},values=raw"))
+        message = CodecConfig(compressor=f"chunked-topk:chunk={self.chunk},k={self.k},values=raw")
+        self.averager = make_averager(ctx, message)
         self.rate = ScheduledRate(optim.lr, optim.lr_schedule, optim.horizon)
         self.updates = 0
 
     def compressor_spec(self):
-        return self.codec.spec()
+        return self.averager.spec()
 
     def step(self, ctx, step):
         ctx.compute_all(step)
@@ -118,10 +119,10 @@ class DeMo(Algorithm):
             losses.append(loss)
             m = self.momentum[r].mul_(self.decay).add_(g)
             coefficients = self.dct.forward(m)
-            payloads[r] = self.codec.encode(r, coefficients).buffer
-            m.sub_(self.dct.inverse(self.codec.decode(payloads[r], coefficients)))  # q leaves the momentum
+            payloads[r] = self.averager.encode(r, coefficients).buffer
+            m.sub_(self.dct.inverse(self.averager.decode(payloads[r], coefficients)))  # q leaves the momentum
         gathered = ctx.transport.allgather(payloads)
-        update = self.dct.inverse(self.codec.decode_mean(gathered, self.x))
+        update = self.dct.inverse(self.averager.decode_mean(gathered, self.x))
         lr = self.rate.at(self.updates)
         self.updates += 1
         if self.weight_decay:
@@ -134,11 +135,11 @@ class DeMo(Algorithm):
 
     def state_dict(self):
         return {"x": self.x, "momentum": {str(r): m for r, m in self.momentum.items()}, "updates": self.updates,
-                "codec": self.codec.state_dict()}
+                "codec": self.averager.state_dict()}
 
     def load_state_dict(self, state):
         self.x.copy_(state["x"])
         for r, m in self.momentum.items():
             m.copy_(state["momentum"][str(r)])
         self.updates = int(state["updates"])
-        self.codec.load_state_dict(state["codec"])
+        self.averager.load_state_dict(state["codec"])

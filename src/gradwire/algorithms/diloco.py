@@ -64,6 +64,23 @@ from gradwire.spec import require
 
 INNER_CHOICES = ("adamw", "sgd")
 
+def outer_momentum_at(momentum: float, warmup: int, round_index: int) -> float:
+    """μ of outer round ``round_index`` (0-based): ramped linearly from 0 over ``warmup`` rounds,
+    then constant. The ramp moves the long-run step multiplier η/(1-μ) from η up to the papers'
+    η/(1-μ) while the parameters change fastest (docs/diloco.md, "From a random start")."""
+    if not warmup:
+        return momentum
+    return momentum * min(1.0, round_index / warmup)
+
+
+def outer_step(outer: HeavyBall, outer_gradient, momentum: float, warmup: int) -> None:
+    """One Nesterov SGD step of the outer optimizer ``outer``; its round count (in its state, so in
+    the checkpoint) decides the momentum of the warm-up ramp. Every DiLoCo-family outer loop steps here."""
+    if warmup and momentum:
+        outer.cfg = replace(outer.cfg, momentum=outer_momentum_at(momentum, warmup, outer.steps))
+    outer.apply(outer_gradient)
+
+
 DILOCO_PARAMS = {
     "inner_steps": "H >= 1: inner steps per outer round (paper: 500; 1 with inner=sgd, outer_lr=1 and "
                    "outer_momentum=0 is synchronous SGD)",
@@ -215,20 +232,10 @@ class StreamingDiLoCo(Algorithm):
             x[a:b].lerp_(theta, 1 - self.alpha)  # exact copy of θ_p at α = 0 (lerp is exact at weight 1)
 
     def outer_momentum_at(self, round_index: int) -> float:
-        """μ of outer round ``round_index`` (0-based): ramped linearly from 0 over ``outer_warmup``
-        rounds, then constant. The ramp moves the long-run step multiplier η/(1-μ) from η up to the
-        papers' η/(1-μ) while the parameters change fastest (docs/diloco.md, "From a random start")."""
-        if not self.outer_warmup:
-            return self.outer_momentum
-        return self.outer_momentum * min(1.0, round_index / self.outer_warmup)
+        return outer_momentum_at(self.outer_momentum, self.outer_warmup, round_index)
 
     def _outer_step(self, p: int, outer_gradient) -> None:
-        """One Nesterov SGD step on θ_p; its round count (in the outer optimizer's state, so in the
-        checkpoint) decides the momentum of the warm-up ramp."""
-        outer = self.outer[p]
-        if self.outer_warmup and self.outer_momentum:
-            outer.cfg = replace(outer.cfg, momentum=self.outer_momentum_at(outer.steps))
-        outer.apply(outer_gradient)
+        outer_step(self.outer[p], outer_gradient, self.outer_momentum, self.outer_warmup)
 
     def round_ends(self, step: int) -> bool:
         """Whether every fragment has merged the round that ends after inner step ``step``: the

@@ -13,10 +13,10 @@ H inner AdamW steps to θ_r, then
     θ   <- θ - α (1/R) Σ_r Δ̂_r          (the sparse messages all-gathered and averaged)
 
 The message is gradwire's ``chunked-topk`` codec (``compress/chunked.py``: quantised values, then
-Golomb-coded positions), all-gathered through the Codec as any non-summable payload, so the ledger
+Golomb-coded positions), all-gathered through the averager as any non-summable payload, so the ledger
 counts its exact bytes; the all-gather's bytes grow with the replicas. Everything else is
 DiLoCo's (``diloco.py``): the replicas and their AdamW, the pace of workers under stragglers, the
-collective (``Codec.start_mean``), the outer step (SGD at rate α without momentum, which is θ - αΔ),
+collective (``Averager.start_payloads``), the outer step (SGD at rate α without momentum, which is θ - αΔ),
 the checkpoint of θ and the replicas, to which the accumulators e_r are added.
 """
 
@@ -52,7 +52,7 @@ class SparseLoCo(DiLoCo):
         require(chunk >= 1 and 1 <= k <= chunk, f"need chunk >= 1 and k in [1, chunk]; got chunk={chunk}, k={k}")
         require(values in VALUE_CODES, f"values={values!r}: valid choices are {', '.join(VALUE_CODES)}")
         self.decay = decay
-        # the message's codec: Codec(default=...) builds it when --compressor is none (setup refuses another)
+        # the message's codec: make_averager(default=...) builds it when --compressor is none (setup refuses another)
         self.default_compressor = f"chunked-topk:chunk={chunk},k={k},values={values},block={block}"
 
     def setup(self, ctx, params, optim, codec):
@@ -68,9 +68,9 @@ class SparseLoCo(DiLoCo):
         a, b = self.ranges[p]
         for r, x in self.replicas.x.items():
             self.accumulators[r][a:b].mul_(self.decay).add_(self.theta[a:b] - x[a:b])
-        payloads = self.codec.payloads({r: e[a:b] for r, e in self.accumulators.items()}, key=f"fragment{p}")
+        payloads = self.averager.payloads({r: e[a:b] for r, e in self.accumulators.items()}, key=f"fragment{p}")
         for r, e in self.accumulators.items():
-            e[a:b].sub_(self.codec.decode(payloads[r], e[a:b]))
+            e[a:b].sub_(self.averager.decode(payloads[r], e[a:b]))
         self.in_flight[p] = {"started_at": step, "payloads": payloads}
         self._start_collective(ctx, p)
 
