@@ -96,12 +96,16 @@ def _atomic_save(obj, path: Path) -> None:
 
 
 def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barrier=None,
-         moves_latest: bool = True, keep: int = 1) -> Path:
-    """Write this process's ``state`` for ``step``; with ``moves_latest``, point ``latest`` at it."""
+         moves_latest: bool = True, keep: int = 1, elapsed: dict | None = None) -> Path:
+    """Write this process's ``state`` for ``step``; with ``moves_latest``, point ``latest`` at it.
+    ``elapsed``: the run's wall-clock figures at the checkpoint (``wall_time_s``, ``eval_time_s``),
+    beside the state, not in it: the state is what a resumed run must equal bit for bit."""
     stepdir = Path(folder) / f"step-{step:08d}"
     stepdir.mkdir(parents=True, exist_ok=True)
     kept = {k: config[k] for k in MUST_MATCH} | ({"steps": config["steps"]} if "steps" in config else {})
     payload = {"format": FORMAT, "step": step, "config": kept, "state": state}
+    if elapsed:
+        payload["elapsed"] = elapsed
     payload["sha256"] = digest(payload)
     _atomic_save(payload, stepdir / f"{label}.pt")
     if barrier is not None:
@@ -136,8 +140,9 @@ def latest(folder: Path) -> Path | None:
     return stepdir
 
 
-def load(stepdir: Path, label: str, config: dict) -> tuple[int, dict]:
-    """This process's (step, state) from ``stepdir``; ConfigError for a corrupt or mismatched file,
+def load(stepdir: Path, label: str, config: dict) -> tuple[int, dict, dict]:
+    """This process's (step, state, elapsed) from ``stepdir`` (``elapsed``: the wall-clock figures
+    saved beside the state, {} in older checkpoints); ConfigError for a corrupt or mismatched file,
     or one at a step past ``config["steps"]`` (resuming it would silently report more steps)."""
     path = Path(stepdir) / f"{label}.pt"
     if not path.exists():
@@ -161,7 +166,8 @@ def load(stepdir: Path, label: str, config: dict) -> tuple[int, dict]:
     if steps is not None and step > int(steps):
         raise ConfigError(f"checkpoint {path} is at step {step}, past --steps {steps}: pass --steps {step} or more "
                           "to continue it, or another --out to start afresh")
-    return step, payload["state"]
+    elapsed = payload.get("elapsed")
+    return step, payload["state"], elapsed if isinstance(elapsed, dict) else {}
 
 
 def read(path: Path) -> dict:

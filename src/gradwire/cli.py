@@ -19,10 +19,10 @@ from pathlib import Path
 
 from gradwire import config as config_mod
 from gradwire.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
-from gradwire.errors import CommunicationError, ConfigError, DivergenceError, Stopped
+from gradwire.errors import AlreadyFinished, CommunicationError, ConfigError, DivergenceError, Stopped
 from gradwire.launch import EPILOG_LAUNCH, cmd_launch
 from gradwire.registries import GROUPS, REGISTRIES
-from gradwire.report.run_folder import refuse_existing, require_named
+from gradwire.report.run_folder import holds_run, refuse_existing, require_named
 
 EPILOG_RUN = """examples:
   gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
@@ -136,7 +136,7 @@ def fresh_out(name: str, cfg: RunConfig) -> str:
     ``gradwire launch`` fixes the stamp for its processes (GRADWIRE_RUN_STAMP), which also brings a
     restarted group back to its folder; plain torchrun, or several nodes, need --out."""
     stamp = os.environ.get("GRADWIRE_RUN_STAMP")
-    if cfg.resume and not stamp:
+    if cfg.resuming and not stamp:
         raise ConfigError("--resume continues the run in --out: name its folder")
     base = Path("runs") / f"{_slug(name)}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
     if cfg.backend == "torch" and "WORLD_SIZE" in os.environ:  # every process must agree: no suffix
@@ -169,14 +169,20 @@ def describe_setup(algorithm: str, info: dict, workers: int) -> str:
 
 
 def cmd_run(ns) -> int:
-    from gradwire.run.loop import run
-
-    cfg = _config_from(ns).validate()
+    cfg = _config_from(ns).check_values()  # before torch is imported: a mistyped value is reported at once
     if not _out_given(ns):
         cfg = cfg.replace(out=fresh_out(cfg.label(), cfg))
-    summary = run(cfg)
-    if cfg.backend == "torch" and os.environ.get("RANK", "0") != "0":
-        return 0  # rank 0 reports for the group
+    from gradwire.run.loop import run
+
+    reports = not (cfg.backend == "torch" and os.environ.get("RANK", "0") != "0")  # rank 0 reports for the group
+    try:
+        summary = run(cfg)
+    except AlreadyFinished as e:
+        if reports:
+            print(f"gradwire run: {e}")
+        return 0
+    if not reports:
+        return 0
     info_path = Path(cfg.out) / "algorithm.json"
     if info_path.exists():
         print(describe_setup(cfg.algorithm, json.loads(info_path.read_text()), cfg.workers))
@@ -267,19 +273,32 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
     """Before any variant runs: a comparison or variant run already in the folder is replaced only
     with --overwrite (or continued with --resume)."""
     root = Path(common.out)
-    if (root / "comparison.md").exists() and not (common.overwrite or common.resume):
+    if (root / "comparison.md").exists() and not (common.overwrite or common.resuming):
         raise ConfigError(f"compare folder {root} already holds a comparison (comparison.md); pass --overwrite "
                           "to replace it or --resume to continue its runs (or choose another --out)")
     for c in specs:
-        refuse_existing(Path(c.out), overwrite=c.overwrite, resume=c.resume)
+        refuse_existing(Path(c.out), overwrite=c.overwrite, resume=c.resuming)
+
+
+def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfig]:
+    """compare --resume continues a comparison: each variant from its checkpoint, or from step 0
+    where it has none (it had not started, or saved no checkpoint); one that finished is kept as it
+    is. A folder holding none of the variants' runs has nothing to resume (--resume-or-start starts it)."""
+    if not common.resume or common.resume_or_start:
+        return specs
+    if not any(holds_run(Path(c.out)) for c in specs):
+        raise ConfigError(f"resume=true: nothing to resume: compare folder {common.out} holds none of the variants' "
+                          "runs; check --out, or pass --resume-or-start to start the comparison (--resume)")
+    return [c.replace(resume=False, resume_or_start=True) for c in specs]
 
 
 def cmd_compare(ns, variant_parser) -> int:
+    common, specs = variants_of(ns, variant_parser)
+    refuse_to_replace(common, specs)
+    specs = resumed_variants(common, specs)
     from gradwire.report.compare import write_report
     from gradwire.run.loop import run
 
-    common, specs = variants_of(ns, variant_parser)
-    refuse_to_replace(common, specs)
     root = Path(common.out)
     root.mkdir(parents=True, exist_ok=True)
     seeds = seeds_of(ns)
@@ -288,6 +307,9 @@ def cmd_compare(ns, variant_parser) -> int:
         print(f"[{i}/{len(specs)}] {c.label()}", flush=True)
         try:
             summaries.append(run(c))
+        except AlreadyFinished as e:  # --resume: a variant that finished before
+            print(f"  already finished at step {e.summary['steps']}", flush=True)
+            summaries.append(e.summary)
         except DivergenceError as e:
             print(f"  diverged: {e}", flush=True)
             summaries.append(json.loads((Path(c.out) / "summary.json").read_text()))
@@ -313,7 +335,8 @@ def cmd_compare(ns, variant_parser) -> int:
 def cmd_report(ns) -> int:
     from gradwire.report.pages import write_report as write_html
 
-    print(write_html(Path(ns.folder), out=ns.out))
+    print(write_html(Path(ns.folder), out=ns.out,
+                     warn=lambda text: print(f"gradwire report: warning: {text}", file=sys.stderr)))
     return 0
 
 
@@ -337,10 +360,8 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def cmd_plan(ns, variant_parser) -> int:
-    from gradwire.plan.output import prediction_table, validation_table, write_plan
-    from gradwire.plan.planner import PlanRequest, make_plan
-
     base = _config_from(argparse.Namespace(**{k: v for k, v in vars(ns).items() if k != "workers"}))  # a list here
+    base.check_values()  # before torch is imported
     candidates = [base.replace(algorithm=a, compressor=c, name="" if (ns.algorithms or ns.compressors) else base.name)
                   for a in spec_list(ns.algorithms or base.algorithm)
                   for c in spec_list(ns.compressors or base.compressor)]
@@ -356,6 +377,9 @@ def cmd_plan(ns, variant_parser) -> int:
     if (out / "plan.json").exists() and not base.overwrite:
         raise ConfigError(f"plan folder {out} already holds a plan (plan.json); pass --overwrite to replace it "
                           "(or choose another --out)")
+    from gradwire.plan.output import prediction_table, recommendation_lines, validation_table, write_plan
+    from gradwire.plan.planner import PlanRequest, make_plan
+
     req = PlanRequest(candidates=candidates, workers=workers, max_workers=ns.max_workers, out=out,
                       target=ns.target_loss, deadline_s=ns.deadline, metric=ns.metric, budget_s=ns.budget,
                       validate=validate, validate_max_steps=ns.validate_max_steps, work=ns.work,
@@ -366,10 +390,7 @@ def cmd_plan(ns, variant_parser) -> int:
     val = validation_table(plan)
     if val:
         print("\nvalidation (held-out m):\n" + "\n".join(val))
-    r = plan["recommendation"]
-    what = (f"{r['time_s']:.4g} s to the target" if ns.target_loss is not None
-            else f"{ns.metric} {r['objective']:.4g} within the deadline")
-    print(f"recommended: {r['candidate']} on {r['workers']} workers ({what}, {plan['time_kind']})")
+    print("\n".join(recommendation_lines(plan)))
     print(f"plan: {files['markdown']}  {files['json']}  plot: {files['plot']}")
     return 0
 
@@ -396,7 +417,7 @@ def cmd_reproduce(ns) -> int:
                                    wall_time_s=time.perf_counter() - started)
     print(reproduce.verdict_table(claims))
     print(f"report: {files['markdown']}  claims: {files['json']}")
-    return 1 if any(c.verdict == "not" and not c.checks for c in claims) else 0  # an experiment failed
+    return 1 if any(c.verdict == "error" for c in claims) else 0  # an experiment raised
 
 
 def cmd_list(ns) -> int:

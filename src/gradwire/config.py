@@ -51,7 +51,8 @@ class RunConfig:
     threads: int = 1                          # torch intra-op threads (the simulator runs many tiny ops)
     timeout_s: float = 120.0                  # real backends: longest wait on any peer before failing
     checkpoint_every: int = 0                 # save a checkpoint every K steps into OUT/checkpoint (0 = never)
-    resume: bool = False                      # continue from OUT/checkpoint/latest when there is one
+    resume: bool = False                      # continue from OUT/checkpoint/latest (refused when there is none)
+    resume_or_start: bool = False             # continue from OUT/checkpoint/latest, or start at step 0 without one
     overwrite: bool = False                   # replace the run already in OUT (its files and checkpoint/)
     tensorboard: bool = False                 # also write the scalars to OUT/tensorboard (needs tensorboard)
 
@@ -63,38 +64,18 @@ class RunConfig:
             text += f" + {self.compressor}" + (" + EF" if self.error_feedback else "")
         return text
 
+    @property
+    def resuming(self) -> bool:
+        """Whether the run continues from OUT/checkpoint (--resume or --resume-or-start)."""
+        return self.resume or self.resume_or_start
+
     def validate(self) -> RunConfig:
-        """Check every value and spec before anything runs; raise ConfigError naming the bad one."""
-        _positive(self.workers, "workers")
-        _positive(self.steps, "steps")
-        _positive(self.eval_every, "eval_every")
-        _positive(self.threads, "threads")
-        if isinstance(self.batch_size, str):
-            if self.batch_size != "full":
-                raise ConfigError(f"batch_size={self.batch_size!r}: expected a positive integer or 'full'")
-        else:
-            _positive(self.batch_size, "batch_size")
-        if self.dtype not in ("float32", "float64"):
-            raise ConfigError(f"dtype={self.dtype!r}: valid choices are float32, float64")
-        _step_size(self.lr, "lr", self.dtype, positive=True)
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"momentum={self.momentum} must be in [0, 1)")
-        if self.nesterov and not self.momentum:
-            raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0")
-        _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
-        if self.momentum and parse_spec(self.optimizer)[0] != "sgd":
-            raise ConfigError(f"momentum={self.momentum} applies to --optimizer sgd; --optimizer {self.optimizer!r} "
-                              "keeps its own moments (leave --momentum at 0, or use --optimizer sgd)")
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed={self.seed} must be an integer in [0, 2**63) (--seed)")
-        if self.backend not in ("sim", "torch", "threads"):
-            raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch, threads")
-        _check_device(self.device)
+        """Check every value and spec before anything runs; raise ConfigError naming the bad one.
+        Every message has one form: ``key=value`` and the problem, then the flag, ``(--key)``. The
+        checks that need no registry come first: they import no torch, so a mistyped number is
+        reported at once (the registries' modules import torch)."""
+        self.check_values()
         _check_kernels(self.kernels, self.device)
-        if self.checkpoint_every < 0:
-            raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
         # names and keys first, then the range checks of the cheap ones; a key that several registries
         # share (compressor) is checked against the one that holds its name
         chosen = [registry_for(ref.key, getattr(self, ref.key)) for ref in REGISTRIES]
@@ -110,12 +91,51 @@ class RunConfig:
         from gradwire.algorithms.optim import lr_schedule
 
         lr_schedule(self.lr_schedule, self.steps)  # a warm-up that fits in the run
+        _check_device(self.device)
         if self.tensorboard:
             from gradwire.report.tensorboard import require_tensorboard
 
             require_tensorboard()
         if self.tensor_parallel:
             _check_tensor_parallel(self)
+        return self
+
+    def check_values(self) -> RunConfig:
+        """The checks of :meth:`validate` that need no registry and no torch."""
+        _positive(self.workers, "workers")
+        _positive(self.steps, "steps")
+        _positive(self.eval_every, "eval_every")
+        _positive(self.threads, "threads")
+        if isinstance(self.batch_size, str):
+            if self.batch_size != "full":
+                raise ConfigError(f"batch_size={self.batch_size!r}: expected a positive integer or 'full' "
+                                  f"{_flag('batch_size')}")
+        else:
+            _positive(self.batch_size, "batch_size")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"dtype={self.dtype!r}: valid choices are float32, float64 {_flag('dtype')}")
+        _step_size(self.lr, "lr", self.dtype, positive=True)
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum={self.momentum} must be in [0, 1) {_flag('momentum')}")
+        if self.nesterov and not self.momentum:
+            raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0 "
+                              f"{_flag('nesterov')}")
+        _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
+        if self.momentum and parse_spec(self.optimizer)[0] != "sgd":
+            raise ConfigError(f"momentum={self.momentum} applies to --optimizer sgd; --optimizer {self.optimizer!r} "
+                              "keeps its own moments (leave --momentum at 0, or use --optimizer sgd) "
+                              f"{_flag('momentum')}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed={self.seed} must be an integer in [0, 2**63) {_flag('seed')}")
+        if self.backend not in ("sim", "torch", "threads"):
+            raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch, threads {_flag('backend')}")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r}: valid choices are cpu, cuda {_flag('device')}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never) "
+                              f"{_flag('checkpoint_every')}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 {_flag('timeout_s')}")
         check_out_folder(self.out)
         return self
 
@@ -129,11 +149,16 @@ class RunConfig:
 KEYS = {f.name: f for f in fields(RunConfig)}
 
 
+def _flag(key: str) -> str:
+    """The flag of config key ``key``, as every message names it: ``(--batch-size)``."""
+    return f"(--{key.replace('_', '-')})"
+
+
 def coerce(key: str, value: Any) -> Any:
     """Convert a value from a file or flag to the field's type, naming the key on failure."""
     key = key.replace("-", "_")
     if key not in KEYS:
-        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(KEYS)}")
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(KEYS)} (each also a flag: --key-name)")
     default = KEYS[key].default
     try:
         if key == "batch_size":
@@ -153,7 +178,7 @@ def coerce(key: str, value: Any) -> Any:
         return str(value)
     except (TypeError, ValueError):
         kind = "integer or 'full'" if key == "batch_size" else type(default).__name__
-        raise ConfigError(f"config key {key}={value!r} is not a valid {kind}") from None
+        raise ConfigError(f"{key}={value!r} is not a valid {kind} {_flag(key)}") from None
 
 
 def _int(value: Any) -> int:
@@ -168,11 +193,11 @@ def _step_size(value: float, key: str, dtype: str, *, positive: bool) -> None:
     convert it to a float32 scale factor)."""
     bound = "> 0" if positive else ">= 0"
     if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
-        raise ConfigError(f"{key}={value} must be a finite number {bound} (--{key.replace('_', '-')})")
+        raise ConfigError(f"{key}={value} must be a finite number {bound} {_flag(key)}")
     largest = 3.4028234663852886e38 if dtype == "float32" else 1.7976931348623157e308
     if value > largest:
         raise ConfigError(f"{key}={value:g} is too large for dtype {dtype} (at most {largest:.4g}); a step that "
-                          f"size cannot be applied (--{key.replace('_', '-')})")
+                          f"size cannot be applied {_flag(key)}")
 
 
 def _compresses_only_with_flag(algorithm: str) -> bool:
@@ -197,16 +222,17 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
     layout = parse_layout(cfg.tensor_parallel)
     if cfg.backend != "torch":
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r} needs --backend torch (gradwire launch "
-                          f"--nproc-per-node WORKERSxP -- run ...), not --backend {cfg.backend}")
+                          f"--nproc-per-node WORKERSxP -- run ...), not --backend {cfg.backend} (--tensor-parallel)")
     algorithm = ALGORITHMS.build(cfg.algorithm)
     if algorithm.needs_server:
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} has a server; "
-                          "tensor parallelism runs with the collective algorithms only")
+                          "tensor parallelism runs with the collective algorithms only (--tensor-parallel)")
     if isinstance(algorithm, SyncSGD) and algorithm.overlap:
         # its communication thread would issue the data-parallel collectives while the backward pass
         # issues the tensor-parallel ones, in an order that differs between ranks (NCCL can hang)
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} averages during "
-                          "the backward pass, which also runs the tensor-parallel collectives; use overlap=false")
+                          "the backward pass, which also runs the tensor-parallel collectives; use overlap=false "
+                          "(--tensor-parallel)")
     sizes = transformer_sizes(cfg.task)
     check_layout(layout, world_size=cfg.workers * layout.size, dim=sizes["dim"], heads=sizes["heads"],
                  vocab=sizes["vocab"], batch=None if cfg.batch_size == "full" else int(cfg.batch_size))
@@ -232,30 +258,31 @@ def check_out_folder(out: str) -> None:
 
 def _check_device(device: str) -> None:
     """cpu or cuda, and cuda only where torch sees a GPU (never a silent fall back to the CPU)."""
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"device={device!r}: valid choices are cpu, cuda (--device)")
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             raise ConfigError(f"device='cuda': torch {torch.__version__} ({built}) sees no CUDA device here; "
-                              "use --device cpu")
+                              "use --device cpu (--device)")
 
 
 def _check_kernels(kernels: str, device: str) -> None:
     """torch or triton; triton needs Triton installed and, on the CPU, its interpreter."""
     from gradwire import kernels as kernel_sets
 
-    kernel_sets.check(kernels, "kernels")
+    try:
+        kernel_sets.check(kernels, "kernels")
+    except ConfigError as e:
+        raise ConfigError(f"{e} {_flag('kernels')}") from None
     if kernels == "triton" and device == "cpu" and not kernel_sets.interpreting():
         raise ConfigError("kernels='triton' with device='cpu' runs only under Triton's interpreter "
-                          "(TRITON_INTERPRET=1, slow: for tests); use --kernels torch on the CPU")
+                          f"(TRITON_INTERPRET=1, slow: for tests); use --kernels torch on the CPU {_flag('kernels')}")
 
 
 def _positive(value: int, key: str) -> None:
     if value < 1:
-        raise ConfigError(f"{key}={value} must be a positive integer")
+        raise ConfigError(f"{key}={value} must be a positive integer {_flag(key)}")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -274,10 +301,24 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
             data = yaml.safe_load(text) or {}
     except Exception as e:  # the parsers' own errors name the line
-        raise ConfigError(f"cannot parse config file {str(path)!r}: {e}".replace("\n", " ")) from None
+        raise ConfigError(f"cannot parse config file {str(path)!r}: {_parser_message(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys to values")
     return data
+
+
+def _parser_message(e: Exception) -> str:
+    """A YAML or TOML parser's message on one line: where (line and column, 1-based, as editors
+    count) and what, every part of it kept. PyYAML's own str() names ``<unicode string>`` (it was
+    given text, not the file) and spreads over several lines."""
+    problem = getattr(e, "problem", None)
+    mark = getattr(e, "problem_mark", None)
+    if problem is None or mark is None:  # TOML (its message names the line) or another YAML error
+        return " ".join(str(e).split())
+    context, began = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and began is not None:
+        context += f" that starts at line {began.line + 1}, column {began.column + 1}"
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 def from_mapping(data: dict[str, Any], base: RunConfig | None = None) -> RunConfig:

@@ -35,3 +35,13 @@ class Stopped(KeyboardInterrupt):
         self.step: int | None = None
         self.out: str | None = None
         self.checkpoint_step: int | None = None
+
+
+class AlreadyFinished(Exception):
+    """``--resume`` on a run that has finished its steps: nothing to do, and nothing is rewritten
+    (the command says so and exits 0). ``summary``: the run's summary.json."""
+
+    def __init__(self, out: str, summary: dict):
+        super().__init__(f"run folder {out} already finished at step {summary['steps']}; nothing to resume, "
+                         "nothing rewritten (--steps beyond it continues the run from its checkpoint)")
+        self.out, self.summary = out, summary

@@ -32,7 +32,8 @@ less one for the server of sync:backups=b, async, easgd:async=true, lsgd:async=t
 Faults: any failure stops every process, except that with a server a worker process that dies
 is lost and the others finish the run. --max-restarts R restarts the group up to R times (a lost
 worker too: the group comes back whole; the last attempt carries on without it); each restarted
-attempt gets --resume (unless the run command says --resume or --no-resume itself).
+attempt gets --resume-or-start (unless the run command says --resume, --resume-or-start or --no-resume itself):
+it continues from the last checkpoint, or starts again from step 0 when none was saved yet.
 Killing the launcher (SIGTERM, SIGINT, SIGKILL) stops every process it started."""
 
 
@@ -104,7 +105,7 @@ def torchrun_argv(ns) -> list[str]:
     supervisor = ["-m", "gradwire.supervise", "--launcher-pid", str(os.getpid())]
     if server:
         supervisor.append("--server-algorithm")  # its worker processes may be lost
-    if ns.max_restarts > 0 and "resume" not in flags | in_file:
+    if ns.max_restarts > 0 and not {"resume", "resume_or_start"} & (flags | in_file):
         supervisor.append("--resume-on-restart")
         if not cfg.checkpoint_every:
             _note(f"--max-restarts {ns.max_restarts} without --checkpoint-every: a restarted group starts "
@@ -127,6 +128,9 @@ def cmd_launch(ns) -> int:
     argv = torchrun_argv(ns)
     if ns.ifname:  # the children inherit the environment
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = ns.ifname
+    # torchrun sets OMP_NUM_THREADS=1 for its children when it is unset, with a banner each time; a
+    # gradwire run sets its own threads (--threads), so the banner says nothing to our users
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main

@@ -23,7 +23,8 @@ cannot be told which is which, so the supervisor tells it, per rank:
   with the same code, so torchrun's report and ``--max-restarts`` see what they would have seen
   without it;
 - ``--resume-on-restart``: in a restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0) CMD gets
-  ``--resume``, so a restarted group resumes from the last checkpoint.
+  ``--resume-or-start``, so a restarted group resumes from the last checkpoint (or starts again
+  from step 0 when none was saved).
 
 Only the standard library: it starts in milliseconds and holds no torch.
 """
@@ -89,8 +90,9 @@ def supervise(cmd: list[str], *, server_algorithm: bool, resume_on_restart: bool
     set_parent_death_signal(libc, signal.SIGTERM)
     if os.getppid() != parent:  # the launcher died before we could ask to be told
         return -signal.SIGTERM
-    if resume_on_restart and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" and "--resume" not in cmd:
-        cmd = [*cmd, "--resume"]
+    if (resume_on_restart and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+            and not {"--resume", "--resume-or-start"} & set(cmd)):
+        cmd = [*cmd, "--resume-or-start"]  # no checkpoint saved yet: start again from step 0
     me = os.getpid()
 
     def in_child() -> None:  # after fork, before exec

@@ -36,8 +36,11 @@ def test_resume_is_bitwise_exact(make_config, tmp_path, kw):
     assert _metrics(tmp_path / "whole") == _metrics(tmp_path / "split")
 
 
-def test_resume_without_checkpoint_starts_fresh(make_config):
-    s = run(make_config(CHECKPOINTED, out="fresh", resume=True, steps=5), progress=False)
+def test_resume_without_checkpoint_is_refused_and_resume_or_start_starts_fresh(make_config, tmp_path):
+    with pytest.raises(ConfigError, match=r"nothing to resume: run folder .*fresh does not exist.*--resume-or-start"):
+        run(make_config(CHECKPOINTED, out="fresh", resume=True, steps=5), progress=False)
+    assert not (tmp_path / "fresh").exists()  # nothing made
+    s = run(make_config(CHECKPOINTED, out="fresh", resume_or_start=True, steps=5), progress=False)
     assert not s["resumed"] and s["steps"] == 5
 
 

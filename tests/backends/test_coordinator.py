@@ -109,7 +109,7 @@ def _easgd_bytes(local_steps, workers_said_bye, checkpoints):
 def test_checkpoint_is_a_consistent_cut_and_resumes(tmp_path, data_dir):
     out = tmp_path / "ckpt"
     args = [a if a != "20" else "10" for a in BASE] + SLOW + ["--algorithm", "easgd:async=true,period=3",
-                                                               "--checkpoint-every", "5", "--resume"]
+                                                               "--checkpoint-every", "5", "--resume-or-start"]
     p = launch(4, args, out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
@@ -143,7 +143,8 @@ def test_checkpoint_is_a_consistent_cut_and_resumes(tmp_path, data_dir):
 @pytest.mark.timeout(300)
 def test_async_lsgd_restarts_from_its_checkpoint_after_a_crash(tmp_path, data_dir):
     out = tmp_path / "crash"
-    args = BASE + SLOW + ["--algorithm", "lsgd:async=true,period=2,pull=0.5", "--checkpoint-every", "5", "--resume"]
+    args = BASE + SLOW + ["--algorithm", "lsgd:async=true,period=2,pull=0.5", "--checkpoint-every", "5",
+                          "--resume-or-start"]
     # worker 1 dies at its step 12 or the first after a committed checkpoint (on a loaded machine the
     # slow worker 0 can hold back the first cut past step 12); torchrun notices the death within
     # 10 ms (PET_MONITOR_INTERVAL), long before the survivors could reach and commit a later cut
@@ -169,7 +170,7 @@ def test_async_lsgd_restarts_from_its_checkpoint_after_a_crash(tmp_path, data_di
 @pytest.mark.timeout(300)
 def test_worker_missing_from_checkpoint_rejoins_from_the_center(tmp_path, data_dir):
     out = tmp_path / "rejoin"
-    args = SLOW + ["--algorithm", "easgd:async=true,period=3", "--checkpoint-every", "5", "--resume"]
+    args = SLOW + ["--algorithm", "easgd:async=true,period=3", "--checkpoint-every", "5", "--resume-or-start"]
     p = launch(4, [a if a != "20" else "10" for a in BASE] + args, out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()

@@ -33,7 +33,7 @@ def losses(folder):
 def test_killed_worker_restarts_group_and_resumes_exactly(tmp_path, data_dir):
     p = launch(2, ARGS, tmp_path / "whole", data_dir)
     assert p.returncode == 0, p.stderr[-2000:]
-    p = launch(2, ARGS + ["--resume"], tmp_path / "killed", data_dir, extra_env={"GRADWIRE_KILL_AT": "1:15"},
+    p = launch(2, ARGS + ["--resume-or-start"], tmp_path / "killed", data_dir, extra_env={"GRADWIRE_KILL_AT": "1:15"},
                launch_args=["--max-restarts", "1"])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Signals.SIGKILL" in p.stderr or "SIGKILL" in p.stderr or "exitcode: -9" in p.stderr

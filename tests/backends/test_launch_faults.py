@@ -99,7 +99,8 @@ def test_restarted_attempts_resume():
     first = supervised(show, "--resume-on-restart", env={"TORCHELASTIC_RESTART_COUNT": "0"})
     again = supervised(show, "--resume-on-restart", env={"TORCHELASTIC_RESTART_COUNT": "1"})
     plain = supervised(show, env={"TORCHELASTIC_RESTART_COUNT": "1"})
-    assert (first.stdout.strip(), again.stdout.strip(), plain.stdout.strip()) == ("[]", "['--resume']", "[]")
+    # --resume-or-start: a group that failed before its first checkpoint starts again from step 0
+    assert (first.stdout.strip(), again.stdout.strip(), plain.stdout.strip()) == ("[]", "['--resume-or-start']", "[]")
 
 
 @pytest.mark.timeout(60)
@@ -202,7 +203,7 @@ def test_max_restarts_resume_restarted_attempts(capsys):
     assert "--resume-on-restart" in argv and capsys.readouterr().err == ""
     argv = argv_of("--nproc-per-node", "2", "--max-restarts", "2", "--", "run")
     assert "--resume-on-restart" in argv and "starts again from step 0" in capsys.readouterr().err
-    for given in ("--resume", "--no-resume"):  # the run command decides for itself
+    for given in ("--resume", "--resume-or-start", "--no-resume"):  # the run command decides for itself
         assert "--resume-on-restart" not in argv_of("--nproc-per-node", "2", "--max-restarts", "1", "--", "run", given)
     assert "--resume-on-restart" not in argv_of("--nproc-per-node", "2", "--", "run")
 
@@ -270,3 +271,28 @@ def test_sigterm_to_launch_stops_with_a_summary_and_a_resumable_checkpoint(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["resumed"] and summary["steps"] == saved + 2
+
+
+@pytest.mark.timeout(60)
+def test_launch_hands_torchrun_a_thread_count_so_it_prints_no_banner(monkeypatch, caplog):
+    """torchrun warns ("Setting OMP_NUM_THREADS environment variable for each process to be 1 ...")
+    whenever it starts several processes and OMP_NUM_THREADS is unset; launch sets it first."""
+    import logging
+
+    import torch.distributed.run as torchrun
+
+    from gradwire.launch import cmd_launch
+
+    seen = {}
+
+    def config_only(argv):  # torchrun's own reading of its arguments, where it warns; nothing started
+        seen["config"] = torchrun.config_from_args(torchrun.parse_args(argv))
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(torchrun, "main", config_only)
+    parser, _ = build_parser()
+    ns = parser.parse_args(["launch", "--nproc-per-node", "2", "--", "run", "--steps", "2"])
+    with caplog.at_level(logging.WARNING):
+        assert cmd_launch(ns) == 0
+    assert "config" in seen and os.environ["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in caplog.text

@@ -87,7 +87,7 @@ def test_async_on_real_processes(tmp_path, data_dir):
 def test_checkpoints_in_ps_mode_resume_after_a_restart(tmp_path, data_dir):
     # backups + checkpoints every 5 steps; worker 1 dies at its 8th gradient, torchrun restarts the
     # group, which resumes from the last checkpoint every live worker acknowledged
-    args = BASE + ["--steps", "20", "--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume",
+    args = BASE + ["--steps", "20", "--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume-or-start",
                    "--stragglers", "lognormal:sigma=0.2,compute_s=0.02"]
     # torchrun notices the death within 10 ms (PET_MONITOR_INTERVAL; default 0.1 s), long before
     # the survivors could reach and commit a later checkpoint without worker 1
@@ -118,7 +118,7 @@ def test_checkpoints_in_ps_mode_resume_after_a_restart(tmp_path, data_dir):
 @pytest.mark.timeout(300)
 def test_worker_missing_from_checkpoint_rejoins(tmp_path, data_dir):
     out = tmp_path / "rejoin"
-    args = BASE + ["--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume",
+    args = BASE + ["--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume-or-start",
                    "--stragglers", "lognormal:sigma=0.2,compute_s=0.01"]
     p = launch(4, args + ["--steps", "12"], out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]

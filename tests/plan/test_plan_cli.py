@@ -42,11 +42,12 @@ def test_a_network_so_slow_that_the_fewest_workers_win(tmp_path, capsys):
     assert sorted(rows) == [2, 4, 8, 16, 32, 64]  # from the smallest profiled m up
     out = capsys.readouterr().out
     assert "recommended: sync on 2 workers" in out
+    assert "warning: not validated: --validate measures held-out worker counts" in out
     assert (tmp_path / "plan" / "plan.md").read_text().startswith("# Plan: reach train_loss <= 0.55")
     assert (tmp_path / "plan" / "plan.png").stat().st_size > 0
 
 
-def test_a_straggler_tail_where_backups_win_and_validation(tmp_path):
+def test_a_straggler_tail_where_backups_win_and_validation(tmp_path, capsys):
     # one step in ten is 20x slower: sync waits for the slowest of m, sync:backups=1 drops it
     p = plan(tmp_path, "--network", "ring:mbps=1000,latency_ms=0.1",
              "--stragglers", "tail:p=0.1,slowdown=20,compute_s=0.01", "--algorithms", "sync,sync:backups=1",
@@ -68,6 +69,12 @@ def test_a_straggler_tail_where_backups_win_and_validation(tmp_path):
                               "summary.json").read_text())
         assert got == pytest.approx(summary["sim_time_s"] / summary["steps"]) and run["purpose"] == "validate"
     assert p["validation_summary"]["mean_abs_error_seconds_per_iteration"] is not None
+    # the recommendation carries the error measured for it, and the printed line says it
+    own = val.get((best["candidate"], best["workers"]))
+    assert best["measured_error"] == (own["error_time"] if own else None)
+    assert ("warning" in best) == (best["largest_validation_error"] is None
+                                   or abs(best["largest_validation_error"]) > 0.2
+                                   or (own is not None and abs(own["error_time"]) > 0.2))
 
 
 def test_deadline_mode_picks_the_lowest_predicted_objective(tmp_path):
@@ -141,3 +148,24 @@ def test_real_backend_step_time_leaves_out_the_steps_after_an_evaluation():
     rows = [{"step": k + 1, "sim_time_s": t} for k, t in enumerate(times)]
     assert seconds_per_step(rows, {0, 2}) == pytest.approx(0.1)
     assert seconds_per_step(rows[:1], {0}) is None
+
+
+def test_a_recommendation_carries_its_measured_error_and_a_warning_beyond_the_target():
+    from gradwire.plan.planner import TARGET_ERROR, trust
+
+    best = {"candidate": "sync", "workers": 1}
+    validation = [{"candidate": "sync", "workers": 1, "error_time": -0.63},
+                  {"candidate": "qsgd", "workers": 8, "error_time": 0.39}]
+    t = trust(best, validation, target=True)
+    assert t["measured_error"] == -0.63 and t["largest_validation_error"] == -0.63 and t["target_error"] == 0.2
+    assert t["warning"].startswith("the predicted time to target erred by up to -63% on the held-out runs (its own "
+                                   "-63%, beyond the planner's 20% target)")
+    close = [{"candidate": "sync", "workers": 1, "error_objective": 0.05},
+             {"candidate": "qsgd", "workers": 8, "error_objective": -TARGET_ERROR}]
+    assert trust(best, close, target=False) == {"measured_error": 0.05, "largest_validation_error": -TARGET_ERROR,
+                                                "target_error": TARGET_ERROR}  # within the target: no warning
+    far_elsewhere = [close[0], {"candidate": "qsgd", "workers": 8, "error_objective": 0.3}]
+    assert "up to +30%" in trust(best, far_elsewhere, target=False)["warning"]
+    assert trust(best, [], target=True)["warning"].startswith("not validated")
+    unreached = [{"candidate": "sync", "workers": 1, "error_time": None}]
+    assert "untested" in trust(best, unreached, target=True)["warning"]

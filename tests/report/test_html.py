@@ -66,3 +66,25 @@ def test_report_of_a_folder_without_runs_is_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "holds no run" in err
+
+
+def test_report_of_a_run_killed_mid_line_reads_the_complete_lines(comparison, tmp_path, capsys):
+    """A killed run leaves metrics.jsonl and steps.jsonl cut mid-line: the report reads every whole
+    line, says how many it skipped (stderr and the page), and draws the rest; the page names the
+    folder, never its absolute path."""
+    run_dir = tmp_path / "killed"
+    shutil.copytree(comparison / "async", run_dir)
+    (run_dir / "summary.json").unlink()  # killed before its summary
+    for name in ("metrics.jsonl", "steps.jsonl"):
+        text = (run_dir / name).read_text()
+        (run_dir / name).write_text(text[: len(text) - len(text.splitlines()[-1]) // 2 - 1])  # half a last line
+    assert main(["report", str(run_dir)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gradwire report: warning: killed/{name}: 1 incomplete line skipped (a run killed while writing "
+                   "leaves its last line cut off); the report shows the complete ones"
+                   for name in ("metrics.jsonl", "steps.jsonl")]
+    html = (run_dir / "report.html").read_text()
+    assert "killed/metrics.jsonl: 1 incomplete line skipped" in html and len(images(html)) >= 2
+    assert str(tmp_path) not in html and "Run folder killed;" in html
+    html = (comparison / "report.html").read_text()
+    assert str(comparison.parent) not in html and f"Comparison folder {comparison.name}:" in html

@@ -81,6 +81,20 @@ def validation_table(plan: dict) -> list[str]:
     return lines
 
 
+def recommendation_lines(plan: dict) -> list[str]:
+    """The recommendation with its measured error (the validation runs'), and the planner's warning
+    when that error is beyond its target or unknown."""
+    g, r = plan["goal"], plan["recommendation"]
+    what = (f"{_f(r['time_s'])} s to the target" if g["target"] is not None
+            else f"{g['metric']} {_f(r['objective'])} within the deadline")
+    error = r.get("measured_error")
+    measured = f"; measured error of this prediction {_pct(error)}" if error is not None else ""
+    lines = [f"recommended: {r['candidate']} on {r['workers']} workers ({what}, {plan['time_kind']}{measured})"]
+    if r.get("warning"):
+        lines.append(f"warning: {r['warning']}")
+    return lines
+
+
 def write_markdown(out: Path, plan: dict) -> Path:
     g = plan["goal"]
     goal = (f"reach {g['metric']} <= {g['target']:g}" if g["target"] is not None
@@ -90,7 +104,10 @@ def write_markdown(out: Path, plan: dict) -> Path:
            + (f"{_f(r['time_s'])} s to the target ({_f(r['iterations'], 5)} iterations of "
               f"{_f(r['seconds_per_iteration'])} s)" if g["target"] is not None
               else f"{g['metric']} {_f(r['objective'])} after {_f(r['iterations'], 5)} iterations"))
-    lines = [f"# Plan: {goal}", "", f"Time is {plan['time_kind']}. Recommended: {rec}.", "",
+    error = r.get("measured_error")
+    rec += f" (measured error of this prediction: {_pct(error)})" if error is not None else ""
+    warning = [f"**Warning:** {r['warning']}.", ""] if r.get("warning") else []
+    lines = [f"# Plan: {goal}", "", f"Time is {plan['time_kind']}. Recommended: {rec}.", "", *warning,
              "## Fitted models", "",
              "| candidate | system model (Ernest) | fit error | convergence model | fit error |",
              "|---|---|---|---|---|"]

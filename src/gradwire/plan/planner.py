@@ -449,7 +449,37 @@ def make_plan(req: PlanRequest, *, log=print, reuse: bool = False) -> dict:
         else:
             summary["mean_abs_error_objective"] = _mean_abs(v["error_objective"] for v in validation)
         plan["validation_summary"] = summary
+    plan["recommendation"] = best | trust(best, validation, req.target is not None)
     return _finite(plan)
+
+
+# The planner aims to predict its goal (time to target, or the objective in the deadline) within 20 %
+# of what is then measured (docs/planning.md: validation); beyond that a recommendation is a guess.
+TARGET_ERROR = 0.20
+
+
+def trust(best: dict, validation: list[dict], target: bool) -> dict:
+    """How far to trust the recommendation, from the validation runs: the measured relative error of
+    its own prediction (where it was validated), the largest over all held-out runs, and a warning
+    when either exceeds TARGET_ERROR (or nothing was validated)."""
+    key = "error_time" if target else "error_objective"
+    own = next((v[key] for v in validation if v["candidate"] == best["candidate"]
+                and v["workers"] == best["workers"]), None)
+    errors = [v[key] for v in validation if v[key] is not None]
+    worst = max(errors, key=abs) if errors else None
+    what = "time to target" if target else "objective"
+    out = {"measured_error": own, "largest_validation_error": worst, "target_error": TARGET_ERROR}
+    if not validation:
+        out["warning"] = "not validated: --validate measures held-out worker counts and says how far to trust it"
+    elif worst is None:
+        out["warning"] = (f"no validation run measured a {what} (none reached the target): the prediction is "
+                          "untested; raise --validate-max-steps or profile longer (--steps)")
+    elif abs(worst) > TARGET_ERROR or (own is not None and abs(own) > TARGET_ERROR):
+        mine = f"its own {100 * own:+.0f}%, " if own is not None else ""
+        out["warning"] = (f"the predicted {what} erred by up to {100 * worst:+.0f}% on the held-out runs ({mine}"
+                          f"beyond the planner's {100 * TARGET_ERROR:.0f}% target): treat the recommendation as a "
+                          "guess; profile longer (--steps) or nearer the held-out m (--workers)")
+    return out
 
 
 def _finite(value):

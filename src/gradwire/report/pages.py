@@ -34,7 +34,7 @@ from gradwire.report.compare import (  # noqa: E402
 from gradwire.report.gantt import plot_timeline, window_end  # noqa: E402
 from gradwire.report.html import Heading, Image, Paragraph, Preformatted, Row, Table, write_page  # noqa: E402
 from gradwire.report.plots import plot_runs, time_label  # noqa: E402
-from gradwire.report.run_folder import read_json_or_empty, read_jsonl  # noqa: E402
+from gradwire.report.run_folder import read_complete_jsonl, read_json_or_empty  # noqa: E402
 from gradwire.report.timeline import per_worker, read_timeline  # noqa: E402
 
 REPORT_NAME = "report.html"
@@ -54,8 +54,11 @@ class RunData:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.config = read_json_or_empty(self.folder / "config.json")
-        self.metrics = read_jsonl(self.folder / "metrics.jsonl")
-        self.steps = read_jsonl(self.folder / "steps.jsonl")
+        self.metrics, skipped_metrics = read_complete_jsonl(self.folder / "metrics.jsonl")
+        self.steps, skipped_steps = read_complete_jsonl(self.folder / "steps.jsonl")
+        # lines that hold no whole record (a run killed mid-write): file name -> how many
+        self.skipped = {name: n for name, n in (("metrics.jsonl", skipped_metrics), ("steps.jsonl", skipped_steps))
+                        if n}
         self.setup = read_json_or_empty(self.folder / "algorithm.json")
         summary = read_json_or_empty(self.folder / "summary.json")
         if not summary:
@@ -207,10 +210,19 @@ def _config_table(config: dict, keys=None) -> Table:
                                       else config.get(k)] for k in keys])
 
 
+def skipped_lines(runs: list[RunData]) -> list[str]:
+    """One sentence per file of which a report skipped incomplete lines."""
+    return [f"{r.folder.name}/{name}: {n} incomplete line{'s' * (n > 1)} skipped (a run killed while writing "
+            "leaves its last line cut off); the report shows the complete ones"
+            for r in runs for name, n in r.skipped.items()]
+
+
 def run_page(folder: Path) -> list:
     run = RunData(folder)
-    blocks = [Paragraph(f"Run folder {run.folder.resolve()}; status: {run.summary.get('status')}"
+    # the folder's name, not its absolute path: a page is shared, and the path says where it was made
+    blocks = [Paragraph(f"Run folder {run.folder.name}; status: {run.summary.get('status')}"
                         + (f" ({run.summary['error']})" if run.summary.get("error") else "")),
+              *[Paragraph(f"Note: {s}.") for s in skipped_lines([run])],
               Heading("Summary"), _summary_table([run]),
               Heading("Curves"), *_curves([run], run.label, run.folder / "curves.png"),
               Heading("Timeline"), *_timeline_blocks(run), Heading("Workers"), *_worker_table([run]),
@@ -235,7 +247,8 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
         over_seeds = [Heading("Over seeds"), Paragraph(SEEDS_NOTE), Table(*seed_cells(table))]
     what = ("runs (every variant once per seed) on the same task; the runs of one seed share the initial model, "
             "batches and partition" if over_seeds else "variants on the same task, seed and partition")
-    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve()}: {len(runs)} {what}."),
+    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve().name}: {len(runs)} {what}."),
+              *[Paragraph(f"Note: {s}.") for s in skipped_lines(runs)],
               Heading("Summary"), _summary_table(runs), *over_seeds, Heading("Curves"),
               *_curves(runs, "all variants", Path(folder) / "comparison.png", variants),
               Heading("Timelines"), Paragraph("Each variant's first steps, one under the other on the same time axis."),
@@ -263,15 +276,17 @@ def variant_dirs(folder: Path) -> list[Path]:
 
 
 def write_report(folder: str | Path, run_dirs: list[Path] | None = None, *, out: str | Path | None = None,
-                 title: str | None = None) -> Path:
+                 title: str | None = None, warn=None) -> Path:
     """Write ``report.html`` for a run folder, or a comparison folder (``run_dirs``: its variants,
-    found in it when not given); returns its path (``out``, default FOLDER/report.html)."""
+    found in it when not given); returns its path (``out``, default FOLDER/report.html). ``warn``
+    is told, a sentence each, of the incomplete lines skipped (the page says so too)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a folder; give a run folder or a comparison folder")
     if run_dirs is None and is_run(folder):
         blocks = run_page(folder)
         title = title or f"gradwire run: {RunData(folder).label}"
+        skipped = skipped_lines([RunData(folder)])
     else:
         run_dirs = variant_dirs(folder) if run_dirs is None else run_dirs
         if not run_dirs:
@@ -279,4 +294,7 @@ def write_report(folder: str | Path, run_dirs: list[Path] | None = None, *, out:
                               "a run folder (gradwire run --out) or a comparison folder (gradwire compare --out)")
         blocks = comparison_page(folder, run_dirs)
         title = title or f"gradwire comparison: {folder.name}"
+        skipped = skipped_lines([RunData(d) for d in run_dirs])
+    for sentence in skipped if warn is not None else ():
+        warn(sentence)
     return write_page(Path(out) if out is not None else folder / REPORT_NAME, title, blocks)

@@ -136,6 +136,28 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
+def read_complete_jsonl(path: Path) -> tuple[list[dict], int]:
+    """(every line of ``path`` that holds a whole JSON object, the number of lines that do not).
+    A run killed while writing leaves its last line cut off; a report still reads the rest."""
+    path = Path(path)
+    if not path.exists():
+        return [], 0
+    rows, skipped = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            skipped += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            skipped += 1
+    return rows, skipped
+
+
 def _truncate_jsonl(path: Path, step: int) -> None:
     """Keep the lines of steps <= ``step`` (a resumed run rewrites what came after its checkpoint)."""
     if path.exists():

@@ -39,7 +39,8 @@ def select(only: str | None) -> list[str]:
 def run_claims(out: Path, *, quick: bool, names: list[str] | None = None,
                echo: Callable[[str], None] = lambda s: None) -> list[Claim]:
     """Run the named claims (all by default) into ``out/<name>/`` and return them. A claim whose
-    experiment raises is returned with verdict ``not`` and the error as its reason."""
+    experiment raises is returned with verdict ``error`` (never ``not``: nothing was measured) and
+    the exception as its reason, its traceback in ``measured``."""
     scale, claims = Scale(quick=quick), []
     names = names or list(CLAIMS)
     for i, name in enumerate(names, 1):
@@ -50,7 +51,7 @@ def run_claims(out: Path, *, quick: bool, names: list[str] | None = None,
             claim = module.run(out / name, scale)
         except Exception as e:  # noqa: BLE001 - reported as the claim's outcome, not hidden
             claim = Claim(name, module.TITLE, module.CITATION, module.STATEMENT, setup="(failed)", columns=[],
-                          rows=[], checks=[], verdict="not", reason=f"the experiment failed: {type(e).__name__}: {e}",
+                          rows=[], checks=[], verdict="error", reason=f"the experiment raised {type(e).__name__}: {e}",
                           measured={"error": traceback.format_exc(limit=3)})
         claim.wall_time_s = time.perf_counter() - started
         claim.plot = f"{name}/{claim.plot}" if claim.plot else None
@@ -81,7 +82,8 @@ def write_html(out: Path, claims: list[Claim], meta: dict) -> Path:
     counts = ", ".join(f"{n} {v}" for v, n in ((v, sum(c.verdict == v for c in claims)) for v in VERDICTS))
     blocks: list = [Paragraph(f"{meta['command']} - gradwire {meta['gradwire_version']}, {meta['written']}, "
                               f"{meta['wall_time_s']:.0f} s of wall time. Verdicts: {counts}. All criteria met is "
-                              "reproduced, none is not, some is partly; a failed precondition is not."),
+                              "reproduced, none is not, some is partly; a failed precondition is not; error: the "
+                              "experiment raised, nothing was judged."),
                     Table(["claim", "paper", "verdict", "criteria met", "wall time (s)"],
                           [[f"{c.title} ({c.name})", short_citation(c.citation), c.verdict,
                             met(c.checks) if c.checks else None, round(c.wall_time_s)] for c in claims])]
@@ -122,7 +124,8 @@ def markdown(claims: list[Claim], meta: dict) -> str:
              f"{meta['wall_time_s']:.0f} s of wall time. Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items())
              + ". A verdict follows from the criteria below each claim, stated before measuring: all met is "
              "*reproduced*, none is *not*, some is *partly*; a failed precondition (a comparison that is not "
-             "fair, e.g. unequal bytes) is *not*. Criteria met counts the claim's own criteria.", "",
+             "fair, e.g. unequal bytes) is *not*; *error* means the experiment raised, so nothing was judged. "
+             "Criteria met counts the claim's own criteria.", "",
              verdict_table(claims), ""]
     for c in claims:
         parts += [f"## {c.title} (`{c.name}`)", "", f"**Paper.** {c.citation}.", "", f"**Claim.** {c.statement}", "",

@@ -19,7 +19,9 @@ from pathlib import Path
 from gradwire.config import RunConfig
 from gradwire.errors import DivergenceError
 
-VERDICTS = ("reproduced", "partly", "not")
+# error: the experiment raised, so nothing was measured (never "not", which says the paper's claim
+# was measured and did not hold)
+VERDICTS = ("reproduced", "partly", "not", "error")
 TIE = 0.005  # test accuracies closer than this (half a point) are level: "beats" needs more, "no worse" allows it
 
 
@@ -52,7 +54,7 @@ class Claim:
     columns: list[str]         # the measurement table
     rows: list[list]
     checks: list[Check]
-    verdict: str               # reproduced | partly | not
+    verdict: str               # reproduced | partly | not | error (the experiment raised)
     reason: str
     measured: dict             # the numbers the verdict was computed from
     plot: str | None = None    # PNG, relative to the reproduce folder
@@ -181,8 +183,12 @@ def fmt(v, digits: int = 3) -> str:
 
 def save_figure(fig, path, axes=()):
     """Grid and legend on ``axes``, then the figure to ``path`` (PNG, 100 dpi), closed; returns ``path``."""
+    import matplotlib.pyplot as plt
 
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

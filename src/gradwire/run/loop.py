@@ -27,9 +27,9 @@ from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.algorithms.optim import ScheduledRate
 from gradwire.config import RunConfig
-from gradwire.errors import ConfigError, DivergenceError, Stopped
+from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, Stopped
 from gradwire.report.progress import ProgressLines, progress_mode
-from gradwire.report.run_folder import RunFolder, claim
+from gradwire.report.run_folder import RunFolder, claim, holds_run, read_json_or_empty
 from gradwire.report.timeline import FOLDER as TIMELINE_FOLDER
 from gradwire.report.timeline import Timeline
 from gradwire.run.stops import StopSignals, stop_record
@@ -85,6 +85,9 @@ class Run:
     """Everything one run needs, built from its config (also used by tests and benchmarks)."""
 
     def __init__(self, cfg: RunConfig, transport: Transport | None = None):
+        self.started = time.perf_counter()
+        self.wall_before = 0.0  # wall seconds of the attempts before, up to the checkpoint resumed from
+        self.eval_s = 0.0       # wall seconds spent in evaluations (theirs included)
         self.cfg = cfg.validate()
         torch.set_num_threads(cfg.threads)
         dtype = {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
@@ -159,6 +162,15 @@ class Run:
         if self.tensor_parallel:
             return self.tensor_parallel.mesh.rank
         return getattr(self.transport, "rank", 0)
+
+    def wall_time(self) -> float:
+        """The run's wall seconds: this attempt's so far plus the earlier attempts' up to the
+        checkpoint it resumed from (the seconds between that checkpoint and a crash were redone)."""
+        return self.wall_before + time.perf_counter() - self.started
+
+    def elapsed(self) -> dict:
+        """What a checkpoint keeps beside the state so that the wall time continues after a resume."""
+        return {"wall_time_s": self.wall_time(), "eval_time_s": self.eval_s}
 
     @property
     def label(self) -> str:
@@ -242,21 +254,24 @@ class Run:
         barrier = getattr(self.transport, "barrier", None)
         self.ctx.timeline.mark_checkpoint(self.step)
         checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), barrier=barrier,
-                        moves_latest=self.is_writer)
+                        moves_latest=self.is_writer, elapsed=self.elapsed())
 
     def save_worker_checkpoint(self, step: int, position: dict) -> None:
         """A server-mode worker process: its state at the server's checkpoint ``step``."""
         state = self.state_dict() | {"step": step, "worker_position": position}
         self.ctx.timeline.mark_checkpoint(step)
-        checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), moves_latest=False)
+        checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), moves_latest=False,
+                        elapsed=self.elapsed())
         self.worker_checkpoints_saved += 1
 
     def try_resume(self, folder: Path) -> bool:
         stepdir = checkpoint.latest(folder)
         if stepdir is None:
             return False
-        step, state = checkpoint.load(stepdir, self.label, self.cfg.to_dict())
+        step, state, elapsed = checkpoint.load(stepdir, self.label, self.cfg.to_dict())
         self.load_state_dict(state)
+        self.wall_before = float(elapsed.get("wall_time_s", 0.0))
+        self.eval_s = float(elapsed.get("eval_time_s", 0.0))
         if "worker_position" in state:  # a server-mode worker: where it stood
             self.worker_resume = {k: int(v) for k, v in state["worker_position"].items()}
         if isinstance(self.server, RealServer):
@@ -304,8 +319,9 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
         return _run(cfg, progress, transport, None, curves)
     cfg.validate()  # before the folder is claimed (and made)
     _refuse_one_process_backend_under_torchrun(cfg)
+    check_resume(cfg)  # every process: they all see the folder
     writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock
-    lock = claim(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume) if writer else None
+    lock = claim(cfg.out, overwrite=cfg.overwrite, resume=cfg.resuming) if writer else None
     signals = StopSignals(deferred=cfg.backend == "sim")
     try:
         if cfg.backend == "threads":
@@ -318,6 +334,28 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
             lock.release()
 
 
+def check_resume(cfg: RunConfig) -> None:
+    """``--resume`` and ``--resume-or-start``, before anything is written: a run that finished
+    ``--steps`` steps raises AlreadyFinished (nothing to do, nothing rewritten); a folder without a
+    checkpoint is a ConfigError for ``--resume`` (a mistyped --out must not start a long run from
+    step 0 unnoticed), and ``--resume-or-start`` starts there from step 0."""
+    if not cfg.resuming or cfg.overwrite:  # (both: claim refuses the pair)
+        return
+    out = Path(cfg.out)
+    summary = read_json_or_empty(out / "summary.json")
+    ran = read_json_or_empty(out / "config.json")
+    same = all(ran.get(k, v) == v for k, v in cfg.to_dict().items() if k in checkpoint.MUST_MATCH)
+    if summary.get("status") == "finished" and summary.get("steps") == cfg.steps and same:
+        raise AlreadyFinished(str(out), summary)  # (another configuration: the checkpoint names the difference)
+    if cfg.resume_or_start or checkpoint.latest(out / "checkpoint") is not None:
+        return
+    found = holds_run(out)
+    what = (f"holds a run ({found}) but no checkpoint to continue it (checkpoint/latest; --checkpoint-every K "
+            "saves one)" if found else "holds no run" if out.is_dir() else "does not exist")
+    raise ConfigError(f"resume=true: nothing to resume: run folder {out} {what}; check --out, or pass "
+                      "--resume-or-start to start from step 0 when there is no checkpoint (--resume)")
+
+
 def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None,
          curves: bool = True) -> dict:
     started = time.perf_counter()
@@ -325,20 +363,20 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
     mode, interval = progress_mode(progress)
     r = Run(cfg, transport)
     if r.server_process and not r.is_writer:  # a server-mode worker process: no folder, no evaluation
-        if cfg.resume:
+        if cfg.resuming:
             stepdir = checkpoint.latest(out / "checkpoint")
             if stepdir is not None and not (stepdir / f"{r.label}.pt").exists():
                 r.rejoin = True  # lost before that checkpoint was taken: rejoin with fresh state
             else:
                 r.try_resume(out / "checkpoint")
-        timeline = r.record_timeline(out, cfg.resume)
+        timeline = r.record_timeline(out, cfg.resuming)
         try:
             return run_worker(r)
         finally:
             r.algorithm.close()
             timeline.close()
             r.transport.close()
-    resumed = cfg.resume and r.try_resume(out / "checkpoint")
+    resumed = cfg.resuming and r.try_resume(out / "checkpoint")
     timeline = r.record_timeline(out, resumed)
     folder = RunFolder(out, enabled=r.is_writer, curves=curves)
     folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(),
@@ -363,20 +401,17 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
     def scheduled_lr() -> dict:  # under a schedule, the rate of the step's (last) update; step 0: the first's
         return {} if rate.constant else {"lr": rate.at(max(r.step - 1, 0))}
 
-    evaluating_s = 0.0  # wall seconds this process has spent in its evaluations so far
-
     def record(extra: dict) -> None:
-        nonlocal evaluating_s
         if r.tensor_parallel:  # every process: rank 0 evaluates the dense model its group holds
             r.tensor_parallel.gather(r.algorithm.eval_params())
         if r.is_writer:
             # wall_time_s is taken before this evaluation and eval_time_s sums the earlier ones, so
             # wall_time_s - eval_time_s is the time spent training
             now = time.perf_counter()
-            row = {"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": now - started,
-                   "eval_time_s": evaluating_s, "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
+            row = {"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": r.wall_time(),
+                   "eval_time_s": r.eval_s, "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
                    "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate()
-            evaluating_s += time.perf_counter() - now
+            r.eval_s += time.perf_counter() - now
             folder.metrics(row | {"evaluated": r.algorithm.evaluates} | scheduled_lr() | extra)  # whose: model, ...
 
     if not resumed:
@@ -433,7 +468,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
                           "resumed": bool(resumed), "final": records[-1] if records else None,
                           "best_test_acc": max((x["test_acc"] for x in records), default=None),
                           "bytes_sent": r.transport.bytes_sent, "comm_time_s": r.transport.comm_time_s,
-                          "sim_time_s": r.clock.now, "wall_time_s": time.perf_counter() - started}
+                          "sim_time_s": r.clock.now, "wall_time_s": r.wall_time()}
         folder.finish(summary, cfg.label())
         if finish_error is not None:
             raise finish_error

@@ -63,6 +63,9 @@ class RealServer:
         self.timeout_s = run.cfg.timeout_s
         self.in_flight: dict[int, tuple] = {}  # worker -> the sends of our last reply to it
         self.lost: dict[int, str] = {}
+        # every worker lost in this run, also before the checkpoint it resumed from and those that
+        # rejoined since (``lost`` forgets a worker when it rejoins): what the summary names
+        self.lost_in_run: dict[int, str] = {}
         self.said_bye: set[int] = set()
         self.finished = False
         self.received = {w: 0 for w in range(self.n)}    # computations taken from each worker
@@ -100,6 +103,7 @@ class RealServer:
         if w in self.lost:
             return
         self.lost[w] = reason
+        self.lost_in_run.setdefault(w, reason)
         if w in self.in_flight:
             self.orphans.append(self.in_flight.pop(w))
         self.algo.on_lost(w)
@@ -184,7 +188,8 @@ class RealServer:
                     held.append(msg)
             state = self.run.state_dict() | {"server": self.state_dict(held)}
             self.run.ctx.timeline.mark_checkpoint(step)
-            checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), moves_latest=False)
+            checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), moves_latest=False,
+                            elapsed=self.run.elapsed())
             checkpoint.mark_latest(folder, step)
         finally:
             self.replay.extend(held)
@@ -192,7 +197,8 @@ class RealServer:
     def state_dict(self, held: list[Message]) -> dict:
         return {"held": [m.state_dict() for m in held],
                 "received": {str(w): n for w, n in self.received.items()},
-                "counts": {str(w): n for w, n in self.counts.items()}}
+                "counts": {str(w): n for w, n in self.counts.items()},
+                "lost": {str(w): why for w, why in self.lost_in_run.items()}}
 
     def load_state_dict(self, state: dict, stepdir: Path) -> None:
         """A worker with no state file in ``stepdir`` will rejoin with HELLO: its held message is
@@ -202,6 +208,7 @@ class RealServer:
                                         if m.worker not in missing)
         self.received = {w: int(state["received"][str(w)]) for w in range(self.n)}
         self.counts = {w: int(state["counts"][str(w)]) for w in range(self.n)}
+        self.lost_in_run = {int(w): str(why) for w, why in state.get("lost", {}).items()}  # older: none kept
         for w in sorted(missing):
             self.algo.on_lost(w)
 
@@ -232,7 +239,8 @@ class RealServer:
                 sent.wait(10.0)
             except PeerLost:
                 pass
-        return {"lost_workers": sorted(self.lost), "lost_reasons": {str(k): v for k, v in self.lost.items()},
+        lost = self.lost_in_run | self.lost
+        return {"lost_workers": sorted(lost), "lost_reasons": {str(k): v for k, v in sorted(lost.items())},
                 "gradients_received": {str(w): n for w, n in self.received.items()},
                 "local_steps": {str(w): n for w, n in self.counts.items()},
                 "answers_refused_bytes": self.refused_bytes} | self.algo.server_summary()

@@ -1,0 +1,149 @@
+"""--resume says what it does: nothing to resume is one line and exit 2 (--resume-or-start starts
+instead), a finished run is left as it is (exit 0), and a resumed run's wall time and lost workers
+continue from its checkpoint."""
+
+import json
+import time
+
+import pytest
+
+from gradwire.cli import main
+from gradwire.run.loop import run
+from tests.helpers import read_jsonl
+
+TINY = ["--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2"]
+
+
+def tiny(data_dir, *args: str) -> list[str]:
+    return ["run", *TINY, "--data-dir", str(data_dir), *args]
+
+
+def test_resume_with_nothing_to_resume_is_one_line_and_exit_2(tmp_path, data_dir, capsys):
+    typo = tmp_path / "typo"
+    assert main(tiny(data_dir, "--out", str(typo), "--resume")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"gradwire run: error: resume=true: nothing to resume: run folder {typo} does not exist; check "
+                   "--out, or pass --resume-or-start to start from step 0 when there is no checkpoint (--resume)"]
+    assert not typo.exists()
+    no_checkpoint = tmp_path / "plain"
+    assert main(tiny(data_dir, "--out", str(no_checkpoint))) == 0
+    before = {p.name: p.read_bytes() for p in no_checkpoint.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(tiny(data_dir, "--out", str(no_checkpoint), "--steps", "6", "--resume")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a run (summary.json) but no checkpoint" in err[0]
+    assert {p.name: p.read_bytes() for p in no_checkpoint.iterdir() if p.is_file()} == before
+    # --resume-or-start: from step 0 where there is no checkpoint
+    assert main(tiny(data_dir, "--out", str(typo), "--resume-or-start")) == 0
+    summary = json.loads((typo / "summary.json").read_text())
+    assert summary["status"] == "finished" and not summary["resumed"] and summary["steps"] == 4
+
+
+def test_resume_of_a_finished_run_says_so_and_rewrites_nothing(tmp_path, data_dir, capsys):
+    out = tmp_path / "done"
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2")) == 0
+    files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != ".gradwire.lock")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+    capsys.readouterr()
+    for flag in ("--resume", "--resume-or-start"):
+        assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2", flag)) == 0
+        captured = capsys.readouterr()
+        assert captured.out.strip() == (f"gradwire run: run folder {out} already finished at step 4; nothing to "
+                                        "resume, nothing rewritten (--steps beyond it continues the run from its "
+                                        "checkpoint)") and captured.err == ""
+    assert sorted(p for p in out.rglob("*") if p.is_file() and p.name != ".gradwire.lock") == files
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == before
+    # more steps continue it
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2", "--steps", "6", "--resume")) == 0
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 2, 4, 6]
+
+
+def test_compare_resume_keeps_finished_variants_and_starts_the_rest(tmp_path, data_dir, capsys):
+    out = tmp_path / "cmp"
+    common = ["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--checkpoint-every", "2"]
+    assert main([*common, "--variant", "--algorithm sync"]) == 0
+    summary = (out / "sync" / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert main([*common, "--variant", "--algorithm sync", "--variant", "--algorithm local", "--resume"]) == 0
+    assert "already finished at step 4" in capsys.readouterr().out
+    assert (out / "sync" / "summary.json").read_bytes() == summary
+    assert json.loads((out / "local" / "summary.json").read_text())["steps"] == 4
+    empty = tmp_path / "empty"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(empty), "--variant", "--algorithm sync",
+                 "--resume"]) == 2
+    assert "nothing to resume: compare folder" in capsys.readouterr().err
+
+
+def test_wall_time_continues_across_a_resume(make_config, tmp_path):
+    """The resumed run's wall_time_s and eval_time_s go on from the checkpoint's (they restarted at 0)."""
+    run(make_config(out="split", steps=8, checkpoint_every=8, eval_every=4), progress=False)
+    first = read_jsonl(tmp_path / "split" / "metrics.jsonl")
+    time.sleep(0.05)
+    summary = run(make_config(out="split", steps=12, checkpoint_every=8, eval_every=4, resume=True), progress=False)
+    rows = read_jsonl(tmp_path / "split" / "metrics.jsonl")
+    assert summary["resumed"] and [r["step"] for r in rows] == [0, 4, 8, 12]
+    assert rows[:3] == first
+    assert rows[3]["wall_time_s"] > first[-1]["wall_time_s"] and rows[3]["eval_time_s"] >= first[-1]["eval_time_s"]
+    assert summary["wall_time_s"] >= rows[3]["wall_time_s"]
+    training = [r["wall_time_s"] - r["eval_time_s"] for r in rows]
+    assert training == sorted(training)
+
+
+class _Algorithm:
+    def __init__(self):
+        self.told: list[int] = []
+
+    def on_lost(self, w):
+        self.told.append(w)
+
+    def server_summary(self):
+        return {}
+
+
+class _Sent:
+    def wait(self, timeout):
+        pass
+
+
+class _Transport:
+    def send(self, *args, **kwargs):
+        return _Sent()
+
+
+def _server(n: int):
+    from gradwire.servers.real import RealServer
+
+    server = object.__new__(RealServer)  # the state and the summary only: no process group
+    server.n, server.algo, server.transport, server.timeout_s = n, _Algorithm(), _Transport(), 1.0
+    server.lost, server.lost_in_run, server.in_flight, server.orphans = {}, {}, {}, []
+    server.said_bye, server.finished, server.refused_bytes = set(), False, 0
+    server.received, server.counts = {w: 0 for w in range(n)}, {w: 0 for w in range(n)}
+    return server
+
+
+def test_a_resumed_server_still_names_the_workers_lost_before_its_checkpoint(tmp_path):
+    before = _server(3)
+    before._lose(1, "SIGKILL (signal 9)")
+    state = before.state_dict([])
+    assert state["lost"] == {"1": "SIGKILL (signal 9)"}
+    for rank in (0, 1, 3):  # worker 1 (rank 2) was lost before the checkpoint: it has no state file
+        (tmp_path / f"rank{rank}.pt").write_bytes(b"")
+    after = _server(3)
+    after.load_state_dict(state, tmp_path)
+    assert after.algo.told == [1] and after.lost == {}  # it will rejoin
+    after.said_bye = {0, 1, 2}  # ... and did, and finished
+    summary = after.finish()
+    assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "SIGKILL (signal 9)"}
+    older = dict(state)
+    older.pop("lost")  # a checkpoint written before losses were kept: none named
+    again = _server(3)
+    again.load_state_dict(older, tmp_path)
+    again.said_bye = {0, 1, 2}
+    assert again.finish()["lost_workers"] == []
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--resume-or-start"])
+def test_resume_without_out_names_the_folder_to_give(tmp_path, data_dir, capsys, monkeypatch, flag):
+    monkeypatch.chdir(tmp_path)
+    assert main(tiny(data_dir, flag)) == 2
+    assert "--resume continues the run in --out" in capsys.readouterr().err
