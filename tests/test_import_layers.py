@@ -142,3 +142,15 @@ def test_the_walk_sees_relative_lazy_and_package_imports(tmp_path):
     assert imported(package / "algorithms" / "x.py", package) == {"algorithms", "transports", "cli", "config",
                                                                  "__init__"}
     assert imported(package / "algorithms" / "__init__.py", package) == {"algorithms", "registries"}
+
+
+# Where torch.distributed may be imported: the transports, and the entry points that run processes
+# (the DDP hook is a user's comm hook; launch and the cli start torchrun).
+DISTRIBUTED_ALLOWED = {"transports", "ddp", "launch", "cli"}
+
+
+def test_torch_distributed_stays_in_the_transports_and_entry_points():
+    users = {top_level(p) for p in SRC.rglob("*.py")
+             if any(isinstance(n, ast.Import | ast.ImportFrom) and "torch.distributed" in ast.unparse(n)
+                    for n in ast.walk(ast.parse(p.read_text())))}
+    assert users - DISTRIBUTED_ALLOWED == set()
