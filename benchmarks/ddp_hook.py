@@ -1,6 +1,8 @@
 """Step time of plain DDP against the gradwire.ddp hook and PyTorch's own hooks.
 
     python benchmarks/ddp_hook.py [--rounds 12] [--steps-per-round 10] [--batch 64] [--only fp16 ...]
+    python benchmarks/ddp_hook.py --rounds 6 --only none --only "torch allreduce_hook"   # the 1.05 check
+    python benchmarks/ddp_hook.py --small      # does it still run? (tests/ddp/test_benchmarks_run.py)
     python benchmarks/ddp_hook.py --device cuda --model gpt2 [--dtype bfloat16]   # NCCL, a GPU per rank
 
 CPU (default): 2 gloo processes, one thread each, and an MLP 512-1024-512-10 (1.05M float32
@@ -17,7 +19,10 @@ so that other load on the machine falls on every configuration alike; the first 
 Peak RSS: each configuration again in a fresh pair of processes (20 steps), so that it is its own.
 
 Columns: mean and median (p50) step time of rank 0 in ms over the timed steps, the ratio of the
-mean to plain DDP's, bytes per step by the hook's rule (payload this rank contributed x peers
+mean to plain DDP's, rank 0's CPU time per step (``time.process_time``: every thread of the
+process, gloo's included; steadier than wall time on a shared machine) and its ratio to PyTorch's
+``allreduce_hook`` (the median, over the timed rounds, of the two configurations' ratio in each
+round), bytes per step by the hook's rule (payload this rank contributed x peers
 reached; for PyTorch's hooks and plain DDP, the gradient's bytes by the same rule), and the larger
 of the two ranks' peak RSS (ru_maxrss).
 """
@@ -52,7 +57,8 @@ POWERSGD_RANK = 4
 def make_model(args: dict):
     """The benchmark's model and a function drawing one batch (inputs, targets) for a rank."""
     if args["model"] == "mlp":
-        model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10))
+        h = args.get("hidden", 1024)
+        model = nn.Sequential(nn.Linear(512, h), nn.ReLU(), nn.Linear(h, 512), nn.ReLU(), nn.Linear(512, 10))
         return model, lambda g: (torch.randn(args["batch"], 512, generator=g),
                                  torch.randint(0, 10, (args["batch"],), generator=g))
     width, vocab, seq = args["width"], args["vocab"], args["seq"]
@@ -117,12 +123,15 @@ def powersgd_bytes(model, world_size: int, min_compression_rate: float = 2.0) ->
     return total * (world_size - 1)
 
 
-def steps(model, opt, x, y, count: int) -> list[float]:
+def steps(model, opt, x, y, count: int) -> tuple[list[float], float]:
+    """Each step's time (CUDA events on a GPU, else perf_counter), and the process's CPU seconds
+    per step over the ``count`` steps (all its threads: gloo's included)."""
     import torch
     from torch import nn
 
     cuda = x.device.type == "cuda"
     times = []
+    cpu_start = time.process_time()
     for _ in range(count):
         if cuda:
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -138,7 +147,7 @@ def steps(model, opt, x, y, count: int) -> list[float]:
             times.append(start.elapsed_time(stop) / 1e3)
         else:
             times.append(time.perf_counter() - start_s)
-    return times
+    return times, (time.process_time() - cpu_start) / count
 
 
 def child(rank: int, world_size: int, folder: str, configs: list, args: dict) -> None:
@@ -159,25 +168,27 @@ def child(rank: int, world_size: int, folder: str, configs: list, args: dict) ->
         x = x.to(getattr(torch, args["dtype"]))
     runs = [build(spec, ef, args, device) for _, spec, ef in configs]
     times: list[list[float]] = [[] for _ in configs]
+    cpu: list[list[float]] = [[] for _ in configs]  # CPU seconds per step, one entry per timed round
     counted = [0] * len(configs)
     for round_ in range(args["rounds"]):
         for i, (model, state, opt) in enumerate(runs):
             dist.barrier()
             before = state.bytes_sent if state else 0
-            took = steps(model, opt, x, y, args["steps_per_round"])
+            took, cpu_s = steps(model, opt, x, y, args["steps_per_round"])
             if round_:  # the first round warms up (and crosses DDP's bucket rebuild)
                 times[i] += took
+                cpu[i].append(cpu_s)
                 counted[i] += (state.bytes_sent - before) if state else 0
     numel = sum(p.numel() for p in runs[0][0].parameters())
     out = []
-    for (_, spec, _), (_, state, _), t, sent in zip(configs, runs, times, counted, strict=True):
+    for (_, spec, _), (_, state, _), t, sent, c in zip(configs, runs, times, counted, cpu, strict=True):
         if spec == "torch:powerSGD_hook":
             sent = powersgd_bytes(runs[0][0], world_size) * len(t)
         elif not state:  # the same rule: the gradient's bytes (2 per element for fp16) to each peer
             size = runs[0][0].module.parameters().__next__().element_size()
             sent = (2 if spec and "fp16" in spec else size) * numel * (world_size - 1) * len(t)
         out.append({"mean_ms": 1e3 * statistics.fmean(t), "p50_ms": 1e3 * statistics.median(t),
-                    "bytes": sent / len(t), "numel": numel})
+                    "bytes": sent / len(t), "numel": numel, "cpu_rounds": c})
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if device.type == "cuda":  # device memory, not the host's
         peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
@@ -206,7 +217,13 @@ def launch(configs: list, args: dict) -> list[dict]:
         return [torch.load(os.path.join(folder, f"r{r}.pt"), weights_only=True) for r in range(world_size)]
 
 
-def main() -> None:
+def cpu_ratio(rows: list[dict], i: int, ref: int) -> float:
+    """Median over the timed rounds of row i's CPU time per step over row ref's in the same round
+    (interleaved rounds: load on the shared machine falls on both alike)."""
+    return statistics.median(a / b for a, b in zip(rows[i]["cpu_rounds"], rows[ref]["cpu_rounds"], strict=True))
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12, help="rounds of steps; the first is warm-up")
     parser.add_argument("--steps-per-round", type=int, default=10)
@@ -221,7 +238,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=768, help="gpt2: model width")
     parser.add_argument("--vocab", type=int, default=50257, help="gpt2: vocabulary")
     parser.add_argument("--seq", type=int, default=512, help="gpt2: tokens per sequence")
-    a = parser.parse_args()
+    parser.add_argument("--small", action="store_true",
+                        help="a quick run that checks the benchmark works: a 64-wide MLP, 3 rounds of 2 steps, "
+                             "no peak-memory runs")
+    a = parser.parse_args(argv)
+    if a.small:
+        a.rounds, a.steps_per_round, a.batch = 3, 2, 8
     if a.device == "cuda":
         import torch
 
@@ -230,9 +252,10 @@ def main() -> None:
     configs = [c for c in CONFIGS if not a.only or c[0] in a.only or c[0] == "plain DDP"]
     args = {"rounds": a.rounds, "steps_per_round": a.steps_per_round, "batch": a.batch, "device": a.device,
             "model": a.model, "dtype": a.dtype, "layers": a.layers, "width": a.width, "vocab": a.vocab,
-            "seq": a.seq}
+            "seq": a.seq, "hidden": 64 if a.small else 1024}
     timing = launch(configs, args)[0]["rows"]
-    peaks = [max(r["peak_mib"] for r in launch([c], {**args, "rounds": 2})) for c in configs]
+    peaks = [float("nan")] * len(configs) if a.small else [
+        max(r["peak_mib"] for r in launch([c], {**args, "rounds": 2})) for c in configs]
     base = timing[0]["mean_ms"]
     timed = (a.rounds - 1) * a.steps_per_round
     where = "NCCL, a GPU per process" if a.device == "cuda" else "2 gloo processes x 1 thread"
@@ -240,11 +263,15 @@ def main() -> None:
           f"{timed} timed steps per configuration in {a.rounds - 1} interleaved rounds, "
           f"load average {os.getloadavg()[0]:.1f}\n")
     peak_label = "peak GPU MiB" if a.device == "cuda" else "peak RSS MiB"
-    print(f"| configuration | mean ms/step | p50 ms/step | mean vs plain | bytes/step sent | {peak_label} |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for (label, _, _), row, peak in zip(configs, timing, peaks, strict=True):
+    labels = [c[0] for c in configs]
+    ref = labels.index("torch allreduce_hook") if "torch allreduce_hook" in labels else 0
+    print(f"| configuration | mean ms/step | p50 ms/step | mean vs plain | CPU ms/step | CPU vs {labels[ref]} "
+          f"(median of {a.rounds - 1} rounds) | bytes/step sent | {peak_label} |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for i, ((label, _, _), row, peak) in enumerate(zip(configs, timing, peaks, strict=True)):
+        cpu_ms = 1e3 * statistics.fmean(row["cpu_rounds"])
         print(f"| {label} | {row['mean_ms']:.2f} | {row['p50_ms']:.2f} | {row['mean_ms'] / base:.2f} "
-              f"| {row['bytes']:,.0f} | {peak:.0f} |")
+              f"| {cpu_ms:.2f} | {cpu_ratio(timing, i, ref):.3f} | {row['bytes']:,.0f} | {peak:.0f} |")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ class RunConfig:
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
     backend: str = "sim"                      # sim: simulated cluster; torch: torch.distributed; threads: its dry run
     device: str = "cpu"                       # where workers compute: cpu, or cuda (torch: NCCL, a GPU per local rank)
+    kernels: str = "torch"                    # codec kernels: torch (reference) or triton (fused: docs/gpu.md)
     tensor_parallel: str = ""                 # 1d:p=4 | 2d:q=2 | 2.5d:q=2,d=2: the model split over P processes/worker
 
     steps: int = 500                          # algorithm steps (aggregation rounds)
@@ -89,6 +90,7 @@ class RunConfig:
         if self.backend not in ("sim", "torch", "threads"):
             raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch, threads")
         _check_device(self.device)
+        _check_kernels(self.kernels, self.device)
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never)")
         if not self.timeout_s > 0:
@@ -239,6 +241,16 @@ def _check_device(device: str) -> None:
             built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             raise ConfigError(f"device='cuda': torch {torch.__version__} ({built}) sees no CUDA device here; "
                               "use --device cpu")
+
+
+def _check_kernels(kernels: str, device: str) -> None:
+    """torch or triton; triton needs Triton installed and, on the CPU, its interpreter."""
+    from gradwire import kernels as kernel_sets
+
+    kernel_sets.check(kernels, "kernels")
+    if kernels == "triton" and device == "cpu" and not kernel_sets.interpreting():
+        raise ConfigError("kernels='triton' with device='cpu' runs only under Triton's interpreter "
+                          "(TRITON_INTERPRET=1, slow: for tests); use --kernels torch on the CPU")
 
 
 def _positive(value: int, key: str) -> None:

@@ -343,8 +343,44 @@ def _refused(state: HookState, bucket: dist.GradBucket, layout, error: ValueErro
         f"{state.compressor.spec()} refused it: {error}", step=state.step, worker=state.rank)
 
 
+def _allreduce_in_place(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
+    """``none`` without error feedback in one pass, as PyTorch's own ``allreduce_hook``: divide the
+    bucket in place, allreduce it in place, and hand DDP back the bucket's own storage. The only
+    addition is the finiteness check, one read of the averaged bucket when the allreduce completes
+    (no copy in, no copy out). Every rank sees the same sum, so every rank stops alike; the error
+    names the parameter and element that the sum made non-finite (not which rank sent it)."""
+    buffer = bucket.buffer()
+    buffer.div_(state.world_size)  # divide first, as DDP does: the result equals plain DDP's bit for bit
+    nbytes = buffer.numel() * buffer.element_size()
+    state.bytes_sent += nbytes * (state.world_size - 1)
+    state.wire_bytes_sent += nbytes * (state.world_size - 1)
+    step, index = state.step, bucket.index()
+    future = dist.all_reduce(buffer, group=state.process_group, async_op=True).get_future()
+
+    def finish(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # re-raises a failed collective
+        if buffer.numel():
+            lo, hi = torch.aminmax(buffer)  # NaN propagates and inf shows: the finiteness check
+            if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+                at = int((~torch.isfinite(buffer)).nonzero()[0])
+                name, offset = next((n, o) for _, n, o, k in layout if o <= at < o + k)
+                error = DivergenceError(
+                    f"gradwire.ddp: step {step}, rank {state.rank}, bucket {index}: the averaged gradient of "
+                    f"parameter {name!r} is not finite ({float(buffer[at])} at its flat index {at - offset}) "
+                    f"after {state.compressor.spec()}: a rank's gradient was not finite; every rank stops",
+                    step=step, worker=state.rank)
+                if state.non_finite == "raise":
+                    raise error
+                return buffer.fill_(math.nan)  # "propagate": NaN for the whole bucket, as _stop gives
+        return buffer
+
+    return future.then(finish)
+
+
 def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
+    if state.compressor.name == "none" and not state.error_feedback:
+        return _allreduce_in_place(state, bucket, layout)
     # Divide before summing, as DDP's default allreduce does: with `none` the result is then
     # bit-identical to plain DDP, and a 16-bit sum overflows only where the mean would (the
     # reason PyTorch's fp16_compress_hook gives for the same order).

@@ -3,6 +3,8 @@ the reductions to synchronous SGD and to each other, the outer loop against a re
 the papers with torch.optim.SGD (Nesterov), the fragments' schedule, compressed outer
 gradients, and checkpoints that resume bitwise."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -40,6 +42,68 @@ def test_diloco_with_one_sgd_step_and_outer_lr_1_is_synchronous_sgd(make_config,
                                                                       "outer_momentum=0,inner=sgd"))[-1])
 
 
+UNIT_ROUNDOFF = 2.0**-53  # float64
+
+
+@pytest.mark.parametrize("inner_steps", [1, 4])
+def test_one_worker_diloco_with_a_plain_outer_step_is_adamw(make_config, inner_steps):
+    """One worker, outer lr 1, no momentum: θ <- θ - (θ - x) = x, so DiLoCo is plain AdamW over the
+    same batches (Douillard et al. 2023, Alg. 1 with n = 1, η = 1, μ = 0), compared with sync's AdamW
+    (itself equal to torch.optim.AdamW, below) at every round end, in float64. Not bitwise: fl(θ - x)
+    = (θ - x)(1 + δ) and θ - fl(θ - x) rounds again, so a round moves θ off x by at most
+    u (|θ - x| + |x|) ≤ 3 u max|x| (u = 2^-53); the tolerance allows that at every round, twice over,
+    with no growth through the next inner steps (measured: 3e-17 after 24 rounds, |x| < 0.36)."""
+    cfg = make_config(workers=1, steps=24, dtype="float64", lr=0.01)
+    adamw = trajectory(cfg.replace(algorithm="sync", optimizer="adamw:beta1=0.9,beta2=0.95,eps=1e-8",
+                                   weight_decay=0.1), 24)
+    plain = f"diloco:inner_steps={inner_steps},outer_lr=1,outer_momentum=0,weight_decay=0.1"
+    diloco = trajectory(cfg.replace(algorithm=plain), 24)
+    rounds = 24 // inner_steps
+    tolerance = rounds * 2 * 3 * UNIT_ROUNDOFF * float(adamw[-1].abs().max())
+    for step in range(inner_steps, 25, inner_steps):
+        torch.testing.assert_close(diloco[step - 1], adamw[step - 1], rtol=0, atol=tolerance,
+                                   msg=lambda m, s=step: f"step {s}: {m}")
+    damped = trajectory(cfg.replace(algorithm=plain.replace("outer_lr=1", "outer_lr=0.9")), 24)
+    assert float((damped[-1] - adamw[-1]).abs().max()) > 1e6 * tolerance  # the comparison can fail
+
+
+def test_one_worker_diloco_with_sgd_inside_at_h_3_is_momentum_sgd(make_config):
+    """The same identity with local SGD's heavy ball inside (momentum 0.9, kept across rounds) at
+    H = 3: one worker's DiLoCo is sync SGD with momentum, to the same rounding bound."""
+    cfg = make_config(workers=1, steps=24, dtype="float64", lr=0.1, momentum=0.9)
+    sgd = trajectory(cfg.replace(algorithm="sync"), 24)
+    diloco = trajectory(cfg.replace(algorithm="diloco:inner_steps=3,outer_lr=1,outer_momentum=0,inner=sgd"), 24)
+    tolerance = 8 * 2 * 3 * UNIT_ROUNDOFF * float(sgd[-1].abs().max())
+    for step in range(3, 25, 3):
+        torch.testing.assert_close(diloco[step - 1], sgd[step - 1], rtol=0, atol=tolerance,
+                                   msg=lambda m, s=step: f"step {s}: {m}")
+    assert not torch.allclose(diloco[1], sgd[1], rtol=0, atol=tolerance)  # mid-round θ is the last round's
+
+
+def test_outer_warmup_ramps_the_momentum(make_config):
+    alg = Run(make_config(algorithm="diloco:inner_steps=2,outer_momentum=0.8,outer_warmup=4", lr=0.01)).algorithm
+    assert [alg.outer_momentum_at(k) for k in range(6)] == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 0.8])
+    constant = Run(make_config(algorithm="diloco:inner_steps=2,outer_momentum=0.8,outer_warmup=0", lr=0.01))
+    assert [constant.algorithm.outer_momentum_at(k) for k in range(3)] == [0.8, 0.8, 0.8]
+
+
+@pytest.mark.parametrize("spec, evaluated", [
+    ("diloco:inner_steps=3", [0, 6, 9, 12]),  # round ends 3, 6, 9, 12: the first at or after 4, 8, 12
+    ("diloco:inner_steps=5", [0, 5, 10, 12]),  # and always the last step
+    ("streaming-diloco:inner_steps=4,fragments=2,overlap=1", [0, 7, 11, 12]),  # fragment 1 merges at 3, 7, 11
+    ("sync", [0, 4, 8, 12]),
+])
+def test_evaluations_fall_on_round_ends(make_config, spec, evaluated):
+    """θ changes only when a round ends: DiLoCo evaluates at the first round end at or after every
+    multiple of --eval-every (mid-round it would credit steps θ has not seen), and at the last step."""
+    from gradwire.run.loop import run
+    from tests.helpers import read_jsonl
+
+    cfg = make_config(algorithm=spec, lr=0.01, steps=12, eval_every=4)
+    run(cfg, progress=False)
+    assert [m["step"] for m in read_jsonl(Path(cfg.out) / "metrics.jsonl")] == evaluated
+
+
 @pytest.mark.parametrize("inner, extra", [
     ("inner=adamw", dict(lr=0.01)),
     ("inner=sgd", dict(momentum=0.9)),
@@ -63,6 +127,8 @@ def test_streaming_diloco_with_one_fragment_and_no_overlap_is_diloco(make_config
     "streaming-diloco:inner_steps=4,fragments=2,overlap=1,alpha=0.5,inner=sgd",
     "streaming-diloco:inner_steps=4,fragments=3,overlap=2,alpha=0.3,inner=adamw",  # α not 1/2: the merge's sides
     "streaming-diloco:inner_steps=3,fragments=3,overlap=0,alpha=0.8,inner=adamw",
+    "diloco:inner_steps=2,inner=sgd,outer_lr=0.7,outer_momentum=0.9,outer_warmup=3",  # μ 0, 0.3, 0.6, 0.9, ...
+    "streaming-diloco:inner_steps=4,fragments=2,overlap=1,alpha=0.5,outer_warmup=2",
 ])
 def test_outer_steps_and_merges_match_a_reference(make_config, spec):
     """The outer loop against one written from the papers with torch's own optimizer, step by step:
@@ -89,11 +155,17 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
 
     alg.replicas.sgd_step = recorded
     sent: dict[int, tuple[torch.Tensor, int]] = {}  # fragment -> (Δ, the step it was sent at)
+    rounds = [0] * fragments
 
     def merge(p, x):
         a, b = ranges[p]
         theta[p].grad = sent.pop(p)[0].clone()
+        if alg.outer_warmup:  # the ramp: round k's momentum is μ min(1, k / W)
+            outer[p].param_groups[0]["momentum"] = alg.outer_momentum * min(1.0, rounds[p] / alg.outer_warmup)
+        rounds[p] += 1
         outer[p].step()
+        if not outer[p].param_groups[0]["momentum"]:  # torch keeps no buffer at μ = 0: v_k = μ_k v_{k-1} + Δ_k
+            outer[p].state[theta[p]]["momentum_buffer"] = theta[p].grad.clone()
         for k in x:
             x[k][a:b] = alpha * x[k][a:b] + (1 - alpha) * theta[p].detach()
 

@@ -33,7 +33,8 @@ def run_one_worker_per_thread(cfg: RunConfig, steps: int) -> dict[int, dict]:
                 r.oracle.step = t
                 infos.append(alg.step(ctx, t))
             alg.before_evaluation(ctx)  # every process, as the run loop at an evaluation step
-            results[rank] = {"infos": infos, "x": alg.replicas.x[rank].clone(), "eval": alg.eval_params().clone()}
+            held = alg.replicas.x[rank] if hasattr(alg, "replicas") else alg.eval_params()  # no replicas: one model
+            results[rank] = {"infos": infos, "x": held.clone(), "eval": alg.eval_params().clone()}
         except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
             errors.append(e)
 

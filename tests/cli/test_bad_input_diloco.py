@@ -10,6 +10,7 @@ from gradwire.cli import main
     ("diloco:outer_lr=0", [], "outer_lr must be a finite number > 0, got 0"),
     ("diloco:outer_lr=inf", [], "outer_lr must be a finite number > 0, got inf"),
     ("diloco:outer_momentum=1", [], "outer_momentum must be in [0, 1), got 1"),
+    ("diloco:outer_warmup=-1", [], "outer_warmup must be >= 0 (outer rounds of momentum ramp), got -1"),
     ("diloco:inner=adam", [], "inner='adam': valid choices are adamw, sgd"),
     ("diloco:beta2=1.5", [], "beta2 must be in [0, 1), got 1.5"),
     ("diloco:eps=0", [], "eps must be a finite number > 0, got 0"),

@@ -114,8 +114,8 @@ def test_task_builds_bare(data_dir, name):
 def test_spec_comes_from_the_registry_declaration():
     """spec() renders the entry's parameters in order, defaults filled in, whether the object was
     built from a spec or constructed directly; the run's seed is not part of a straggler spec."""
-    assert REGISTRY["compressors"].build("qsgd:bucket=128").spec() == "qsgd:levels=7,bucket=128"
-    assert QSGD(bucket=128, levels=3).spec() == "qsgd:levels=3,bucket=128"
+    assert REGISTRY["compressors"].build("qsgd:bucket=128").spec() == "qsgd:levels=7,bucket=128,format=2"
+    assert QSGD(bucket=128, levels=3).spec() == "qsgd:levels=3,bucket=128,format=2"
     assert REGISTRY["stragglers"].build("slow:compute_s=0.5", seed=7).spec() == "slow:count=1,slowdown=3,compute_s=0.5"
     assert REGISTRY["networks"].build("ring").spec() == "ring:mbps=100,latency_ms=1"
     assert spec_of(REGISTRY["algorithms"].build("local:period=2")) == "local:period=2,eval=last_average"

@@ -10,6 +10,7 @@ import torch
 SPECS = [
     "none", "fp16", "bf16",
     "qsgd", "qsgd:levels=1,bucket=4", "qsgd:levels=2,bucket=7", "qsgd:levels=127,bucket=3",
+    "qsgd:levels=4,bucket=9", "qsgd:levels=16,bucket=5", "qsgd:levels=4,bucket=7,format=1",
     "terngrad", "terngrad:clip=0",
     "sign", "sign:scaled=true",
     "topk:ratio=0.1", "topk:ratio=1",
@@ -18,11 +19,17 @@ SPECS = [
     "threshold:tau=0.5", "threshold:tau=0",
     "natural",
 ]
-STOCHASTIC = ["qsgd", "qsgd:levels=1,bucket=4", "qsgd:levels=2,bucket=7", "terngrad", "terngrad:clip=0",
+STOCHASTIC = ["qsgd", "qsgd:levels=1,bucket=4", "qsgd:levels=2,bucket=7", "qsgd:levels=16,bucket=5", "terngrad",
+              "terngrad:clip=0",
               "randk:ratio=0.3", "pquant:p=1,block=5", "pquant:p=2", "pquant:p=inf,block=8", "natural"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SHAPES = [(), (0,), (1,), (7,), (1000,), (3, 5, 7)]
 ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float64: 8}
+
+
+# qsgd format 2: (symbols per field k, field bits w) by levels s, worked out by hand:
+# (2s+1)^k <= 2^w, w/k within 5 % of log2(2s+1); s = 1 is base 3, five trits per byte
+QSGD_FIELDS = {1: (5, 8), 2: (3, 7), 4: (4, 13), 7: (1, 4), 16: (6, 31), 127: (1, 8)}
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -73,7 +80,8 @@ def expected_nbytes(spec: str, n: int, dtype: torch.dtype, kept: list[int] | Non
         return 2 * n
     if name == "qsgd":
         s, bucket = int(kw.get("levels", 7)), int(kw.get("bucket", 512))
-        return 4 * ceil_div(n, bucket) + ceil_div(n * math.ceil(math.log2(2 * s + 1)), 8)
+        k, w = QSGD_FIELDS[s] if kw.get("format", "2") == "2" else (1, math.ceil(math.log2(2 * s + 1)))
+        return 4 * ceil_div(n, bucket) + ceil_div(ceil_div(n, k) * w, 8)
     if name == "terngrad":
         return 4 + ceil_div(n, 5)
     if name == "pquant":

@@ -70,3 +70,12 @@ def test_float_stream_matches_bitpack(bits, device):
     stream.unpack(out, values, torch.empty(n, dtype=torch.uint8, device=device),
                   torch.empty(n, dtype=torch.int64, device=device), "test")
     assert torch.equal(values, q.float() * 0.5 - 1.0)
+
+
+@pytest.mark.parametrize("width", [1, 3, 7, 8, 13, 17, 31, 36, 56])
+def test_pack_fields_is_the_lsb_first_stream_of_pack_uint(width):
+    values = torch.randint(0, 1 << width, (8 * 37,), generator=torch.Generator().manual_seed(width))
+    out = torch.empty(37 * width, dtype=torch.uint8)
+    bitpack.pack_fields(values, width, out)
+    assert torch.equal(out, bitpack.pack_uint(values, width))  # bit planes: an independent packer
+    assert torch.equal(bitpack.unpack_fields(out, width), values)

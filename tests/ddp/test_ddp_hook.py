@@ -54,6 +54,26 @@ def same_as_plain(rank, world_size, steps):
     return out
 
 
+def own_storage(rank, world_size, steps):
+    """Whether each future of the hook with ``none`` (and, to show the check can fail, ``fp16``)
+    hands DDP back the bucket's own storage."""
+    x, y = make_data(rank, world_size)
+    out = {}
+    for spec in ("none", "fp16"):
+        model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
+        state = gwddp.HookState(model, spec)
+        same = []
+
+        def recording_hook(state, bucket, same=same):
+            pointer = bucket.buffer().data_ptr()
+            return gwddp.hook(state, bucket).then(lambda f: same.append(f.value().data_ptr() == pointer) or f.value())
+
+        model.register_comm_hook(state, recording_hook)
+        train(model, x, y, 0, steps)
+        out[spec] = same
+    return out
+
+
 # (spec, error feedback, min_compress_numel): qsgd compresses every parameter, the others leave
 # the biases (< 1024 elements) raw, the default
 SPECS = [("none", False, 1024), ("qsgd:levels=4", False, 0), ("topk:ratio=0.1", True, 1024),
@@ -168,6 +188,7 @@ def suite(rank, world_size, folder):
     """Every scenario in one pair of processes (spawning and DDP's first set-up cost ~5 s a pair),
     the ones that break the process group last; a scenario's failure is its test's failure only."""
     return run_scenarios([("same_as_plain", lambda: same_as_plain(rank, world_size, 8)),
+                          ("own_storage", lambda: own_storage(rank, world_size, 3)),
                           ("converge", lambda: converge(rank, world_size, STEPS)),
                           ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
                           ("non_finite", lambda: non_finite(rank, world_size)),
@@ -267,6 +288,14 @@ def test_state_dict_resume_equals_not_stopping(results, folder):
     assert state["compressor"] == "topk:ratio=0.1" and state["step"] == 6
     # residuals of the compressed parameters only (the others, under 1024 elements, travel raw)
     assert sorted(state["residuals"]) == ["0.weight", "2.weight"]
+
+
+@pytest.mark.timeout(120)
+def test_none_hands_back_the_bucket_storage(results):
+    """With ``none`` the hook is one in-place allreduce: no copy of the bucket in or out."""
+    for rank in part(results, "own_storage"):
+        assert len(rank["none"]) >= 3 and all(rank["none"]), rank["none"]
+        assert not any(rank["fp16"])  # a cast cannot: it decodes into a new tensor
 
 
 @pytest.mark.timeout(120)

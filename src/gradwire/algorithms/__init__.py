@@ -2,8 +2,10 @@
 
 from gradwire.algorithms import (  # noqa: F401  (registration)
     async_ps,
+    backup_diloco,
     dagc,
     dasgd,
+    demo,
     diana,
     diloco,
     dqsgd,
@@ -11,6 +13,7 @@ from gradwire.algorithms import (  # noqa: F401  (registration)
     local_sgd,
     lsgd,
     signsgd,
+    sparseloco,
     sync,
 )
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, CodecConfig, Context, OptimConfig

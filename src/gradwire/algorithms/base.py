@@ -164,6 +164,12 @@ class Algorithm(Specced, ABC):
     def close(self) -> None:  # noqa: B027 - most hold nothing to release
         """The run is over (finished or not): release what ``setup`` or ``step`` started (threads)."""
 
+    def evaluates_at(self, step: int, eval_every: int, steps: int) -> bool:
+        """Whether the run evaluates after ``step`` (every process decides alike): every
+        ``eval_every`` steps and at the last. An algorithm whose evaluated parameters change only at
+        round ends (DiLoCo) moves its evaluations onto them."""
+        return step % eval_every == 0 or step == steps
+
     def before_evaluation(self, ctx: Context) -> None:  # noqa: B027 - most evaluate what every process holds
         """Every process calls this at an evaluation step, before rank 0 evaluates ``eval_params()``:
         an algorithm that evaluates something it must first gather (the workers' average) does so here."""
@@ -185,6 +191,12 @@ class Algorithm(Specced, ABC):
         """Worker ``rank`` computes its ``count``-th gradient (or local step) and returns the message
         it sends to the server."""
         raise NotImplementedError(f"{self.name} has no server mode")
+
+    def compute_seconds(self, ctx: Context, rank: int, count: int) -> float:
+        """Simulated seconds worker ``rank`` computes before sending its ``count``-th message: one
+        gradient's draw of the straggler model (an algorithm whose message follows several
+        gradients, as DiLoCo's H inner steps, sums their draws)."""
+        return ctx.compute_time(rank, count)
 
     def on_message(self, msg: Message, finished: bool) -> Answer:
         """The server handles one message (in arrival order). ``finished``: the run's last step is

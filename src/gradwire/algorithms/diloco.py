@@ -13,7 +13,11 @@ the round ends with one collective, the mean of the *outer gradients*:
     x_i <- θ
 
 With an outer SGD step of learning rate 1 and no momentum θ becomes the workers' mean, local
-SGD; with also H = 1 and plain SGD inside it is synchronous SGD (tested). The outer gradients go
+SGD; with also H = 1 and plain SGD inside it is synchronous SGD, and with one worker it is the inner
+optimizer alone (both tested). From a random start the papers' outer step (η = 0.7, μ = 0.9: θ moves
+about η/(1-μ) = 7 times the averaged change) overshoots in the first rounds; ``outer_warmup=W``
+ramps μ from 0 over the first W rounds (default 10; docs/diloco.md, "From a random start").
+θ changes only at round ends, so evaluations move onto them (``evaluates_at``). The outer gradients go
 through gradwire's averager: ``--compressor`` (with ``--error-feedback``, one residual per fragment)
 compresses them as it compresses gradients elsewhere.
 
@@ -51,6 +55,7 @@ again from them after a resume: the same numbers, its bytes sent twice (as DaSGD
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
 from gradwire.algorithms.optim import AdamW, HeavyBall, require_sgd
@@ -59,12 +64,32 @@ from gradwire.spec import require
 
 INNER_CHOICES = ("adamw", "sgd")
 
+def outer_momentum_at(momentum: float, warmup: int, round_index: int) -> float:
+    """μ of outer round ``round_index`` (0-based): ramped linearly from 0 over ``warmup`` rounds,
+    then constant. The ramp moves the long-run step multiplier η/(1-μ) from η up to the papers'
+    η/(1-μ) while the parameters change fastest (docs/diloco.md, "From a random start")."""
+    if not warmup:
+        return momentum
+    return momentum * min(1.0, round_index / warmup)
+
+
+def outer_step(outer: HeavyBall, outer_gradient, momentum: float, warmup: int) -> None:
+    """One Nesterov SGD step of the outer optimizer ``outer``; its round count (in its state, so in
+    the checkpoint) decides the momentum of the warm-up ramp. Every DiLoCo-family outer loop steps here."""
+    if warmup and momentum:
+        outer.cfg = replace(outer.cfg, momentum=outer_momentum_at(momentum, warmup, outer.steps))
+    outer.apply(outer_gradient)
+
+
 DILOCO_PARAMS = {
     "inner_steps": "H >= 1: inner steps per outer round (paper: 500; 1 with inner=sgd, outer_lr=1 and "
                    "outer_momentum=0 is synchronous SGD)",
-    "outer_lr": "outer learning rate (paper: 0.7; from a random start, stdlib-lm trained better with 1 and "
-                "outer_momentum=0, a plain average: docs/diloco.md)",
+    "outer_lr": "outer learning rate η (paper: 0.7); θ moves about η/(1-μ) times the averaged change "
+                "(docs/diloco.md)",
     "outer_momentum": "outer Nesterov momentum in [0, 1) (paper: 0.9; 0 = plain outer SGD)",
+    "outer_warmup": "W >= 0 outer rounds over which the outer momentum ramps linearly from 0 to outer_momentum "
+                    "(round k uses μ·min(1, k/W); 0 = the papers' constant μ): the first rounds, whose changes are "
+                    "the largest, are not amplified by η/(1-μ) (docs/diloco.md)",
     "inner": "inner optimizer: adamw (lr from --lr; paper) or sgd (--lr, --momentum, --nesterov, --weight-decay)",
     "beta1": "inner AdamW β1 (paper: 0.9)",
     "beta2": "inner AdamW β2 (paper: 0.95)",
@@ -79,17 +104,26 @@ STREAMING_PARAMS = DILOCO_PARAMS | {
 }
 
 
+# The outer step's defaults (docs/diloco.md, "From a random start"): Nesterov's long-run step multiplier
+# is η/(1-μ) (v -> Δ/(1-μ) at a steady Δ, and the step is η(Δ + μ v)); the papers' 0.7/0.9 moves θ by
+# about 7x the averaged change, tuned for hundreds of rounds from a pretrained start (Douillard et al.
+# 2023, arXiv:2311.08105, Section 3 and Table 5). Short runs from random weights overshoot with it.
+OUTER_LR, OUTER_MOMENTUM, OUTER_WARMUP = 0.7, 0.9, 10  # the papers' η and μ, μ ramped over 10 rounds
+
+
 class StreamingDiLoCo(Algorithm):
     name = "streaming-diloco"
     evaluates = "global"
     default_compressor = "none"
 
-    def __init__(self, *, inner_steps: int = 100, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
-                 weight_decay: float = 0.1, fragments: int = 4, overlap: int = 1, alpha: float = 0.5):
+    def __init__(self, *, inner_steps: int = 100, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
+                 outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
+                 eps: float = 1e-8, weight_decay: float = 0.1, fragments: int = 4, overlap: int = 1,
+                 alpha: float = 0.5):
         require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
         require(math.isfinite(outer_lr) and outer_lr > 0, f"outer_lr must be a finite number > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
+        require(outer_warmup >= 0, f"outer_warmup must be >= 0 (outer rounds of momentum ramp), got {outer_warmup}")
         require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
         require(0 <= beta1 < 1, f"beta1 must be in [0, 1), got {beta1}")
         require(0 <= beta2 < 1, f"beta2 must be in [0, 1), got {beta2}")
@@ -102,6 +136,7 @@ class StreamingDiLoCo(Algorithm):
                 f"round of a fragment in flight), got {overlap}")
         require(0 <= alpha <= 1, f"alpha must be in [0, 1] (weight of the local parameters at a merge), got {alpha}")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, outer_lr, outer_momentum
+        self.outer_warmup = outer_warmup
         self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
         self.fragments, self.overlap, self.alpha = fragments, overlap, alpha
 
@@ -191,10 +226,33 @@ class StreamingDiLoCo(Algorithm):
         outer_gradient = entry["handle"].wait()
         self.pace.joined(ctx, entry["handle"].finish_s)  # a worker waits only if it is ahead of the result
         info.setdefault("outer_gradient_norm", []).append(float(outer_gradient.norm()))
-        self.outer[p].apply(outer_gradient)
+        self._outer_step(p, outer_gradient)
         theta = self.theta[a:b]
         for x in self.replicas.x.values():
             x[a:b].lerp_(theta, 1 - self.alpha)  # exact copy of θ_p at α = 0 (lerp is exact at weight 1)
+
+    def outer_momentum_at(self, round_index: int) -> float:
+        return outer_momentum_at(self.outer_momentum, self.outer_warmup, round_index)
+
+    def _outer_step(self, p: int, outer_gradient) -> None:
+        outer_step(self.outer[p], outer_gradient, self.outer_momentum, self.outer_warmup)
+
+    def round_ends(self, step: int) -> bool:
+        """Whether every fragment has merged the round that ends after inner step ``step``: the
+        last fragment's merge (offset t_{P-1}, τ steps in flight). For DiLoCo: step % H == 0."""
+        return step >= self.offsets[-1] + self.overlap and \
+            (step - self.offsets[-1] - self.overlap) % self.inner_steps == 0
+
+    def evaluates_at(self, step: int, eval_every: int, steps: int) -> bool:
+        """Evaluate θ only where a round has just ended (mid-round θ is the last round's, so an
+        evaluation there would credit steps θ has not seen): the first round end at or after each
+        multiple of ``eval_every``, and the last step."""
+        if step == steps:
+            return True
+        if not self.round_ends(step):
+            return False
+        previous = max(step - self.inner_steps, 0)  # the round end before this one
+        return step // eval_every > previous // eval_every
 
     def eval_params(self):
         return self.theta
@@ -228,12 +286,12 @@ class DiLoCo(StreamingDiLoCo):
 
     name = "diloco"
 
-    def __init__(self, *, inner_steps: int = 500, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
-                 weight_decay: float = 0.1):
-        super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum, inner=inner,
-                         beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, fragments=1, overlap=0,
-                         alpha=0.0)
+    def __init__(self, *, inner_steps: int = 500, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
+                 outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
+                 eps: float = 1e-8, weight_decay: float = 0.1):
+        super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                         outer_warmup=outer_warmup, inner=inner, beta1=beta1, beta2=beta2, eps=eps,
+                         weight_decay=weight_decay, fragments=1, overlap=0, alpha=0.0)
 
     def setup_info(self):
         return {}

@@ -4,7 +4,7 @@
 lists them all. See docs/compressors.md for wire formats, variance bounds and citations.
 """
 
-from gradwire.compress import dense, natural, pquant, qsgd, randk, sign, sparse, terngrad  # noqa: F401
+from gradwire.compress import chunked, dense, natural, pquant, qsgd, randk, sign, sparse, terngrad  # noqa: F401
 from gradwire.compress.base import REGISTRY, Compressor, CorruptPayload, Packet, build
 from gradwire.compress.error_feedback import ErrorFeedback
 

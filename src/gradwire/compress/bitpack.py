@@ -189,3 +189,56 @@ def unpack_uint(packed: torch.Tensor, count: int, width: int) -> torch.Tensor:
     for lo in range(0, count, step):
         values[lo: lo + step] = (planes[lo: lo + step].long() << shifts).sum(1)  # distinct bits: sum = or
     return values
+
+
+
+def _unit_width(width: int) -> int:
+    """Eight ``width``-bit fields are merged pairwise into units of this width (at most 63 bits)."""
+    u = width
+    while 2 * u <= 63 and u < 8 * width:
+        u *= 2
+    return u
+
+
+def pack_fields(values: torch.Tensor, width: int, out: torch.Tensor) -> None:
+    """Pack non-negative int64 ``values`` (length a multiple of 8, each < 2**width, width <= 56) as
+    ``width``-bit fields in the LSB-first stream ``out`` (len*width/8 bytes). Eight fields make
+    ``width`` bytes: neighbours are merged into units as wide as int64 holds, the units ORed into
+    64-bit words, and the words' low ``width`` bytes copied out (a few passes per group)."""
+    v = values.view(-1, 8)
+    u = width
+    while u < _unit_width(width):
+        v = v[:, 0::2] | (v[:, 1::2] << u)
+        u *= 2
+    words = torch.zeros(v.shape[0], -(-width // 8), dtype=torch.int64, device=values.device)
+    for i in range(v.shape[1]):
+        a, shift = divmod(i * u, 64)
+        words[:, a] |= v[:, i] << shift  # the bits beyond 64 wrap away: the next word gets them
+        if shift + u > 64:
+            words[:, a + 1] |= v[:, i] >> (64 - shift)
+    out.view(-1, width).copy_(words.view(torch.uint8).view(v.shape[0], -1)[:, :width])
+
+
+def unpack_fields(packed: torch.Tensor, width: int) -> torch.Tensor:
+    """Inverse of :func:`pack_fields`: the int64 fields of ``packed`` (a multiple of ``width`` bytes)."""
+    groups, nwords = packed.numel() // width, -(-width // 8)
+    raw = torch.zeros(groups, 8 * nwords, dtype=torch.uint8, device=packed.device)
+    raw[:, :width] = packed.view(groups, width)
+    words = raw.view(torch.int64)
+    u = _unit_width(width)
+    units = torch.empty(groups, 8 * width // u, dtype=torch.int64, device=packed.device)
+    for i in range(units.shape[1]):
+        a, shift = divmod(i * u, 64)
+        part = words[:, a] >> shift
+        if shift:  # an arithmetic shift: drop the copies of the sign bit
+            part &= (1 << (64 - shift)) - 1
+        if shift + u > 64:
+            part |= words[:, a + 1] << (64 - shift)
+        units[:, i] = part & ((1 << u) - 1)
+    while u > width:  # split each unit into its two halves, low first
+        u //= 2
+        halves = torch.empty(groups, 2 * units.shape[1], dtype=torch.int64, device=packed.device)
+        halves[:, 0::2] = units & ((1 << u) - 1)
+        halves[:, 1::2] = units >> u
+        units = halves
+    return units.view(-1)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import torch
 
+from gradwire import kernels
 from gradwire.compress import bitpack
-from gradwire.compress.base import Compressor, Packet, raise_non_finite
+from gradwire.compress.base import Compressor, CorruptPayload, Packet, raise_non_finite
 from gradwire.compress.stream import SymbolStream
 from gradwire.compress.wire import (
     check_scales,
-    chunk_size,
     flat,
     make_packet,
     payload,
@@ -74,9 +74,10 @@ def wire_scales(x: torch.Tensor, norms: torch.Tensor, bucket: int, p: float, nam
 
 
 def encode_grid(x: torch.Tensor, bucket: int, scales: torch.Tensor, levels: int, bits: int | None,
-                out: torch.Tensor, generator: torch.Generator | None) -> None:
-    """Write the symbols of ``x`` into ``out`` (``bits`` bits each, or base-3 trits if ``bits`` is
-    None), chunk by chunk. ``out`` must hold the stream of ``n`` rounded up to a whole group."""
+                out: torch.Tensor, generator: torch.Generator | None, per_field: int = 1) -> None:
+    """Write the symbols of ``x`` into ``out`` (``per_field`` radix-(2s+1) symbols per ``bits``-bit
+    field, or base-3 trits if ``bits`` is None), chunk by chunk. ``out`` must hold the stream of
+    ``n`` rounded up to a whole group."""
     n = x.numel()
     work = work_dtype(x.dtype)
     s = scales.to(work)
@@ -84,8 +85,8 @@ def encode_grid(x: torch.Tensor, bucket: int, scales: torch.Tensor, levels: int,
     if not bool(torch.isfinite(mult).all()):  # s/levels overflows for subnormal scales: use float64
         work, s = torch.float64, scales.double()
         mult = torch.where(s > 0, levels / s, torch.zeros_like(s))
-    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work, x.device)
-    chunk, device = chunk_size(n, x.device), x.device
+    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work, x.device, per_field)
+    chunk, device = stream.chunk(n, x.device), x.device
     size = min(chunk, -(-n // stream.group) * stream.group)
     t, u = torch.empty(size, dtype=work, device=device), torch.empty(size, dtype=work, device=device)
     words = torch.empty((size + 3) // 4, dtype=torch.int64, device=device)
@@ -112,14 +113,14 @@ def encode_grid(x: torch.Tensor, bucket: int, scales: torch.Tensor, levels: int,
 
 
 def decode_grid(data: torch.Tensor, n: int, bucket: int, scales: torch.Tensor, levels: int,
-                bits: int | None, dtype: torch.dtype, name: str) -> torch.Tensor:
+                bits: int | None, dtype: torch.dtype, name: str, per_field: int = 1) -> torch.Tensor:
     """Inverse of :func:`encode_grid`; ``data`` holds exactly the stream bytes of ``n`` symbols."""
     work = work_dtype(dtype)
     device = data.device
-    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work, device)
+    stream = SymbolStream(bits, 2 * levels + 1, 1.0, -levels, work, device, per_field)
     step = scales.to(work) / levels
     out = torch.empty(n, dtype=dtype, device=device)
-    chunk = chunk_size(n, device)
+    chunk = stream.chunk(n, device)
     size = min(chunk, -(-n // stream.group) * stream.group)
     f, sym = torch.empty(size, dtype=work, device=device), torch.empty(size, dtype=torch.uint8, device=device)
     index = torch.empty(-(-size // max(stream.per_byte, 1)), dtype=torch.int64, device=device)
@@ -144,13 +145,14 @@ class GridCompressor(Compressor):
     """A compressor sending one float32 scale per bucket, then the stream of grid symbols.
 
     Wire format: ``[num_buckets x float32 scale][symbol stream]``. Subclasses set ``levels`` and
-    ``bits`` (None: base-3 trits) and define ``_bucket(n)`` and ``_scales(flat_x)``.
+    ``bits`` (None: base-3 trits) and ``per_field``, and define ``_bucket(n)`` and ``_scales(flat_x)``.
     """
 
     unbiased = True
     stochastic = True
     levels: int = 1
     bits: int | None = None
+    per_field: int = 1  # symbols per bits-bit field (radix 2s+1); 1: plain fixed-width symbols
 
     def _bucket(self, n: int) -> int:
         raise NotImplementedError
@@ -162,7 +164,9 @@ class GridCompressor(Compressor):
         return -(-n // self._bucket(n))
 
     def _stream_bytes(self, n: int) -> int:
-        return bitpack.packed_bytes(n, self.bits) if self.bits else -(-n // 5)
+        if self.bits is None:
+            return -(-n // 5)
+        return bitpack.packed_bytes(-(-n // self.per_field), self.bits)
 
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return 4 * self._num_buckets(numel) + self._stream_bytes(numel)
@@ -172,12 +176,26 @@ class GridCompressor(Compressor):
         n = xf.numel()
         scales = self._scales(xf)
         head = 4 * scales.numel()
-        group = 8 if self.bits else 5
+        group = 5 if self.bits is None else 8 * self.per_field
         out = torch.empty(head + self._stream_bytes(-(-n // group) * group), dtype=torch.uint8,
                           device=xf.device)
         write(out[:head], scales)
-        encode_grid(xf, self._bucket(n), scales, self.levels, self.bits, out[head:], generator)
+        stream = out[head: head + self._stream_bytes(n)]
+        if not (n and kernels.wanted(xf) and self._fused_encode(xf, scales, stream, generator)):
+            encode_grid(xf, self._bucket(n), scales, self.levels, self.bits, out[head:], generator, self.per_field)
         return make_packet(out[: head + self._stream_bytes(n)], x)
+
+    def _fused_encode(self, xf: torch.Tensor, scales: torch.Tensor, stream: torch.Tensor,
+                      generator: torch.Generator | None) -> bool:
+        """The Triton path (gradwire.kernels.grid); False where the float32 multipliers ``s/r``
+        overflow (subnormal scales), which the reference handles in float64."""
+        if not bool(torch.isfinite(self.levels / scales[scales > 0]).all()):
+            return False
+        from gradwire.kernels import grid
+
+        seed = kernels.seed_word(generator, xf.device)
+        grid.encode(xf, self._bucket(xf.numel()), scales, self.levels, self.bits, self.per_field, stream, seed)
+        return True
 
     def decode(self, packet: Packet) -> torch.Tensor:
         n = packet.numel
@@ -185,7 +203,15 @@ class GridCompressor(Compressor):
         head = 4 * self._num_buckets(n)
         scales = read(buf[:head], torch.float32)
         check_scales(scales, self.name)
-        out = decode_grid(buf[head:], n, self._bucket(n), scales, self.levels, self.bits, packet.dtype,
-                          self.name)
+        probe = torch.empty(0, dtype=packet.dtype, device=buf.device)
+        if n and kernels.wanted(probe):
+            from gradwire.kernels import grid
+
+            out = torch.empty(n, dtype=packet.dtype, device=buf.device)
+            if grid.decode(buf[head:], n, self._bucket(n), scales, self.levels, self.bits, self.per_field, out):
+                raise CorruptPayload(f"{self.name}: invalid symbol in the payload")
+        else:
+            out = decode_grid(buf[head:], n, self._bucket(n), scales, self.levels, self.bits, packet.dtype,
+                              self.name, self.per_field)
         return out.reshape(packet.shape)
 

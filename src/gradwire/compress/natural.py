@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from gradwire import kernels
 from gradwire.compress import bitpack
 from gradwire.compress.base import REGISTRY, Compressor, CorruptPayload, Packet, raise_non_finite
 from gradwire.compress.sign import pack_signs
@@ -103,6 +104,12 @@ class Natural(Compressor):
         xf = flat(x)
         n = xf.numel()
         out = torch.empty(self.nbytes(n), dtype=torch.uint8, device=xf.device)
+        if n and kernels.wanted(xf):
+            from gradwire.kernels import natural as fused
+
+            if not fused.encode(xf, out, max_exponent(xf.dtype), kernels.seed_word(generator, xf.device)):
+                return make_packet(out, x)
+            # a non-finite or out-of-range value: the reference below finds and names it
         exponents = _exponents_f64 if xf.dtype == torch.float64 else _exponents_f32
         exponents(xf, out[:n], max_exponent(xf.dtype), generator)
         pack_signs(xf, out[n:])
@@ -111,10 +118,16 @@ class Natural(Compressor):
     def decode(self, packet: Packet) -> torch.Tensor:
         n, dtype = packet.numel, packet.dtype
         buf = payload(packet, self.nbytes(n), self.name)
+        out = torch.empty(n, dtype=dtype, device=buf.device)
+        if n and kernels.wanted(out):
+            from gradwire.kernels import natural as fused
+
+            if fused.decode(buf, n, out, max_exponent(dtype)):
+                raise CorruptPayload(f"{self.name}: exponent byte above {max_exponent(dtype)} for {dtype}")
+            return out.reshape(packet.shape)
         if n and int(buf[:n].amax()) > max_exponent(dtype):
             raise CorruptPayload(f"{self.name}: exponent byte above {max_exponent(dtype)} for {dtype}")
         device = buf.device
-        out = torch.empty(n, dtype=dtype, device=device)
         chunk = chunk_size(n, device)
         size = min(chunk, -(-n // 8) * 8)
         v = torch.empty(size, dtype=torch.int32, device=device)

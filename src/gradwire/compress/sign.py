@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from gradwire import kernels
 from gradwire.compress import bitpack
 from gradwire.compress.base import REGISTRY, Compressor, Packet, raise_non_finite
 from gradwire.compress.stream import SymbolStream
@@ -102,13 +103,19 @@ class Sign(Compressor):
             if not bool(torch.isfinite(scale)):
                 raise ValueError(f"{self.name}: mean |x| = {l1 / n:g} exceeds the float32 range")
             write(out[:4], scale)
-        elif n:
+        elif n and not kernels.wanted(xf):  # (the fused kernel checks finiteness as it packs)
             lo, hi = torch.aminmax(xf)  # propagates NaN and shows +-inf: the finiteness check
             if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
                 raise_non_finite(xf, self.name)
         elif self.scaled:
             write(out[:4], torch.zeros(1, device=xf.device))
-        pack_signs(xf, out[head:])
+        if n and kernels.wanted(xf):
+            from gradwire.kernels import sign as fused
+
+            if fused.pack_signs(xf, out[head:]):
+                raise_non_finite(xf, self.name)
+        else:
+            pack_signs(xf, out[head:])
         return make_packet(out, x)
 
     def decode(self, packet: Packet) -> torch.Tensor:
@@ -120,5 +127,10 @@ class Sign(Compressor):
             check_scales(scales, self.name)
             scale = float(scales[0])
         out = torch.empty(n, dtype=packet.dtype, device=buf.device)
-        unpack_signs(buf[4 if self.scaled else 0:], n, out, scale, self.name)
+        if n and kernels.wanted(out):
+            from gradwire.kernels import sign as fused
+
+            fused.unpack_signs(buf[4 if self.scaled else 0:], n, out, scale)
+        else:
+            unpack_signs(buf[4 if self.scaled else 0:], n, out, scale, self.name)
         return out.reshape(packet.shape)

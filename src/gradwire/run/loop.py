@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from gradwire import checkpoint
+from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.algorithms.optim import ScheduledRate
 from gradwire.config import RunConfig
@@ -110,6 +110,7 @@ class Run:
                                                 self.tensor_parallel and self.tensor_parallel.workers)
         # where the workers compute: the torch transport's GPU for this local rank, or --device
         self.device = getattr(self.transport, "device", None) or torch.device(cfg.device)
+        kernels.use(cfg.kernels)  # the codecs' kernels, process-wide: torch (reference) or triton
         if self.device.type != "cpu":
             self.task = self.task.to(self.device)
         self.is_writer = self.process_rank == 0
@@ -390,7 +391,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
             folder.step({"step": r.step, "sim_time_s": r.clock.now, "bytes_sent": r.transport.bytes_sent} | info)
             timeline.flush()  # the step's intervals: a crash loses at most the step under way
             bar.update(1)
-            if r.step % cfg.eval_every == 0 or r.step == cfg.steps:
+            if r.algorithm.evaluates_at(r.step, cfg.eval_every, cfg.steps):
                 if sync_counters is not None:
                     sync_counters()  # every rank, at the same steps
                 if not r.server_process:

@@ -38,7 +38,7 @@ class SimulatedServer:
         """Worker w starts its next computation at simulated time ``ready``."""
         self.counts[w] += 1
         msg = self.algo.worker_step(self.ctx, w, self.counts[w])
-        done = ready + self.ctx.compute_time(w, self.counts[w])
+        done = ready + self.algo.compute_seconds(self.ctx, w, self.counts[w])
         self.ctx.timeline.add(w, COMPUTE, ready, done, step=self.counts[w])
         self._send(msg, done)
 

@@ -1,0 +1,87 @@
+"""SparseLoCo: DiLoCo whose outer momentum is a per-replica error-feedback accumulator, sent as a
+chunked top-k of 2-bit-class values.
+
+Sarfi, Thérien, Lidin, Belilovsky (2025), "Communication Efficient LLM Pre-training with
+SparseLoCo", arXiv:2508.15706, Algorithm 1. Each replica r starts round t from the shared θ, takes
+H inner AdamW steps to θ_r, then
+
+    Δ_r = θ - θ_r                        (the pseudo-gradient, as DiLoCo's outer gradient)
+    e_r <- β e_r + Δ_r                   (error feedback with decay β: the local stand-in for
+                                          DiLoCo's outer momentum)
+    Δ̂_r = Q(TopK_chunk(e_r))            (k of every chunk of C; Q: 2-bit-class values)
+    e_r <- e_r - Δ̂_r
+    θ   <- θ - α (1/R) Σ_r Δ̂_r          (the sparse messages all-gathered and averaged)
+
+The message is gradwire's ``chunked-topk`` codec (``compress/chunked.py``: quantised values, then
+Golomb-coded positions), all-gathered through the averager as any non-summable payload, so the ledger
+counts its exact bytes; the all-gather's bytes grow with the replicas. Everything else is
+DiLoCo's (``diloco.py``): the replicas and their AdamW, the pace of workers under stragglers, the
+collective (``Averager.start_payloads``), the outer step (SGD at rate α without momentum, which is θ - αΔ),
+the checkpoint of θ and the replicas, to which the accumulators e_r are added.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradwire.algorithms.base import ALGORITHMS
+from gradwire.algorithms.diloco import DILOCO_PARAMS, DiLoCo
+from gradwire.compress.chunked import VALUE_CODES
+from gradwire.spec import require
+
+SPARSELOCO_PARAMS = {
+    "inner_steps": "H >= 1: inner AdamW steps per outer round (paper: 15 to 100)",
+    "outer_lr": "α > 0: outer step θ <- θ - α mean(Δ̂) (paper: 1)",
+    "decay": "β in [0, 1]: error-feedback decay e <- β e + Δ (paper: 0.95)",
+    "chunk": "C: elements per top-k chunk (paper: 4096)",
+    "k": "elements sent per chunk (paper: 32 or 64 of 4096, 0.78% or 1.56%)",
+    "values": f"kept values: {' or '.join(VALUE_CODES)} (ternary: 1.6 bits each + a float32 scale per block)",
+    "block": "with values=ternary: kept values per float32 scale",
+} | {key: DILOCO_PARAMS[key] for key in ("inner", "beta1", "beta2", "eps", "weight_decay")}
+
+
+class SparseLoCo(DiLoCo):
+    name = "sparseloco"
+
+    def __init__(self, *, inner_steps: int = 15, outer_lr: float = 1.0, decay: float = 0.95, chunk: int = 4096,
+                 k: int = 64, values: str = "ternary", block: int = 64, inner: str = "adamw", beta1: float = 0.9,
+                 beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1):
+        super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=0.0, inner=inner, beta1=beta1,
+                         beta2=beta2, eps=eps, weight_decay=weight_decay)
+        require(0 <= decay <= 1, f"decay must be in [0, 1] (the error-feedback decay β), got {decay}")
+        require(chunk >= 1 and 1 <= k <= chunk, f"need chunk >= 1 and k in [1, chunk]; got chunk={chunk}, k={k}")
+        require(values in VALUE_CODES, f"values={values!r}: valid choices are {', '.join(VALUE_CODES)}")
+        self.decay = decay
+        # the message's codec: make_averager(default=...) builds it when --compressor is none (setup refuses another)
+        self.default_compressor = f"chunked-topk:chunk={chunk},k={k},values={values},block={block}"
+
+    def setup(self, ctx, params, optim, codec):
+        require(codec.compressor == "none" and not codec.error_feedback,
+                f"{self.name} compresses with its own chunked top-k and error feedback (spec keys chunk, k, "
+                f"values, decay): --compressor and --error-feedback do not apply")
+        super().setup(ctx, params, optim, codec)
+        self.accumulators = {r: torch.zeros_like(params) for r in ctx.local_ranks}
+
+    def _start(self, ctx, p: int, step: int) -> None:
+        """Sarfi et al. 2025, Algorithm 1: e_r <- β e_r + Δ_r, Δ̂_r = Q(TopK(e_r)), e_r <- e_r - Δ̂_r;
+        the payloads of Δ̂_r start their all-gather."""
+        a, b = self.ranges[p]
+        for r, x in self.replicas.x.items():
+            self.accumulators[r][a:b].mul_(self.decay).add_(self.theta[a:b] - x[a:b])
+        payloads = self.averager.payloads({r: e[a:b] for r, e in self.accumulators.items()}, key=f"fragment{p}")
+        for r, e in self.accumulators.items():
+            e[a:b].sub_(self.averager.decode(payloads[r], e[a:b]))
+        self.in_flight[p] = {"started_at": step, "payloads": payloads}
+        self._start_collective(ctx, p)
+
+    def state_dict(self):
+        return super().state_dict() | {"accumulators": {str(r): e for r, e in self.accumulators.items()}}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        for r, e in self.accumulators.items():
+            e.copy_(state["accumulators"][str(r)])
+
+
+ALGORITHMS.register("sparseloco", help="SparseLoCo (Sarfi 2025): DiLoCo with per-replica error feedback for outer "
+                    "momentum, chunked top-k of ternary values all-gathered", params=SPARSELOCO_PARAMS)(SparseLoCo)
