@@ -7,7 +7,8 @@ The layers, bottom to top (a module may import its own layer's package and any l
     writes into, and the pages that read run folders; report imports nothing but errors)
  1. config: typed values and names, checked without building anything
  2. tasks: data, models, partitions, gradient oracles
- 3. compress: byte compressors (encode/decode a real buffer)
+ 3. kernels, then compress: fused Triton twins of the hot codecs, below the byte compressors
+    (encode/decode a real buffer) that dispatch to them
  4. transports: the transport contract, its clocks and straggler models, the simulator, threads,
     torch.distributed, the network cost model and the byte ledger
  5. averaging: the mean over the participants (compressed mean, PowerSGD)
@@ -41,6 +42,7 @@ LAYERS = [
     {"errors", "spec", "seeding", "registries", "checkpoint", "report", "__init__"},
     {"config"},
     {"tasks"},
+    {"kernels"},
     {"compress"},
     {"transports"},
     {"averaging"},
@@ -61,7 +63,10 @@ ALLOWED_UPWARD = {
     ("config", "algorithms"),  # config.validate builds algorithms to ask them: two-stage validation
     ("config", "tasks"),  # ... and asks the task for the transformer's sizes: the same change
     ("config", "parallel"),  # ... and checks the tensor-parallel layout: the same change
+    ("config", "kernels"),  # ... and asks the kernel sets whether --kernels can run here: the same change
     ("launch", "cli"),  # launch parses run arguments with the cli's parser: the cli package
+    ("kernels", "compress"),  # each kernel module imports its torch reference codec (constants, layouts),
+    # while the codecs dispatch down to the kernels: the shared pieces belong in a module below both
 }
 
 
