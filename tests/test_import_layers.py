@@ -7,7 +7,8 @@ The layers, bottom to top (a module may import its own layer's package and any l
     writes into, and the pages that read run folders; report imports nothing but errors)
  1. config: typed values and names, checked without building anything
  2. tasks: data, models, partitions, gradient oracles
- 3. compress: byte compressors (encode/decode a real buffer)
+ 3. kernels, then compress: fused Triton twins of the hot codecs, below the byte compressors
+    (encode/decode a real buffer) that dispatch to them
  4. transports: the transport contract, its clocks and straggler models, the simulator, threads,
     torch.distributed, the network cost model and the byte ledger
  5. averaging: the mean over the participants (compressed mean, PowerSGD)
@@ -41,6 +42,7 @@ LAYERS = [
     {"errors", "spec", "seeding", "registries", "checkpoint", "report", "__init__"},
     {"config"},
     {"tasks"},
+    {"kernels"},
     {"compress"},
     {"transports"},
     {"averaging"},
@@ -61,7 +63,10 @@ ALLOWED_UPWARD = {
     ("config", "algorithms"),  # config.validate builds algorithms to ask them: two-stage validation
     ("config", "tasks"),  # ... and asks the task for the transformer's sizes: the same change
     ("config", "parallel"),  # ... and checks the tensor-parallel layout: the same change
+    ("config", "kernels"),  # ... and asks the kernel sets whether --kernels can run here: the same change
     ("launch", "cli"),  # launch parses run arguments with the cli's parser: the cli package
+    ("kernels", "compress"),  # each kernel module imports its torch reference codec (constants, layouts),
+    # while the codecs dispatch down to the kernels: the shared pieces belong in a module below both
 }
 
 
@@ -142,3 +147,15 @@ def test_the_walk_sees_relative_lazy_and_package_imports(tmp_path):
     assert imported(package / "algorithms" / "x.py", package) == {"algorithms", "transports", "cli", "config",
                                                                  "__init__"}
     assert imported(package / "algorithms" / "__init__.py", package) == {"algorithms", "registries"}
+
+
+# Where torch.distributed may be imported: the transports, and the entry points that run processes
+# (the DDP hook is a user's comm hook; launch and the cli start torchrun).
+DISTRIBUTED_ALLOWED = {"transports", "ddp", "launch", "cli"}
+
+
+def test_torch_distributed_stays_in_the_transports_and_entry_points():
+    users = {top_level(p) for p in SRC.rglob("*.py")
+             if any(isinstance(n, ast.Import | ast.ImportFrom) and "torch.distributed" in ast.unparse(n)
+                    for n in ast.walk(ast.parse(p.read_text())))}
+    assert users - DISTRIBUTED_ALLOWED == set()

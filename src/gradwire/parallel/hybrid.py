@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed as dist
 
 from gradwire.errors import ConfigError
 from gradwire.parallel import cost
@@ -38,6 +37,7 @@ class TensorParallelRun:
     """What ``--tensor-parallel`` adds to a :class:`~gradwire.run.loop.Run`."""
 
     def __init__(self, cfg):
+        from gradwire.transports.groups import process_rank
         from gradwire.transports.torch_dist import init_from_env, local_device
 
         self.layout = layout = parse_layout(cfg.tensor_parallel)
@@ -48,7 +48,7 @@ class TensorParallelRun:
                               f"{need} processes but {world} were started (WORLD_SIZE); start {need} "
                               f"(gradwire launch --nproc-per-node {need}) or leave --workers out of gradwire launch")
         init_from_env(cfg.timeout_s, local_device(cfg.device))
-        self.mesh = Mesh(layout, world_size=need, rank=dist.get_rank(), timeout_s=cfg.timeout_s)
+        self.mesh = Mesh(layout, world_size=need, rank=process_rank(), timeout_s=cfg.timeout_s)
         self.workers = (self.mesh.dp_group.pg, self.mesh.dp_group.ranks)  # the transport's collectives
         sizes = transformer_sizes(cfg.task)
         batch = 0 if cfg.batch_size == "full" else int(cfg.batch_size)

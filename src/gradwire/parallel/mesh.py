@@ -19,8 +19,6 @@ process calls ``new_group`` for every group, in the same order, as torch.distrib
 
 from __future__ import annotations
 
-import datetime
-
 from gradwire.errors import ConfigError
 from gradwire.parallel.comm import ByteCounter, Group
 from gradwire.parallel.layout import Layout, parse_layout  # noqa: F401  (parse_layout: re-exported)
@@ -34,7 +32,7 @@ class Mesh:
     """
 
     def __init__(self, layout: Layout, *, world_size: int, rank: int, timeout_s: float | None = None):
-        import torch.distributed as dist
+        from gradwire.transports.groups import new_group
 
         if world_size % layout.size:  # check_layout says it with the model's sizes; this guards direct use
             raise ConfigError(f"tensor_parallel={layout.spec()}: {world_size} processes are not a multiple of "
@@ -50,15 +48,13 @@ class Mesh:
             self.i, self.j, self.k = self.tp_rank, 0, 0
         self.counter = ByteCounter()
 
-        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-
         def g(every: list[list[int]], mine: list[int], singletons: bool = False) -> Group:
             """Create every group (all processes call new_group for each); keep this process's.
             A group of one has no process group unless ``singletons`` (the data-parallel group: the
             transport's collectives need a group of their own, None would be every process)."""
             kept = None
             for members in every:
-                pg = dist.new_group(members, timeout=timeout) if len(members) > 1 or singletons else None
+                pg = new_group(members, timeout_s) if len(members) > 1 or singletons else None
                 if rank in members:
                     kept = Group(pg, members, members.index(rank), self.counter)
             assert kept is not None and kept.ranks == mine
