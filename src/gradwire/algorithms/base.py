@@ -72,6 +72,7 @@ class Context:
     device: torch.device = torch.device("cpu")  # where the workers' tensors live (--device)
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
     param_shapes: tuple[torch.Size, ...] = ()  # the model's tensors, in the flat vector's order (PowerSGD)
+    backward_collectives: bool = False  # the backward pass runs collectives itself (tensor parallelism)
     gradient_counts: dict = field(default_factory=dict)
     timeline: Timeline = NULL_TIMELINE  # per-worker intervals (report/timeline.py); the run sets it
 
@@ -185,20 +186,29 @@ class Codec:
                      indices: list[int]) -> list[torch.Tensor]:
         """Mean over every worker of some of the model's tensors (``indices``, in parameter order;
         each local worker's tensors in that order): a bucket of ``sync:overlap``, which calls
-        :meth:`end_step` once every bucket of a step is done. Uncompressed: one allreduce of the
-        bucket; PowerSGD: its two (or one, ``alternate``) over the bucket's tensors."""
+        :meth:`end_step` once every bucket of a step is done. Uncompressed or a cast: one allreduce of
+        the bucket, as :meth:`mean`; PowerSGD: its two (or one, ``alternate``) over the bucket's tensors."""
         if self.aggregator is not None:
             return self.aggregator.mean_tensors(transport, tensors, indices)
         if not self.averages_buckets():
             raise ValueError(f"--compressor {self.spec()} compresses the whole gradient at once; only the "
-                             "uncompressed mean and powersgd average bucket by bucket")
+                             "uncompressed mean, the casts (fp16, bf16) without error feedback and powersgd "
+                             "average bucket by bucket")
         like = next(iter(tensors.values()))
-        mean = transport.allreduce_mean({r: torch.cat([t.reshape(-1) for t in ts]) for r, ts in tensors.items()})
+        mean = self.mean(transport, {r: torch.cat([t.reshape(-1) for t in ts]) for r, ts in tensors.items()})
         return [m.view(t.shape) for m, t in zip(mean.split([t.numel() for t in like]), like, strict=True)]
 
     def averages_buckets(self) -> bool:
-        """Whether :meth:`mean_tensors` works for this compressor (uncompressed, or PowerSGD)."""
-        return self.aggregator is not None or (self.identity and self.ef is None)
+        """Whether the mean taken bucket by bucket (:meth:`mean_tensors`) is, element for element,
+        the mean of the whole gradient: uncompressed, the casts (fp16, bf16: element-wise, summed
+        element-wise), and PowerSGD (per tensor). Not with error feedback (its residual is kept for
+        the whole gradient), nor for the compressors that look at the whole vector or draw random
+        numbers along it: top-k, threshold, random-k (a selection over all of it), sign (its scale,
+        mean |x|), TernGrad (max |x|), pquant and qsgd (norms of blocks laid along the flat vector,
+        and random draws in its order), natural (random draws in its order)."""
+        if self.aggregator is not None:
+            return True
+        return self.ef is None and (self.identity or self.compressor.summable)
 
     def end_step(self) -> None:
         """A step averaged bucket by bucket is over (PowerSGD counts its steps)."""
