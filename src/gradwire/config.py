@@ -227,7 +227,7 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
     if algorithm.needs_server:
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} has a server; "
                           "tensor parallelism runs with the collective algorithms only (--tensor-parallel)")
-    if isinstance(algorithm, SyncSGD) and algorithm.overlap:
+    if isinstance(algorithm, SyncSGD) and algorithm.overlap == "true":  # auto: off under tensor parallelism
         # its communication thread would issue the data-parallel collectives while the backward pass
         # issues the tensor-parallel ones, in an order that differs between ranks (NCCL can hang)
         raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} averages during "

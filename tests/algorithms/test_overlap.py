@@ -91,7 +91,7 @@ def test_a_tensor_without_gradient_still_gets_the_l2_term_and_is_never_announced
     assert torch.equal(hooked, plain) and bool(hooked[15:].ne(0).all())  # 0.5 x for the unused layer
 
 
-@pytest.mark.parametrize("compressor", ["none", "powersgd:rank=2", "powersgd:rank=2,alternate=true"])
+@pytest.mark.parametrize("compressor", ["none", "powersgd:rank=2", "powersgd:rank=2,alternate=true", "fp16", "bf16"])
 def test_simulator_gives_the_numbers_and_bytes_of_overlap_false(make_config, compressor):
     base = run(make_config(MLP, out="plain", network="ring", compressor=compressor), progress=False)
     over = run(make_config(MLP, out="over", network="ring", compressor=compressor,
@@ -114,7 +114,7 @@ def test_threads_backend_overlaps_on_a_communication_thread_and_agrees(make_conf
         assert self._thread is None
 
     monkeypatch.setattr(SyncSGD, "close", counted)
-    for name, alg in (("plain", "sync"), ("over", algorithm)):
+    for name, alg in (("plain", "sync:overlap=false"), ("over", algorithm)):
         run(make_config(MLP, out=name, algorithm=alg, backend="threads", compressor="powersgd:rank=2,start_step=2"),
             progress=False)
     plain, over = (read_jsonl(tmp_path / n / "metrics.jsonl") for n in ("plain", "over"))
@@ -122,6 +122,43 @@ def test_threads_backend_overlaps_on_a_communication_thread_and_agrees(make_conf
     assert [r["bytes_sent"] for r in over] == [r["bytes_sent"] for r in plain]
     assert over[-1]["train_loss"] < over[0]["train_loss"]
     assert closed == [False] * 3 + [True] * 3  # 3 ranks without overlap, then 3 with a thread to end
+
+
+@pytest.mark.parametrize("compressor", ["none", "bf16", "powersgd:rank=2,start_step=2"])
+def test_overlap_is_on_by_default_on_the_threads_backend_and_changes_no_number(make_config, tmp_path, compressor):
+    """The default (overlap=auto) overlaps wherever the mean taken bucket by bucket is the whole
+    gradient's, element for element: on the threads backend (one worker per rank, a communication
+    thread) the losses, parameters and bytes equal overlap=false's, bit for bit."""
+    finals = {}
+    for name, alg in (("off", "sync:overlap=false"), ("auto", f"sync:bucket_mb={SMALL_BUCKETS}")):
+        result = run(make_config(MLP, out=name, algorithm=alg, backend="threads", compressor=compressor),
+                     progress=False)
+        finals[name] = (read_jsonl(tmp_path / name / "metrics.jsonl"), result["bytes_sent"])
+    (off, off_bytes), (auto, auto_bytes) = finals["off"], finals["auto"]
+    assert [r["train_loss"] for r in auto] == [r["train_loss"] for r in off]
+    assert [r["test_loss"] for r in auto] == [r["test_loss"] for r in off]
+    assert auto_bytes == off_bytes and [r["bytes_sent"] for r in auto] == [r["bytes_sent"] for r in off]
+
+
+@pytest.mark.parametrize("compressor, error_feedback, backend, overlaps", [
+    ("none", False, "threads", True),
+    ("fp16", False, "threads", True),
+    ("powersgd:rank=2", False, "threads", True),
+    ("fp16", True, "threads", False),  # one residual for the whole gradient
+    ("topk:ratio=0.1", True, "threads", False),  # a selection over the whole gradient
+    ("qsgd:levels=4", False, "threads", False),  # blocks and random draws along the flat vector
+    ("none", False, "sim", False),  # one process hosts every worker: nothing overlaps, one collective
+])
+def test_auto_overlaps_where_the_mean_can_be_taken_bucket_by_bucket(make_config, compressor, error_feedback,
+                                                                     backend, overlaps):
+    cfg = make_config(MLP, compressor=compressor, error_feedback=error_feedback, workers=1)
+    alg = ALGORITHMS.build("sync")
+    ctx = Run(cfg).ctx
+    if backend == "threads":
+        ctx = Context(world_size=2, local_ranks=(0,), transport=ThreadTransport(Hub(10.0), 2, 0), oracle=ctx.oracle,
+                      stragglers=ctx.stragglers, clock=SimClock(), seed=0, param_shapes=ctx.param_shapes)
+    alg.setup(ctx, Run(cfg).model.flatten(), OptimConfig(lr=0.05), CodecConfig(compressor, error_feedback))
+    assert (alg.plan is not None) == overlaps
 
 
 def test_a_worker_with_a_non_finite_gradient_stops_every_worker_at_that_step(make_config):
@@ -192,8 +229,9 @@ def test_a_step_stopped_mid_way_starts_no_further_bucket(make_config):
 
 @pytest.mark.parametrize("changes, message", [
     (dict(algorithm="sync:overlap=true,backups=1"), "overlap=true needs backups=0"),
-    (dict(algorithm="sync:overlap=true", compressor="topk:ratio=0.1"), "use none or powersgd"),
-    (dict(algorithm="sync:overlap=true", compressor="fp16"), "use none or powersgd"),
+    (dict(algorithm="sync:overlap=true", compressor="topk:ratio=0.1"), "use none, fp16, bf16"),
+    (dict(algorithm="sync:overlap=true", compressor="fp16", error_feedback=True), "without error feedback"),
+    (dict(algorithm="sync:overlap=maybe"), "overlap='maybe': valid choices are auto, true, false"),
     (dict(algorithm="sync:overlap=true,bucket_mb=0"), "bucket_mb must be a number > 0"),
 ])
 def test_what_it_cannot_do_is_refused_in_one_line(make_config, changes, message):

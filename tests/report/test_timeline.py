@@ -201,8 +201,8 @@ def test_real_backend_collectives_split_into_waiting_and_communicating(make_conf
     """On the torch code path a blocking allreduce lasts, on each rank, from its own arrival until
     all have communicated: the reader splits it at the last arrival into WAIT, then COMM, so the
     collective's COMM starts at one instant on every worker and each split adds up to the recording."""
-    cfg = make_config(algorithm="sync", workers=3, steps=4, eval_every=4, backend="threads", timeout_s=30,
-                      stragglers="slow:count=1,slowdown=4,compute_s=0.05")
+    cfg = make_config(algorithm="sync:overlap=false", workers=3, steps=4, eval_every=4, backend="threads",
+                      timeout_s=30, stragglers="slow:count=1,slowdown=4,compute_s=0.05")  # blocking: not overlapped
     run(cfg, progress=False)
     recs, _ = read_timeline(cfg.out)
     raw = np.concatenate([_records(p) for p in sorted((Path(cfg.out) / "timeline").glob("*.bin"))])

@@ -70,6 +70,7 @@ class Context:
     device: torch.device = torch.device("cpu")  # where the workers' tensors live (--device)
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
     param_shapes: tuple[torch.Size, ...] = ()  # the model's tensors, in the flat vector's order (PowerSGD)
+    backward_collectives: bool = False  # the backward pass runs collectives itself (tensor parallelism)
     gradient_counts: dict = field(default_factory=dict)
     timeline: Timeline = NULL_TIMELINE  # per-worker intervals (report/timeline.py); the run sets it
 

@@ -15,15 +15,25 @@ current parameters, so a straggler skips ahead instead of replaying the steps it
 cancels a computation under way: the late gradient is computed and sent in full, as on real
 machines). Both backends run this protocol (``gradwire/servers/``).
 
-``overlap=true`` (without backups) averages the gradient bucket by bucket as the backward pass
-produces it (``algorithms/buckets.py``): on a real backend each bucket's allreduces (uncompressed,
-or PowerSGD's) travel on a communication thread while the earlier layers' gradients are still being
-computed, as DDP overlaps them. Each tensor's mean is computed as with ``overlap=false`` (the
-tests find the same losses and bytes, to the bit, on the simulator, threads and gloo); the buckets
-only change when the bytes travel, and how many collectives carry them. A step that stops
-mid-way (a signal, a failed collective) cancels the buckets not yet started; ``close()`` ends the
-thread with the run. On this project's 4-process test bed it gained nothing
-(docs/time_to_accuracy.md, "Overlap and ACP-SGD").
+Overlap (``overlap=auto``, the default): the gradient is averaged bucket by bucket as the
+backward pass produces it (``algorithms/buckets.py``) wherever that gives the same numbers: on a
+real backend (threads, torch: one worker per process) each bucket's allreduces travel on a
+communication thread while the earlier layers' gradients are still being computed, as DDP overlaps
+them. It is on when the compressor's mean can be taken bucket by bucket element for element
+(``Averager.averages_buckets``: uncompressed, fp16 and bf16 without error feedback, PowerSGD) and
+there are no backups; off for the others, which look at the whole gradient (top-k, random-k,
+threshold, sign's scale, TernGrad's max, qsgd and pquant's blocks and random draws along the flat
+vector, natural's draws) or keep one error-feedback residual for it, and off with backups (a
+server collects whole gradients) and under tensor parallelism (the backward pass runs collectives
+of its own). Each element's mean is summed in the same order as without overlap (tested equal to
+the bit on the simulator and the threads backend, and on 2 gloo processes, where a sum of two is
+the same in either order; gloo's ring allreduce over 3 or more ranks sums an element in an order
+set by its place in the buffer, so there buckets can move the last bit, as DDP's own buckets do).
+The simulator, which hosts every worker in one process and cannot overlap, averages the whole
+gradient under ``auto`` (the same numbers; one collective's latency, not one per bucket);
+``overlap=true`` runs the buckets there one after another, and insists (one clear line) where
+the compressor cannot; ``overlap=false`` never overlaps. A step that stops mid-way (a signal, a
+failed collective) cancels the buckets not yet started; ``close()`` ends the thread with the run.
 """
 
 from __future__ import annotations
@@ -41,20 +51,26 @@ from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, 
 from gradwire.errors import CommunicationError, DivergenceError
 from gradwire.spec import require
 
+OVERLAP_CHOICES = ("auto", "true", "false")
+
 
 @ALGORITHMS.register("sync", help="synchronous SGD; the b slowest workers of each step are dropped (Chen 2016)",
                      params={"backups": "number of backup workers b (gradients dropped per step)",
-                             "overlap": "average bucket by bucket during the backward pass (real backends; "
-                                        "uncompressed or powersgd, no backups)",
+                             "overlap": "auto | true | false: average bucket by bucket during the backward "
+                                        "pass. auto: wherever the numbers stay the same (real backends; "
+                                        "none, fp16, bf16 without --error-feedback, powersgd; no backups); the "
+                                        "other compressors need the whole gradient (a selection, a scale or "
+                                        "random draws over all of it)",
                              "bucket_mb": "with overlap: gradient megabytes per bucket (the last layers' first)"})
 class SyncSGD(Algorithm):
     name = "sync"
     default_compressor = "none"
 
-    def __init__(self, *, backups: int = 0, overlap: bool = False, bucket_mb: float = 1.0):
+    def __init__(self, *, backups: int = 0, overlap: str = "auto", bucket_mb: float = 1.0):
         require(backups >= 0, f"backups must be >= 0, got {backups}")
         require(math.isfinite(bucket_mb) and bucket_mb > 0, f"bucket_mb must be a number > 0, got {bucket_mb}")
-        require(not (overlap and backups), "overlap=true needs backups=0: with backups a server collects "
+        require(overlap in OVERLAP_CHOICES, f"overlap={overlap!r}: valid choices are {', '.join(OVERLAP_CHOICES)}")
+        require(not (overlap == "true" and backups), "overlap=true needs backups=0: with backups a server collects "
                 "whole gradients")
         self.backups, self.overlap, self.bucket_mb = backups, overlap, bucket_mb
         self.plan: BucketPlan | None = None
@@ -73,12 +89,20 @@ class SyncSGD(Algorithm):
             self.arrived: dict[int, tuple[torch.Tensor, float, int]] = {}  # its gradients so far
             self.late: list[int] = []
             self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=1)  # tag: the step
-        if self.overlap:
+        if self.overlap == "true":
             require(self.averager.averages_buckets(), f"overlap=true averages bucket by bucket, which --compressor "
-                    f"{self.averager.spec()} cannot (it compresses the whole gradient): use none or powersgd")
+                    f"{self.averager.spec()}{' with --error-feedback' if codec.error_feedback else ''} cannot (it "
+                    f"compresses the whole gradient): use none, fp16, bf16 (without error feedback) or powersgd")
             require(bool(ctx.param_shapes), "overlap=true needs the model's tensor shapes")
+        if self.overlap == "true" or (self.overlap == "auto" and self._overlap_is_exact(ctx)):
             cap = max(1, int(self.bucket_mb * 2**20 / params.element_size()))
             self.plan = BucketPlan(ctx.param_shapes, cap)
+
+    def _overlap_is_exact(self, ctx) -> bool:
+        """``overlap=auto``: overlap where it changes no number and something can overlap (one
+        worker per process on a concurrent transport; module docstring)."""
+        return (not self.needs_server and self.averager.averages_buckets() and bool(ctx.param_shapes)
+                and ctx.transport.concurrent and len(ctx.local_ranks) == 1 and not ctx.backward_collectives)
 
     @property
     def needs_server(self) -> bool:

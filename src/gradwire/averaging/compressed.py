@@ -60,15 +60,22 @@ class CompressedMean(Averager):
         return self.start_payloads(transport, self.payloads(tensors), next(iter(tensors.values())), ranks)
 
     def averages_buckets(self) -> bool:
-        return self._plain()
+        """Whether the mean taken bucket by bucket (:meth:`mean_tensors`) is, element for element,
+        the mean of the whole gradient: uncompressed, and the casts (fp16, bf16: element-wise,
+        summed element-wise). Not with error feedback (its residual is kept for the whole gradient),
+        nor for the compressors that look at the whole vector or draw random numbers along it:
+        top-k, threshold, random-k (a selection over all of it), sign (its scale, mean |x|),
+        TernGrad (max |x|), pquant and qsgd (norms of blocks laid along the flat vector, and random
+        draws in its order), natural (random draws in its order)."""
+        return self.ef is None and (self.identity or self.compressor.summable)
 
     def mean_tensors(self, transport: Transport, tensors: dict[int, Sequence[torch.Tensor]],
                      indices: Sequence[int]) -> list[torch.Tensor]:
-        """Uncompressed: one allreduce of the bucket."""
+        """Uncompressed or a cast: one allreduce of the bucket, as :meth:`mean`."""
         if not self.averages_buckets():
             return super().mean_tensors(transport, tensors, indices)
         like = next(iter(tensors.values()))
-        mean = transport.allreduce_mean({r: torch.cat([t.reshape(-1) for t in ts]) for r, ts in tensors.items()})
+        mean = self.mean(transport, {r: torch.cat([t.reshape(-1) for t in ts]) for r, ts in tensors.items()})
         return [m.view(t.shape) for m, t in zip(mean.split([t.numel() for t in like]), like, strict=True)]
 
     def payloads(self, tensors: dict[int, torch.Tensor], *, key: str = "grad") -> dict[int, torch.Tensor]:

@@ -1,0 +1,85 @@
+"""``benchmarks/time_to_quality.py``'s pure logic on constructed curves: DDP's target and the plateau
+test, one evaluation's scatter, the time model against gradwire's own network model, the seed
+that tunes never reported, and the table (ratios, rows not run, targets not reached)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import load_script
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "time_to_quality.py"
+
+
+@pytest.fixture(scope="module")
+def ttq():
+    return load_script(BENCH, "time_to_quality")
+
+
+def test_target_is_the_mean_of_ddps_last_five_evaluations_at_n(ttq):
+    steps = list(range(100, 2100, 100))
+    losses = [3.0 - 0.05 * i for i in range(20)]
+    # N = 1000: steps 600..1000 (indices 5..9)
+    assert ttq.target_quality(steps, losses, 1000) == pytest.approx(sum(losses[5:10]) / 5)
+    # the last quarter (the last evaluation at or before 750, then 1000): each end a five-evaluation mean
+    before, after = sum(losses[2:7]) / 5, sum(losses[5:10]) / 5
+    assert ttq.quarter_gain(steps, losses, 1000) == pytest.approx((before - after) / before)
+    assert ttq.steps_to_target(steps, losses, losses[7] + 1e-12) == 800
+    assert ttq.steps_to_target(steps, losses, 0.1) is None
+
+
+def test_evaluation_noise_recovers_the_scatter_about_a_trend(ttq):
+    import random
+
+    rng = random.Random(0)
+    losses = [2.0 - 1e-5 * i + rng.gauss(0, 0.01) for i in range(4000)]  # 0.5 % of ~1.98
+    assert ttq.evaluation_noise(losses) == pytest.approx(0.01 / 1.98, rel=0.05)
+    assert ttq.evaluation_noise([2.0 - 0.01 * i for i in range(50)]) < 1e-6  # a straight trend: no scatter
+
+
+def test_the_time_model_is_gradwires_ring_allreduce(ttq):
+    from gradwire.transports.network import NETWORKS
+
+    for workers, mbps, nbytes in [(4, 100.0, 5_783_296), (16, 10.0, 548_864), (64, 1000.0, 1000)]:
+        ring = NETWORKS.build(f"ring:mbps={mbps:g},latency_ms=1")
+        assert ttq.allreduce_seconds(nbytes, workers, mbps) == pytest.approx(ring.allreduce(nbytes, workers).time_s)
+    row = ttq.ROW["ddp"]
+    # DDP hides up to its backward pass; a zero-cost network leaves the compute alone
+    assert ttq.step_seconds(row, 0.1, 0.06, 0, 4, None) == 0.1
+    comm = ttq.allreduce_seconds(5e6, 4, 100.0)
+    assert ttq.step_seconds(row, 0.1, 0.06, 5e6, 4, 100.0) == pytest.approx(0.1 + comm - 0.06)
+    diloco = ttq.ROW["diloco"]  # once per H steps, not hidden
+    assert ttq.step_seconds(diloco, 0.1, 0.06, 5e6, 4, 100.0) == pytest.approx(0.1 + comm / diloco.period)
+    streaming = ttq.ROW["streaming"]  # a fragment hidden behind τ = 2 steps
+    assert ttq.step_seconds(streaming, 0.1, 0.06, 1e5, 4, 100.0) == 0.1
+
+
+def test_tuning_seed_is_never_a_table_seed_and_the_best_finite_trial_wins(ttq):
+    ttq.check_seeds(ttq.TUNING_SEED, ttq.TABLE_SEEDS)
+    with pytest.raises(ValueError, match="tuning seed 0 is also a table seed"):
+        ttq.check_seeds(0, [0, 1, 2])
+    assert ttq.best_trial({1e-3: 2.0, 2e-3: 1.9, 4e-3: float("nan")}) == 2e-3
+    with pytest.raises(ValueError, match="every trial diverged"):
+        ttq.best_trial({1e-3: float("nan")})
+    assert len({len(ttq.LRS)}) == 1  # one list of trials for every row
+
+
+def test_table_gives_ratios_to_ddp_at_zero_cost_and_marks_what_did_not_run(ttq):
+    steps = [100, 200, 300, 400]
+    curve = dict(steps=steps, params=1000, payload_bytes=4000.0, bytes=[1, 2, 3, 4])
+    results = {"ddp": [curve | dict(losses=[3.0, 2.5, 2.1, 2.0])],
+               "diloco": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9], payload_bytes=4000.0 * 20)],
+               "local-adamw": [curve | dict(losses=[3.0, 2.9, 2.8, 2.7])]}
+    compute = {k: {"compute_s": 0.01, "backward_s": 0.006} for k in results}
+    lines = {line["key"]: line for line in ttq.table_rows(2.05, results, compute, 4)}
+    assert lines["torch-powersgd"]["status"] == "not run" and lines["ddp-bf16"]["status"] == "not run"
+    assert lines["ddp"]["steps"][0] == 400 and lines["diloco"]["steps"][0] == 300
+    assert lines["ddp"]["t@None"][0] == pytest.approx(4.0)
+    slow = ttq.allreduce_seconds(80_000, 4, 10.0) / 20  # DiLoCo: one round of 80 kB per 20 steps
+    assert lines["diloco"]["x@10.0"] == pytest.approx(300 * (0.01 + slow) / 4.0)
+    assert lines["diloco"]["bits_per_param_step"] == pytest.approx(8 * 80_000 / 1000 / 20)
+    assert lines["local-adamw"]["steps"][0] is None and lines["local-adamw"]["best"] == 2.7
+    text = ttq.markdown(list(lines.values()), 4, 2.05)
+    assert "not reached (best 2.7000)" in text and "| PyTorch PowerSGD hook | not run |" in text
