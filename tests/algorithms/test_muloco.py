@@ -1,4 +1,4 @@
-"""MuLoCo (Thérien et al. 2025, arXiv:2505.23725): Muon (Jordan et al. 2024) as DiLoCo's inner
+"""MuLoCo (arXiv:2505.23725, 2025): Muon (Jordan et al. 2024) as DiLoCo's inner
 optimizer against a reference written here, quantised outer deltas with error feedback, resume."""
 
 import math

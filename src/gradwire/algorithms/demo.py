@@ -13,7 +13,7 @@ minibatch gradient g:
     x <- x - η sign(Q)                   (the authors' experiments use this sign-based (signum)
                                           update; ``sign=false``: x <- x - η Q, the algorithm box)
 
-plus decoupled weight decay x <- (1 - ηλ) x before the step, as their AdamW baseline has it.
+plus decoupled weight decay x <- (1 - ηλ) x before the step, as the authors' code applies it.
 
 The message is gradwire's ``chunked-topk`` codec applied to the DCT coefficients (the transform is
 orthonormal, so q and its coefficients carry the same information): k raw values per chunk in the

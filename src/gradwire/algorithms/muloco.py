@@ -1,7 +1,7 @@
 """MuLoCo: DiLoCo with Muon as the inner optimizer and quantised outer deltas with error feedback.
 
-Thérien, Huang, Rish, Belilovsky et al. (2025), "MuLoCo: Muon is a practical inner optimizer for
-DiLoCo", arXiv:2505.23725: DiLoCo's loop (Douillard et al. 2023, Algorithm 1; ``diloco.py``) with
+"MuLoCo: Muon is a practical inner optimizer for DiLoCo" (2025),
+arXiv:2505.23725: DiLoCo's loop (Douillard et al. 2023, Algorithm 1; ``diloco.py``) with
 the inner AdamW replaced by Muon on the weight matrices, and the outer deltas compressed to 2 bits
 with error feedback. Muon (Jordan, Jin, Boza, You, Cesista, Newhouse, Bernstein 2024, "Muon: an
 optimizer for hidden layers in neural networks", blog post) on a matrix W with gradient G:
@@ -117,7 +117,7 @@ MULOCO_PARAMS = {
 }
 
 
-@ALGORITHMS.register("muloco", help="MuLoCo (Thérien 2025): DiLoCo with Muon inside and ternary (2-bit class) "
+@ALGORITHMS.register("muloco", help="MuLoCo (arXiv:2505.23725): DiLoCo with Muon inside and ternary (2-bit class) "
                      "outer deltas with error feedback", params=MULOCO_PARAMS)
 class MuLoCo(DiLoCo):
     name = "muloco"
