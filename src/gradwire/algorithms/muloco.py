@@ -12,7 +12,9 @@ optimizer for hidden layers in neural networks", blog post) on a matrix W with g
                                           orthogonalisation U ≈ O S of the update's singular values)
     W <- (1 - ηλ) W - η max(1, rows/cols)^½ O
 
-The other tensors (biases, 1-D parameters) take AdamW at ``--lr``, as Muon's authors advise. The
+The other tensors (biases, 1-D parameters) take AdamW at ``--lr``. Deviation: Muon's authors keep
+embeddings and the output layer on AdamW too; here every 2-D tensor takes Muon (the flat model
+does not say which matrix is an embedding). The
 model's tensor shapes come from the task (``ctx.param_shapes``); each tensor is a contiguous range
 of the flat vector, so each optimizer works on a view.
 
