@@ -48,6 +48,8 @@ Variants (`--only` takes the keys; `--list` prints them with their command lines
   alternate=true` (one allreduce a step), without overlap, and with 1 and 3 MB buckets;
 - `gw-diloco`: DiLoCo, H = 20 inner AdamW steps (lr 1e-3), outer Nesterov 0.7 / 0.9;
 - `gw-streaming`: Streaming DiLoCo, H = 20, 4 fragments, overlap 2 steps, fp16 outer gradients.
+- `gw-sparseloco`, `gw-demo`, `gw-muloco`: SparseLoCo (H = 20), DeMo and MuLoCo (H = 20) at their
+  defaults, inner lr 1e-3 (docs/low_communication.md; rows added, not yet run on the test bed).
 
 Columns:
 - s to L: wall seconds from the step-0 record to the first evaluation with validation loss <= L
@@ -166,6 +168,13 @@ VARIANTS = [
     Variant("gw-streaming", "gradwire Streaming DiLoCo, H=20, P=4, τ=2, fp16", "adamw", "gradwire",
             ("--algorithm", "streaming-diloco:inner_steps=20,fragments=4,overlap=2", "--compressor", "fp16",
              *ADAMW_LR)),
+    # the low-communication methods (docs/low_communication.md), at their defaults with DiLoCo's H and inner lr
+    Variant("gw-sparseloco", "gradwire SparseLoCo, H=20, 64 of 4096, ternary values", "adamw", "gradwire",
+            ("--algorithm", "sparseloco:inner_steps=20", *ADAMW_LR)),
+    Variant("gw-demo", "gradwire DeMo, 4 of 64 DCT coefficients, sign update", "adamw", "gradwire",
+            ("--algorithm", "demo", *ADAMW_LR)),
+    Variant("gw-muloco", "gradwire MuLoCo, H=20, Muon inside, ternary deltas + EF", "adamw", "gradwire",
+            ("--algorithm", "muloco:inner_steps=20", *ADAMW_LR)),
 ]
 BY_KEY = {v.key: v for v in VARIANTS}
 # at 1 Gbit/s, where time is short: the baselines and the best of each kind

@@ -24,7 +24,8 @@ def run_one_worker_per_thread(cfg: RunConfig, steps: int) -> dict[int, dict]:
             r = Run(cfg.replace(algorithm="sync"))  # data, model and straggler model; its own algorithm below
             transport = ThreadTransport(hub, cfg.workers, rank)
             ctx = Context(world_size=cfg.workers, local_ranks=(rank,), transport=transport, oracle=r.oracle,
-                          stragglers=r.ctx.stragglers, clock=SimClock(), seed=cfg.seed)
+                          stragglers=r.ctx.stragglers, clock=SimClock(), seed=cfg.seed,
+                          param_shapes=r.ctx.param_shapes)
             alg = ALGORITHMS.build(cfg.algorithm)
             alg.setup(ctx, r.model.flatten(), OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov),
                       CodecConfig())

@@ -12,6 +12,7 @@ from gradwire.algorithms import (  # noqa: F401  (registration)
     easgd,
     local_sgd,
     lsgd,
+    muloco,
     signsgd,
     sparseloco,
     sync,

@@ -13,7 +13,7 @@ minibatch gradient g:
     x <- x - η sign(Q)                   (the authors' experiments use this sign-based (signum)
                                           update; ``sign=false``: x <- x - η Q, the algorithm box)
 
-plus decoupled weight decay x <- (1 - ηλ) x before the step, as their AdamW baseline has it.
+plus decoupled weight decay x <- (1 - ηλ) x before the step, as the authors' code applies it.
 
 The message is gradwire's ``chunked-topk`` codec applied to the DCT coefficients (the transform is
 orthonormal, so q and its coefficients carry the same information): k raw values per chunk in the
@@ -70,9 +70,9 @@ class ChunkDCT:
 
 
 DEMO_PARAMS = {
-    "decay": "β in [0, 1): momentum decay m <- β m + g (paper: 0.999)",
-    "chunk": "s: elements per DCT chunk (paper: 64 × 64 tiles of each matrix; here 1-D chunks of s)",
-    "k": "DCT coefficients sent per chunk, 1..s (paper: 32 of 64 × 64)",
+    "decay": "β in [0, 1): momentum decay m <- β m + g (the authors' code: 0.999)",
+    "chunk": "s: elements per DCT chunk (the authors: tiles of about 64 × 64 of each matrix; here 1-D chunks)",
+    "k": "DCT coefficients sent per chunk, 1..s (the authors' code: 32 per tile)",
     "sign": "true: x <- x - η sign(Q) (the paper's experiments); false: x <- x - η Q",
     "weight_decay": "λ >= 0: decoupled weight decay x <- (1 - ηλ) x",
 }

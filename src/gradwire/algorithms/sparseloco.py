@@ -30,11 +30,11 @@ from gradwire.compress.chunked import VALUE_CODES
 from gradwire.spec import require
 
 SPARSELOCO_PARAMS = {
-    "inner_steps": "H >= 1: inner AdamW steps per outer round (paper: 15 to 100)",
-    "outer_lr": "α > 0: outer step θ <- θ - α mean(Δ̂) (paper: 1)",
-    "decay": "β in [0, 1]: error-feedback decay e <- β e + Δ (paper: 0.95)",
-    "chunk": "C: elements per top-k chunk (paper: 4096)",
-    "k": "elements sent per chunk (paper: 32 or 64 of 4096, 0.78% or 1.56%)",
+    "inner_steps": "H >= 1: inner AdamW steps per outer round",
+    "outer_lr": "α > 0: outer step θ <- θ - α mean(Δ̂) (Algorithm 1; 1 is the plain sparse average)",
+    "decay": "β in [0, 1]: error-feedback decay e <- β e + Δ",
+    "chunk": "C: elements per top-k chunk",
+    "k": "elements sent per chunk, 1..C (the paper: 1-3 % density; 64 of 4096 = 1.56 %)",
     "values": f"kept values: {' or '.join(VALUE_CODES)} (ternary: 1.6 bits each + a float32 scale per block)",
     "block": "with values=ternary: kept values per float32 scale",
 } | {key: DILOCO_PARAMS[key] for key in ("inner", "beta1", "beta2", "eps", "weight_decay")}

@@ -1,0 +1,69 @@
+"""MuLoCo (arXiv:2505.23725, 2025): Muon (Jordan et al. 2024) as DiLoCo's inner
+optimizer against a reference written here, quantised outer deltas with error feedback, resume."""
+
+import math
+
+import torch
+
+from gradwire.algorithms.muloco import Muon, MuonAdamW
+from gradwire.algorithms.optim import AdamW
+from gradwire.run.loop import Run
+from tests.helpers import through_bytes
+
+
+def reference_orthogonalise(u: torch.Tensor) -> torch.Tensor:
+    """Muon's quintic Newton-Schulz iteration as the blog post states it, five steps on the wide side."""
+    x = u / (u.norm() + 1e-7)
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:
+        x = x.T
+    for _ in range(5):
+        a_mat = x @ x.T
+        x = 3.4445 * x + (-4.7750 * a_mat + 2.0315 * a_mat @ a_mat) @ x
+    return x.T if transposed else x
+
+
+def test_muon_on_matrices_and_adamw_on_the_rest_match_a_reference():
+    """An MLP's tensors (10x6 weight, bias 10, 3x10 weight, bias 3) in one flat vector: Muon with
+    Nesterov momentum on the matrices, torch.optim.AdamW on the biases, five steps, float64."""
+    shapes = [torch.Size([10, 6]), torch.Size([10]), torch.Size([3, 10]), torch.Size([3])]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(math.prod(s) for s in shapes), generator=g, dtype=torch.float64)
+    tensors = [t.clone().view(s) for t, s in zip(x.split([math.prod(s) for s in shapes]), shapes)]
+    ours = MuonAdamW(x, shapes,
+                     muon=lambda w: Muon(w, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1),
+                     adamw=lambda v: AdamW(v, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1))
+    biases = [torch.nn.Parameter(tensors[1].clone()), torch.nn.Parameter(tensors[3].clone())]
+    adamw = torch.optim.AdamW(biases, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    weights, buffers = [tensors[0].clone(), tensors[2].clone()], [torch.zeros(10, 6, dtype=torch.float64),
+                                                                   torch.zeros(3, 10, dtype=torch.float64)]
+    for _ in range(5):
+        grad = torch.randn(x.numel(), generator=g, dtype=torch.float64)
+        parts = [p.view(s) for p, s in zip(grad.split([math.prod(s) for s in shapes]), shapes)]
+        ours.apply(grad)
+        for i, gw in enumerate((parts[0], parts[2])):
+            buffers[i] = 0.95 * buffers[i] + gw
+            rows, cols = weights[i].shape
+            weights[i] = weights[i] * (1 - 0.02 * 0.1) - 0.02 * max(1, rows / cols) ** 0.5 * \
+                reference_orthogonalise(gw + 0.95 * buffers[i])
+        biases[0].grad, biases[1].grad = parts[1].clone(), parts[3].clone()
+        adamw.step()
+    expected = torch.cat([weights[0].reshape(-1), biases[0].detach(), weights[1].reshape(-1), biases[1].detach()])
+    torch.testing.assert_close(x, expected, rtol=0, atol=1e-12)
+
+
+def test_muloco_learns_and_resumes_bitwise(make_config):
+    cfg = make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.003, steps=12,
+                      stragglers="lognormal:sigma=0.5,compute_s=0.05")
+    straight = Run(cfg)
+    before = straight.evaluate()["train_loss"]
+    expected = [straight.train_step() for _ in range(12)]
+    assert straight.evaluate()["train_loss"] < before
+    assert straight.algorithm.codec.ef is not None and straight.algorithm.codec.spec().startswith("pquant")
+    first = Run(cfg)
+    for _ in range(4):
+        first.train_step()
+    resumed = Run(cfg)
+    resumed.load_state_dict(through_bytes(first.state_dict()))
+    assert [resumed.train_step() for _ in range(8)] == expected[4:]
+    assert torch.equal(resumed.algorithm.theta, straight.algorithm.theta)
