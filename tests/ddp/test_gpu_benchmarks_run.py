@@ -19,7 +19,7 @@ def test_gpu_codecs_small_prints_a_row_per_codec(capsys):
     gpu_codecs.main(["--device", "cpu", "--small", "--size", "1000", "--kernels", "torch"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     codecs = [row.split(" | ")[0][2:] for row in rows]
-    assert codecs == ["codec", *gpu_codecs.SPECS[:10], "torch.topk(\\|x\\|, k)", *gpu_codecs.SPECS[10:]]
+    assert codecs == [*gpu_codecs.SPECS[:10], "torch.topk(\\|x\\|, k)", *gpu_codecs.SPECS[10:]]
     sign = next(row for row in rows if row.startswith("| sign | torch"))
     assert sign.split(" | ")[6] == "1.000"  # bits per element
 
