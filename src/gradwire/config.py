@@ -18,6 +18,8 @@ from gradwire.errors import ConfigError
 from gradwire.registries import REGISTRIES, registry_for
 from gradwire.spec import parse_spec
 
+OUTER_STATES = ("device", "cpu")  # where the DiLoCo family keeps its outer state (--outer-state)
+
 
 @dataclass
 class RunConfig:
@@ -32,6 +34,7 @@ class RunConfig:
     backend: str = "sim"                      # sim: simulated cluster; torch: torch.distributed; threads: its dry run
     device: str = "cpu"                       # where workers compute: cpu, or cuda (torch: NCCL, a GPU per local rank)
     kernels: str = "torch"                    # codec kernels: torch (reference) or triton (fused: docs/gpu.md)
+    outer_state: str = "device"               # DiLoCo family: θ, outer momentum, residuals on device, or cpu (pinned)
     tensor_parallel: str = ""                 # 1d:p=4 | 2d:q=2 | 2.5d:q=2,d=2: the model split over P processes/worker
 
     steps: int = 500                          # algorithm steps (aggregation rounds)
@@ -76,6 +79,9 @@ class RunConfig:
         reported at once (the registries' modules import torch)."""
         self.check_values()
         _check_kernels(self.kernels, self.device)
+        if self.outer_state not in OUTER_STATES:
+            raise ConfigError(f"outer_state={self.outer_state!r}: valid choices are {', '.join(OUTER_STATES)} "
+                              "(--outer-state)")
         # names and keys first, then the range checks of the cheap ones; a key that several registries
         # share (compressor) is checked against the one that holds its name
         chosen = [registry_for(ref.key, getattr(self, ref.key)) for ref in REGISTRIES]

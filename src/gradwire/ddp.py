@@ -233,13 +233,14 @@ def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = 
 
 def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: average ``bucket``'s gradients through ``state.compressor``."""
-    layout = _layout(state, bucket)
-    if state.powersgd_memory is not None:
-        future = _powersgd(state, bucket, layout)
+    if state.compressor.name == "none" and not state.error_feedback and state.powersgd_memory is None:
+        future = _allreduce_in_place(state, bucket)
+    elif state.powersgd_memory is not None:
+        future = _powersgd(state, bucket, _layout(state, bucket))
     elif state.compressor.summable:
-        future = _allreduce(state, bucket, layout)
+        future = _allreduce(state, bucket, _layout(state, bucket))
     else:
-        future = _allgather(state, bucket, layout)
+        future = _allgather(state, bucket, _layout(state, bucket))
     if bucket.is_last():
         state.step += 1
         state._passes += 1
@@ -343,7 +344,7 @@ def _refused(state: HookState, bucket: dist.GradBucket, layout, error: ValueErro
         f"{state.compressor.spec()} refused it: {error}", step=state.step, worker=state.rank)
 
 
-def _allreduce_in_place(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
+def _allreduce_in_place(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """``none`` without error feedback in one pass, as PyTorch's own ``allreduce_hook``: divide the
     bucket in place, allreduce it in place, and hand DDP back the bucket's own storage. The only
     addition is the finiteness check, one read of the averaged bucket when the allreduce completes
@@ -359,11 +360,14 @@ def _allreduce_in_place(state: HookState, bucket: dist.GradBucket, layout) -> to
 
     def finish(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises a failed collective
-        if buffer.numel():
-            lo, hi = torch.aminmax(buffer)  # NaN propagates and inf shows: the finiteness check
+        # The finiteness check: a sum is finite unless an element is not (or, for finite elements
+        # near the float32 limit, the sum overflows: aminmax then decides). A sum is the cheapest
+        # full read torch has (a quarter of aminmax's CPU time, 0.04 ms per 1M float32).
+        if buffer.numel() and not bool(torch.isfinite(buffer.sum())):
+            lo, hi = torch.aminmax(buffer)
             if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
                 at = int((~torch.isfinite(buffer)).nonzero()[0])
-                name, offset = next((n, o) for _, n, o, k in layout if o <= at < o + k)
+                name, offset = next((n, o) for _, n, o, k in _layout(state, bucket) if o <= at < o + k)
                 error = DivergenceError(
                     f"gradwire.ddp: step {step}, rank {state.rank}, bucket {index}: the averaged gradient of "
                     f"parameter {name!r} is not finite ({float(buffer[at])} at its flat index {at - offset}) "
@@ -379,8 +383,6 @@ def _allreduce_in_place(state: HookState, bucket: dist.GradBucket, layout) -> to
 
 def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
-    if state.compressor.name == "none" and not state.error_feedback:
-        return _allreduce_in_place(state, bucket, layout)
     # Divide before summing, as DDP's default allreduce does: with `none` the result is then
     # bit-identical to plain DDP, and a 16-bit sum overflows only where the mean would (the
     # reason PyTorch's fp16_compress_hook gives for the same order).

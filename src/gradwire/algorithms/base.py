@@ -68,6 +68,7 @@ class Context:
     shard_sizes: tuple[int, ...] = ()  # training samples held by each worker (data-aware algorithms)
     shared_data: bool = False    # every worker samples the whole training set (--partition shared)
     device: torch.device = torch.device("cpu")  # where the workers' tensors live (--device)
+    outer_state: str = "device"  # DiLoCo family: its outer state on the device, or in (pinned) cpu memory
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
     param_shapes: tuple[torch.Size, ...] = ()  # the model's tensors, in the flat vector's order (PowerSGD)
     backward_collectives: bool = False  # the backward pass runs collectives itself (tensor parallelism)

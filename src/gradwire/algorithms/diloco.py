@@ -59,6 +59,7 @@ from dataclasses import replace
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
 from gradwire.algorithms.optim import AdamW, HeavyBall, require_sgd
+from gradwire.algorithms.placement import on_device, outer_copy
 from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan
 from gradwire.spec import require
 
@@ -153,14 +154,16 @@ class StreamingDiLoCo(Algorithm):
                 f"fragments={self.fragments} exceeds the model's {params.numel()} parameters")
         self.replicas = Replicas(ctx, params, optim, optimizer=self._inner_optimizer(optim))
         self.pace = Pace(ctx)
-        self.theta = params.clone()  # the global parameters θ, the same in every process
+        # the global parameters θ, the same in every process; with its outer momentum and the codec's
+        # residuals on the workers' device, or in CPU memory (--outer-state cpu: placement.py)
+        self.theta = outer_copy(params, ctx.outer_state)
         n, p_count = params.numel(), self.fragments
         bounds = [p * n // p_count for p in range(p_count + 1)]
         self.ranges = [(bounds[p], bounds[p + 1]) for p in range(p_count)]
         self.offsets = [p * self.inner_steps // p_count for p in range(p_count)]
         outer = OptimConfig(lr=self.outer_lr, momentum=self.outer_momentum, nesterov=self.outer_momentum > 0)
         self.outer = [HeavyBall(self.theta[a:b], outer) for a, b in self.ranges]  # views into θ
-        self.averager = make_averager(ctx, codec, default=self.default_compressor)
+        self.averager = make_averager(on_device(ctx, self.theta.device), codec, default=self.default_compressor)
         self.in_flight: dict[int, dict] = {}  # fragment -> {"started_at", "payloads", "handle"}
         self.resend = False
 
@@ -209,7 +212,7 @@ class StreamingDiLoCo(Algorithm):
     def _start(self, ctx, p: int, step: int) -> None:
         """Send fragment p's outer gradients Δ_i = θ_p - x_{i,p} (Douillard et al. 2023, Alg. 1)."""
         a, b = self.ranges[p]
-        deltas = {r: self.theta[a:b] - x[a:b] for r, x in self.replicas.x.items()}
+        deltas = {r: self.theta[a:b] - x[a:b].to(self.theta.device) for r, x in self.replicas.x.items()}
         self.in_flight[p] = {"started_at": step, "payloads": self.averager.payloads(deltas, key=f"fragment{p}")}
         self._start_collective(ctx, p)
 
@@ -229,7 +232,7 @@ class StreamingDiLoCo(Algorithm):
         self._outer_step(p, outer_gradient)
         theta = self.theta[a:b]
         for x in self.replicas.x.values():
-            x[a:b].lerp_(theta, 1 - self.alpha)  # exact copy of θ_p at α = 0 (lerp is exact at weight 1)
+            x[a:b].lerp_(theta.to(x.device), 1 - self.alpha)  # exact copy of θ_p at α = 0 (lerp: exact at 1)
 
     def outer_momentum_at(self, round_index: int) -> float:
         return outer_momentum_at(self.outer_momentum, self.outer_warmup, round_index)

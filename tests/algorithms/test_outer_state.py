@@ -1,0 +1,38 @@
+"""--outer-state cpu: the DiLoCo family's outer state in (pinned) host memory, same results."""
+
+import pytest
+import torch
+
+from gradwire.errors import ConfigError
+from gradwire.run.loop import Run
+from tests.helpers import through_bytes
+
+SPECS = ["diloco:inner_steps=2,inner=sgd", "streaming-diloco:inner_steps=3,fragments=3,overlap=1"]
+
+
+@pytest.mark.parametrize("algorithm", SPECS)
+def test_outer_state_in_cpu_memory_gives_equal_results(make_config, device, algorithm):
+    cfg = make_config(algorithm=algorithm, lr=0.01, compressor="qsgd:levels=4,bucket=64", error_feedback=True,
+                      device=device.type)
+    runs = {where: Run(cfg.replace(outer_state=where)) for where in ("device", "cpu")}
+    for _ in range(7):
+        for r in runs.values():
+            r.train_step()
+    on_device, on_cpu = runs["device"].algorithm, runs["cpu"].algorithm
+    assert on_cpu.theta.device.type == "cpu" and on_device.theta.device.type == device.type
+    assert on_cpu.theta.is_pinned() == torch.cuda.is_available()
+    assert torch.equal(on_device.theta.cpu(), on_cpu.theta)
+    residuals = on_cpu.codec.ef[0].state_dict()
+    assert residuals and all(t.device.type == "cpu" for t in residuals.values())
+    for a, b in zip(runs["device"].algorithm.replicas.x.values(), on_cpu.replicas.x.values(), strict=True):
+        assert torch.equal(a, b) and b.device.type == device.type  # the inner state stays on the device
+    resumed = Run(cfg.replace(outer_state="cpu"))  # a checkpoint moves between placements
+    resumed.load_state_dict(through_bytes(runs["device"].state_dict()))
+    resumed.train_step()
+    runs["device"].train_step()
+    assert torch.equal(resumed.algorithm.theta, runs["device"].algorithm.theta.cpu())
+
+
+def test_bad_outer_state_is_one_clear_error(make_config):
+    with pytest.raises(ConfigError, match="outer_state='host': valid choices are device, cpu"):
+        make_config(outer_state="host").validate()

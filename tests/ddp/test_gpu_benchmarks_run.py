@@ -1,0 +1,34 @@
+"""The GPU figures' commands still run end to end, in their small CPU modes (the figures themselves
+need a GPU: docs/gpu.md)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_codecs_small_prints_a_row_per_codec(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_codecs
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu_codecs.main(["--device", "cpu", "--small", "--size", "1000", "--kernels", "torch"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    codecs = [row.split(" | ")[0][2:] for row in rows]
+    assert codecs == [*gpu_codecs.SPECS[:10], "torch.topk(\\|x\\|, k)", *gpu_codecs.SPECS[10:]]
+    sign = next(row for row in rows if row.startswith("| sign | torch"))
+    assert sign.split(" | ")[6] == "1.000"  # bits per element
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_ddp_hook_benchmark_small_runs_on_gloo():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ddp_hook.py"), "--small", "--only", "none",
+                           "--only", "torch allreduce_hook"], capture_output=True, text=True, timeout=220, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows == ["configuration", "plain DDP", "torch allreduce_hook", "none"]
