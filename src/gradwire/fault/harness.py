@@ -4,7 +4,10 @@
 per replica on loopback, each writing its own run folder (``OUT/replica-K``) and log
 (``OUT/replica-K.log``); it kills (SIGKILL), hangs (SIGSTOP) and restarts replicas, and every wait
 has a timeout. ``GRADWIRE_KILL_AT=K:STEP`` (the run loop's fault point) makes replica K kill itself
-after committing STEP, so a fault lands at a chosen step whatever the processes' speeds.
+after committing STEP, so a fault lands at a chosen step whatever the processes' speeds;
+``GRADWIRE_FT_LEAVE_AT=K:STEP`` makes it leave cleanly instead, and ``GRADWIRE_FT_FULL_AT=S``
+makes step S wait for every replica (fault/replica.py): together they replay a run's sequence of
+quorums without a fault.
 """
 
 from __future__ import annotations
@@ -58,6 +61,17 @@ class ReplicaSet:
         except subprocess.TimeoutExpired:
             self.procs[k].kill()
             return self.procs[k].wait(timeout=30)
+
+    def wait_for_step(self, k: int, step: int, timeout: float) -> None:
+        """Until replica ``k`` has recorded ``step`` in its steps.jsonl (TimeoutError after ``timeout``)."""
+        path, deadline = self.folder(k) / "steps.jsonl", time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists() and f'{{"step": {step},' in path.read_text():
+                return
+            if self.procs[k].poll() is not None:
+                raise RuntimeError(f"replica {k} exited with {self.procs[k].returncode} before step {step}")
+            time.sleep(0.02)
+        raise TimeoutError(f"replica {k} did not reach step {step} within {timeout:g} s")
 
     def signal(self, k: int, sig: int) -> None:
         os.kill(self.procs[k].pid, sig)

@@ -21,6 +21,7 @@ every step too, and those without a collective cost one Lighthouse round trip an
 from __future__ import annotations
 
 import copy
+import os
 import time
 from datetime import timedelta
 
@@ -67,6 +68,12 @@ class ReplicaDriver:
             heartbeat_interval=timedelta(milliseconds=ft.heartbeat_ms),
             checkpoint_transport=self.checkpoints, init_sync=False, max_retries=None)  # retries: step()
         transport.manager = self.manager
+        # fault scripting for tests and benchmarks (fault/harness.py): GRADWIRE_FT_FULL_AT=S1,S2 makes
+        # steps S1, S2 commit only with every replica (they wait for one that is away);
+        # GRADWIRE_FT_LEAVE_AT=K:S makes replica K leave cleanly after committing step S
+        self.full_at = {int(x) for x in os.environ.get("GRADWIRE_FT_FULL_AT", "").split(",") if x.strip()}
+        leave = os.environ.get("GRADWIRE_FT_LEAVE_AT", "")
+        self.leave_at = int(leave.split(":")[1]) if leave and int(leave.split(":")[0]) == ft.replica else None
 
     # -- what a healthy replica sends, and what a recovering one makes of it ---------------------
     def state_dict(self) -> dict:
@@ -112,14 +119,20 @@ class ReplicaDriver:
         run.ctx.gradient_counts = dict(snap["gradient_counts"])
 
     # -- one step --------------------------------------------------------------------------------
-    def _start_together(self) -> None:
-        """The run's first step commits only with all ``--workers`` replicas in its quorum, so that a
-        replica that starts a little late (imports, data) is not left behind from step 1: until
-        then torchft's commit threshold is raised to every replica (``Manager._min_replica_size``,
-        which ``should_commit`` compares with the quorum's size), and lowered to ``min_replicas``
-        once a step has committed (or a replica joins a run under way)."""
-        self.manager._min_replica_size = self.transport.world_size if self.manager.current_step() == 0 \
-            else self.ft.min_replicas
+    def _waits_for_all(self) -> bool:
+        """Whether this step commits only with all ``--workers`` replicas in its quorum: the run's
+        first step (``start_replicas`` of them, every replica by default), so that a replica that
+        starts a little late (imports, data) is not left behind from step 1, and the scripted
+        steps of ``GRADWIRE_FT_FULL_AT``. torchft's commit threshold is raised for those steps
+        (``Manager._min_replica_size``, which ``should_commit`` compares with the quorum's size) and
+        is ``min_replicas`` otherwise."""
+        step = self.manager.current_step()
+        if step == 0:
+            need = self.ft.start_replicas or self.transport.world_size
+        else:
+            need = self.transport.world_size if step + 1 in self.full_at else self.ft.min_replicas
+        self.manager._min_replica_size = max(need, self.ft.min_replicas)
+        return need > self.ft.min_replicas
 
     def step(self) -> dict:
         run, manager = self.run, self.manager
@@ -128,7 +141,7 @@ class ReplicaDriver:
         attempt = 0
         while True:
             attempt += 1
-            self._start_together()
+            waiting = self._waits_for_all()
             self.healed = None
             t0 = time.perf_counter()
             manager.start_quorum(timeout=timedelta(seconds=self.ft.quorum_timeout_s))
@@ -152,15 +165,23 @@ class ReplicaDriver:
                       "skipped_samples": self.skipped_samples}
                 if self.healed is not None:
                     ft["healed"] = self.healed
+                if self.leave_at == run.step:
+                    self.leave()
                 return info | {"ft": ft}
             self.events.append({"step": run.step, "attempt": attempt, "error": str(failed)[:200] if failed else None})
             self._restore(snap)
-            starting = manager.current_step() == 0 and time.monotonic() < deadline
-            if attempt > self.ft.max_retries and not starting:
+            waiting = waiting and failed is None and time.monotonic() < deadline
+            if attempt > self.ft.max_retries and not waiting:
                 raise CommunicationError(f"replica {self.transport.rank}: step {run.step} was not committed in "
                                          f"{attempt} attempts (the last: {str(failed)[:160] or 'too few replicas'})")
-            if starting:  # waiting for the replicas still starting: let them heartbeat
+            if waiting:  # for replicas still starting or away: let them heartbeat
                 time.sleep(self.ft.heartbeat_ms / 1000)
+
+    def leave(self) -> None:
+        """Leave the job cleanly (``GRADWIRE_FT_LEAVE_AT``): the Lighthouse stops hearing from this
+        replica, and the others' next quorum is formed without it, with no failed collective."""
+        self.manager.shutdown(wait=False)
+        os._exit(0)
 
     def close(self) -> None:
         self.checkpoints.shutdown()

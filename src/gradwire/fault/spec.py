@@ -15,13 +15,14 @@ from gradwire.errors import ConfigError
 from gradwire.spec import convert, parse_spec
 
 INSTALL = "pip install 'gradwire[ft]'"
-KEYS = ("min_replicas", "timeout_s", "quorum_timeout_s", "heartbeat_ms", "lighthouse", "replica", "host",
-        "max_retries")
+KEYS = ("min_replicas", "start_replicas", "timeout_s", "quorum_timeout_s", "heartbeat_ms", "lighthouse", "replica",
+        "host", "max_retries")
 
 
 @dataclass(frozen=True)
 class FaultTolerance:
     min_replicas: int = 1        # a step commits only with at least this many replicas in its quorum
+    start_replicas: int = 0      # replicas the first step waits for (0: every one of --workers)
     timeout_s: float = 30.0      # a collective, a should_commit vote, a state transfer
     quorum_timeout_s: float = 60.0  # the longest wait for a quorum (a replica restarting included)
     heartbeat_ms: int = 100      # how often a replica tells the Lighthouse it lives
@@ -72,6 +73,9 @@ def check(spec: str, *, workers: int, backend: str, step_timeout_s: float, needs
                           "--fault-tolerance starts one)")
     if not 1 <= ft.min_replicas <= workers:
         raise ConfigError(f"fault_tolerance min_replicas={ft.min_replicas} must be in [1, --workers {workers}]")
+    if not (ft.start_replicas == 0 or ft.min_replicas <= ft.start_replicas <= workers):
+        raise ConfigError(f"fault_tolerance start_replicas={ft.start_replicas} must be 0 (every replica) or in "
+                          f"[min_replicas {ft.min_replicas}, --workers {workers}]")
     if not 0 <= ft.replica < workers:
         raise ConfigError(f"fault_tolerance replica={ft.replica} must be in [0, --workers {workers})")
     if not (ft.timeout_s > 0 and ft.quorum_timeout_s > 0 and ft.heartbeat_ms > 0 and ft.max_retries >= 0):
