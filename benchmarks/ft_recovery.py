@@ -69,7 +69,8 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="ft-recovery-"))
     args = ["--task", ns.task, "--algorithm", ns.algorithm, "--steps", str(ns.steps), "--eval-every", str(ns.steps),
             "--batch-size", "8", "--stragglers", f"tail:p=0,compute_s={ns.compute_s}", *ns.extra.split()]
-    rs = ReplicaSet(out, args, replicas=3, min_replicas=2)
+    # the last step waits for every replica: a restart slower than the survivors' run still rejoins
+    rs = ReplicaSet(out, args, replicas=3, min_replicas=2, env={"GRADWIRE_FT_FULL_AT": str(ns.steps)})
     try:
         rs.start_all({2: {"GRADWIRE_KILL_AT": f"2:{ns.kill_step}"}})
         assert rs.wait(2, 300) == -signal.SIGKILL

@@ -69,3 +69,21 @@ def test_merge_keeps_the_peers_shared_state_and_this_workers_own():
                                                                            torch.zeros(2))
     assert merged["codec"]["generators"] == {"2": own["codec"]["generators"]["2"]}
     assert merged["data"] == {"2": {"position": 0}}
+
+
+def test_recovery_phases_are_read_back_from_the_step_records():
+    from gradwire.fault.phases import phase_rows, report_blocks
+
+    def rec(step, who, t, attempts=1, **extra):
+        return {"step": step, "sim_time_s": t, "ft": {"participants": who, "attempts": attempts, "quorum_s": 0.01,
+                                                      "skipped_samples": 8 * step} | extra}
+
+    healed = {"from": 0, "at_step": 3, "bytes": 4096, "transfer_s": 0.02, "install_s": 0.001}
+    steps = [rec(1, [0, 1, 2], 1.0), rec(2, [0, 1, 2], 1.1), rec(3, [0, 1], 2.6, attempts=2),
+             rec(4, [0, 1], 2.7), rec(5, [0, 1, 2], 2.9, healed=healed), rec(6, [0, 1, 2], 3.0)]
+    rows = phase_rows(steps)
+    assert [(r["step"], r["change"], r["attempts"]) for r in rows] == [(3, "-2", 2), (5, "+2", 1)]
+    assert rows[0]["step_s"] == pytest.approx(1.5) and rows[1]["transfer_bytes"] == 4096
+    assert phase_rows(steps[4:])[0]["change"] == "joined (recovered)"  # a restarted replica's first record
+    assert report_blocks([{"step": 1, "loss": 0.5}]) == []
+    assert len(report_blocks(steps)[-1].rows) == 2

@@ -78,6 +78,11 @@ def test_sigkill_then_recovery_equals_a_fault_free_replay_bitwise(tmp_path, data
     code, rs, faulty = replicas_run(tmp_path / "kill", data_dir, args, {"GRADWIRE_KILL_AT": f"2:{KILL}"})
     assert code == -signal.SIGKILL
     check_faulty_run(faulty)
+    from gradwire.report.pages import write_report
+
+    page = write_report(rs.folder(0)).read_text()  # gradwire report: the membership changes of the run
+    assert "Fault tolerance (torchft)" in page
+    assert f"skipped on the shards of absent replicas: {BATCH * (BACK - 1 - KILL)}" in page
     code, replay_rs, replay = replicas_run(tmp_path / "replay", data_dir, args, {"GRADWIRE_FT_LEAVE_AT": f"2:{KILL}"})
     assert code == 0
     # the replay's steps each ran once, but for step 1 (which waits for every replica to start) and

@@ -27,6 +27,7 @@ from datetime import timedelta
 
 from gradwire.errors import CommunicationError
 from gradwire.fault.transfer import SafeHTTPTransport
+from gradwire.report.timeline import COMM, WAIT
 from gradwire.transports.ft import FtTransport
 
 
@@ -105,6 +106,17 @@ class ReplicaDriver:
         self.healed = {"from": int(state["rank"]), "at_step": committed, "bytes": received.get("bytes", 0),
                        "transfer_s": received.get("seconds", 0.0), "install_s": time.perf_counter() - start}
 
+    def _record_quorum(self, began: float, seconds: float) -> None:
+        """The quorum call on the run's timeline: a WAIT, less the state transfer inside it, a COMM
+        with its bytes (fault/phases.py)."""
+        timeline, rank = self.run.ctx.timeline, self.transport.rank
+        if not timeline.enabled:
+            return
+        transfer = self.healed["transfer_s"] if self.healed is not None else 0.0
+        timeline.add(rank, WAIT, began, began + seconds - transfer)
+        if self.healed is not None:
+            timeline.add(rank, COMM, began + seconds - transfer, began + seconds, nbytes=self.healed["bytes"])
+
     def _snapshot(self) -> dict:
         run = self.run
         return copy.deepcopy({"algorithm": run.algorithm.state_dict(), "data": run.oracle.state_dict(),
@@ -143,9 +155,10 @@ class ReplicaDriver:
             attempt += 1
             waiting = self._waits_for_all()
             self.healed = None
-            t0 = time.perf_counter()
+            t0, began = time.perf_counter(), run.ctx.timeline.now() if run.ctx.timeline.enabled else 0.0
             manager.start_quorum(timeout=timedelta(seconds=self.ft.quorum_timeout_s))
             quorum_s = time.perf_counter() - t0
+            self._record_quorum(began, quorum_s)
             if self.healed is not None:
                 snap = self._snapshot()  # a retry starts from the transferred state
             run.step = manager.current_step() + 1  # committed steps + 1 (a healed replica jumps ahead)
