@@ -58,6 +58,7 @@ class RunConfig:
     resume_or_start: bool = False             # continue from OUT/checkpoint/latest, or start at step 0 without one
     overwrite: bool = False                   # replace the run already in OUT (its files and checkpoint/)
     tensorboard: bool = False                 # also write the scalars to OUT/tensorboard (needs tensorboard)
+    fault_tolerance: str = "none"             # torch: torchft:min_replicas=N,timeout_s=S,lighthouse=HOST:PORT,replica=K
 
     def label(self) -> str:
         if self.name:
@@ -104,6 +105,12 @@ class RunConfig:
             require_tensorboard()
         if self.tensor_parallel:
             _check_tensor_parallel(self)
+        if self.fault_tolerance != "none":  # docs/fault_tolerance.md
+            from gradwire.algorithms import ALGORITHMS
+            from gradwire.fault.spec import check
+
+            check(self.fault_tolerance, workers=self.workers, backend=self.backend, step_timeout_s=self.timeout_s,
+                  needs_server=ALGORITHMS.build(self.algorithm).needs_server, tensor_parallel=self.tensor_parallel)
         return self
 
     def check_values(self) -> RunConfig:

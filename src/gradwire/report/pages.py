@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gradwire.errors import ConfigError  # noqa: E402
+from gradwire.fault.phases import report_blocks as recovery_blocks  # noqa: E402
 from gradwire.report.compare import (  # noqa: E402
     COLUMNS,
     SEEDS_CSV,
@@ -226,7 +227,8 @@ def run_page(folder: Path) -> list:
               Heading("Summary"), _summary_table([run]),
               Heading("Curves"), *_curves([run], run.label, run.folder / "curves.png"),
               Heading("Timeline"), *_timeline_blocks(run), Heading("Workers"), *_worker_table([run]),
-              *_staleness_blocks([run]), Heading("Resolved config"), _config_table(run.config)]
+              *_staleness_blocks([run]), *recovery_blocks(run.steps), Heading("Resolved config"),
+              _config_table(run.config)]
     if run.setup:
         blocks += [Heading("Algorithm set-up (algorithm.json)", 3), Preformatted(json.dumps(run.setup, indent=2))]
     return blocks
