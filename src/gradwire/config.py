@@ -107,7 +107,7 @@ class RunConfig:
             _check_tensor_parallel(self)
         if self.fault_tolerance != "none":  # docs/fault_tolerance.md
             from gradwire.algorithms import ALGORITHMS
-            from gradwire.fault.spec import check
+            from gradwire.transports.ft_spec import check
 
             check(self.fault_tolerance, workers=self.workers, backend=self.backend, step_timeout_s=self.timeout_s,
                   needs_server=ALGORITHMS.build(self.algorithm).needs_server, tensor_parallel=self.tensor_parallel)

@@ -11,7 +11,7 @@ import torch
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
 from gradwire.fault.replica import merge_rank_keyed
-from gradwire.fault.spec import INSTALL, parse
+from gradwire.transports.ft_spec import INSTALL, parse
 
 pytest.importorskip("torchft")
 
@@ -72,7 +72,7 @@ def test_merge_keeps_the_peers_shared_state_and_this_workers_own():
 
 
 def test_recovery_phases_are_read_back_from_the_step_records():
-    from gradwire.fault.phases import phase_rows, report_blocks
+    from gradwire.report.recovery import phase_rows, report_blocks
 
     def rec(step, who, t, attempts=1, **extra):
         return {"step": step, "sim_time_s": t, "ft": {"participants": who, "attempts": attempts, "quorum_s": 0.01,

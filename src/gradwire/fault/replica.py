@@ -108,7 +108,7 @@ class ReplicaDriver:
 
     def _record_quorum(self, began: float, seconds: float) -> None:
         """The quorum call on the run's timeline: a WAIT, less the state transfer inside it, a COMM
-        with its bytes (fault/phases.py)."""
+        with its bytes (report/recovery.py)."""
         timeline, rank = self.run.ctx.timeline, self.transport.rank
         if not timeline.enabled:
             return

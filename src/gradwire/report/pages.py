@@ -22,7 +22,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gradwire.errors import ConfigError  # noqa: E402
-from gradwire.fault.phases import report_blocks as recovery_blocks  # noqa: E402
 from gradwire.report.compare import (  # noqa: E402
     COLUMNS,
     SEEDS_CSV,
@@ -35,6 +34,7 @@ from gradwire.report.compare import (  # noqa: E402
 from gradwire.report.gantt import plot_timeline, window_end  # noqa: E402
 from gradwire.report.html import Heading, Image, Paragraph, Preformatted, Row, Table, write_page  # noqa: E402
 from gradwire.report.plots import plot_runs, time_label  # noqa: E402
+from gradwire.report.recovery import report_blocks as recovery_blocks  # noqa: E402
 from gradwire.report.run_folder import read_complete_jsonl, read_json_or_empty  # noqa: E402
 from gradwire.report.timeline import per_worker, read_timeline  # noqa: E402
 

@@ -68,8 +68,8 @@ def _transport(cfg: RunConfig, server: bool, given: Transport | None, workers=No
         from gradwire.transports.torch_dist import TorchTransport, local_device
 
         if cfg.fault_tolerance != "none":  # one replica of a torchft job (transports/ft.py)
-            from gradwire.fault.spec import parse
             from gradwire.transports.ft import FtTransport
+            from gradwire.transports.ft_spec import parse
 
             return FtTransport(parse(cfg.fault_tolerance), cfg.workers), WallClock()
         transport = TorchTransport(timeout_s=cfg.timeout_s, device=local_device(cfg.device), workers=workers)

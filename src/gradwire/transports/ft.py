@@ -27,9 +27,9 @@ import torch
 from torch.distributed import ReduceOp
 from torch.distributed.distributed_c10d import AllgatherOptions, AllreduceOptions
 
-from gradwire.fault.spec import FaultTolerance
 from gradwire.report.timeline import COMM
 from gradwire.transports.base import Transport
+from gradwire.transports.ft_spec import FaultTolerance
 
 
 class FtTransport(Transport):
