@@ -93,6 +93,7 @@ class Run:
         self.started = time.perf_counter()
         self.wall_before = 0.0  # wall seconds of the attempts before, up to the checkpoint resumed from
         self.eval_s = 0.0       # wall seconds spent in evaluations (theirs included)
+        cfg = cfg.resolved()    # the algorithm's --lr and --momentum where not given
         self.cfg = cfg.validate()
         torch.set_num_threads(cfg.threads)
         dtype = {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
@@ -331,6 +332,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
     ``transport``: this process's, for the threads backend (``run_threads``). ``curves=False``
     leaves out curves.png (``gradwire reproduce --quick``: a second of plotting per run)."""
+    cfg = cfg.resolved()  # the algorithm's --lr and --momentum where not given (config.json holds them)
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
         return _run(cfg, progress, transport, None, curves)
     cfg.validate()  # before the folder is claimed (and made)
