@@ -385,7 +385,7 @@ def main(argv=None) -> int:
             lrs[f"{row.key}:trials"] = {f"{lr:g}": q for lr, q in trials.items()}
             lrs_file.write_text(json.dumps(lrs, indent=1) + "\n")
     if args.lr is not None:
-        lrs = {r.key: args.lr for r in rows} | {"untuned": args.lr}
+        lrs = lrs | {r.key: args.lr for r in rows} | {"untuned": args.lr}
         lrs_file.write_text(json.dumps(lrs, indent=1) + "\n")
     if "compute" in stages:
         path = out / "compute.json"
