@@ -115,9 +115,10 @@ def test_simulator_and_real_driver_agree_with_one_replica(make_config):
     assert [{k: x[k] for k in keys} for x in a] == [{k: x[k] for k in keys} for x in b]
 
 
-def test_real_driver_takes_the_first_n_of_each_round(make_config):
-    cfg = make_config(algorithm="backup-diloco:backups=1,inner_steps=2", workers=3, steps=5, eval_every=5, lr=0.01,
-                      backend="threads", timeout_s=30, stragglers="lognormal:sigma=0.5,compute_s=0.002")
+@pytest.mark.parametrize("late", ["drop", "stale"])
+def test_real_driver_takes_the_first_n_of_each_round(make_config, late):
+    cfg = make_config(algorithm=f"backup-diloco:backups=1,late={late},inner_steps=2", workers=3, steps=5, eval_every=5,
+                      lr=0.01, backend="threads", timeout_s=30, stragglers="lognormal:sigma=0.5,compute_s=0.002")
     summary = run(cfg, progress=False)
     assert summary["status"] == "finished" and summary["lost_workers"] == []
     steps = read_jsonl(cfg.out + "/steps.jsonl")
