@@ -89,7 +89,7 @@ def stragglers(args) -> None:
     print("|---|---|---|---|---|")
     print(f"| DiLoCo | {args.rounds} | {t_diloco / args.rounds:.3f} | {t_diloco:.2f} s | 1.00 |")
     for b in args.backups:
-        recs = train(out, f"backup_b{b}", algorithm=f"backup-diloco:backups={b},inner_steps={h}",
+        recs = train(out, f"backup_b{b}", algorithm=f"backup-diloco:backups={b},late={args.late},inner_steps={h}",
                      steps=2 * args.rounds, eval_every=1, **common)
         # the same 3-evaluation mean as the target, over a window of evaluations h rounds apart in DiLoCo's
         smooth = [(recs[i]["sim_time_s"], sum(r["test_loss"] for r in recs[max(0, i - 2): i + 1]) / min(3, i + 1))
@@ -98,7 +98,7 @@ def stragglers(args) -> None:
         per_round = recs[-1]["sim_time_s"] / (2 * args.rounds)
         when = f"{reached:.2f} s" if reached is not None else "not in 2x the rounds"
         ratio = f"{reached / t_diloco:.2f}" if reached is not None else "-"
-        print(f"| backup-diloco b={b} | {2 * args.rounds} | {per_round:.3f} | {when} | {ratio} |")
+        print(f"| backup-diloco b={b}, late={args.late} | {2 * args.rounds} | {per_round:.3f} | {when} | {ratio} |")
 
 
 def main() -> None:
@@ -124,6 +124,7 @@ def main() -> None:
     s.add_argument("--backups", type=int, nargs="+", default=[4, 8])
     s.add_argument("--stragglers", default="tail:p=0.05,slowdown=10,compute_s=0.05")
     s.add_argument("--network", default="ring:mbps=10000,latency_ms=0.1")
+    s.add_argument("--late", default="drop", choices=("drop", "stale"), help="backup-diloco's rule for late ones")
     args = parser.parse_args()
     (rates if args.what == "rates" else stragglers)(args)
 
