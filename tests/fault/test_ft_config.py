@@ -40,6 +40,7 @@ def test_spec_parses_and_default_is_off():
     (GOOD, {"timeout_s": 5}, "timeout_s=10 exceeds --timeout-s 5"),
     (GOOD, {"backend": "sim"}, "needs --backend torch"),
     (GOOD, {"algorithm": "sync:backups=1"}, "server-mode algorithms"),
+    (GOOD, {"algorithm": "streaming-diloco:overlap=1"}, "use overlap=0 (or diloco)"),
 ])
 def test_settings_that_cannot_work_are_refused_in_one_line(spec, kw, says):
     with pytest.raises(ConfigError) as e:
@@ -69,6 +70,10 @@ def test_merge_keeps_the_peers_shared_state_and_this_workers_own():
                                                                            torch.zeros(2))
     assert merged["codec"]["generators"] == {"2": own["codec"]["generators"]["2"]}
     assert merged["data"] == {"2": {"position": 0}}
+    # PowerSGD's error memories appear at a worker's first step: not yet there is this worker's too
+    lazy = merge_rank_keyed({"errors": {"0": {"w": torch.ones(2)}}, "q": {"w": torch.ones(2)}},
+                            {"errors": {}, "q": {"w": torch.zeros(2)}}, "0", "2")
+    assert lazy["errors"] == {} and torch.equal(lazy["q"]["w"], torch.ones(2))
 
 
 def test_recovery_phases_are_read_back_from_the_step_records():

@@ -35,11 +35,12 @@ def merge_rank_keyed(peer, own, peer_key: str, own_key: str):
     """``peer``'s state with its per-worker parts replaced by ``own``'s.
 
     gradwire keeps per-worker state in dicts keyed by the worker's rank (``{"2": residual}``): a
-    dict that holds only the peer's rank in ``peer`` and only this worker's in ``own`` is
-    per-worker, and this worker's own value is kept; everything else is shared by the replicas
-    (parameters, optimizer moments, PowerSGD's Q, the outer optimizer) and is the peer's."""
+    dict that holds only the peer's rank in ``peer`` and only this worker's in ``own``, or nothing
+    yet (PowerSGD fills its error memories at the first step), is per-worker, and this worker's
+    own value is kept; everything else is shared by the replicas (parameters, optimizer moments,
+    PowerSGD's Q, the outer optimizer) and is the peer's."""
     if isinstance(peer, dict) and isinstance(own, dict):
-        if peer_key != own_key and set(peer) == {peer_key} and set(own) == {own_key}:
+        if peer_key != own_key and set(peer) == {peer_key} and set(own) <= {own_key}:
             return own
         return {k: merge_rank_keyed(v, own[k], peer_key, own_key) if k in own else v for k, v in peer.items()}
     return peer
