@@ -106,6 +106,8 @@ class ReplicaDriver:
         received = self.checkpoints.last_received or {}
         self.healed = {"from": int(state["rank"]), "at_step": committed, "bytes": received.get("bytes", 0),
                        "transfer_s": received.get("seconds", 0.0), "install_s": time.perf_counter() - start}
+        # the fetch's parts: waiting for the source to serialise, the bytes on the wire, torch.load
+        self.healed |= {k: received[k] for k in ("wait_source_s", "wire_s", "load_s") if k in received}
 
     def _record_quorum(self, began: float, seconds: float) -> None:
         """The quorum call on the run's timeline: a WAIT, less the state transfer inside it, a COMM
