@@ -106,8 +106,10 @@ def main() -> None:
     print(f"restarted replica: import of python+torch+gradwire+torchft alone {imports:.2f} s; spawn -> first "
           f"committed step {first - rs.started[2]:.2f} s; back in the quorum at step {back['step']}")
     print(f"state transfer: {healed['bytes']} bytes in {healed['transfer_s'] * 1e3:.1f} ms "
-          f"({healed['bytes'] / max(healed['transfer_s'], 1e-9) / 1e6:.1f} MB/s; loopback TCP {loop / 1e6:.0f} MB/s), "
-          f"install {healed['install_s'] * 1e3:.1f} ms")
+          f"({healed['bytes'] / max(healed['transfer_s'], 1e-9) / 1e6:.1f} MB/s; loopback TCP {loop / 1e6:.0f} MB/s): "
+          f"waiting for the source to serialise {healed['wait_source_s'] * 1e3:.1f} ms, on the wire "
+          f"{healed['wire_s'] * 1e3:.1f} ms ({healed['bytes'] / max(healed['wire_s'], 1e-9) / 1e6:.1f} MB/s), "
+          f"torch.load {healed['load_s'] * 1e3:.1f} ms; install {healed['install_s'] * 1e3:.1f} ms")
     print(f"folders: {out}")
 
 

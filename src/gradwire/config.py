@@ -124,8 +124,10 @@ class RunConfig:
             from gradwire.algorithms import ALGORITHMS
             from gradwire.transports.ft_spec import check
 
+            algorithm = ALGORITHMS.build(self.algorithm)
             check(self.fault_tolerance, workers=self.workers, backend=self.backend, step_timeout_s=self.timeout_s,
-                  needs_server=ALGORITHMS.build(self.algorithm).needs_server, tensor_parallel=self.tensor_parallel)
+                  needs_server=algorithm.needs_server, tensor_parallel=self.tensor_parallel,
+                  carries_rounds=algorithm.name == "streaming-diloco" and algorithm.overlap > 0)
         return self
 
     def check_values(self) -> RunConfig:

@@ -40,6 +40,7 @@ def test_spec_parses_and_default_is_off():
     (GOOD, {"timeout_s": 5}, "timeout_s=10 exceeds --timeout-s 5"),
     (GOOD, {"backend": "sim"}, "needs --backend torch"),
     (GOOD, {"algorithm": "sync:backups=1"}, "server-mode algorithms"),
+    (GOOD, {"algorithm": "streaming-diloco:overlap=1"}, "use overlap=0 (or diloco)"),
 ])
 def test_settings_that_cannot_work_are_refused_in_one_line(spec, kw, says):
     with pytest.raises(ConfigError) as e:
@@ -69,6 +70,10 @@ def test_merge_keeps_the_peers_shared_state_and_this_workers_own():
                                                                            torch.zeros(2))
     assert merged["codec"]["generators"] == {"2": own["codec"]["generators"]["2"]}
     assert merged["data"] == {"2": {"position": 0}}
+    # PowerSGD's error memories appear at a worker's first step: not yet there is this worker's too
+    lazy = merge_rank_keyed({"errors": {"0": {"w": torch.ones(2)}}, "q": {"w": torch.ones(2)}},
+                            {"errors": {}, "q": {"w": torch.zeros(2)}}, "0", "2")
+    assert lazy["errors"] == {} and torch.equal(lazy["q"]["w"], torch.ones(2))
 
 
 def test_recovery_phases_are_read_back_from_the_step_records():
@@ -82,8 +87,12 @@ def test_recovery_phases_are_read_back_from_the_step_records():
     steps = [rec(1, [0, 1, 2], 1.0), rec(2, [0, 1, 2], 1.1), rec(3, [0, 1], 2.6, attempts=2),
              rec(4, [0, 1], 2.7), rec(5, [0, 1, 2], 2.9, healed=healed), rec(6, [0, 1, 2], 3.0)]
     rows = phase_rows(steps)
-    assert [(r["step"], r["change"], r["attempts"]) for r in rows] == [(3, "-2", 2), (5, "+2", 1)]
+    assert [(r["step"], r["change"], r["attempts"]) for r in rows] == [
+        (3, "-2", 2), (5, "this replica rejoined (recovered from a peer)", 1)]
+    survivor = [{**r, "ft": {k: v for k, v in r["ft"].items() if k != "healed"}} for r in steps]
+    assert [(r["step"], r["change"]) for r in phase_rows(survivor)] == [(3, "-2"), (5, "+2")]
     assert rows[0]["step_s"] == pytest.approx(1.5) and rows[1]["transfer_bytes"] == 4096
-    assert phase_rows(steps[4:])[0]["change"] == "joined (recovered)"  # a restarted replica's first record
+    assert phase_rows(steps[4:])[0]["change"] == "this replica rejoined (recovered from a peer)"
+    assert phase_rows([rec(1, [0, 1, 2], 1.0, attempts=3)])[0]["change"] == "start"  # waited for the others
     assert report_blocks([{"step": 1, "loss": 0.5}]) == []
     assert len(report_blocks(steps)[-1].rows) == 2

@@ -72,7 +72,9 @@ def check_faulty_run(records):
 @pytest.mark.parametrize("args", [
     ["--algorithm", "sync", "--compressor", "topk:ratio=0.25", "--error-feedback"],
     pytest.param(["--algorithm", "diloco:inner_steps=4", "--lr", "0.1"], marks=pytest.mark.slow),
-], ids=["sync-topk-ef", "diloco"])
+    pytest.param(["--task", "digits-mlp", "--algorithm", "sync", "--compressor", "powersgd:rank=2"],
+                 marks=pytest.mark.slow),
+], ids=["sync-topk-ef", "diloco", "sync-powersgd"])
 def test_sigkill_then_recovery_equals_a_fault_free_replay_bitwise(tmp_path, data_dir, args):
     args = ["--task", "synthetic-logreg", *args]
     code, rs, faulty = replicas_run(tmp_path / "kill", data_dir, args, {"GRADWIRE_KILL_AT": f"2:{KILL}"})
@@ -103,7 +105,51 @@ def test_sigkill_then_recovery_equals_a_fault_free_replay_bitwise(tmp_path, data
     shared = "x" if "x" in faulty_states[0] else "theta"  # the model every replica holds, to the bit
     for s in faulty_states[1:]:
         assert torch.equal(s[shared], faulty_states[0][shared])
+    if "powersgd" in faulty_states[0]["codec"]:  # PowerSGD's Q: transferred, the same on every replica
+        qs = [s["codec"]["powersgd"]["q"] for s in faulty_states]
+        assert qs[0] and all(torch.equal(q[name], qs[0][name]) for q in qs[1:] for name in qs[0])
+        errors = [sorted(s["codec"]["powersgd"]["errors"]) for s in faulty_states]
+        assert errors == [["0"], ["1"], ["2"]]  # each worker's own error memory only (reset on recovery)
     if "outer" in faulty_states[0]:  # DiLoCo's outer Nesterov momentum: the same on every replica
         for s in faulty_states[1:]:
             assert all(torch.equal(torch.as_tensor(u), torch.as_tensor(v))
                        for u, v in zip(tree(s["outer"]), tree(faulty_states[0]["outer"]), strict=True))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path, data_dir):
+    """A hung replica (SIGSTOP) holds the survivors' collective for timeout_s, then they go on
+    without it; woken (SIGCONT), its step fails, it is behind, and it heals from a peer; the run
+    equals the replay of its quorums with a clean leave."""
+    from gradwire.fault.harness import ReplicaSet
+
+    base = ["--task", "synthetic-logreg", "--algorithm", "sync", "--compressor", "topk:ratio=0.25", "--error-feedback"]
+    args = [*base, "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
+            "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
+    rs = ReplicaSet(tmp_path / "stop", args, replicas=3, min_replicas=2, timeout_s=3,
+                    env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+    try:
+        rs.start_all()
+        rs.wait_for_step(0, KILL, 150)
+        rs.signal(2, signal.SIGSTOP)
+        rs.wait_for_step(0, BACK - 1, 150)
+        rs.signal(2, signal.SIGCONT)
+        codes = [rs.wait(k, 150) for k in range(3)]
+        assert codes == [0, 0, 0], "\n".join(rs.log(k)[-2000:] for k in range(3))
+    finally:
+        rs.close()
+    records = {k: read_jsonl(rs.folder(k) / "steps.jsonl") for k in range(3)}
+    who = [r["ft"]["participants"] for r in records[0]]
+    first_without = who.index([0, 1]) + 1
+    assert who == [[0, 1, 2]] * (first_without - 1) + [[0, 1]] * (BACK - first_without) + \
+        [[0, 1, 2]] * (STEPS - BACK + 1)
+    healed = [r for r in records[2] if "healed" in r["ft"]]
+    assert len(healed) == 1 and healed[0]["step"] == BACK
+    states = [final_state(rs.folder(k))["algorithm"] for k in range(3)]
+    assert all(torch.equal(s["x"], states[0]["x"]) for s in states[1:])
+    # the replay: replica 2 leaves cleanly after the last step it shared, and comes back at BACK
+    _, replay_rs, replay = replicas_run(tmp_path / "replay", data_dir, base,
+                                        {"GRADWIRE_FT_LEAVE_AT": f"2:{first_without - 1}"})
+    assert [r["loss"] for r in replay[0]] == [r["loss"] for r in records[0]]
+    assert torch.equal(final_state(replay_rs.folder(0))["algorithm"]["x"], states[0]["x"])

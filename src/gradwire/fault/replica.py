@@ -35,11 +35,12 @@ def merge_rank_keyed(peer, own, peer_key: str, own_key: str):
     """``peer``'s state with its per-worker parts replaced by ``own``'s.
 
     gradwire keeps per-worker state in dicts keyed by the worker's rank (``{"2": residual}``): a
-    dict that holds only the peer's rank in ``peer`` and only this worker's in ``own`` is
-    per-worker, and this worker's own value is kept; everything else is shared by the replicas
-    (parameters, optimizer moments, PowerSGD's Q, the outer optimizer) and is the peer's."""
+    dict that holds only the peer's rank in ``peer`` and only this worker's in ``own``, or nothing
+    yet (PowerSGD fills its error memories at the first step), is per-worker, and this worker's
+    own value is kept; everything else is shared by the replicas (parameters, optimizer moments,
+    PowerSGD's Q, the outer optimizer) and is the peer's."""
     if isinstance(peer, dict) and isinstance(own, dict):
-        if peer_key != own_key and set(peer) == {peer_key} and set(own) == {own_key}:
+        if peer_key != own_key and set(peer) == {peer_key} and set(own) <= {own_key}:
             return own
         return {k: merge_rank_keyed(v, own[k], peer_key, own_key) if k in own else v for k, v in peer.items()}
     return peer
@@ -105,6 +106,8 @@ class ReplicaDriver:
         received = self.checkpoints.last_received or {}
         self.healed = {"from": int(state["rank"]), "at_step": committed, "bytes": received.get("bytes", 0),
                        "transfer_s": received.get("seconds", 0.0), "install_s": time.perf_counter() - start}
+        # the fetch's parts: waiting for the source to serialise, the bytes on the wire, torch.load
+        self.healed |= {k: received[k] for k in ("wait_source_s", "wire_s", "load_s") if k in received}
 
     def _record_quorum(self, began: float, seconds: float) -> None:
         """The quorum call on the run's timeline: a WAIT, less the state transfer inside it, a COMM

@@ -72,9 +72,13 @@ class SafeHTTPTransport(CheckpointTransport[dict]):
     def recv_checkpoint(self, src_rank, metadata, step, timeout) -> dict:
         start = time.perf_counter()
         with urllib.request.urlopen(f"{metadata}{step}", timeout=timeout.total_seconds()) as f:
+            staged = time.perf_counter()  # the answer's headers: the source has serialised its state
             data = f.read()
+        read = time.perf_counter()
         state = torch.load(io.BytesIO(data), weights_only=True)
-        self.last_received = {"bytes": len(data), "seconds": time.perf_counter() - start, "step": step}
+        self.last_received = {"bytes": len(data), "seconds": time.perf_counter() - start, "step": step,
+                              "wait_source_s": staged - start, "wire_s": read - staged,
+                              "load_s": time.perf_counter() - read}
         return state
 
     def shutdown(self, wait: bool = True) -> None:

@@ -31,7 +31,7 @@ def phase_rows(steps: list[dict]) -> list[dict]:
             wall = None if last_time is None else s["sim_time_s"] - last_time
             healed = ft.get("healed") or {}
             rows.append({"step": s["step"], "participants": who,
-                         "change": _change(before, who), "attempts": ft["attempts"],
+                         "change": _change(before, who, "healed" in ft), "attempts": ft["attempts"],
                          "step_s": wall, "quorum_s": ft["quorum_s"],
                          "transfer_bytes": healed.get("bytes"), "transfer_s": healed.get("transfer_s"),
                          "install_s": healed.get("install_s"), "from": healed.get("from")})
@@ -39,9 +39,11 @@ def phase_rows(steps: list[dict]) -> list[dict]:
     return rows
 
 
-def _change(before: list[int] | None, who: list[int]) -> str:
+def _change(before: list[int] | None, who: list[int], healed: bool) -> str:
+    if healed:
+        return "this replica rejoined (recovered from a peer)"
     if before is None:
-        return "joined (recovered)"
+        return "start"
     gone, new = sorted(set(before) - set(who)), sorted(set(who) - set(before))
     return ", ".join([f"-{r}" for r in gone] + [f"+{r}" for r in new]) or "retried"
 

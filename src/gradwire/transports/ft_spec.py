@@ -57,7 +57,7 @@ def require_torchft() -> None:
 
 
 def check(spec: str, *, workers: int, backend: str, step_timeout_s: float, needs_server: bool,
-          tensor_parallel: str) -> FaultTolerance | None:
+          tensor_parallel: str, carries_rounds: bool = False) -> FaultTolerance | None:
     """Every check of a ``--fault-tolerance`` spec against the run, one line each."""
     ft = parse(spec)
     if ft is None:
@@ -68,6 +68,9 @@ def check(spec: str, *, workers: int, backend: str, step_timeout_s: float, needs
     if needs_server or tensor_parallel:
         raise ConfigError(f"fault_tolerance={spec!r} runs allreduce algorithms of one process per replica; "
                           "server-mode algorithms and --tensor-parallel are not supported with it")
+    if carries_rounds:
+        raise ConfigError(f"fault_tolerance={spec!r}: streaming-diloco with overlap > 0 keeps outer rounds in flight "
+                          "across steps, which a quorum change would cut; use overlap=0 (or diloco)")
     if not ft.lighthouse:
         raise ConfigError(f"fault_tolerance={spec!r} needs lighthouse=HOST:PORT (gradwire launch "
                           "--fault-tolerance starts one)")
