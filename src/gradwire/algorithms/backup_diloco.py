@@ -46,7 +46,8 @@ BACKUP_DILOCO_PARAMS = {"backups": "b >= 0: replicas whose pseudo-gradients each
                         "late": "a late pseudo-gradient: drop (Chen 2016) or stale (applied at rate α/(N s), "
                                 "s its staleness in rounds: Zhang 2016)"} | {
     key: DILOCO_PARAMS[key] for key in ("inner_steps", "outer_lr", "outer_momentum", "outer_warmup", "inner",
-                                        "beta1", "beta2", "eps", "weight_decay")}
+                                        "beta1", "beta2", "eps", "weight_decay")} | {
+    "inner_steps": "H >= 1: inner steps a replica takes before it sends its pseudo-gradient"}
 
 
 @ALGORITHMS.register("backup-diloco", help="DiLoCo whose outer round averages the first n - b pseudo-gradients "

@@ -106,7 +106,7 @@ class MuonAdamW:
 
 
 MULOCO_PARAMS = {
-    "inner_steps": DILOCO_PARAMS["inner_steps"],
+    "inner_steps": "H >= 1: inner steps (Muon on the matrices, AdamW on the rest) per outer round",
     "outer_lr": DILOCO_PARAMS["outer_lr"],
     "outer_momentum": DILOCO_PARAMS["outer_momentum"],
     "muon_lr": "η of Muon on the weight matrices (Muon's authors: 0.02); other tensors: AdamW at --lr",
