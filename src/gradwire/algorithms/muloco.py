@@ -18,7 +18,7 @@ does not say which matrix is an embedding). The
 model's tensor shapes come from the task (``ctx.param_shapes``); each tensor is a contiguous range
 of the flat vector, so each optimizer works on a view.
 
-The outer deltas go through the Codec with error feedback: by default ``pquant:p=inf,block=64``
+The outer deltas go through the averager with error feedback: by default ``pquant:p=inf,block=64``
 (the ternary symbols of a 2-bit quantiser, 1.6 bits each plus a float32 scale per 64), residuals
 kept per replica (``--error-feedback`` is implied; another ``--compressor`` may be named).
 
