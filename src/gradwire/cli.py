@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from gradwire import config as config_mod
+from gradwire import version  # the package root's (gradwire.cli.version is the same function)
 from gradwire.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
 from gradwire.errors import AlreadyFinished, CommunicationError, ConfigError, DivergenceError, Stopped
 from gradwire.launch import EPILOG_LAUNCH, cmd_launch
@@ -110,19 +111,6 @@ def _config_from(ns: argparse.Namespace, base: RunConfig | None = None) -> RunCo
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80] or "run"
-
-
-def version() -> str:
-    """The installed package's version, or the source tree's."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("gradwire")
-    except PackageNotFoundError:
-        from gradwire import __version__
-
-        return __version__
 
 
 def _out_given(ns) -> bool:

@@ -82,6 +82,20 @@ class RunConfig:
                             momentum=(algorithm.default_momentum if sgd else 0.0) if self.momentum is None
                             else self.momentum)
 
+    def tensor_parallel_size(self) -> int:
+        """P, the processes that hold one worker's model (1 without --tensor-parallel)."""
+        if not self.tensor_parallel:
+            return 1
+        from gradwire.parallel.layout import parse_layout  # the layout's own parser (no torch)
+
+        return parse_layout(self.tensor_parallel).size
+
+    def processes(self, server: bool) -> int:
+        """The processes a run on a real backend needs: workers x P (each worker's model split over
+        P processes), plus one, process 0, for the server of a server-mode algorithm (``server``:
+        whether the algorithm has one). The one place this rule is written."""
+        return self.workers * self.tensor_parallel_size() + int(server)
+
     @property
     def resuming(self) -> bool:
         """Whether the run continues from OUT/checkpoint (--resume or --resume-or-start)."""
@@ -267,7 +281,7 @@ def _check_tensor_parallel(cfg: RunConfig) -> None:
                           "the backward pass, which also runs the tensor-parallel collectives; use overlap=false "
                           "(--tensor-parallel)")
     sizes = transformer_sizes(cfg.task)
-    check_layout(layout, world_size=cfg.workers * layout.size, dim=sizes["dim"], heads=sizes["heads"],
+    check_layout(layout, world_size=cfg.processes(server=False), dim=sizes["dim"], heads=sizes["heads"],
                  vocab=sizes["vocab"], batch=None if cfg.batch_size == "full" else int(cfg.batch_size))
 
 

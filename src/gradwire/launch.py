@@ -80,16 +80,14 @@ def torchrun_argv(ns) -> list[str]:
         workers = total - int(server)
         started = f"{total} are started (--nnodes {ns.nnodes} x --nproc-per-node {ns.nproc_per_node})"
         if cfg.tensor_parallel:  # P processes per worker (docs/tensor_parallel.md)
-            from gradwire.parallel.layout import parse_layout
-
-            size = parse_layout(cfg.tensor_parallel).size
+            size = cfg.tensor_parallel_size()
             if total % size:
                 raise ConfigError(f"--tensor-parallel {cfg.tensor_parallel} needs P={size} processes per worker, but "
                                   f"{started}: start a multiple of {size}")
             workers = total // size
         if "workers" in flags and cfg.workers != workers:
             extra = " plus one server process" if server else ""
-            need = cfg.workers * (parse_layout(cfg.tensor_parallel).size if cfg.tensor_parallel else 1) + int(server)
+            need = cfg.processes(server)
             raise ConfigError(f"--workers {cfg.workers}{extra} needs {need} processes but "
                               f"{started}; leave --workers out (launch counts it) or start {need}")
         if workers < 1:

@@ -55,7 +55,7 @@ def test_real_driver_runs_every_server_mode_algorithm(make_config, spec):
 
 def test_checkpoint_cut_resumes_on_the_real_driver(make_config):
     cfg = make_config(algorithm="easgd:async=true,period=2", workers=3, steps=6, eval_every=3, backend="threads",
-                      timeout_s=30, checkpoint_every=3, resume=True, stragglers="none:compute_s=0.001")
+                      timeout_s=30, checkpoint_every=3, resume_or_start=True, stragglers="none:compute_s=0.001")
     first = run(cfg)
     assert first["status"] == "finished"
     folder = cfg.out + "/checkpoint"

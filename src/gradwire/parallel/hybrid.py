@@ -42,7 +42,7 @@ class TensorParallelRun:
 
         self.layout = layout = parse_layout(cfg.tensor_parallel)
         world = os.environ.get("WORLD_SIZE", "1")
-        need = cfg.workers * layout.size
+        need = cfg.processes(server=False)  # tensor parallelism runs the collective algorithms only
         if not world.isdigit() or int(world) != need:  # before any process group exists
             raise ConfigError(f"--tensor-parallel {layout.spec()} with --workers {cfg.workers} needs workers x P = "
                               f"{need} processes but {world} were started (WORLD_SIZE); start {need} "

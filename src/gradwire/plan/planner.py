@@ -138,7 +138,7 @@ def _torch_argv(cfg: RunConfig) -> list[str]:
     """``gradwire launch`` for one run: m processes (one more for a server-mode algorithm)."""
     from gradwire.algorithms import ALGORITHMS
 
-    server = int(ALGORITHMS.build(cfg.algorithm).needs_server)
+    server = ALGORITHMS.build(cfg.algorithm).needs_server
     flags: list[str] = []
     for key, value in cfg.to_dict().items():
         if key in ("workers", "backend") or value == KEYS[key].default:
@@ -148,7 +148,7 @@ def _torch_argv(cfg: RunConfig) -> list[str]:
             flags.append(flag if value else "--no-" + flag[2:])
         else:
             flags += [flag, str(value)]
-    return [sys.executable, "-m", "gradwire", "launch", "--nproc-per-node", str(cfg.workers + server), "--",
+    return [sys.executable, "-m", "gradwire", "launch", "--nproc-per-node", str(cfg.processes(server)), "--",
             "run", *flags]
 
 

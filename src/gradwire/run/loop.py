@@ -73,16 +73,15 @@ def _transport(cfg: RunConfig, server: bool, given: Transport | None, workers=No
 
             return FtTransport(parse(cfg.fault_tolerance), cfg.workers), WallClock()
         transport = TorchTransport(timeout_s=cfg.timeout_s, device=local_device(cfg.device), workers=workers)
-    expected = cfg.workers + int(server)
-    if transport.world_size != expected:
+    expected = cfg.processes(server)
+    if workers is None and transport.world_size != expected:  # tensor parallelism: TensorParallelRun checked it
         extra = " plus one server process" if server else ""
         raise ConfigError(f"--workers {cfg.workers}{extra} needs {expected} processes but {transport.world_size} "
                           f"were started; start {expected} (gradwire launch --nproc-per-node {expected}) or pass "
                           f"--workers {transport.world_size - int(server)} (gradwire launch counts it when "
                           "--workers is left out)")
-    if server:  # process 0 serves; process p hosts worker p-1
-        transport.local_ranks = () if transport.rank == 0 else (transport.rank - 1,)
-        transport.first_worker_process = 1
+    if server:
+        transport.serve_from_process_zero()
     return transport, WallClock()
 
 
@@ -118,7 +117,7 @@ class Run:
         self.transport, self.clock = _transport(cfg, self.server_process, transport,
                                                 self.tensor_parallel and self.tensor_parallel.workers)
         # where the workers compute: the torch transport's GPU for this local rank, or --device
-        self.device = getattr(self.transport, "device", None) or torch.device(cfg.device)
+        self.device = self.transport.device or torch.device(cfg.device)
         kernels.use(cfg.kernels)  # the codecs' kernels, process-wide: torch (reference) or triton
         if self.device.type != "cpu":
             self.task = self.task.to(self.device)
@@ -175,7 +174,7 @@ class Run:
         """This process's rank among all processes (a worker's rank but with --tensor-parallel)."""
         if self.tensor_parallel:
             return self.tensor_parallel.mesh.rank
-        return getattr(self.transport, "rank", 0)
+        return self.transport.rank
 
     def wall_time(self) -> float:
         """The run's wall seconds: this attempt's so far plus the earlier attempts' up to the
@@ -268,10 +267,9 @@ class Run:
         if isinstance(self.server, RealServer):  # a quiescent cut with every worker waiting (servers/real.py)
             self.server.checkpoint(folder, self.step)
             return
-        barrier = getattr(self.transport, "barrier", None)
         self.ctx.timeline.mark_checkpoint(self.step)
-        checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(), barrier=barrier,
-                        moves_latest=self.is_writer, elapsed=self.elapsed())
+        checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(),
+                        barrier=self.transport.barrier, moves_latest=self.is_writer, elapsed=self.elapsed())
 
     def save_worker_checkpoint(self, step: int, position: dict) -> None:
         """A server-mode worker process: its state at the server's checkpoint ``step``."""
@@ -304,7 +302,7 @@ def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     from gradwire.algorithms import ALGORITHMS
     from gradwire.transports.threads import Hub, ThreadTransport
 
-    world = cfg.workers + int(ALGORITHMS.build(cfg.algorithm).needs_server)
+    world = cfg.processes(ALGORITHMS.build(cfg.algorithm).needs_server)
     hub, results, errors = Hub(cfg.timeout_s), {}, {}
 
     def process(rank: int) -> None:
@@ -412,7 +410,7 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
     bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=mode != "bar", leave=False,
                dynamic_ncols=True)
     lines = ProgressLines(cfg.label(), cfg.steps, interval, started) if mode == "lines" else None
-    sync_counters = None if r.server_process else getattr(r.transport, "sync_counters", None)
+    sync_counters = None if r.server_process else r.transport.sync_counters
 
     rate = ScheduledRate(cfg.lr, cfg.lr_schedule, cfg.steps)
 

@@ -82,6 +82,7 @@ class Transport(ABC):
     rank = 0  # this process's worker rank among the processes (one process: 0)
     device: torch.device | None = None  # where this process's tensors live when the transport decides
     # (torch.distributed: the local rank's GPU); None: wherever the run's --device says
+    first_worker_process = 0  # the process that hosts worker 0 (1 once process 0 serves)
 
     def __init__(self) -> None:
         self.bytes_sent = 0
@@ -106,6 +107,12 @@ class Transport(ABC):
                 yield
         finally:
             self.bytes_sent, self.comm_time_s = saved
+
+    def serve_from_process_zero(self) -> None:
+        """Server mode on a real backend: process 0 is the server and hosts no worker; process p
+        hosts worker p - 1."""
+        self.local_ranks = () if self.rank == 0 else (self.rank - 1,)
+        self.first_worker_process = 1
 
     def barrier(self) -> None:  # noqa: B027 - one process has no peers to wait for
         """Wait until every process has called it (a real backend); nothing to do in one process."""
