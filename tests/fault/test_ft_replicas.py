@@ -153,3 +153,32 @@ def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path,
                                         {"GRADWIRE_FT_LEAVE_AT": f"2:{first_without - 1}"})
     assert [r["loss"] for r in replay[0]] == [r["loss"] for r in records[0]]
     assert torch.equal(final_state(replay_rs.folder(0))["algorithm"]["x"], states[0]["x"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
+    """The Lighthouse stops for 2 s mid-run and a new one starts on its port: the replicas' quorum
+    requests fail meanwhile and are asked again; the run finishes with every replica holding the
+    same parameters (a replica left out of the new Lighthouse's first quorum heals from a peer)."""
+    from gradwire.fault.harness import ReplicaSet
+
+    args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--steps", str(STEPS), "--eval-every", str(STEPS),
+            "--checkpoint-every", str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir),
+            "--stragglers", "tail:p=0,compute_s=0.2"]  # paced, so that the restart falls mid-run
+    rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2)
+    try:
+        rs.start_all()
+        rs.wait_for_step(0, KILL, 150)
+        rs.restart_lighthouse(down_s=2.0)
+        codes = [rs.wait(k, 150) for k in range(3)]
+        assert codes == [0, 0, 0], "\n".join(rs.log(k)[-2000:] for k in range(3))
+    finally:
+        rs.close()
+    records = {k: read_jsonl(rs.folder(k) / "steps.jsonl") for k in range(3)}
+    assert [r["step"] for r in records[0]] == list(range(1, STEPS + 1))
+    gaps = [b["sim_time_s"] - a["sim_time_s"] for a, b in zip(records[0], records[0][1:])]
+    assert max(gaps) > 1.5, "the replicas did not wait for the Lighthouse: it never went away"
+    assert all(records[k][-1]["step"] == STEPS and records[k][-1]["ft"]["participants"] == [0, 1, 2] for k in range(3))
+    states = [final_state(rs.folder(k))["algorithm"] for k in range(3)]
+    assert all(torch.equal(s["x"], states[0]["x"]) for s in states[1:])
