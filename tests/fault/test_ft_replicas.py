@@ -182,3 +182,33 @@ def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
     assert all(records[k][-1]["step"] == STEPS and records[k][-1]["ft"]["participants"] == [0, 1, 2] for k in range(3))
     states = [final_state(rs.folder(k))["algorithm"] for k in range(3)]
     assert all(torch.equal(s["x"], states[0]["x"]) for s in states[1:])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_replica_added_mid_run_heals_and_takes_part(tmp_path, data_dir):
+    """Two replicas start (start_replicas=2 of --workers 3); the third starts mid-run, heals from a
+    peer at its first step and trains with them; every replica ends with the same parameters, and
+    its shard's samples of the steps before it came are counted as skipped."""
+    from gradwire.fault.harness import ReplicaSet
+
+    args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--compressor", "topk:ratio=0.25",
+            "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
+            "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
+    rs = ReplicaSet(tmp_path / "added", args, replicas=3, min_replicas=2, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+    rs.spec += ",start_replicas=2"
+    try:
+        rs.start(0)
+        rs.start(1)
+        rs.wait_for_step(0, BACK - 1, 150)
+        rs.start(2)
+        codes = [rs.wait(k, 150) for k in range(3)]
+        assert codes == [0, 0, 0], "\n".join(rs.log(k)[-2000:] for k in range(3))
+    finally:
+        rs.close()
+    records = {k: read_jsonl(rs.folder(k) / "steps.jsonl") for k in range(3)}
+    assert [r["ft"]["participants"] for r in records[0]] == [[0, 1]] * (BACK - 1) + [[0, 1, 2]] * (STEPS - BACK + 1)
+    assert records[2][0]["step"] == BACK and records[2][0]["ft"]["healed"]["at_step"] == BACK - 1
+    assert [rec[-1]["ft"]["skipped_samples"] for rec in records.values()] == [BATCH * (BACK - 1)] * 3
+    states = [final_state(rs.folder(k))["algorithm"] for k in range(3)]
+    assert all(torch.equal(s["x"], states[0]["x"]) for s in states[1:])
