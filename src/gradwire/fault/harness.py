@@ -27,11 +27,12 @@ class ReplicaSet:
 
         self.out, self.run_args, self.replicas = Path(out), list(run_args), replicas
         self.out.mkdir(parents=True, exist_ok=True)
-        self.lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas,
-                                           join_timeout_ms=join_timeout_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
-        address = self.lighthouse.address().rsplit(":", 1)[1]
+        self._lighthouse_args = {"min_replicas": min_replicas, "join_timeout_ms": join_timeout_ms,
+                                 "heartbeat_timeout_ms": heartbeat_timeout_ms}
+        self.lighthouse = LighthouseServer(bind="127.0.0.1:0", **self._lighthouse_args)
+        self.lighthouse_port = int(self.lighthouse.address().rsplit(":", 1)[1])
         self.spec = (f"torchft:min_replicas={min_replicas},timeout_s={timeout_s:g},quorum_timeout_s={4 * timeout_s:g},"
-                     f"lighthouse=127.0.0.1:{address}")
+                     f"lighthouse=127.0.0.1:{self.lighthouse_port}")
         self.env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="warn") | (env or {})
         self.procs: dict[int, subprocess.Popen] = {}
         self.started: dict[int, float] = {}
@@ -73,6 +74,15 @@ class ReplicaSet:
             time.sleep(0.02)
         raise TimeoutError(f"replica {k} did not reach step {step} within {timeout:g} s")
 
+    def restart_lighthouse(self, down_s: float) -> None:
+        """Stop the Lighthouse, and start a new one on the same port ``down_s`` seconds later."""
+        from torchft.coordination import LighthouseServer
+
+        self.lighthouse.shutdown()
+        self.lighthouse = None  # torchft's server closes its port when dropped, not at shutdown()
+        time.sleep(down_s)
+        self.lighthouse = LighthouseServer(bind=f"127.0.0.1:{self.lighthouse_port}", **self._lighthouse_args)
+
     def signal(self, k: int, sig: int) -> None:
         os.kill(self.procs[k].pid, sig)
 
@@ -85,4 +95,6 @@ class ReplicaSet:
                 p.send_signal(signal.SIGCONT)
                 p.kill()
                 p.wait(timeout=30)
-        self.lighthouse.shutdown()
+        if self.lighthouse is not None:
+            self.lighthouse.shutdown()
+            self.lighthouse = None

@@ -159,7 +159,8 @@ class ReplicaDriver:
             waiting = self._waits_for_all()
             self.healed = None
             t0, began = time.perf_counter(), run.ctx.timeline.now() if run.ctx.timeline.enabled else 0.0
-            manager.start_quorum(timeout=timedelta(seconds=self.ft.quorum_timeout_s))
+            if not self._quorum(deadline):
+                continue
             quorum_s = time.perf_counter() - t0
             self._record_quorum(began, quorum_s)
             if self.healed is not None:
@@ -192,6 +193,23 @@ class ReplicaDriver:
                                          f"{attempt} attempts (the last: {str(failed)[:160] or 'too few replicas'})")
             if waiting:  # for replicas still starting or away: let them heartbeat
                 time.sleep(self.ft.heartbeat_ms / 1000)
+
+    def _quorum(self, deadline: float) -> bool:
+        """``Manager.start_quorum``; False when the Lighthouse could not be reached (it restarts, a
+        link is down) and there is time left to ask again; raises once ``deadline`` has passed."""
+        try:  # one request waits at most timeout_s, so that a lost Lighthouse is asked again in time
+            left = max(deadline - time.monotonic(), 0.001)
+            self.manager.start_quorum(timeout=timedelta(seconds=min(self.ft.timeout_s, left)))
+            return True
+        except Exception as e:  # noqa: BLE001 - torchft reports an unreachable Lighthouse as several types
+            if time.monotonic() >= deadline:
+                raise CommunicationError(f"replica {self.transport.rank}: no quorum within quorum_timeout_s="
+                                         f"{self.ft.quorum_timeout_s:g} s: {str(e).splitlines()[0][:160]}") from None
+            self.events.append({"step": self.run.step, "quorum_error": str(e).splitlines()[0][:200]})
+            # the Manager keeps the failed request and raises it again at the next start_quorum: drop it
+            self.manager._quorum_future = None
+            time.sleep(self.ft.heartbeat_ms / 1000)
+            return False
 
     def leave(self) -> None:
         """Leave the job cleanly (``GRADWIRE_FT_LEAVE_AT``): the Lighthouse stops hearing from this
