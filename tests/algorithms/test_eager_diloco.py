@@ -101,3 +101,13 @@ def test_eager_resume_mid_flight_equals_never_stopping(make_config):
         assert torch.equal(resumed.algorithm.thetas[k], theta)
         assert torch.equal(resumed.algorithm.others[k], straight.algorithm.others[k])
         assert torch.equal(resumed.algorithm.replicas.x[k], straight.algorithm.replicas.x[k])
+
+
+def test_one_eager_worker_is_blocking_diloco(make_config):
+    """With one worker the average is its own outer gradient: the eager proxy is the whole of it and
+    the others' share zero, so a fully overlapped eager run takes DiLoCo's blocking outer steps."""
+    runs = [Run(make_config(algorithm=spec, lr=0.01, workers=1)) for spec in
+            ("diloco:inner_steps=3", "streaming-diloco:inner_steps=3,fragments=1,overlap=3,eager=true")]
+    for _ in range(10):
+        assert runs[0].train_step()["loss"] == runs[1].train_step()["loss"]
+        assert torch.equal(runs[0].algorithm.theta, runs[1].algorithm.theta)
