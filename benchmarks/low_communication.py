@@ -110,19 +110,21 @@ def overlap(args) -> None:
     common = dict(task=args.task, workers=args.workers, steps=args.steps, batch_size=16, lr=args.lr,
                   eval_every=args.steps // 10, network=args.network, seed=args.seed, data_dir=args.data_dir,
                   stragglers=f"none:compute_s={args.compute_s}")
-    stream = f"streaming-diloco:inner_steps={h},fragments={args.fragments}"
+    stream = f"streaming-diloco:inner_steps={h},fragments={args.fragments}" + (f",{args.outer}" if args.outer else "")
     variants = [("DiLoCo (blocking)", f"{stream},overlap=0,alpha=0"),
                 ("overlapped τ=H, α=0", f"{stream},overlap={h},alpha=0"),
                 ("overlapped τ=H, α=0.5", f"{stream},overlap={h},alpha=0.5"),
                 ("overlapped τ=H, eager", f"{stream},overlap={h},eager=true")]
     print(f"{args.workers} workers, {args.task}, {args.steps} steps of batch 16, H={h}, P={args.fragments}, "
-          f"lr {args.lr}, network {args.network}, {args.compute_s} s a step, seed {args.seed}")
+          f"lr {args.lr}, network {args.network}, {args.compute_s} s a step, seed {args.seed}, "
+          f"outer: {args.outer or 'defaults'}")
     print("| variant | test loss (last 3) | vs blocking | simulated s | bytes sent |")
     print("|---|---|---|---|---|")
     base = None
     for label, algorithm in variants:
         name = label.split(" (")[0].replace(" ", "_").replace(",", "").replace("=", "").replace("τ", "tau")
-        recs = train(Path(args.out), name, algorithm=algorithm, **common)
+        recs = train(Path(args.out) / (args.outer or "defaults").replace(",", "_").replace("=", ""), name,
+                     algorithm=algorithm, **common)
         quality = final_quality(recs)
         base = base or quality
         print(f"| {label} | {quality:.4f} | {100 * (quality / base - 1):+.2f} % | {recs[-1]['sim_time_s']:.2f} | "
@@ -159,6 +161,7 @@ def main() -> None:
     o.add_argument("--fragments", type=int, default=1)
     o.add_argument("--compute-s", type=float, default=0.05, help="simulated seconds of one inner step")
     o.add_argument("--network", default="ring:mbps=1,latency_ms=10", help="slow: a round's exchange takes steps")
+    o.add_argument("--outer", default="", help="more spec keys for every variant, e.g. outer_lr=1.0,outer_momentum=0")
     args = parser.parse_args()
     {"rates": rates, "stragglers": stragglers, "overlap": overlap}[args.what](args)
 

@@ -41,6 +41,7 @@ def test_spec_parses_and_default_is_off():
     (GOOD, {"backend": "sim"}, "needs --backend torch"),
     (GOOD, {"algorithm": "sync:backups=1"}, "server-mode algorithms"),
     (GOOD, {"algorithm": "streaming-diloco:overlap=1"}, "use overlap=0 (or diloco)"),
+    (GOOD, {"algorithm": "streaming-diloco:overlap=0,eager=true"}, "without eager"),
 ])
 def test_settings_that_cannot_work_are_refused_in_one_line(spec, kw, says):
     with pytest.raises(ConfigError) as e:

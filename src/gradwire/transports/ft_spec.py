@@ -70,7 +70,8 @@ def check(spec: str, *, workers: int, backend: str, step_timeout_s: float, needs
                           "server-mode algorithms and --tensor-parallel are not supported with it")
     if carries_rounds:
         raise ConfigError(f"fault_tolerance={spec!r}: streaming-diloco with overlap > 0 keeps outer rounds in flight "
-                          "across steps, which a quorum change would cut; use overlap=0 (or diloco)")
+                          "across steps (with eager=true, each replica's own outer parameters), which a quorum "
+                          "change would cut; use overlap=0 (or diloco), without eager")
     if not ft.lighthouse:
         raise ConfigError(f"fault_tolerance={spec!r} needs lighthouse=HOST:PORT (gradwire launch "
                           "--fault-tolerance starts one)")
