@@ -49,6 +49,7 @@ from gradwire.spec import require
                              "bucket_mb": "with overlap: gradient megabytes per bucket (the last layers' first)"})
 class SyncSGD(Algorithm):
     name = "sync"
+    default_lr = 0.8  # --lr when not given (docs/defaults.md)
     default_compressor = "none"
 
     def __init__(self, *, backups: int = 0, overlap: bool = False, bucket_mb: float = 1.0):
