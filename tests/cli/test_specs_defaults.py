@@ -77,7 +77,7 @@ def test_optimizer_runs_bare(tmp_path, data_dir, name):
 @pytest.mark.parametrize("name", names("lr-schedules"))
 def test_lr_schedule_runs_bare(tmp_path, data_dir, name):
     cfg = RunConfig(task="digits-logreg", workers=2, steps=3, eval_every=3, lr_schedule=name,
-                    out=str(tmp_path / name), data_dir=str(data_dir)).validate()
+                    out=str(tmp_path / name), data_dir=str(data_dir)).resolved().validate()
     assert run(cfg, progress=False)["status"] == "finished"
     schedule = REGISTRY["lr-schedules"].build(name)
     factors = [schedule.factor(k, 3) for k in range(3)]

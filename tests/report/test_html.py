@@ -88,3 +88,18 @@ def test_report_of_a_run_killed_mid_line_reads_the_complete_lines(comparison, tm
     assert str(tmp_path) not in html and "Run folder killed;" in html
     html = (comparison / "report.html").read_text()
     assert str(comparison.parent) not in html and f"Comparison folder {comparison.name}:" in html
+
+
+def test_a_comparison_page_fits_its_tables_and_draws_worker_charts_readably(comparison):
+    """Long unbroken values (spec strings) may wrap inside a cell, so "where the variants differ"
+    shrinks to the page instead of running off a 1400-px window; each variant's per-worker chart
+    is shown at its own width (900 px), not a third of the page beside the others."""
+    from gradwire.report.html import STYLE
+
+    html = (comparison / "report.html").read_text()
+    assert "overflow-wrap:anywhere" in STYLE.split("th{background")[0].split("th,td{")[1]
+    charts = re.findall(r'<figure><img src="data:image/png;base64,([^"]*)" alt="per-worker', html)
+    assert len(charts) == len(VARIANTS)
+    assert '<div class="row"><div><figure><img src="data:image/png;base64,' not in html
+    widths = [int.from_bytes(base64.b64decode(c)[16:20], "big") for c in charts]  # the PNG header's width
+    assert all(w >= 800 for w in widths), widths

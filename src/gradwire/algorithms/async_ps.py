@@ -31,6 +31,7 @@ from gradwire.spec import require
                      params={"max_staleness": "drop gradients staler than this many updates (-1 = never)"})
 class AsyncSGD(Algorithm):
     name = "async"
+    default_lr = 0.2  # --lr when not given (docs/defaults.md); stale gradients want smaller steps
     evaluates = "server"
 
     def __init__(self, *, max_staleness: int = -1):

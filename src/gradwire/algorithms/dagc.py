@@ -59,6 +59,7 @@ MODES = ("relative", "absolute", "uniform")
             "tau": "absolute mode: threshold of a worker with share 1/N (0 = calibrate at set-up)"})
 class DAGC(Algorithm):
     name = "dagc"
+    default_lr = 0.4  # --lr when not given (docs/defaults.md)
 
     def __init__(self, *, budget: float = 0.01, mode: str = "relative", local_steps: int = 1,
                  tau: float = 0.0):

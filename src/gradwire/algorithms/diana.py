@@ -27,6 +27,7 @@ from gradwire.spec import require
 class DIANA(Algorithm):
     default_compressor = "pquant:p=inf"  # the paper's p-norm quantization (Mishchenko 2019)
     name = "diana"
+    default_lr = 0.8  # --lr when not given (docs/defaults.md)
 
     def __init__(self, *, alpha: float = 0.0, momentum: float = 0.0):
         require(0 <= alpha <= 1, f"alpha must be in [0, 1] (0 = automatic), got {alpha}")

@@ -137,8 +137,9 @@ class StreamingDiLoCo(Algorithm):
     name = "streaming-diloco"
     evaluates = "global"
     default_compressor = "none"
+    default_lr = 3e-3  # the inner AdamW's --lr when not given (docs/defaults.md; DiLoCo inherits it)
 
-    def __init__(self, *, inner_steps: int = 100, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
+    def __init__(self, *, inner_steps: int = 20, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
                  eps: float = 1e-8, weight_decay: float = 0.1, fragments: int = 4, overlap: int = 1,
                  alpha: float = 0.5, eager: bool = False):
@@ -341,7 +342,7 @@ class DiLoCo(StreamingDiLoCo):
 
     name = "diloco"
 
-    def __init__(self, *, inner_steps: int = 500, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
+    def __init__(self, *, inner_steps: int = 10, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
                  eps: float = 1e-8, weight_decay: float = 0.1):
         super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,

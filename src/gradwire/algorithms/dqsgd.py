@@ -105,6 +105,7 @@ def choose_levels(x: torch.Tensor, bucket: int, limit: float) -> tuple[int, floa
             "bucket": "QSGD bucket size B (one float32 norm per bucket)"})
 class DQSGD(Algorithm):
     name = "dqsgd"
+    default_lr = 0.8  # --lr when not given (docs/defaults.md)
 
     def __init__(self, *, error_bound: float = 0.0, bits_budget: float = 0.0, levels: int = 0,
                  bucket: int = 512):

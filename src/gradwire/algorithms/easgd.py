@@ -49,6 +49,7 @@ EVAL_CHOICES = ("center", "average", "each")
 
 class EASGD(Algorithm):
     name = "easgd"
+    default_lr = 0.8  # --lr when not given (docs/defaults.md)
 
     def __init__(self, *, alpha: float = 0.0, beta: float = 0.9, period: int = 4, eval: str = "center",
                  asynchronous: bool = False):

@@ -35,6 +35,7 @@ EVAL_CHOICES = ("last_average", "average", "each")
                                      "workers' mean at evaluation), each (every worker)"})
 class LocalSGD(Algorithm):
     name = "local"
+    default_lr = 0.8  # --lr when not given (docs/defaults.md) (dasgd inherits it)
 
     def __init__(self, *, period: int = 4, eval: str = "last_average"):
         require(period >= 1, f"period must be >= 1 (local steps between averagings), got {period}")

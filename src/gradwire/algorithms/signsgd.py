@@ -23,6 +23,7 @@ from gradwire.spec import require
                      params={"momentum": "worker-side momentum β (Signum); 0 = plain signSGD"})
 class SignSGD(Algorithm):
     name = "signsgd"
+    default_lr = 1e-3  # --lr when not given (docs/defaults.md): a sign moves every coordinate by lr
 
     def __init__(self, *, momentum: float = 0.0):
         require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")

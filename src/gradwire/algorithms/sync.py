@@ -64,6 +64,7 @@ OVERLAP_CHOICES = ("auto", "true", "false")
                              "bucket_mb": "with overlap: gradient megabytes per bucket (the last layers' first)"})
 class SyncSGD(Algorithm):
     name = "sync"
+    default_lr = 0.8  # --lr when not given (docs/defaults.md)
     default_compressor = "none"
 
     def __init__(self, *, backups: int = 0, overlap: str = "auto", bucket_mb: float = 1.0):

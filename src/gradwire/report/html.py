@@ -60,11 +60,14 @@ class Row:
     blocks: Sequence = field(default_factory=list)
 
 
+# td/th overflow-wrap:anywhere: a long spec string or path (no spaces) may break inside, so a
+# table as wide as its text shrinks to the page instead of running off it (a 1400-px window cut
+# off the last variants of "where the variants differ")
 STYLE = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
 max-width:1400px;padding:0 1em;color:#222;line-height:1.45}
 h1{font-size:1.6em;border-bottom:2px solid #ddd;padding-bottom:.3em}h2{margin-top:1.8em;font-size:1.3em}
 table{border-collapse:collapse;margin:.8em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:.25em .6em;
-text-align:right;vertical-align:top}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+text-align:right;vertical-align:top;overflow-wrap:anywhere}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 img{max-width:100%;height:auto;border:1px solid #eee}figure{margin:.8em 0}figcaption{font-size:.85em;color:#555}
 pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:.85em}
 .table{overflow-x:auto}.row{display:flex;flex-wrap:wrap;gap:1.2em}.row>div{flex:1 1 420px;min-width:0}"""

@@ -32,7 +32,7 @@ from gradwire.report.compare import (  # noqa: E402
     seed_cells,
 )
 from gradwire.report.gantt import plot_timeline, window_end  # noqa: E402
-from gradwire.report.html import Heading, Image, Paragraph, Preformatted, Row, Table, write_page  # noqa: E402
+from gradwire.report.html import Heading, Image, Paragraph, Preformatted, Table, write_page  # noqa: E402
 from gradwire.report.plots import plot_runs, time_label  # noqa: E402
 from gradwire.report.recovery import report_blocks as recovery_blocks  # noqa: E402
 from gradwire.report.run_folder import read_complete_jsonl, read_json_or_empty  # noqa: E402
@@ -156,14 +156,16 @@ def _worker_table(runs: list[RunData]) -> list:
     blocks = [Table(headers, rows)]
     if any(r.timeline[1] == "wall" for r in timed):
         blocks.insert(0, Paragraph(WALL_NOTE))
+    # one under the other at their own size (900 px): side by side in a row, three variants' charts
+    # were shrunk to a third of the page, their labels too small to read
     images = [Image(_png(lambda buf, r=r: _plot_workers(per_worker(r.timeline[0]), buf, r.label)),
                     alt=f"per-worker time and bytes of {r.label}") for r in timed]
-    return blocks + ([Row(images)] if several else images)
+    return blocks + images
 
 
 def _plot_workers(totals: dict, buf, label: str) -> None:
     workers = list(totals)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.3 * len(workers) + 1.8), layout="constrained")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 0.3 * len(workers) + 1.8), layout="constrained")
     left = [0.0] * len(workers)
     for key, name, color in (("compute_s", "compute", "#4C72B0"), ("comm_s", "communicate", "#DD8452"),
                              ("wait_s", "wait", "#CFCFCF")):
@@ -180,7 +182,7 @@ def _plot_workers(totals: dict, buf, label: str) -> None:
     b.set_xlabel("MB")
     b.set_title("bytes per worker")
     fig.suptitle(label, fontsize=10)
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
 
 

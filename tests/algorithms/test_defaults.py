@@ -1,0 +1,51 @@
+"""Defaults that learn: --lr and --momentum left out are the algorithm's own (RunConfig.resolved),
+and every algorithm on its defaults learns on the default task (mnist1d-mlp, 8 workers, 500
+steps) -- those the sweep of docs/defaults.md found within 90 % of learning-rate-tuned sync SGD
+reach that here too (one seed here, three in the doc's table)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gradwire.algorithms import ALGORITHMS
+from gradwire.config import RunConfig
+from gradwire.run.loop import run
+
+# docs/defaults.md: sync SGD at its best learning rate of the sweep (1.6, momentum 0), mean final
+# test accuracy over seeds 0, 1, 2
+TUNED_SYNC = 0.707
+# each algorithm's final test accuracy on its defaults must reach this fraction of TUNED_SYNC:
+# 0.9 where the sweep found it (the issue's bar), else what its defaults reach on seed 0 less
+# three points (docs/defaults.md says why they fall short); chance is 0.10
+FLOOR = {"sync": 0.9, "async": 0.9, "local": 0.9, "dasgd": 0.89, "diana": 0.85, "dqgd": 0.85, "dqsgd": 0.88,
+         "easgd": 0.8, "lsgd": 0.75, "dagc": 0.6, "signsgd": 0.55, "diloco": 0.8, "streaming-diloco": 0.7}
+
+
+def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
+    cfg = RunConfig()
+    assert cfg.lr is None and cfg.momentum is None
+    for name in ALGORITHMS.names():
+        algorithm = ALGORITHMS.build(name)
+        resolved = RunConfig(algorithm=name).resolved()
+        assert (resolved.lr, resolved.momentum) == (algorithm.default_lr, algorithm.default_momentum), name
+    assert RunConfig(lr=0.3, momentum=0.5).resolved().lr == 0.3  # given: kept
+    assert RunConfig(optimizer="adamw").resolved().momentum == 0.0  # AdamW keeps its own moments
+    out = tmp_path / "run"
+    run(RunConfig(task="digits-logreg", workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
+    written = json.loads((out / "config.json").read_text())
+    assert (written["lr"], written["momentum"]) == (ALGORITHMS.build("sync").default_lr, 0.0)
+
+
+def test_floors_cover_every_algorithm():
+    assert set(FLOOR) == set(ALGORITHMS.names())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FLOOR))
+def test_every_algorithm_learns_on_its_defaults(name, tmp_path, data_dir):
+    summary = run(RunConfig(algorithm=name, out=str(tmp_path / "run"), data_dir=str(data_dir)), progress=False,
+                  curves=False)
+    acc = summary["final"]["test_acc"]
+    assert acc >= FLOOR[name] * TUNED_SYNC, (name, acc, FLOOR[name] * TUNED_SYNC)
