@@ -59,7 +59,7 @@ def test_muloco_learns_and_resumes_bitwise(make_config):
     before = straight.evaluate()["train_loss"]
     expected = [straight.train_step() for _ in range(12)]
     assert straight.evaluate()["train_loss"] < before
-    assert straight.algorithm.codec.ef is not None and straight.algorithm.codec.spec().startswith("pquant")
+    assert straight.algorithm.averager.ef is not None and straight.algorithm.averager.spec().startswith("pquant")
     first = Run(cfg)
     for _ in range(4):
         first.train_step()

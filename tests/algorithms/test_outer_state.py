@@ -22,7 +22,7 @@ def test_outer_state_in_cpu_memory_gives_equal_results(make_config, device, algo
     assert on_cpu.theta.device.type == "cpu" and on_device.theta.device.type == device.type
     assert on_cpu.theta.is_pinned() == torch.cuda.is_available()
     assert torch.equal(on_device.theta.cpu(), on_cpu.theta)
-    residuals = on_cpu.codec.ef[0].state_dict()
+    residuals = on_cpu.averager.ef[0].state_dict()
     assert residuals and all(t.device.type == "cpu" for t in residuals.values())
     for a, b in zip(runs["device"].algorithm.replicas.x.values(), on_cpu.replicas.x.values(), strict=True):
         assert torch.equal(a, b) and b.device.type == device.type  # the inner state stays on the device
