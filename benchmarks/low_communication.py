@@ -1,9 +1,11 @@
 """The low-communication methods on the simulator, small: bits per parameter per round from the
 byte ledger and quality against uncompressed DiLoCo (``rates``), and DiLoCo with backup replicas
-against DiLoCo under the heavy-tailed ``tail`` straggler model (``stragglers``).
+against DiLoCo under the heavy-tailed ``tail`` straggler model (``stragglers``), and Streaming
+DiLoCo's fully overlapped rounds with and without eager updates (``overlap``).
 
     python benchmarks/low_communication.py rates        # 4 workers, digits-mlp, 600 inner steps
     python benchmarks/low_communication.py stragglers   # 16 workers, tail:p=0.05,slowdown=10
+    python benchmarks/low_communication.py overlap      # 4 workers, digits-mlp, τ = H, eager or not
 
 Bits per parameter per round are exact, from the ledger (``bytes_sent``): on the ``ring`` network
 an all-gather of n messages counts (n - 1) times their sum and an allreduce of B bytes counts
@@ -89,7 +91,7 @@ def stragglers(args) -> None:
     print("|---|---|---|---|---|")
     print(f"| DiLoCo | {args.rounds} | {t_diloco / args.rounds:.3f} | {t_diloco:.2f} s | 1.00 |")
     for b in args.backups:
-        recs = train(out, f"backup_b{b}", algorithm=f"backup-diloco:backups={b},inner_steps={h}",
+        recs = train(out, f"backup_b{b}", algorithm=f"backup-diloco:backups={b},late={args.late},inner_steps={h}",
                      steps=2 * args.rounds, eval_every=1, **common)
         # the same 3-evaluation mean as the target, over a window of evaluations h rounds apart in DiLoCo's
         smooth = [(recs[i]["sim_time_s"], sum(r["test_loss"] for r in recs[max(0, i - 2): i + 1]) / min(3, i + 1))
@@ -98,13 +100,41 @@ def stragglers(args) -> None:
         per_round = recs[-1]["sim_time_s"] / (2 * args.rounds)
         when = f"{reached:.2f} s" if reached is not None else "not in 2x the rounds"
         ratio = f"{reached / t_diloco:.2f}" if reached is not None else "-"
-        print(f"| backup-diloco b={b} | {2 * args.rounds} | {per_round:.3f} | {when} | {ratio} |")
+        print(f"| backup-diloco b={b}, late={args.late} | {2 * args.rounds} | {per_round:.3f} | {when} | {ratio} |")
+
+
+def overlap(args) -> None:
+    """Blocking DiLoCo against Streaming DiLoCo whose rounds travel a whole round (τ = H): merged
+    with α (Douillard et al. 2025) or eager (Kale et al. 2025, arXiv:2502.12996). The same batches."""
+    h = args.inner_steps
+    common = dict(task=args.task, workers=args.workers, steps=args.steps, batch_size=16, lr=args.lr,
+                  eval_every=args.steps // 10, network=args.network, seed=args.seed, data_dir=args.data_dir,
+                  stragglers=f"none:compute_s={args.compute_s}")
+    stream = f"streaming-diloco:inner_steps={h},fragments={args.fragments}" + (f",{args.outer}" if args.outer else "")
+    variants = [("DiLoCo (blocking)", f"{stream},overlap=0,alpha=0"),
+                ("overlapped τ=H, α=0", f"{stream},overlap={h},alpha=0"),
+                ("overlapped τ=H, α=0.5", f"{stream},overlap={h},alpha=0.5"),
+                ("overlapped τ=H, eager", f"{stream},overlap={h},eager=true")]
+    print(f"{args.workers} workers, {args.task}, {args.steps} steps of batch 16, H={h}, P={args.fragments}, "
+          f"lr {args.lr}, network {args.network}, {args.compute_s} s a step, seed {args.seed}, "
+          f"outer: {args.outer or 'defaults'}")
+    print("| variant | test loss (last 3) | vs blocking | simulated s | bytes sent |")
+    print("|---|---|---|---|---|")
+    base = None
+    for label, algorithm in variants:
+        name = label.split(" (")[0].replace(" ", "_").replace(",", "").replace("=", "").replace("τ", "tau")
+        recs = train(Path(args.out) / (args.outer or "defaults").replace(",", "_").replace("=", ""), name,
+                     algorithm=algorithm, **common)
+        quality = final_quality(recs)
+        base = base or quality
+        print(f"| {label} | {quality:.4f} | {100 * (quality / base - 1):+.2f} % | {recs[-1]['sim_time_s']:.2f} | "
+              f"{recs[-1]['bytes_sent']} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("rates", "stragglers"):
+    for name in ("rates", "stragglers", "overlap"):
         p = sub.add_parser(name)
         p.add_argument("--task", default="digits-mlp")
         p.add_argument("--inner-steps", type=int, default=10)
@@ -124,8 +154,16 @@ def main() -> None:
     s.add_argument("--backups", type=int, nargs="+", default=[4, 8])
     s.add_argument("--stragglers", default="tail:p=0.05,slowdown=10,compute_s=0.05")
     s.add_argument("--network", default="ring:mbps=10000,latency_ms=0.1")
+    s.add_argument("--late", default="drop", choices=("drop", "stale"), help="backup-diloco's rule for late ones")
+    o = sub.choices["overlap"]
+    o.add_argument("--workers", type=int, default=4)
+    o.add_argument("--steps", type=int, default=600)
+    o.add_argument("--fragments", type=int, default=1)
+    o.add_argument("--compute-s", type=float, default=0.05, help="simulated seconds of one inner step")
+    o.add_argument("--network", default="ring:mbps=1,latency_ms=10", help="slow: a round's exchange takes steps")
+    o.add_argument("--outer", default="", help="more spec keys for every variant, e.g. outer_lr=1.0,outer_momentum=0")
     args = parser.parse_args()
-    (rates if args.what == "rates" else stragglers)(args)
+    {"rates": rates, "stragglers": stragglers, "overlap": overlap}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ Variants (`--only` takes the keys; `--list` prints them with their command lines
   alternate=true` (one allreduce a step), without overlap, and with 1 and 3 MB buckets;
 - `gw-diloco`: DiLoCo, H = 20 inner AdamW steps (lr 1e-3), outer Nesterov 0.7 / 0.9;
 - `gw-streaming`: Streaming DiLoCo, H = 20, 4 fragments, overlap 2 steps, fp16 outer gradients.
+- `gw-streaming-eager`: the same with each round overlapped by a whole inner phase (τ = H) and
+  eager updates, outer step 0.5 without momentum (where eager kept blocking DiLoCo's quality on
+  the simulator: docs/low_communication.md, "Eager updates"; added, not yet run on the test bed).
 - `gw-sparseloco`, `gw-demo`, `gw-muloco`: SparseLoCo (H = 20), DeMo and MuLoCo (H = 20) at their
   defaults, inner lr 1e-3 (docs/low_communication.md; rows added, not yet run on the test bed).
 
@@ -168,6 +171,9 @@ VARIANTS = [
     Variant("gw-streaming", "gradwire Streaming DiLoCo, H=20, P=4, τ=2, fp16", "adamw", "gradwire",
             ("--algorithm", "streaming-diloco:inner_steps=20,fragments=4,overlap=2", "--compressor", "fp16",
              *ADAMW_LR)),
+    Variant("gw-streaming-eager", "gradwire Streaming DiLoCo, eager, H=20, P=4, τ=20, fp16", "adamw", "gradwire",
+            ("--algorithm", "streaming-diloco:inner_steps=20,fragments=4,overlap=20,eager=true,outer_lr=0.5,"
+             "outer_momentum=0", "--compressor", "fp16", *ADAMW_LR)),
     # the low-communication methods (docs/low_communication.md), at their defaults with DiLoCo's H and inner lr
     Variant("gw-sparseloco", "gradwire SparseLoCo, H=20, 64 of 4096, ternary values", "adamw", "gradwire",
             ("--algorithm", "sparseloco:inner_steps=20", *ADAMW_LR)),

@@ -86,7 +86,8 @@ ROWS = [
     Row("gw-powersgd", "gradwire sync + PowerSGD r8 fp16", "sync",
         ADAMW | dict(compressor="powersgd:rank=8,dtype=fp16"), collectives=2),
     Row("gw-qsgd", "gradwire sync + QSGD 4-bit + EF", "sync",
-        ADAMW | dict(compressor="qsgd:levels=7,bucket=128", error_feedback=True), overlap="none"),
+        ADAMW | dict(compressor="qsgd:levels=7,bucket=128", error_feedback=True), overlap="none",
+        runs=False),  # an allgather (not summable): the time model here prices allreduces only
     Row("local-adamw", f"local AdamW, averaged every {H}", f"diloco:inner_steps={H},outer_lr=1,outer_momentum=0,"
         "outer_warmup=0", period=H, overlap="none"),
     Row("diloco", f"DiLoCo H={H}", f"diloco:inner_steps={H}", period=H, overlap="none"),
@@ -303,8 +304,8 @@ def measure_compute(row: Row, lr: float) -> dict:
             if i >= 5:
                 times.append(time.thread_time() - start)
         model, task = r.model.module, r.task
-        batch = BATCH * row.micro_batches
-        x, y = task.x_train[:batch], task.y_train[:batch]
+        # one micro-batch's backward: all that the allreduce, issued after the last micro-batch, can hide
+        x, y = task.x_train[:BATCH], task.y_train[:BATCH]
         fwd, bwd = [], []
         for _ in range(10):
             start = time.thread_time()
@@ -313,8 +314,30 @@ def measure_compute(row: Row, lr: float) -> dict:
             loss.backward()
             fwd.append(mid - start)
             bwd.append(time.thread_time() - mid)
+        # what one worker sends per communication round, from the ledger of 4 simulated workers
+        rounds = 4
+        r = Run(config(row, lr, TUNING_SEED, 4, rounds * row.period, Path(tmp) / "bytes"))
+        for _ in range(rounds * row.period):
+            r.train_step()
+        payload = r.transport.bytes_sent / (2 * 3) / rounds
     return {"compute_s": statistics.median(times), "backward_s": statistics.median(bwd),
-            "forward_s": statistics.median(fwd), "steps": COMPUTE_STEPS}
+            "forward_s": statistics.median(fwd), "steps": COMPUTE_STEPS, "payload_bytes": payload}
+
+
+def step_time_table(compute: dict) -> str:
+    """The time model alone: each row's step time over DDP's on a network of zero cost, at every
+    worker count and rate (no curves needed: what a step costs, not how many steps it takes)."""
+    ddp = compute["ddp"]["compute_s"]
+    head = "| row | " + " | ".join(f"{w} w @ {m:g}" for w in WORKERS for m in RATES_MBPS) + " |\n"
+    lines = [head, "|---" * (1 + len(WORKERS) * len(RATES_MBPS)) + "|\n"]
+    for row in ROWS:
+        cost = compute.get(row.key)
+        if not row.runs or cost is None or "payload_bytes" not in cost:
+            continue
+        cells = [step_seconds(row, cost["compute_s"], cost["backward_s"], cost["payload_bytes"], w, m) / ddp
+                 for w in WORKERS for m in RATES_MBPS]
+        lines.append(f"| {row.label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |\n")
+    return "".join(lines)
 
 
 def load_results(out: Path, workers: int, seeds, lrs: dict) -> dict:
@@ -362,13 +385,13 @@ def main(argv=None) -> int:
             lrs[f"{row.key}:trials"] = {f"{lr:g}": q for lr, q in trials.items()}
             lrs_file.write_text(json.dumps(lrs, indent=1) + "\n")
     if args.lr is not None:
-        lrs = {r.key: args.lr for r in rows} | {"untuned": args.lr}
+        lrs = lrs | {r.key: args.lr for r in rows} | {"untuned": args.lr}
         lrs_file.write_text(json.dumps(lrs, indent=1) + "\n")
     if "compute" in stages:
         path = out / "compute.json"
         compute = json.loads(path.read_text()) if path.exists() else {}
         for row in rows:
-            if row.runs and row.key not in compute:
+            if row.runs and "payload_bytes" not in compute.get(row.key, {}):
                 compute[row.key] = measure_compute(row, lrs.get(row.key, LRS[1]))
                 path.write_text(json.dumps(compute, indent=1) + "\n")
     if "curves" in stages:

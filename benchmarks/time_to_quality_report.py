@@ -16,6 +16,7 @@ from time_to_quality import (
     markdown,
     quarter_gain,
     step_seconds,
+    step_time_table,
     table_rows,
     target_quality,
 )
@@ -84,6 +85,9 @@ def write_report(out: Path, workers: list[int], seeds: list[int], lrs: dict, n_s
                     f"(per seed); one evaluation scatters {', '.join(f'{e:.2%}' for e in ref['evaluation_noise'])}.\n")
         everything["workers"][str(w)] = {"reference": ref, "rows": lines}
         plot(out, results, compute, w, ref["target"])
+    if "ddp" in compute:
+        text.append("\n### The time model alone: step time / DDP's step on a network of zero cost\n\n"
+                    + step_time_table(compute))
     (out / "results.md").write_text("".join(text))
     (out / "results.json").write_text(json.dumps(everything, indent=1, default=str) + "\n")
     print("".join(text))

@@ -11,15 +11,17 @@ The layers, bottom to top (a module may import its own layer's package and any l
     (encode/decode a real buffer) that dispatch to them
  4. transports: the transport contract, its clocks and straggler models, the simulator, threads,
     torch.distributed, the network cost model and the byte ledger
- 5. averaging: the mean over the participants (compressed mean, PowerSGD)
- 6. algorithms: what a worker computes and sends, and how messages combine
- 7. ddp: the DDP communication hook, a library entry point over averaging (above it, below any run)
- 8. parallel: tensor parallelism, whose layers talk through counted process-group collectives
- 9. servers: the parameter-server and coordinator drivers
-10. run: the run loop, which builds every layer below
-11. plan, reproduce: commands' engines that make runs
-12. launch, supervise: starting and supervising processes (torchrun)
-13. cli, __main__: the command line
+ 5. fault: fault tolerance on torchft above its transport (transports/ft.py, whose spec is
+    transports/ft_spec.py): the replica driver, live state transfer, the fault-injection harness
+ 6. averaging: the mean over the participants (compressed mean, PowerSGD)
+ 7. algorithms: what a worker computes and sends, and how messages combine
+ 8. ddp: the DDP communication hook, a library entry point over averaging (above it, below any run)
+ 9. parallel: tensor parallelism, whose layers talk through counted process-group collectives
+10. servers: the parameter-server and coordinator drivers
+11. run: the run loop, which builds every layer below
+12. plan, reproduce: commands' engines that make runs
+13. launch, supervise: starting and supervising processes (torchrun)
+14. cli, __main__: the command line
 
 Data flows config -> task and partition -> algorithm -> averager/driver -> transport -> metrics
 and reports; the import order differs only where a later stage is a contract or a recorder that
@@ -45,6 +47,7 @@ LAYERS = [
     {"kernels"},
     {"compress"},
     {"transports"},
+    {"fault"},
     {"averaging"},
     {"algorithms"},
     {"ddp"},
@@ -64,6 +67,7 @@ ALLOWED_UPWARD = {
     ("config", "tasks"),  # ... and asks the task for the transformer's sizes: the same change
     ("config", "parallel"),  # ... and checks the tensor-parallel layout: the same change
     ("config", "kernels"),  # ... and asks the kernel sets whether --kernels can run here: the same change
+    ("config", "transports"),  # ... and checks --fault-tolerance (transports/ft_spec.py): the same change
     ("launch", "cli"),  # launch parses run arguments with the cli's parser: the cli package
     ("kernels", "compress"),  # each kernel module imports its torch reference codec (constants, layouts),
     # while the codecs dispatch down to the kernels: the shared pieces belong in a module below both

@@ -78,7 +78,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 # what the command line does when a flag is left out, where that is not the field's own default
-SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>"}
+SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>",
+                  "lr": "the algorithm's (gradwire list algorithms)", "momentum": "the algorithm's"}
 
 
 def _add_run_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:

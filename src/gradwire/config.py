@@ -39,10 +39,10 @@ class RunConfig:
 
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
-    lr: float = 0.05                          # step size γ
+    lr: float | None = None                   # step size γ (None: the algorithm's default_lr)
     optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw:beta1=0.9,beta2=0.999,eps=1e-8
     lr_schedule: str = "constant"             # lr over the run: constant, cosine:warmup=W,min_ratio=R, linear:...
-    momentum: float = 0.0                     # heavy-ball momentum β
+    momentum: float | None = None             # heavy-ball momentum β (None: the algorithm's default_momentum)
     nesterov: bool = False                    # Nesterov momentum (as torch.optim.SGD's); needs momentum > 0
     weight_decay: float = 0.0                 # weight decay: added to the gradient (sgd), decoupled (adamw)
     dtype: str = "float32"                    # float32 or float64, end to end
@@ -58,6 +58,7 @@ class RunConfig:
     resume_or_start: bool = False             # continue from OUT/checkpoint/latest, or start at step 0 without one
     overwrite: bool = False                   # replace the run already in OUT (its files and checkpoint/)
     tensorboard: bool = False                 # also write the scalars to OUT/tensorboard (needs tensorboard)
+    fault_tolerance: str = "none"             # torch: torchft:min_replicas=N,timeout_s=S,lighthouse=HOST:PORT,replica=K
 
     def label(self) -> str:
         if self.name:
@@ -66,6 +67,20 @@ class RunConfig:
         if self.compressor != "none":
             text += f" + {self.compressor}" + (" + EF" if self.error_feedback else "")
         return text
+
+    def resolved(self) -> RunConfig:
+        """This config with --lr and --momentum filled in where they were not given: the algorithm's
+        own defaults (``Algorithm.default_lr``, ``default_momentum``: chosen so that each algorithm
+        learns on the default task, docs/defaults.md); momentum only under --optimizer sgd."""
+        if self.lr is not None and self.momentum is not None:
+            return self
+        from gradwire.algorithms import ALGORITHMS
+
+        algorithm = ALGORITHMS.build(self.algorithm)
+        sgd = parse_spec(self.optimizer)[0] == "sgd"
+        return self.replace(lr=algorithm.default_lr if self.lr is None else self.lr,
+                            momentum=(algorithm.default_momentum if sgd else 0.0) if self.momentum is None
+                            else self.momentum)
 
     def tensor_parallel_size(self) -> int:
         """P, the processes that hold one worker's model (1 without --tensor-parallel)."""
@@ -111,6 +126,7 @@ class RunConfig:
         from gradwire.algorithms.optim import lr_schedule
 
         lr_schedule(self.lr_schedule, self.steps)  # a warm-up that fits in the run
+        self.resolved().check_values()  # the algorithm's defaults of --lr and --momentum with the rest
         _check_device(self.device)
         if self.tensorboard:
             from gradwire.report.tensorboard import require_tensorboard
@@ -118,6 +134,14 @@ class RunConfig:
             require_tensorboard()
         if self.tensor_parallel:
             _check_tensor_parallel(self)
+        if self.fault_tolerance != "none":  # docs/fault_tolerance.md
+            from gradwire.algorithms import ALGORITHMS
+            from gradwire.transports.ft_spec import check
+
+            algorithm = ALGORITHMS.build(self.algorithm)
+            check(self.fault_tolerance, workers=self.workers, backend=self.backend, step_timeout_s=self.timeout_s,
+                  needs_server=algorithm.needs_server, tensor_parallel=self.tensor_parallel,
+                  carries_rounds=algorithm.name == "streaming-diloco" and (algorithm.overlap > 0 or algorithm.eager))
         return self
 
     def check_values(self) -> RunConfig:
@@ -134,10 +158,11 @@ class RunConfig:
             _positive(self.batch_size, "batch_size")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"dtype={self.dtype!r}: valid choices are float32, float64 {_flag('dtype')}")
-        _step_size(self.lr, "lr", self.dtype, positive=True)
-        if not 0 <= self.momentum < 1:
+        if self.lr is not None:  # (None: the algorithm's default, checked once resolved)
+            _step_size(self.lr, "lr", self.dtype, positive=True)
+        if self.momentum is not None and not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum={self.momentum} must be in [0, 1) {_flag('momentum')}")
-        if self.nesterov and not self.momentum:
+        if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0 "
                               f"{_flag('nesterov')}")
         _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
@@ -180,6 +205,8 @@ def coerce(key: str, value: Any) -> Any:
     if key not in KEYS:
         raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(KEYS)} (each also a flag: --key-name)")
     default = KEYS[key].default
+    if default is None:  # given when left out by the algorithm (lr, momentum): a float when given
+        default = 0.0
     try:
         if key == "batch_size":
             return "full" if str(value) == "full" else _int(value)

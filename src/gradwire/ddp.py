@@ -187,8 +187,9 @@ class HookState:
         if missing:
             raise ConfigError(f"gradwire.ddp state lacks {missing}: not a HookState.state_dict()")
         mine = self.state_dict()
+        saved = dict(state, compressor=resolved_spec(state["compressor"]))
         for key in ("compressor", "error_feedback", "rank", "world_size"):
-            if state[key] != mine[key]:
+            if saved[key] != mine[key]:
                 raise ConfigError(
                     f"gradwire.ddp state was saved with {key}={state[key]!r}, this hook has {mine[key]!r}; "
                     "residuals belong to one rank of one configuration (start without the state instead)")
@@ -210,6 +211,16 @@ class HookState:
         ef = "+EF" if self.error_feedback else ""
         return (f"<gradwire.ddp hook {self.compressor.spec()}{ef} rank {self.rank}/{self.world_size}, "
                 f"step {self.step}, {self.bytes_sent} bytes sent>")
+
+
+def resolved_spec(spec: str) -> str:
+    """``spec`` with every default filled in as this version renders it, so a hook state saved
+    before a key gained a default (qsgd's ``format``, whose old payloads are ``format=1`` but whose
+    residuals are the same numbers) loads; a spec this version cannot build is returned as it is."""
+    try:
+        return build_method(spec).spec()
+    except ConfigError:
+        return spec
 
 
 def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = "none", *,

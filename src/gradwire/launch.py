@@ -123,6 +123,14 @@ def torchrun_argv(ns) -> list[str]:
 
 
 def cmd_launch(ns) -> int:
+    rest = list(ns.rest or [])
+    rest = rest[1:] if rest[:1] == ["--"] else rest
+    if rest[:1] == ["run"] and "--fault-tolerance" in " ".join(rest):  # replicas and a Lighthouse (fault/launch.py)
+        cfg = run_options(rest[1:])[0]
+        if cfg.fault_tolerance != "none":
+            from gradwire.fault.launch import launch_replicas
+
+            return launch_replicas(ns, rest[1:], cfg)
     argv = torchrun_argv(ns)
     if ns.ifname:  # the children inherit the environment
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = ns.ifname

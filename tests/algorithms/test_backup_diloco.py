@@ -57,6 +57,44 @@ def test_outer_steps_use_the_first_n_and_drop_the_late(make_config):
     assert late >= 1  # worker 0's pseudo-gradients did arrive, for rounds already over
 
 
+def test_late_pseudo_gradients_applied_with_the_staleness_rule(make_config):
+    """late=stale: every message is replayed in the order the server handled it. A late Δ of
+    staleness s moves θ by -α Δ / (N s) at once (plain SGD: the Nesterov buffer untouched); a
+    round's N fresh ones take torch.optim.SGD's Nesterov step on their mean."""
+    cfg = make_config(algorithm="backup-diloco:backups=1,late=stale,inner_steps=2,outer_lr=0.7,outer_momentum=0.9,"
+                                "outer_warmup=0",
+                      dtype="float64", lr=0.01, workers=3, stragglers="slow:count=1,slowdown=4,compute_s=0.01")
+    r = Run(cfg)
+    alg = r.algorithm
+    theta = torch.nn.Parameter(alg.theta.clone())
+    outer = torch.optim.SGD([theta], lr=0.7, momentum=0.9, nesterov=True)
+    fresh, applied = [], 0
+    on_message = alg.on_message
+
+    def replayed(msg, finished):
+        nonlocal applied, fresh
+        current = alg.current
+        answer = on_message(msg, finished)
+        delta = msg.tensor(alg.theta).clone()
+        with torch.no_grad():
+            if msg.tag < current:
+                theta.sub_(delta, alpha=0.7 / (2 * (current - msg.tag)))
+                applied += 1
+            else:
+                fresh.append(delta)
+                if len(fresh) == 2:
+                    theta.grad = (fresh[0] + fresh[1]) / 2
+                    with torch.enable_grad():
+                        outer.step()
+                    fresh = []
+        torch.testing.assert_close(alg.theta, theta.detach(), rtol=0, atol=1e-13)
+        return answer
+
+    alg.on_message = replayed
+    infos = [r.train_step() for _ in range(8)]
+    assert applied >= 1 and all(i["dropped"] == 0 for i in infos) and any(i["late"] for i in infos)
+
+
 def test_a_message_costs_its_inner_steps_draws(make_config):
     """On the simulator a replica sends after the sum of its H inner steps' straggler draws."""
     cfg = make_config(algorithm="backup-diloco:backups=0,inner_steps=4", lr=0.01, workers=2,
@@ -78,9 +116,10 @@ def test_simulator_and_real_driver_agree_with_one_replica(make_config):
     assert [{k: x[k] for k in keys} for x in a] == [{k: x[k] for k in keys} for x in b]
 
 
-def test_real_driver_takes_the_first_n_of_each_round(make_config):
-    cfg = make_config(algorithm="backup-diloco:backups=1,inner_steps=2", workers=3, steps=5, eval_every=5, lr=0.01,
-                      backend="threads", timeout_s=30, stragglers="lognormal:sigma=0.5,compute_s=0.002")
+@pytest.mark.parametrize("late", ["drop", "stale"])
+def test_real_driver_takes_the_first_n_of_each_round(make_config, late):
+    cfg = make_config(algorithm=f"backup-diloco:backups=1,late={late},inner_steps=2", workers=3, steps=5, eval_every=5,
+                      lr=0.01, backend="threads", timeout_s=30, stragglers="lognormal:sigma=0.5,compute_s=0.002")
     summary = run(cfg, progress=False)
     assert summary["status"] == "finished" and summary["lost_workers"] == []
     steps = read_jsonl(cfg.out + "/steps.jsonl")

@@ -16,7 +16,7 @@ from gradwire.run.loop import Run
 from gradwire.servers.simulated import SimulatedServer
 from gradwire.tasks.evaluate import evaluate
 from gradwire.tasks.oracle import WorkerData
-from tests.algorithms.lsgd_reference import CASES, FILE, trajectory
+from tests.algorithms.lsgd_reference import CASES, FILE, mismatches, trajectory
 from tests.helpers import LOCAL_UPDATES, read_jsonl
 
 
@@ -190,12 +190,13 @@ def test_default_groups_follow_nodes_but_never_groups_of_one(make_config, per_no
 
 @pytest.mark.parametrize("old", list(CASES))
 def test_prox_zero_and_window_tau_reproduce_the_recorded_trajectories(data_dir, tmp_path, old):
-    """Recorded before the proximal pull and the window existed (lsgd_reference.py): every step's
-    figures, clock, bytes and every replica's sha256, and the last evaluation, bit for bit."""
+    """Recorded with the code from before the proximal pull and the window (lsgd_reference.py):
+    every step's leaders, gradients and bytes exactly, and each replica's parameters, the losses,
+    the clock and the last evaluation within what float32 summation order explains (on any CPU)."""
     recorded = json.loads(FILE.read_text())[old]
-    assert trajectory(old + CASES[old], str(data_dir), str(tmp_path / "run")) == recorded
+    assert mismatches(recorded, trajectory(old + CASES[old], str(data_dir), str(tmp_path / "run"))) == []
     # ... and the new defaults do move them (the reference can fail)
-    assert trajectory(old, str(data_dir), str(tmp_path / "new")) != recorded
+    assert mismatches(recorded, trajectory(old, str(data_dir), str(tmp_path / "new")))
 
 
 def _spy_prox(alg):

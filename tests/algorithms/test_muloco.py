@@ -3,6 +3,7 @@ optimizer against a reference written here, quantised outer deltas with error fe
 
 import math
 
+import pytest
 import torch
 
 from gradwire.algorithms.muloco import Muon, MuonAdamW
@@ -67,3 +68,21 @@ def test_muloco_learns_and_resumes_bitwise(make_config):
     resumed.load_state_dict(through_bytes(first.state_dict()))
     assert [resumed.train_step() for _ in range(8)] == expected[4:]
     assert torch.equal(resumed.algorithm.theta, straight.algorithm.theta)
+
+
+def test_muloco_spec_has_diloco_s_outer_warmup(make_config):
+    """``outer_warmup`` is MuLoCo's own key (DiLoCo's ramp, default 10 rounds), and it ramps its μ."""
+    from gradwire.algorithms.base import ALGORITHMS
+    from gradwire.algorithms.diloco import OUTER_WARMUP
+
+    assert "outer_warmup" in ALGORITHMS.entry("muloco").params
+    default = Run(make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.003)).algorithm
+    assert default.outer_warmup == OUTER_WARMUP == 10
+    ramped = Run(make_config(algorithm="muloco:inner_steps=3,outer_warmup=2", task="digits-mlp", lr=0.003))
+    assert [ramped.algorithm.outer_momentum_at(k) for k in range(4)] == pytest.approx([0, 0.25, 0.5, 0.5])
+    constant = Run(make_config(algorithm="muloco:inner_steps=3,outer_warmup=0", task="digits-mlp", lr=0.003))
+    for run in (ramped, constant):
+        for _ in range(9):  # three outer rounds
+            run.train_step()
+    assert not torch.equal(ramped.algorithm.theta, constant.algorithm.theta)
+    assert ramped.algorithm.outer[0].steps == 3

@@ -13,15 +13,19 @@ LM = "stdlib-lm:context=16,dim=32,layers=1,heads=2,train_bytes=40000,val_bytes=4
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("nproc, extra", [
-    (2, ["--task", LM, "--algorithm", "diloco:inner_steps=3", "--lr-schedule", "cosine:warmup=2,min_ratio=0.1"]),
-    (2, ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=4,fragments=2,overlap=3"]),
+@pytest.mark.parametrize("nproc, extra, evaluated", [  # evaluations on round ends (Algorithm.evaluates_at)
+    (2, ["--task", LM, "--algorithm", "diloco:inner_steps=3", "--lr-schedule", "cosine:warmup=2,min_ratio=0.1"],
+     [0, 3, 6, 9, 12]),
+    (2, ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=4,fragments=2,overlap=3"],
+     [0, 5, 9, 12]),  # the last fragment (offset 2) merges τ = 3 steps after it is sent: 5, 9
     (3, ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=3,fragments=3,overlap=1",
-         "--compressor", "qsgd:levels=8,bucket=128", "--error-feedback"]),
+         "--compressor", "qsgd:levels=8,bucket=128", "--error-feedback"], [0, 3, 6, 9, 12]),
+    (2, ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=4,fragments=2,overlap=3,eager=true",
+         "--compressor", "qsgd:levels=8,bucket=128"], [0, 5, 9, 12]),  # eager updates (Kale et al. 2025)
 ])
-def test_sim_and_torch_backends_agree(tmp_path, data_dir, nproc, extra):
+def test_sim_and_torch_backends_agree(tmp_path, data_dir, nproc, extra, evaluated):
     real, sim = sim_and_torch(tmp_path, data_dir, nproc, COMMON + extra)
-    assert [r["step"] for r in real] == [r["step"] for r in sim] == list(range(0, 13, 2))
+    assert [r["step"] for r in real] == [r["step"] for r in sim] == evaluated
     # sums of floats in another order (gloo's ring against the simulator's rank order): close, not bitwise
     torch.testing.assert_close([r["train_loss"] for r in real], [r["train_loss"] for r in sim], rtol=1e-5, atol=1e-6)
     assert [r["bytes_sent"] for r in real] == [r["bytes_sent"] for r in sim]

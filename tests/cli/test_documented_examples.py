@@ -1,12 +1,16 @@
-"""Every example that README.md and `gradwire run --help` show runs: each `gradwire run` line of
+"""Every example that README.md and the --help pages show runs: each `gradwire run` line of
 EPILOG_RUN and of the README's "Command line" block, shortened to a few steps, exits 0 with a
-finite loss; the README's compressor snippet runs as written. (The README's DDP snippet is run on
-2 gloo processes in tests/ddp/test_readme_snippet.py.)
+finite loss; the README's walk-through (`make demo`, then every line of its "Command line" block
+in order, in one folder) and every example of the run, compare, plan and reproduce --help pages
+exit 0 on small settings; the README's compressor snippet runs as written. (The README's DDP
+snippet is run on 2 gloo processes in tests/ddp/test_readme_snippet.py.)
 
-Not run here: `gradwire compare --config examples/demo.yaml` (minutes; every variant of every
-examples/*.yaml is built in tests/cli/test_examples.py), the torchrun/launch lines of the README
-(tests/backends/), and `gradwire run --config run.yaml` from --help, whose file is the user's own
-(it does not exist in the repository; the test skips a config example whose file is missing).
+Small settings: a few steps (enough for a warm-up the line asks for), 4 workers for a
+comparison, a target every short run reaches for a plan, and `reproduce --quick` on its quickest
+claim (every claim's --quick runs in tests/reproduce/test_every_claim.py). A config file an
+example names but the repository does not hold (the user's own run.yaml, base.yaml) is written
+small first. Not run here: the torchrun/launch lines of the README and of `launch --help`
+(tests/backends/ launch such groups; several nodes cannot be had here).
 """
 
 from __future__ import annotations
@@ -89,6 +93,88 @@ def test_list_and_help(capsys):
     shown = capsys.readouterr().out
     for example in _help_examples():
         assert example in shown
+
+
+# -- the walk-through --------------------------------------------------------------------------------
+
+MAKE_DEMO = "gradwire compare --config examples/demo.yaml --out runs/demo --overwrite"  # the Makefile's demo
+USER_FILES = {"run.yaml": "task: digits-logreg\nworkers: 2\n",
+              "base.yaml": "task: synthetic-logreg:samples=256,dim=5\nbatch_size: 8\n"}
+
+
+def _makefile_demo() -> str:
+    line = next(x for x in (ROOT / "Makefile").read_text().splitlines() if "compare --config examples/demo.yaml" in x)
+    return line.strip().removeprefix("$(VENV)/bin/")
+
+
+def _epilog_commands(epilog: str, command: str) -> list[list[str]]:
+    """The `gradwire COMMAND` examples of a --help epilog: continuation lines joined, a trailing
+    "(comment)" cut, and "..." (the page's "the rest as above") replaced by the first example's flags."""
+    text = epilog.replace("\\\n", " ")
+    lines = [re.sub(r"\s{2,}\(.*\)$", "", x.strip()) for x in text.splitlines()]
+    found = [shlex.split(x) for x in lines if x.startswith(f"gradwire {command} ")]
+    first = found[0][2:]
+    return [[*cmd[:2], *[a for part in cmd[2:] for a in (first if part == "..." else [part])]] for cmd in found]
+
+
+def _small(cmd: list[str], data_dir) -> list[str]:
+    """``cmd`` (without "gradwire") on small settings; later flags win."""
+    argv, what = cmd[1:], cmd[1]
+    if "--help" in argv or what in ("list", "report"):
+        return argv
+    if what == "reproduce":
+        return argv if "--list" in argv else [*argv, "--quick", "--only", "lsgd-symmetry"]
+    warmup = re.search(r"warmup=(\d+)", " ".join(argv))
+    steps = max(4, int(warmup.group(1)) + 2) if warmup else 4
+    small = ["--steps", str(steps), "--eval-every", str(steps), "--data-dir", str(data_dir)]
+    if what == "compare":
+        small += ["--workers", "4"]
+    if what == "plan":
+        small += ["--validate-max-steps", str(2 * steps)]
+        small += ["--target-loss", "100"] if "--target-loss" in argv else []
+    return argv + small
+
+
+def _run_in_order(commands: list[list[str]], data_dir, monkeypatch) -> None:
+    # each run's own curves.png is most of a tiny run's time; the comparisons and report pages draw
+    # their plots themselves (imported first: they keep the real plot_runs), so every page is drawn
+    import gradwire.report.compare  # noqa: F401
+    import gradwire.report.pages  # noqa: F401
+
+    monkeypatch.setattr("gradwire.report.plots.plot_runs", lambda records, path, *a, **k: path)
+    for cmd in commands:
+        argv = _small(cmd, data_dir)
+        try:
+            code = main(argv)
+        except SystemExit as e:  # --help
+            code = e.code
+        assert code == 0, shlex.join(cmd)
+
+
+@pytest.mark.slow
+def test_the_readme_walk_through_runs_in_order(tmp_path, data_dir, monkeypatch, capsys):
+    """`make demo`, then every line of the README's "Command line" block, top to bottom, in one
+    folder: each exits 0 (the compare line after `make demo` as well)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    assert _makefile_demo() == MAKE_DEMO
+    _run_in_order([shlex.split(MAKE_DEMO), *_readme_commands()], data_dir, monkeypatch)
+    assert (tmp_path / "runs" / "b2" / "report.html").exists() and (tmp_path / "runs" / "demo-seeds").is_dir()
+    assert "already finished at step 4" in capsys.readouterr().out  # the demo's variants, made by `make demo`
+
+
+@pytest.mark.slow
+def test_every_help_example_runs(tmp_path, data_dir, monkeypatch):
+    from gradwire.cli import EPILOG_COMPARE, EPILOG_PLAN, EPILOG_REPRODUCE
+
+    monkeypatch.chdir(tmp_path)
+    for name, text in USER_FILES.items():
+        (tmp_path / name).write_text(text)
+    commands = [*_epilog_commands(EPILOG_RUN, "run"), *_epilog_commands(EPILOG_COMPARE, "compare"),
+                *_epilog_commands(EPILOG_PLAN, "plan"), *_epilog_commands(EPILOG_REPRODUCE, "reproduce")]
+    assert [c[1] for c in commands] == ["run"] * 4 + ["compare"] + ["plan"] * 4 + ["reproduce"] * 3
+    assert all("..." not in c for c in commands)
+    _run_in_order(commands, data_dir, monkeypatch)
 
 
 def test_readme_compressor_snippet(capsys):

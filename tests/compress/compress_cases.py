@@ -18,6 +18,7 @@ SPECS = [
     "pquant:p=1,block=5", "pquant:p=2", "pquant:p=inf,block=8",
     "threshold:tau=0.5", "threshold:tau=0",
     "natural",
+    "chunked-topk:chunk=64,k=4,values=raw", "chunked-topk:chunk=7,k=3,values=raw",
 ]
 STOCHASTIC = ["qsgd", "qsgd:levels=1,bucket=4", "qsgd:levels=2,bucket=7", "qsgd:levels=16,bucket=5", "terngrad",
               "terngrad:clip=0",
@@ -97,4 +98,10 @@ def expected_nbytes(spec: str, n: int, dtype: torch.dtype, kept: list[int] | Non
         return 4 + len(kept) * size + positions(n, kept)
     if name == "natural":
         return n + ceil_div(n, 8)
+    if name == "chunked-topk":  # k of every chunk of C, the last (L < C elements) ceil(k L / C)
+        chunk, k = int(kw["chunk"]), int(kw["k"])
+        tail = n % chunk
+        assert len(kept) == n // chunk * k + min(tail, ceil_div(k * tail, chunk))
+        assert kw.get("values") == "raw"
+        return len(kept) * size + positions(n, kept)
     raise KeyError(spec)

@@ -43,7 +43,7 @@ def test_unsupported_dtype():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("nope", "unknown compressor 'nope'; valid compressors: bf16, fp16, natural, none, pquant, qsgd"),
+    ("nope", "unknown compressor 'nope'; valid compressors: bf16, chunked-topk, fp16, natural, none, pquant, qsgd"),
     ("qsgd:level=3", "no parameter 'level'; valid parameters: levels, bucket"),
     ("topk:fraction=0.1", "valid parameters: ratio"),
     ("qsgd:levels=0", "levels must be in 1..127"),

@@ -71,3 +71,8 @@ def test_field_beyond_the_radix_is_corrupt():
 def test_bad_format_is_one_clear_error():
     with pytest.raises(Exception, match="format must be one of 1, 2, got 3"):
         build("qsgd:format=3")
+
+
+def test_fixed_width_is_kept_exactly_where_documented():
+    kept = [s for s in range(1, 128) if field_layout(s)[0] == 1]
+    assert kept == [7, 14, 15, *range(26, 32), *range(51, 64), *range(98, 128)]

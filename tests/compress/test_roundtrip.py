@@ -39,13 +39,13 @@ def kept(spec: str, x: torch.Tensor, y: torch.Tensor) -> list[int] | None:
     name, kw = params(spec)
     if name == "threshold":
         return (x.double().abs() >= float(kw["tau"])).reshape(-1).nonzero().view(-1).tolist()
-    return (y != 0).reshape(-1).nonzero().view(-1).tolist() if name == "topk" else None
+    return (y != 0).reshape(-1).nonzero().view(-1).tolist() if name in ("topk", "chunked-topk") else None
 
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_nbytes_formula_on_many_sizes(spec):
     c = build(spec)
-    sparse = spec.startswith(("threshold", "topk"))
+    sparse = spec.startswith(("threshold", "topk", "chunked-topk"))
     for n in [0, 1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 100, 511, 512, 513, 4097]:
         x = torch.randn(n)
         packet = c.encode(x)

@@ -32,3 +32,17 @@ def test_ddp_hook_benchmark_small_runs_on_gloo():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
     assert rows == ["configuration", "plain DDP", "torch allreduce_hook", "none"]
+
+
+def test_gpu_figures_script_names_commands_that_exist(capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_figures
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert gpu_figures.main(["--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(gpu_figures.COMMANDS) >= 4
+    for command in gpu_figures.COMMANDS:
+        paths = [c for c in command[1:] if c.startswith(("tests/", "benchmarks/"))]
+        assert paths and all((ROOT / c).exists() for c in paths), command

@@ -12,6 +12,7 @@ from gradwire.errors import ConfigError
 
 
 def test_torch_is_the_default_and_bad_values_are_one_clear_error(monkeypatch):
+    kernels.use(None)  # a run earlier in this process chose its config's kernels
     monkeypatch.delenv(kernels.ENV, raising=False)
     assert kernels.current() == "torch"
     monkeypatch.setenv(kernels.ENV, "cuda")

@@ -169,3 +169,12 @@ def test_a_recommendation_carries_its_measured_error_and_a_warning_beyond_the_ta
     assert trust(best, [], target=True)["warning"].startswith("not validated")
     unreached = [{"candidate": "sync", "workers": 1, "error_time": None}]
     assert "untested" in trust(best, unreached, target=True)["warning"]
+
+
+def test_a_target_met_at_the_first_evaluation_is_planned_and_validated(tmp_path):
+    """A target the start already meets takes 0 s: the validation's regret (a ratio of times) has
+    no value then (it divided by zero)."""
+    p = plan(tmp_path, "--steps", "4", "--eval-every", "4", "--workers", "2,4,8", "--max-workers", "16",
+             "--target-loss", "100", "--validate", "16", "--validate-max-steps", "4")
+    assert p["validation_summary"]["regret"] is None and p["validation_summary"]["best_measured"]["time_s"] == 0
+    assert p["recommendation"]["measured_error"] is None  # (predicted - measured) / measured: measured 0

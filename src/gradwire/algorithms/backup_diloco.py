@@ -12,12 +12,17 @@ the rest dropped. Here the same protocol carries DiLoCo's pseudo-gradients:
   Δ_i = θ - x_i as GRADIENT, tagged with the round it started from;
 - the server averages the first N of round t (summed in rank order), takes the outer Nesterov step
   θ <- OuterOpt(θ, mean Δ) as DiLoCo does, and answers each of the N with PARAMS (θ, t + 1);
-- a pseudo-gradient tagged with an earlier round is late: **dropped**, never applied (Chen et al.
-  2016's rule; no staleness weighting), counted in ``dropped``, and its replica is answered at once
-  with the current θ, so it skips the rounds it missed (x_i <- θ) and keeps its inner optimizer.
+- a pseudo-gradient tagged with an earlier round is late. ``late=drop`` (default): **dropped**,
+  never applied (Chen et al. 2016's rule), counted in ``dropped``. ``late=stale``: applied at once
+  as one of N contributions with a staleness-dependent rate, θ <- θ - α Δ_i / (N s), s = the rounds
+  since the θ it started from (>= 1): the learning rate divided by the staleness of Zhang, Gupta,
+  Lian, Liu (2016), "Staleness-aware Async-SGD for Distributed Deep Learning", arXiv:1511.05950;
+  plain SGD, the outer momentum untouched (momentum on stale updates is what Liu et al. 2024 found
+  harmful). Either way its replica is answered at once with the current θ, so it skips the rounds
+  it missed (x_i <- θ) and keeps its inner optimizer.
 
-Asynchronous outer rounds that apply late pseudo-gradients with a staleness rule (Liu et al. 2024,
-"Asynchronous Local-SGD Training for Language Modeling", arXiv:2401.09135) are not built here.
+Fully asynchronous outer rounds (Liu et al. 2024, "Asynchronous Local-SGD Training for Language
+Modeling", arXiv:2401.09135: delayed Nesterov momentum, dynamic local steps) are not built here.
 
 The protocol runs on both backends' server-mode drivers (``gradwire/servers/``): the simulator
 charges a message the sum of its H inner steps' straggler draws (``compute_seconds``), and the
@@ -36,9 +41,13 @@ from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Answer, Message
 from gradwire.algorithms.replicas import Replicas, mean_or_nan
 from gradwire.spec import require
 
-BACKUP_DILOCO_PARAMS = {"backups": "b >= 0: replicas whose pseudo-gradients each round drops (the last to arrive)"} | {
+LATE_RULES = ("drop", "stale")
+BACKUP_DILOCO_PARAMS = {"backups": "b >= 0: replicas whose pseudo-gradients each round drops (the last to arrive)",
+                        "late": "a late pseudo-gradient: drop (Chen 2016) or stale (applied at rate α/(N s), "
+                                "s its staleness in rounds: Zhang 2016)"} | {
     key: DILOCO_PARAMS[key] for key in ("inner_steps", "outer_lr", "outer_momentum", "outer_warmup", "inner",
-                                        "beta1", "beta2", "eps", "weight_decay")}
+                                        "beta1", "beta2", "eps", "weight_decay")} | {
+    "inner_steps": "H >= 1: inner steps a replica takes before it sends its pseudo-gradient"}
 
 
 @ALGORITHMS.register("backup-diloco", help="DiLoCo whose outer round averages the first n - b pseudo-gradients "
@@ -49,11 +58,13 @@ class BackupDiLoCo(Algorithm):
     needs_server = True
     default_compressor = "none"
 
-    def __init__(self, *, backups: int = 1, inner_steps: int = 50, outer_lr: float = OUTER_LR,
+    def __init__(self, *, backups: int = 1, late: str = "drop", inner_steps: int = 50, outer_lr: float = OUTER_LR,
                  outer_momentum: float = OUTER_MOMENTUM, outer_warmup: int = OUTER_WARMUP, inner: str = "adamw",
                  beta1: float = 0.9, beta2: float = 0.95,
                  eps: float = 1e-8, weight_decay: float = 0.1):
         require(backups >= 0, f"backups must be >= 0, got {backups}")
+        require(late in LATE_RULES, f"late={late!r}: valid choices are {', '.join(LATE_RULES)}")
+        self.late_rule = late
         require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
         require(outer_lr > 0, f"outer_lr must be > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
@@ -118,10 +129,16 @@ class BackupDiLoCo(Algorithm):
         return Message(kind, worker, tag=self.current, body=as_body(self.theta))
 
     def on_message(self, msg, finished):
-        if finished or msg.tag != self.current:  # late: dropped (Chen et al. 2016); skip ahead to θ now
-            if not finished:
-                self.late.append(msg.worker)
-            return Answer([self._params(msg.worker)], dropped=True)
+        if finished or msg.tag != self.current:  # late: skip ahead to θ now
+            if finished:
+                return Answer([self._params(msg.worker)], dropped=True)
+            self.late.append(msg.worker)
+            staleness = self.current - msg.tag
+            if self.late_rule == "drop":  # Chen et al. 2016
+                return Answer([self._params(msg.worker)], dropped=True, staleness=staleness)
+            # Zhang et al. 2016: the rate divided by the staleness; one of N contributions; no momentum
+            self.theta.sub_(self.averager.decode(msg.body, self.theta), alpha=self.outer_lr / (self.need * staleness))
+            return Answer([self._params(msg.worker)], staleness=staleness)
         self.arrived[msg.worker] = (msg.body, msg.value, msg.count)
         if len(self.arrived) < self.need:
             return Answer()
@@ -129,7 +146,8 @@ class BackupDiLoCo(Algorithm):
         outer_gradient = self.averager.decode_mean({w: self.arrived[w][0] for w in winners}, self.theta)
         outer_step(self.outer, outer_gradient, self.outer_momentum, self.outer_warmup)
         info = {"loss": sum(self.arrived[w][1] for w in winners) / self.need, "gradients": self.need * self.inner_steps,
-                "dropped": len(self.late), "winners": winners, "late": sorted(self.late),
+                "dropped": len(self.late) if self.late_rule == "drop" else 0, "winners": winners,
+                "late": sorted(self.late),
                 "outer_gradient_norm": float(outer_gradient.norm())}
         self.current += 1
         replies = [self._params(w) for w in self.arrived]  # in arrival order

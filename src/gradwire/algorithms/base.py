@@ -145,6 +145,10 @@ class Algorithm(Specced, ABC):
     # the compressor its averager uses when --compressor is "none" ("none": gradients travel as they
     # are); None: the algorithm has no averager (it sends parameters, or chooses its compressors itself)
     default_compressor: str | None = None  # which parameters evaluation uses (recorded in the metrics)
+    # --lr and --momentum when they are not given (RunConfig.resolved): chosen per algorithm so that
+    # each learns on the default task in the default steps (docs/defaults.md)
+    default_lr: float = 0.05
+    default_momentum: float = 0.0
 
     def setup(self, ctx: Context, params: torch.Tensor, optim: OptimConfig, codec: CodecConfig) -> None:
         self.optim = optim

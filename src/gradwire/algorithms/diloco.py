@@ -40,6 +40,23 @@ round, only when they travel:
 3. *Quantised outer gradients* (the paper sends 4-bit floats): any gradwire compressor, e.g.
    ``--compressor qsgd:levels=8`` or ``fp16``.
 
+**Eager updates** (``eager=true``; Kale, Douillard, Donchev 2025, "Eager Updates For Overlapped
+Communication and Computation in DiLoCo", arXiv:2502.12996): the outer step no longer waits for the
+average. Each worker i keeps its own outer parameters θ_i and outer momentum; when fragment p's round
+k starts, worker i sends Δ_i^k = θ_{i,p} - x_{i,p} as above and at once takes its outer step on the
+proxy
+
+    Δ̃_i^k = (1/n) Δ_i^k + (1/n) Σ_{j≠i} Δ_j^{k-1}
+
+(its own fresh outer gradient in place of its share of the average that has not arrived, the
+others' shares from the previous round's average, which has; zero before the first arrival), then
+restarts from it, x_{i,p} <- θ_{i,p} (α does not apply). The round's average, arriving τ <= H steps
+later, only supplies the next round's Σ_{j≠i} term: n Δ̄^k minus the worker's own payload as the
+others decoded it. Same collectives and bytes as plain overlapped rounds. We could not retrieve the
+paper's equation text; this rule is established from its summary ("a mixture of the current local
+outer gradient with the delayed mixture of all other replicas' outer gradients"): docs/low_communication.md.
+The replicas' θ_i differ by their last local term; evaluation uses the lowest local rank's (rank 0's).
+
 One class does both: DiLoCo is Streaming DiLoCo with one fragment, no overlap and α = 0 (also
 tested against the streaming form). The workers' replicas, their inner optimizers and the pace of
 workers stepping on their own are local SGD's (``replicas.py``); a fragment in flight is a
@@ -56,6 +73,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+
+import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
 from gradwire.algorithms.optim import AdamW, HeavyBall, require_sgd
@@ -102,6 +121,8 @@ STREAMING_PARAMS = DILOCO_PARAMS | {
     "fragments": "P in [1, H]: fragments of the parameters, synchronised at staggered steps",
     "overlap": "τ in [0, H]: inner steps a fragment's outer gradient travels before it is merged",
     "alpha": "α in [0, 1]: merge weight of the local parameters, x <- α x + (1-α) θ (paper: 0.5)",
+    "eager": "true: eager updates (Kale et al. 2025, arXiv:2502.12996): each worker steps at once on its own fresh "
+             "outer gradient mixed with the others' from the previous round's average (alpha does not apply)",
 }
 
 
@@ -120,7 +141,7 @@ class StreamingDiLoCo(Algorithm):
     def __init__(self, *, inner_steps: int = 100, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
                  eps: float = 1e-8, weight_decay: float = 0.1, fragments: int = 4, overlap: int = 1,
-                 alpha: float = 0.5):
+                 alpha: float = 0.5, eager: bool = False):
         require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
         require(math.isfinite(outer_lr) and outer_lr > 0, f"outer_lr must be a finite number > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
@@ -140,6 +161,7 @@ class StreamingDiLoCo(Algorithm):
         self.outer_warmup = outer_warmup
         self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
         self.fragments, self.overlap, self.alpha = fragments, overlap, alpha
+        self.eager = bool(eager)
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -166,6 +188,13 @@ class StreamingDiLoCo(Algorithm):
         self.averager = make_averager(on_device(ctx, self.theta.device), codec, default=self.default_compressor)
         self.in_flight: dict[int, dict] = {}  # fragment -> {"started_at", "payloads", "handle"}
         self.resend = False
+        if self.eager:  # each worker's own θ_i and outer momentum; θ (evaluated) is the lowest local rank's
+            first = min(ctx.local_ranks)
+            self.thetas = {r: self.theta if r == first else outer_copy(params, ctx.outer_state)
+                           for r in ctx.local_ranks}
+            self.eager_outer = {r: self.outer if r == first else [HeavyBall(t[a:b], outer) for a, b in self.ranges]
+                                for r, t in self.thetas.items()}
+            self.others = {r: torch.zeros_like(self.theta) for r in ctx.local_ranks}  # (1/n) Σ_{j≠i} Δ_j^{k-1}
 
     def _inner_optimizer(self, optim: OptimConfig):
         if self.inner == "sgd":
@@ -212,9 +241,14 @@ class StreamingDiLoCo(Algorithm):
     def _start(self, ctx, p: int, step: int) -> None:
         """Send fragment p's outer gradients Δ_i = θ_p - x_{i,p} (Douillard et al. 2023, Alg. 1)."""
         a, b = self.ranges[p]
-        deltas = {r: self.theta[a:b] - x[a:b].to(self.theta.device) for r, x in self.replicas.x.items()}
+        thetas = self.thetas if self.eager else dict.fromkeys(self.replicas.x, self.theta)
+        deltas = {r: thetas[r][a:b] - x[a:b].to(self.theta.device) for r, x in self.replicas.x.items()}
+        proxies = {r: d / ctx.world_size + self.others[r][a:b] for r, d in deltas.items()} if self.eager else None
         self.in_flight[p] = {"started_at": step, "payloads": self.averager.payloads(deltas, key=f"fragment{p}")}
         self._start_collective(ctx, p)
+        for r, proxy in (proxies or {}).items():  # eager: the outer step at once, on the proxy
+            outer_step(self.eager_outer[r][p], proxy, self.outer_momentum, self.outer_warmup)
+            self.replicas.x[r][a:b].copy_(self.thetas[r][a:b])
 
     def _start_collective(self, ctx, p: int) -> None:
         a, b = self.ranges[p]
@@ -229,6 +263,11 @@ class StreamingDiLoCo(Algorithm):
         outer_gradient = entry["handle"].wait()
         self.pace.joined(ctx, entry["handle"].finish_s)  # a worker waits only if it is ahead of the result
         info.setdefault("outer_gradient_norm", []).append(float(outer_gradient.norm()))
+        if self.eager:  # the others' share, for the next round's proxy: Δ̄ minus what this worker sent
+            for r in self.replicas.x:
+                own = self.averager.decode_payload(entry["payloads"][r], outer_gradient)
+                self.others[r][a:b] = outer_gradient - own / ctx.world_size
+            return
         self._outer_step(p, outer_gradient)
         theta = self.theta[a:b]
         for x in self.replicas.x.values():
@@ -268,7 +307,13 @@ class StreamingDiLoCo(Algorithm):
                 "codec": self.averager.state_dict(),
                 "in_flight": {str(p): {"started_at": e["started_at"],
                                        "payloads": {str(r): t for r, t in e["payloads"].items()}}
-                              for p, e in self.in_flight.items()}}
+                              for p, e in self.in_flight.items()},
+                **({"eager": self._eager_state()} if self.eager else {})}
+
+    def _eager_state(self) -> dict:
+        return {str(r): {"theta": self.thetas[r], "others": self.others[r],
+                         "outer": {str(p): o.state_dict() for p, o in enumerate(self.eager_outer[r])}}
+                for r in self.thetas}
 
     def load_state_dict(self, state):
         self.replicas.load_state_dict(state["replicas"])
@@ -282,6 +327,13 @@ class StreamingDiLoCo(Algorithm):
                                    "payloads": {int(r): t.to(device) for r, t in e["payloads"].items()}}
                           for p, e in state["in_flight"].items()}
         self.resend = bool(self.in_flight)
+        if self.eager:
+            for r, saved in state["eager"].items():
+                r = int(r)
+                self.thetas[r].copy_(saved["theta"])
+                self.others[r].copy_(saved["others"])
+                for p, o in enumerate(self.eager_outer[r]):
+                    o.load_state_dict(saved["outer"][str(p)])
 
 
 class DiLoCo(StreamingDiLoCo):

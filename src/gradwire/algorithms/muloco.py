@@ -18,7 +18,7 @@ does not say which matrix is an embedding). The
 model's tensor shapes come from the task (``ctx.param_shapes``); each tensor is a contiguous range
 of the flat vector, so each optimizer works on a view.
 
-The outer deltas go through the Codec with error feedback: by default ``pquant:p=inf,block=64``
+The outer deltas go through the averager with error feedback: by default ``pquant:p=inf,block=64``
 (the ternary symbols of a 2-bit quantiser, 1.6 bits each plus a float32 scale per 64), residuals
 kept per replica (``--error-feedback`` is implied; another ``--compressor`` may be named).
 
@@ -37,7 +37,7 @@ import math
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS
-from gradwire.algorithms.diloco import DILOCO_PARAMS, DiLoCo
+from gradwire.algorithms.diloco import DILOCO_PARAMS, OUTER_WARMUP, DiLoCo
 from gradwire.algorithms.optim import AdamW
 from gradwire.spec import require
 
@@ -106,9 +106,10 @@ class MuonAdamW:
 
 
 MULOCO_PARAMS = {
-    "inner_steps": DILOCO_PARAMS["inner_steps"],
+    "inner_steps": "H >= 1: inner steps (Muon on the matrices, AdamW on the rest) per outer round",
     "outer_lr": DILOCO_PARAMS["outer_lr"],
     "outer_momentum": DILOCO_PARAMS["outer_momentum"],
+    "outer_warmup": DILOCO_PARAMS["outer_warmup"],
     "muon_lr": "η of Muon on the weight matrices (Muon's authors: 0.02); other tensors: AdamW at --lr",
     "muon_momentum": "Muon's momentum μ (Muon's authors: 0.95)",
     "nesterov": "Muon's Nesterov form U = G + μ B (Muon's authors: true)",
@@ -126,9 +127,11 @@ class MuLoCo(DiLoCo):
     default_compressor = "pquant:p=inf,block=64"
 
     def __init__(self, *, inner_steps: int = 30, outer_lr: float = 0.7, outer_momentum: float = 0.5,
-                 muon_lr: float = 0.02, muon_momentum: float = 0.95, nesterov: bool = True, beta1: float = 0.9,
-                 beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.0):
-        super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum, inner="adamw",
+                 outer_warmup: int = OUTER_WARMUP, muon_lr: float = 0.02, muon_momentum: float = 0.95,
+                 nesterov: bool = True, beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                         outer_warmup=outer_warmup, inner="adamw",
                          beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
         require(math.isfinite(muon_lr) and muon_lr > 0, f"muon_lr must be a finite number > 0, got {muon_lr}")
         require(0 <= muon_momentum < 1, f"muon_momentum must be in [0, 1), got {muon_momentum}")

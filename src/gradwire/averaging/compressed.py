@@ -103,6 +103,13 @@ class CompressedMean(Averager):
         return Finished(transport.allgather_start(payloads, ranks, size=size),
                         lambda gathered: self.decode_mean(gathered, like))
 
+    def decode_payload(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """One participant's payload as the mean counts it (its share of the average, times n): what
+        the others received from it, error feedback and quantisation included."""
+        if self._plain() or self.compressor.summable:
+            return payload.to(like.dtype)
+        return self.decode(payload, like)
+
     def decode_mean(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
         """Decode every payload and average them, summed in rank order (so every backend and the
         parameter server add in the same order)."""

@@ -29,7 +29,14 @@ import math
 import torch
 
 from gradwire.compress.base import REGISTRY, Compressor, CorruptPayload, Packet
-from gradwire.compress.positions import check_finite, decode_positions, encode_positions, itemsize, scatter
+from gradwire.compress.positions import (
+    check_finite,
+    decode_positions,
+    encode_positions,
+    itemsize,
+    positions_bytes,
+    scatter,
+)
 from gradwire.compress.pquant import PQuant
 from gradwire.compress.wire import flat, make_packet, raw, read
 from gradwire.spec import require
@@ -90,6 +97,10 @@ class ChunkedTopK(Compressor):
 
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> None:
         return None
+
+    def payload_bytes(self, numel: int, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> int:
+        """The payload's size when the kept positions are the ascending ``index``."""
+        return self.value_bytes(index.numel(), dtype) + positions_bytes(numel, index)
 
     def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
         xf = flat(x)

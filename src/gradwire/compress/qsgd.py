@@ -15,7 +15,7 @@ passes). Two versions, chosen by the ``format`` key:
 * ``format=2`` (default): ``k`` symbols per ``w``-bit field, ``v = q_0 + (2s+1) q_1 + ...``, the
   fields packed LSB first (see ``stream``), ``(k, w)`` from :func:`field_layout`: within 5 % of the
   information limit ``log2(2s+1)`` bits per symbol for every s. Levels whose fixed width is already
-  within 5 % (s = 7, 15, 31, 63 and 98..127) keep ``k = 1``, so their bytes equal format 1's; s = 1
+  within 5 % (s = 7, 14-15, 26-31, 51-63 and 98-127) keep ``k = 1``, so their bytes equal format 1's; s = 1
   is base-3, five symbols per byte (pquant's layout).
 * ``format=1``: every symbol in ``b = ceil(log2(2s + 1))`` bits, LSB first (``bitpack``), as
   gradwire sent before format 2 (19-26 % over the limit for s = 1, 4, 16): decodes old payloads.

@@ -445,7 +445,9 @@ def make_plan(req: PlanRequest, *, log=print, reuse: bool = False) -> dict:
                         and r.reached is not None), None)
             summary["best_measured"] = measured_best
             summary["recommended_measured_time_s"] = rec.reached[1] if rec else None
-            summary["regret"] = (rec.reached[1] / measured_best["time_s"] - 1) if rec and measured_best else None
+            # (a target met at the first evaluation takes 0 s: no ratio to give)
+            summary["regret"] = (rec.reached[1] / measured_best["time_s"] - 1
+                                 if rec and measured_best and measured_best["time_s"] > 0 else None)
         else:
             summary["mean_abs_error_objective"] = _mean_abs(v["error_objective"] for v in validation)
         plan["validation_summary"] = summary

@@ -34,6 +34,7 @@ from gradwire.report.compare import (  # noqa: E402
 from gradwire.report.gantt import plot_timeline, window_end  # noqa: E402
 from gradwire.report.html import Heading, Image, Paragraph, Preformatted, Row, Table, write_page  # noqa: E402
 from gradwire.report.plots import plot_runs, time_label  # noqa: E402
+from gradwire.report.recovery import report_blocks as recovery_blocks  # noqa: E402
 from gradwire.report.run_folder import read_complete_jsonl, read_json_or_empty  # noqa: E402
 from gradwire.report.timeline import per_worker, read_timeline  # noqa: E402
 
@@ -226,7 +227,8 @@ def run_page(folder: Path) -> list:
               Heading("Summary"), _summary_table([run]),
               Heading("Curves"), *_curves([run], run.label, run.folder / "curves.png"),
               Heading("Timeline"), *_timeline_blocks(run), Heading("Workers"), *_worker_table([run]),
-              *_staleness_blocks([run]), Heading("Resolved config"), _config_table(run.config)]
+              *_staleness_blocks([run]), *recovery_blocks(run.steps), Heading("Resolved config"),
+              _config_table(run.config)]
     if run.setup:
         blocks += [Heading("Algorithm set-up (algorithm.json)", 3), Preformatted(json.dumps(run.setup, indent=2))]
     return blocks

@@ -67,6 +67,11 @@ def _transport(cfg: RunConfig, server: bool, given: Transport | None, workers=No
     else:
         from gradwire.transports.torch_dist import TorchTransport, local_device
 
+        if cfg.fault_tolerance != "none":  # one replica of a torchft job (transports/ft.py)
+            from gradwire.transports.ft import FtTransport
+            from gradwire.transports.ft_spec import parse
+
+            return FtTransport(parse(cfg.fault_tolerance), cfg.workers), WallClock()
         transport = TorchTransport(timeout_s=cfg.timeout_s, device=local_device(cfg.device), workers=workers)
     expected = cfg.processes(server)
     if workers is None and transport.world_size != expected:  # tensor parallelism: TensorParallelRun checked it
@@ -87,6 +92,7 @@ class Run:
         self.started = time.perf_counter()
         self.wall_before = 0.0  # wall seconds of the attempts before, up to the checkpoint resumed from
         self.eval_s = 0.0       # wall seconds spent in evaluations (theirs included)
+        cfg = cfg.resolved()    # the algorithm's --lr and --momentum where not given
         self.cfg = cfg.validate()
         torch.set_num_threads(cfg.threads)
         dtype = {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
@@ -115,7 +121,8 @@ class Run:
         kernels.use(cfg.kernels)  # the codecs' kernels, process-wide: torch (reference) or triton
         if self.device.type != "cpu":
             self.task = self.task.to(self.device)
-        self.is_writer = self.process_rank == 0
+        # under --fault-tolerance every replica writes its own run folder (it may outlive the others)
+        self.is_writer = self.process_rank == 0 or cfg.fault_tolerance != "none"
         batch = None if cfg.batch_size == "full" else int(cfg.batch_size)
         self.shard_sizes = [len(s) for s in shards]
         check_batch_size(None if cfg.batch_size == "full" else int(cfg.batch_size), self.shard_sizes)
@@ -137,11 +144,17 @@ class Run:
                            backward_collectives=bool(self.tensor_parallel))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
                             l1=self.task.l1, optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, horizon=cfg.steps)
+        self.optim_config = optim
+        self.codec_config = CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback)
         try:
-            self.algorithm.setup(self.ctx, self.model.flatten(), optim,
-                                 CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback))
+            self.algorithm.setup(self.ctx, self.model.flatten(), optim, self.codec_config)
         except ValueError as e:
             raise ConfigError(f"algorithm {cfg.algorithm!r}: {e}") from None
+        self.fault_tolerance = None  # the torchft step driver (fault/replica.py)
+        if cfg.fault_tolerance != "none":
+            from gradwire.fault.replica import ReplicaDriver
+
+            self.fault_tolerance = ReplicaDriver(self, self.transport)
         self.step = 0
         self.gradients = 0
         self.window: list[float] = []
@@ -180,7 +193,10 @@ class Run:
         self.step += 1
         self.oracle.step = self.ctx.timeline.step = self.step
         before = self.transport.bytes_sent
-        info = self.server.step(self.step) if self.server else self.algorithm.step(self.ctx, self.step)
+        if self.fault_tolerance is not None:  # a quorum, the step, a vote to commit it (may move self.step)
+            info = self.fault_tolerance.step()
+        else:
+            info = self.server.step(self.step) if self.server else self.algorithm.step(self.ctx, self.step)
         if self.tensor_parallel:
             info = info | self.tensor_parallel.step_bytes(self.transport, before)
         self.gradients += int(info.get("gradients", 0))
@@ -314,6 +330,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
     ``transport``: this process's, for the threads backend (``run_threads``). ``curves=False``
     leaves out curves.png (``gradwire reproduce --quick``: a second of plotting per run)."""
+    cfg = cfg.resolved()  # the algorithm's --lr and --momentum where not given (config.json holds them)
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
         return _run(cfg, progress, transport, None, curves)
     cfg.validate()  # before the folder is claimed (and made)

@@ -1,0 +1,117 @@
+"""Time from a SIGKILL to full participation again, by phase, on 3 torchft replicas (gloo, loopback).
+
+    .venv/bin/python benchmarks/ft_recovery.py [--task synthetic-logreg] [--kill-step 6] [--steps 150]
+
+Replica 2 kills itself (SIGKILL) after committing --kill-step and is restarted at once. Printed:
+the survivors' steps until they went on without it and their step rate meanwhile (a tail:p=0
+straggler model paces every step at --compute-s), the restarted process's import of Python + torch
++ gradwire, its time from then to its first committed step (quorum, state transfer, install), the
+transfer's size and rate beside loopback's own rate for a buffer of that size. Timings are wall
+clock on a shared machine: read them as orders of magnitude.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from gradwire.fault.harness import ReplicaSet
+
+
+def loopback_rate(nbytes: int) -> float:
+    """Bytes per second of one TCP stream over loopback carrying ``nbytes`` (at least 8 MB)."""
+    nbytes = max(nbytes, 8 << 20)
+    server = socket.create_server(("127.0.0.1", 0))
+    got = []
+
+    def sink():
+        conn, _ = server.accept()
+        n = 0
+        while (chunk := conn.recv(1 << 20)):
+            n += len(chunk)
+        got.append(n)
+        conn.close()
+
+    t = threading.Thread(target=sink)
+    t.start()
+    c = socket.create_connection(server.getsockname())
+    start = time.perf_counter()
+    c.sendall(bytes(nbytes))
+    c.close()
+    t.join(timeout=60)
+    server.close()
+    return got[0] / (time.perf_counter() - start)
+
+
+def import_seconds() -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, gradwire.run.loop, torchft"], check=True, timeout=120)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--task", default="synthetic-logreg")
+    ap.add_argument("--algorithm", default="sync")
+    ap.add_argument("--kill-step", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--compute-s", type=float, default=0.08)
+    ap.add_argument("--extra", default="", help="more run flags, e.g. '--lr 0.001'")
+    ns = ap.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="ft-recovery-"))
+    args = ["--task", ns.task, "--algorithm", ns.algorithm, "--steps", str(ns.steps), "--eval-every", str(ns.steps),
+            "--batch-size", "8", "--stragglers", f"tail:p=0,compute_s={ns.compute_s}", *ns.extra.split()]
+    # the last step waits for every replica: a restart slower than the survivors' run still rejoins
+    rs = ReplicaSet(out, args, replicas=3, min_replicas=2, env={"GRADWIRE_FT_FULL_AT": str(ns.steps)})
+    try:
+        rs.start_all({2: {"GRADWIRE_KILL_AT": f"2:{ns.kill_step}"}})
+        assert rs.wait(2, 300) == -signal.SIGKILL
+        killed = time.time()
+        rs.start(2)
+        steps2 = rs.folder(2) / "steps.jsonl"
+        first = None
+        while first is None and time.time() - killed < 300:
+            text = steps2.read_text() if steps2.exists() else ""
+            if '"healed"' in text.split("\n", 1)[0]:  # the restarted process's first committed step
+                first = time.time()
+            time.sleep(0.01)
+        codes = [rs.wait(k, 300) for k in range(3)]
+        assert codes == [0, 0, 0], codes
+    finally:
+        rs.close()
+    rec = {k: [json.loads(x) for x in (rs.folder(k) / "steps.jsonl").read_text().splitlines()] for k in range(3)}
+    survivor = rec[0]
+    alone = [r for r in survivor if r["ft"]["participants"] == [0, 1]]
+    back = next(r for r in survivor if r["step"] > alone[0]["step"] and len(r["ft"]["participants"]) == 3)
+    before = next(r for r in survivor if r["step"] == ns.kill_step)
+    healed = next(r for r in rec[2] if "healed" in r["ft"])["ft"]["healed"]
+    rate = len(alone) / (alone[-1]["sim_time_s"] - before["sim_time_s"])
+    full = [r for r in survivor if len(r["ft"]["participants"]) == 3 and r["step"] > back["step"]]
+    full_rate = len(full) / (full[-1]["sim_time_s"] - full[0]["sim_time_s"] + 1e-9) if len(full) > 1 else float("nan")
+    imports = import_seconds()
+    loop = loopback_rate(healed["bytes"])
+    print(f"kill after step {ns.kill_step}; survivors' first step without it: {alone[0]['step']} "
+          f"({alone[0]['step'] - ns.kill_step} step(s) later, {alone[0]['ft']['attempts']} attempt(s), "
+          f"{alone[0]['sim_time_s'] - before['sim_time_s']:.2f} s after step {ns.kill_step})")
+    print(f"survivors' rate without it: {rate:.2f} steps/s over {len(alone)} steps; with all 3 afterwards: "
+          f"{full_rate:.2f} steps/s")
+    print(f"restarted replica: import of python+torch+gradwire+torchft alone {imports:.2f} s; spawn -> first "
+          f"committed step {first - rs.started[2]:.2f} s; back in the quorum at step {back['step']}")
+    print(f"state transfer: {healed['bytes']} bytes in {healed['transfer_s'] * 1e3:.1f} ms "
+          f"({healed['bytes'] / max(healed['transfer_s'], 1e-9) / 1e6:.1f} MB/s; loopback TCP {loop / 1e6:.0f} MB/s): "
+          f"waiting for the source to serialise {healed['wait_source_s'] * 1e3:.1f} ms, on the wire "
+          f"{healed['wire_s'] * 1e3:.1f} ms ({healed['bytes'] / max(healed['wire_s'], 1e-9) / 1e6:.1f} MB/s), "
+          f"torch.load {healed['load_s'] * 1e3:.1f} ms; install {healed['install_s'] * 1e3:.1f} ms")
+    print(f"folders: {out}")
+
+
+if __name__ == "__main__":
+    main()

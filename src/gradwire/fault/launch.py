@@ -1,0 +1,88 @@
+"""``gradwire launch --nproc-per-node N -- run ... --fault-tolerance torchft:...``: N replicas on
+this machine and, unless the spec names one, a Lighthouse for them in the launcher's process.
+
+Unlike a torchrun group, the replicas are independent processes: one that dies is restarted (up
+to ``--max-restarts`` times per replica; it recovers from a peer, docs/fault_tolerance.md) while
+the others keep training. Replica K writes ``OUT/replica-K``; its spec gets ``replica=K`` and the
+Lighthouse's address. The launcher exits 0 once every replica has finished with 0, 1 when one
+failed with no restart left, 128 + the signal when stopped by SIGTERM or SIGINT (forwarded to
+every replica).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from gradwire.errors import ConfigError
+from gradwire.fault.spec import parse, require_torchft
+
+
+def launch_replicas(ns, run_args: list[str], cfg) -> int:
+    require_torchft()
+    ft = parse(cfg.fault_tolerance)
+    if "replica=" in cfg.fault_tolerance:
+        raise ConfigError("gradwire launch numbers the replicas itself: drop replica= from --fault-tolerance")
+    if str(ns.nnodes) != "1":
+        raise ConfigError("--fault-tolerance under gradwire launch runs the replicas of one node (--nnodes 1); on "
+                          "several machines start each replica with gradwire run and one Lighthouse")
+    n = ns.nproc_per_node
+    lighthouse, spec = None, cfg.fault_tolerance
+    if not ft.lighthouse:
+        from torchft.coordination import LighthouseServer
+
+        lighthouse = LighthouseServer(bind=f"{ft.host}:0", min_replicas=ft.min_replicas, join_timeout_ms=3000,
+                                      heartbeat_timeout_ms=max(1000, 10 * ft.heartbeat_ms))
+        spec += f",lighthouse={ft.host}:{lighthouse.address().rsplit(':', 1)[1]}"
+        print(f"gradwire launch: Lighthouse at {ft.host}:{lighthouse.address().rsplit(':', 1)[1]}", file=sys.stderr)
+    restarts = dict.fromkeys(range(n), 0)
+
+    def start(k: int, again: bool) -> subprocess.Popen:
+        env = dict(os.environ, TORCHELASTIC_RESTART_COUNT=str(restarts[k]))  # the run's restart count
+        args = [*run_args, "--backend", "torch", "--workers", str(n), "--fault-tolerance", f"{spec},replica={k}",
+                "--out", os.path.join(cfg.out, f"replica-{k}")] + (["--overwrite"] if again else [])
+        return subprocess.Popen([sys.executable, "-u", "-m", "gradwire", "run", *args], env=env)
+
+    procs = {k: start(k, False) for k in range(n)}
+    done: dict[int, int] = {}
+    stop = []
+    old = {s: signal.signal(s, lambda signum, _: stop.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while len(done) < n and not stop:
+            for k, p in procs.items():
+                if k in done or p.poll() is None:
+                    continue
+                if p.returncode != 0 and restarts[k] < ns.max_restarts:
+                    restarts[k] += 1
+                    print(f"gradwire launch: replica {k} ended with {p.returncode}; restarting it ({restarts[k]} of "
+                          f"{ns.max_restarts}); it recovers from a peer", file=sys.stderr)
+                    procs[k] = start(k, True)
+                else:
+                    done[k] = p.returncode
+            time.sleep(0.1)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(stop[0] if stop else signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if lighthouse is not None:
+            lighthouse.shutdown()
+    if stop:
+        print(f"gradwire launch: stopped by {signal.Signals(stop[0]).name}", file=sys.stderr)
+        return 128 + stop[0]
+    failed = {k: c for k, c in done.items() if c != 0}
+    if failed:
+        print("gradwire launch: error: " + "; ".join(f"replica {k} exited with {c}" for k, c in sorted(failed.items())),
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,221 @@
+"""One replica's steps under torchft: a quorum per step, a vote on committing it, live recovery.
+
+Every gradwire step of a ``--fault-tolerance torchft`` run goes through :meth:`ReplicaDriver.step`:
+
+1. ``Manager.start_quorum`` asks the Lighthouse for the step's quorum (synchronously: a recovering
+   replica is healed before it computes, so it takes part in the very step it joins) and, when
+   the membership changed, rebuilds the gloo process group (torchft's ``ProcessGroupGloo``);
+2. the algorithm's step runs with the quorum's workers as participants (transports/ft.py); a
+   collective that fails is reported to the Manager instead of raising;
+3. ``Manager.should_commit`` decides: committed, the step stands; not committed (a peer died
+   mid-step, or fewer than ``min_replicas`` took part), every piece of state goes back to where
+   the step began and the step is tried again with a new quorum.
+
+A replica whose committed step count is behind the quorum's (a restarted process, a new one, one
+that failed to commit) is healed by torchft: a peer at the quorum's step sends its state through
+the checkpoint transport (fault/transfer.py) and :meth:`recover` installs it. Sync SGD's steps
+all communicate, so its quorum is per step; local SGD and (Streaming) DiLoCo take a quorum at
+every step too, and those without a collective cost one Lighthouse round trip and commit at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from datetime import timedelta
+
+from gradwire.errors import CommunicationError
+from gradwire.fault.transfer import SafeHTTPTransport
+from gradwire.report.timeline import COMM, WAIT
+from gradwire.transports.ft import FtTransport
+
+
+def merge_rank_keyed(peer, own, peer_key: str, own_key: str):
+    """``peer``'s state with its per-worker parts replaced by ``own``'s.
+
+    gradwire keeps per-worker state in dicts keyed by the worker's rank (``{"2": residual}``): a
+    dict that holds only the peer's rank in ``peer`` and only this worker's in ``own``, or nothing
+    yet (PowerSGD fills its error memories at the first step), is per-worker, and this worker's
+    own value is kept; everything else is shared by the replicas (parameters, optimizer moments,
+    PowerSGD's Q, the outer optimizer) and is the peer's."""
+    if isinstance(peer, dict) and isinstance(own, dict):
+        if peer_key != own_key and set(peer) == {peer_key} and set(own) <= {own_key}:
+            return own
+        return {k: merge_rank_keyed(v, own[k], peer_key, own_key) if k in own else v for k, v in peer.items()}
+    return peer
+
+
+class ReplicaDriver:
+    """Drives ``run`` (a ``gradwire.run.loop.Run`` on an :class:`FtTransport`) step by step."""
+
+    def __init__(self, run, transport: FtTransport):
+        from torchft import Manager
+
+        self.run, self.transport, self.ft = run, transport, transport.ft
+        ft = self.ft
+        self.skipped_samples = 0     # samples of the shards of replicas absent from committed steps
+        full = run.cfg.batch_size == "full"  # a worker's samples per step: its batch, or its whole shard
+        self.samples = [size if full else int(run.cfg.batch_size) for size in run.shard_sizes]
+        self.events: list[dict] = []  # recovery phases of this replica (recorded in steps.jsonl)
+        self.healed: dict | None = None
+        self.checkpoints = SafeHTTPTransport(ft.host, timedelta(seconds=ft.timeout_s))
+        self.manager = Manager(
+            pg=transport.pg, load_state_dict=self.recover, state_dict=self.state_dict,
+            min_replica_size=ft.min_replicas, use_async_quorum=False,
+            timeout=timedelta(seconds=ft.timeout_s), quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=ft.timeout_s), rank=0, world_size=1,
+            store_addr=ft.host, store_port=transport.store.port, lighthouse_addr=ft.lighthouse_url,
+            replica_id=f"gradwire_{ft.replica}", hostname=ft.host,
+            heartbeat_interval=timedelta(milliseconds=ft.heartbeat_ms),
+            checkpoint_transport=self.checkpoints, init_sync=False, max_retries=None)  # retries: step()
+        transport.manager = self.manager
+        # fault scripting for tests and benchmarks (fault/harness.py): GRADWIRE_FT_FULL_AT=S1,S2 makes
+        # steps S1, S2 commit only with every replica (they wait for one that is away);
+        # GRADWIRE_FT_LEAVE_AT=K:S makes replica K leave cleanly after committing step S
+        self.full_at = {int(x) for x in os.environ.get("GRADWIRE_FT_FULL_AT", "").split(",") if x.strip()}
+        leave = os.environ.get("GRADWIRE_FT_LEAVE_AT", "")
+        self.leave_at = int(leave.split(":")[1]) if leave and int(leave.split(":")[0]) == ft.replica else None
+
+    # -- what a healthy replica sends, and what a recovering one makes of it ---------------------
+    def state_dict(self) -> dict:
+        run = self.run
+        return {"rank": str(self.transport.rank), "run": run.state_dict(),
+                "global": run.algorithm.eval_params().clone(), "skipped_samples": self.skipped_samples}
+
+    def recover(self, state: dict) -> None:
+        """Install a peer's state: the shared parts are the peer's; this worker's own parts are
+        what the algorithm's setup gives at the transferred parameters (error-feedback residuals
+        and PowerSGD's error memories reset, local replicas at the global model); its data shard
+        continues where a worker that took part in every step would be (the steps it missed:
+        skipped, counted by every replica in ``skipped_samples``)."""
+        run, rank = self.run, self.transport.rank
+        start = time.perf_counter()
+        run.algorithm.setup(run.ctx, state["global"].clone(), run.optim_config, run.codec_config)
+        own = {"algorithm": run.algorithm.state_dict(), "data": run.oracle.state_dict()}
+        own = copy.deepcopy(own)
+        merged = merge_rank_keyed(state["run"], state["run"] | own, state["rank"], str(rank))
+        committed = self.manager.current_step()  # the quorum's step, set by torchft before this call
+        worker = run.oracle.workers[rank]
+        worker.load_state_dict({"epoch": 0, "position": 0})
+        for _ in range(committed):  # the batches of the steps this shard took part in, or skipped
+            worker.next_batch()
+        merged["data"], merged["step"] = run.oracle.state_dict(), committed
+        run.load_state_dict(merged)
+        self.skipped_samples = int(state["skipped_samples"])
+        received = self.checkpoints.last_received or {}
+        self.healed = {"from": int(state["rank"]), "at_step": committed, "bytes": received.get("bytes", 0),
+                       "transfer_s": received.get("seconds", 0.0), "install_s": time.perf_counter() - start}
+        # the fetch's parts: waiting for the source to serialise, the bytes on the wire, torch.load
+        self.healed |= {k: received[k] for k in ("wait_source_s", "wire_s", "load_s") if k in received}
+
+    def _record_quorum(self, began: float, seconds: float) -> None:
+        """The quorum call on the run's timeline: a WAIT, less the state transfer inside it, a COMM
+        with its bytes (report/recovery.py)."""
+        timeline, rank = self.run.ctx.timeline, self.transport.rank
+        if not timeline.enabled:
+            return
+        transfer = self.healed["transfer_s"] if self.healed is not None else 0.0
+        timeline.add(rank, WAIT, began, began + seconds - transfer)
+        if self.healed is not None:
+            timeline.add(rank, COMM, began + seconds - transfer, began + seconds, nbytes=self.healed["bytes"])
+
+    def _snapshot(self) -> dict:
+        run = self.run
+        return copy.deepcopy({"algorithm": run.algorithm.state_dict(), "data": run.oracle.state_dict(),
+                              "transport": run.transport.state_dict(),
+                              "gradient_counts": dict(run.ctx.gradient_counts)})
+
+    def _restore(self, snap: dict) -> None:
+        run = self.run
+        run.algorithm.load_state_dict(copy.deepcopy(snap["algorithm"]))
+        run.oracle.load_state_dict(snap["data"])
+        run.transport.load_state_dict(snap["transport"])
+        run.ctx.gradient_counts = dict(snap["gradient_counts"])
+
+    # -- one step --------------------------------------------------------------------------------
+    def _waits_for_all(self) -> bool:
+        """Whether this step commits only with all ``--workers`` replicas in its quorum: the run's
+        first step (``start_replicas`` of them, every replica by default), so that a replica that
+        starts a little late (imports, data) is not left behind from step 1, and the scripted
+        steps of ``GRADWIRE_FT_FULL_AT``. torchft's commit threshold is raised for those steps
+        (``Manager._min_replica_size``, which ``should_commit`` compares with the quorum's size) and
+        is ``min_replicas`` otherwise."""
+        step = self.manager.current_step()
+        if step == 0:
+            need = self.ft.start_replicas or self.transport.world_size
+        else:
+            need = self.transport.world_size if step + 1 in self.full_at else self.ft.min_replicas
+        self.manager._min_replica_size = max(need, self.ft.min_replicas)
+        return need > self.ft.min_replicas
+
+    def step(self) -> dict:
+        run, manager = self.run, self.manager
+        snap = self._snapshot()
+        deadline = time.monotonic() + self.ft.quorum_timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            waiting = self._waits_for_all()
+            self.healed = None
+            t0, began = time.perf_counter(), run.ctx.timeline.now() if run.ctx.timeline.enabled else 0.0
+            if not self._quorum(deadline):
+                continue
+            quorum_s = time.perf_counter() - t0
+            self._record_quorum(began, quorum_s)
+            if self.healed is not None:
+                snap = self._snapshot()  # a retry starts from the transferred state
+            run.step = manager.current_step() + 1  # committed steps + 1 (a healed replica jumps ahead)
+            run.oracle.step = run.ctx.timeline.step = run.step
+            ranks = self.transport.pg._global_ranks or [self.transport.rank]
+            self.transport.participants = list(ranks)
+            info = None
+            if manager.errored() is None:
+                try:
+                    info = run.algorithm.step(run.ctx, run.step)
+                except CommunicationError as e:
+                    manager.report_error(e)
+            failed = manager.errored()
+            if manager.should_commit(timeout=timedelta(seconds=self.ft.timeout_s)):
+                self.skipped_samples += sum(s for r, s in enumerate(self.samples) if r not in ranks)
+                ft = {"participants": sorted(ranks), "attempts": attempt, "quorum_s": round(quorum_s, 6),
+                      "skipped_samples": self.skipped_samples}
+                if self.healed is not None:
+                    ft["healed"] = self.healed
+                if self.leave_at == run.step:
+                    self.leave()
+                return info | {"ft": ft}
+            self.events.append({"step": run.step, "attempt": attempt, "error": str(failed)[:200] if failed else None})
+            self._restore(snap)
+            waiting = waiting and failed is None and time.monotonic() < deadline
+            if attempt > self.ft.max_retries and not waiting:
+                raise CommunicationError(f"replica {self.transport.rank}: step {run.step} was not committed in "
+                                         f"{attempt} attempts (the last: {str(failed)[:160] or 'too few replicas'})")
+            if waiting:  # for replicas still starting or away: let them heartbeat
+                time.sleep(self.ft.heartbeat_ms / 1000)
+
+    def _quorum(self, deadline: float) -> bool:
+        """``Manager.start_quorum``; False when the Lighthouse could not be reached (it restarts, a
+        link is down) and there is time left to ask again; raises once ``deadline`` has passed."""
+        try:  # one request waits at most timeout_s, so that a lost Lighthouse is asked again in time
+            left = max(deadline - time.monotonic(), 0.001)
+            self.manager.start_quorum(timeout=timedelta(seconds=min(self.ft.timeout_s, left)))
+            return True
+        except Exception as e:  # noqa: BLE001 - torchft reports an unreachable Lighthouse as several types
+            if time.monotonic() >= deadline:
+                raise CommunicationError(f"replica {self.transport.rank}: no quorum within quorum_timeout_s="
+                                         f"{self.ft.quorum_timeout_s:g} s: {str(e).splitlines()[0][:160]}") from None
+            self.events.append({"step": self.run.step, "quorum_error": str(e).splitlines()[0][:200]})
+            # the Manager keeps the failed request and raises it again at the next start_quorum: drop it
+            self.manager._quorum_future = None
+            time.sleep(self.ft.heartbeat_ms / 1000)
+            return False
+
+    def leave(self) -> None:
+        """Leave the job cleanly (``GRADWIRE_FT_LEAVE_AT``): the Lighthouse stops hearing from this
+        replica, and the others' next quorum is formed without it, with no failed collective."""
+        self.manager.shutdown(wait=False)
+        os._exit(0)
+
+    def close(self) -> None:
+        self.checkpoints.shutdown()

@@ -1,0 +1,99 @@
+"""--fault-tolerance: the spec, the checks that refuse timeouts that cannot work together, the
+install hint without torchft, and the rule that splits a peer's state into shared and own parts."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from gradwire.config import RunConfig
+from gradwire.errors import ConfigError
+from gradwire.fault.replica import merge_rank_keyed
+from gradwire.transports.ft_spec import INSTALL, parse
+
+pytest.importorskip("torchft")
+
+GOOD = "torchft:min_replicas=2,timeout_s=10,lighthouse=127.0.0.1:29510,replica=1"
+
+
+def cfg(spec: str, **kw) -> RunConfig:
+    return RunConfig(**({"backend": "torch", "workers": 3, "fault_tolerance": spec, "timeout_s": 60} | kw))
+
+
+def test_spec_parses_and_default_is_off():
+    ft = parse(GOOD)
+    assert (ft.min_replicas, ft.timeout_s, ft.replica, ft.lighthouse_url) == (2, 10.0, 1, "http://127.0.0.1:29510")
+    assert parse("none") is None
+    assert cfg(GOOD).validate().fault_tolerance == GOOD
+
+
+@pytest.mark.parametrize("spec, kw, says", [
+    ("raft:min_replicas=2", {}, "valid choices are none, torchft"),
+    (GOOD + ",colour=red", {}, "unknown key 'colour'"),
+    ("torchft:min_replicas=2", {}, "needs lighthouse=HOST:PORT"),
+    (GOOD.replace("min_replicas=2", "min_replicas=4"), {}, "min_replicas=4 must be in [1, --workers 3]"),
+    (GOOD.replace("replica=1", "replica=3"), {}, "replica=3 must be in [0, --workers 3)"),
+    (GOOD + ",quorum_timeout_s=5", {}, "quorum_timeout_s=5 is shorter than timeout_s=10"),
+    (GOOD + ",heartbeat_ms=20000", {}, "heartbeat_ms=20000 must be shorter than timeout_s=10"),
+    (GOOD, {"timeout_s": 5}, "timeout_s=10 exceeds --timeout-s 5"),
+    (GOOD, {"backend": "sim"}, "needs --backend torch"),
+    (GOOD, {"algorithm": "sync:backups=1"}, "server-mode algorithms"),
+    (GOOD, {"algorithm": "streaming-diloco:overlap=1"}, "use overlap=0 (or diloco)"),
+    (GOOD, {"algorithm": "streaming-diloco:overlap=0,eager=true"}, "without eager"),
+])
+def test_settings_that_cannot_work_are_refused_in_one_line(spec, kw, says):
+    with pytest.raises(ConfigError) as e:
+        cfg(spec, **kw).validate()
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_without_torchft_the_flag_says_how_to_install_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))
+    with pytest.raises(ConfigError, match="pip install 'gradwire\\[ft\\]'"):
+        cfg(GOOD).validate()
+    assert INSTALL == "pip install 'gradwire[ft]'"
+
+
+def test_merge_keeps_the_peers_shared_state_and_this_workers_own():
+    peer = {"x": torch.ones(2), "opt": {"momentum": torch.full((2,), 3.0)},
+            "codec": {"error_feedback": {"0": torch.full((2,), 9.0)}, "generators": {"0": torch.tensor([1])}},
+            "outer": {"0": {"m": torch.ones(1)}}, "data": {"0": {"position": 40}}}
+    own = {"x": torch.zeros(2), "opt": {"momentum": torch.zeros(2)},
+           "codec": {"error_feedback": {"2": torch.zeros(2)}, "generators": {"2": torch.tensor([7])}},
+           "outer": {"0": {"m": torch.zeros(1)}}, "data": {"2": {"position": 0}}}
+    merged = merge_rank_keyed(peer, own, "0", "2")
+    assert torch.equal(merged["x"], torch.ones(2)) and torch.equal(merged["opt"]["momentum"], torch.full((2,), 3.0))
+    assert torch.equal(merged["outer"]["0"]["m"], torch.ones(1))  # keyed by fragment "0" in both: shared
+    assert set(merged["codec"]["error_feedback"]) == {"2"} and torch.equal(merged["codec"]["error_feedback"]["2"],
+                                                                           torch.zeros(2))
+    assert merged["codec"]["generators"] == {"2": own["codec"]["generators"]["2"]}
+    assert merged["data"] == {"2": {"position": 0}}
+    # PowerSGD's error memories appear at a worker's first step: not yet there is this worker's too
+    lazy = merge_rank_keyed({"errors": {"0": {"w": torch.ones(2)}}, "q": {"w": torch.ones(2)}},
+                            {"errors": {}, "q": {"w": torch.zeros(2)}}, "0", "2")
+    assert lazy["errors"] == {} and torch.equal(lazy["q"]["w"], torch.ones(2))
+
+
+def test_recovery_phases_are_read_back_from_the_step_records():
+    from gradwire.report.recovery import phase_rows, report_blocks
+
+    def rec(step, who, t, attempts=1, **extra):
+        return {"step": step, "sim_time_s": t, "ft": {"participants": who, "attempts": attempts, "quorum_s": 0.01,
+                                                      "skipped_samples": 8 * step} | extra}
+
+    healed = {"from": 0, "at_step": 3, "bytes": 4096, "transfer_s": 0.02, "install_s": 0.001}
+    steps = [rec(1, [0, 1, 2], 1.0), rec(2, [0, 1, 2], 1.1), rec(3, [0, 1], 2.6, attempts=2),
+             rec(4, [0, 1], 2.7), rec(5, [0, 1, 2], 2.9, healed=healed), rec(6, [0, 1, 2], 3.0)]
+    rows = phase_rows(steps)
+    assert [(r["step"], r["change"], r["attempts"]) for r in rows] == [
+        (3, "-2", 2), (5, "this replica rejoined (recovered from a peer)", 1)]
+    survivor = [{**r, "ft": {k: v for k, v in r["ft"].items() if k != "healed"}} for r in steps]
+    assert [(r["step"], r["change"]) for r in phase_rows(survivor)] == [(3, "-2"), (5, "+2")]
+    assert rows[0]["step_s"] == pytest.approx(1.5) and rows[1]["transfer_bytes"] == 4096
+    assert phase_rows(steps[4:])[0]["change"] == "this replica rejoined (recovered from a peer)"
+    assert phase_rows([rec(1, [0, 1, 2], 1.0, attempts=3)])[0]["change"] == "start"  # waited for the others
+    assert report_blocks([{"step": 1, "loss": 0.5}]) == []
+    assert len(report_blocks(steps)[-1].rows) == 2

@@ -1,0 +1,37 @@
+"""gradwire launch with --fault-tolerance: replicas and a Lighthouse instead of a torchrun group;
+a replica that dies is restarted and recovers from a peer while the others train."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers import gw, read_jsonl
+
+pytest.importorskip("torchft")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_launch_starts_a_lighthouse_and_restarts_a_killed_replica(tmp_path, data_dir):
+    env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="warn", GRADWIRE_KILL_AT="2:4", GRADWIRE_FT_FULL_AT="12")
+    p = gw("launch", "--nproc-per-node", "3", "--max-restarts", "1", "--", "run", "--task", "synthetic-logreg",
+           "--steps", "12", "--eval-every", "12", "--batch-size", "8", "--fault-tolerance",
+           "torchft:min_replicas=2,timeout_s=10", "--out", str(tmp_path / "run"), "--data-dir", str(data_dir),
+           env=env, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "gradwire launch: Lighthouse at 127.0.0.1:" in p.stderr
+    assert "replica 2 ended with -9; restarting it (1 of 1); it recovers from a peer" in p.stderr
+    records = {k: read_jsonl(tmp_path / "run" / f"replica-{k}" / "steps.jsonl") for k in range(3)}
+    assert [r["step"] for r in records[0]] == list(range(1, 13))
+    first = records[2][0]
+    assert first["ft"]["healed"]["at_step"] == first["step"] - 1 > 4
+    assert records[2][-1]["ft"]["participants"] == [0, 1, 2]
+
+
+@pytest.mark.multiprocess
+def test_launch_refuses_a_replica_index_in_the_spec(tmp_path):
+    p = gw("launch", "--nproc-per-node", "2", "--", "run", "--fault-tolerance", "torchft:replica=1",
+           "--out", str(tmp_path / "run"), timeout=120)
+    assert p.returncode != 0 and "drop replica= from --fault-tolerance" in p.stderr
