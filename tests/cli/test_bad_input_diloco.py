@@ -18,7 +18,7 @@ from gradwire.cli import main
     ("diloco:fragments=2", [], "algorithm 'diloco' has no parameter 'fragments'"),
     ("streaming-diloco:inner_steps=4,fragments=5", [], "fragments must be in [1, inner_steps=4] (one staggered "
                                                        "offset each), got 5"),
-    ("streaming-diloco:fragments=0", [], "fragments must be in [1, inner_steps=100]"),
+    ("streaming-diloco:fragments=0", [], "fragments must be in [1, inner_steps=20]"),
     ("streaming-diloco:inner_steps=4,overlap=5", [], "overlap must be in [0, inner_steps=4] (at most one round of "
                                                      "a fragment in flight), got 5"),
     ("streaming-diloco:alpha=2", [], "alpha must be in [0, 1] (weight of the local parameters at a merge), got 2"),

@@ -18,7 +18,8 @@ def no_run_curves(monkeypatch):
     monkeypatch.setattr("gradwire.report.plots.plot_runs", lambda records, path, *a, **k: path)
 
 
-TINY = ["--task", "synthetic-logreg:samples=256,dim=5", "--batch-size", "4", "--steps", "30", "--seed", "1"]
+TINY = ["--task", "synthetic-logreg:samples=256,dim=5", "--batch-size", "4", "--steps", "30", "--seed", "1",
+        "--lr", "0.05"]  # the step size these constructed cases were worked out for
 
 
 def plan(tmp_path, *args):
