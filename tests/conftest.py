@@ -21,6 +21,11 @@ from tests import tiers
 
 # Keep tests single-threaded: the machine has 2 cores and results must not depend on threading.
 torch.set_num_threads(1)
+# Triton reads TRITON_INTERPRET when a kernel is defined, which is when gradwire.kernels' family
+# modules are first imported: by any test module or benchmark that a worker collects before
+# tests/kernels. Without a GPU, set it here, before anything can import them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("CI", "1")  # no progress bars in test output
 
 
