@@ -20,7 +20,8 @@ TUNED_SYNC = 0.707
 # 0.9 where the sweep found it (the bar), else what its defaults reach on seed 0 less
 # three points (docs/defaults.md says why they fall short); chance is 0.10
 FLOOR = {"sync": 0.9, "async": 0.9, "local": 0.9, "dasgd": 0.89, "diana": 0.85, "dqgd": 0.85, "dqsgd": 0.88,
-         "easgd": 0.8, "lsgd": 0.75, "dagc": 0.6, "signsgd": 0.55, "diloco": 0.8, "streaming-diloco": 0.7}
+         "easgd": 0.8, "lsgd": 0.75, "dagc": 0.6, "signsgd": 0.55, "diloco": 0.8, "streaming-diloco": 0.7,
+         "backup-diloco": 0.87, "muloco": 0.77, "sparseloco": 0.66, "demo": 0.59}
 
 
 def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
