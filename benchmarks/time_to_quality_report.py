@@ -41,7 +41,7 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
 
     fig, axes = plt.subplots(1, len(RATES_MBPS), figsize=(5 * len(RATES_MBPS), 4), sharey=True)
     fig_b, ax_b = plt.subplots(figsize=(6, 4))
-    colours = plt.get_cmap("tab10")
+    colours = plt.get_cmap("tab20")  # a colour per row (tab10 repeats after ten rows)
     for i, row in enumerate(ROWS):
         runs, cost = results.get(row.key), compute.get(row.key)
         if not runs or cost is None:
@@ -53,8 +53,8 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
                         label="DDP, network of zero cost")
         for ax, mbps in zip(axes, RATES_MBPS):
             t = step_seconds(row, cost["compute_s"], cost["backward_s"], run["payload_bytes"], workers, mbps)
-            ax.plot([s * t for s in run["steps"]], run["losses"], label=row.label, color=colours(i % 10))
-        ax_b.plot([max(b, 1) / 1e6 for b in run["bytes"]], run["losses"], label=row.label, color=colours(i % 10))
+            ax.plot([s * t for s in run["steps"]], run["losses"], label=row.label, color=colours(i))
+        ax_b.plot([max(b, 1) / 1e6 for b in run["bytes"]], run["losses"], label=row.label, color=colours(i))
     for ax, mbps in zip(axes, RATES_MBPS):
         ax.axhline(target, color="k", lw=0.8, ls="--")
         ax.set(xscale="log", title=f"{mbps:g} Mbit/s, {workers} workers", xlabel="modelled time (s)")
