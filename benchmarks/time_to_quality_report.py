@@ -41,27 +41,32 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
 
     fig, axes = plt.subplots(1, len(RATES_MBPS), figsize=(5 * len(RATES_MBPS), 4), sharey=True)
     fig_b, ax_b = plt.subplots(figsize=(6, 4))
-    colours = plt.get_cmap("tab10")
+    colours = plt.get_cmap("tab20")  # a colour per row (tab10 repeats after ten rows)
     for i, row in enumerate(ROWS):
         runs, cost = results.get(row.key), compute.get(row.key)
         if not runs or cost is None:
             continue
         run = runs[0]
+        if row.key == "ddp":  # the reference of the targets: DDP on a network of zero cost
+            for ax in axes:
+                ax.plot([s * cost["compute_s"] for s in run["steps"]], run["losses"], color="grey", ls=":",
+                        label="DDP, network of zero cost")
         for ax, mbps in zip(axes, RATES_MBPS):
             t = step_seconds(row, cost["compute_s"], cost["backward_s"], run["payload_bytes"], workers, mbps)
-            ax.plot([s * t for s in run["steps"]], run["losses"], label=row.label, color=colours(i % 10))
-        ax_b.plot([max(b, 1) / 1e6 for b in run["bytes"]], run["losses"], label=row.label, color=colours(i % 10))
+            ax.plot([s * t for s in run["steps"]], run["losses"], label=row.label, color=colours(i))
+        ax_b.plot([max(b, 1) / 1e6 for b in run["bytes"]], run["losses"], label=row.label, color=colours(i))
     for ax, mbps in zip(axes, RATES_MBPS):
         ax.axhline(target, color="k", lw=0.8, ls="--")
         ax.set(xscale="log", title=f"{mbps:g} Mbit/s, {workers} workers", xlabel="modelled time (s)")
     axes[0].set_ylabel("validation loss")
-    axes[0].set_ylim(target * 0.95, target * 1.4)
+    low = min(min(r[0]["losses"]) for r in results.values())
+    axes[0].set_ylim(low * 0.98, target * 1.4)
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / f"quality_vs_time_w{workers}.png", dpi=110)
     ax_b.axhline(target, color="k", lw=0.8, ls="--")
     ax_b.set(xscale="log", xlabel="MB sent, all workers (ledger)", ylabel="validation loss",
-             ylim=(target * 0.95, target * 1.4), title=f"{workers} workers")
+             ylim=(low * 0.98, target * 1.4), title=f"{workers} workers")
     ax_b.legend(fontsize=7)
     fig_b.tight_layout()
     fig_b.savefig(out / f"quality_vs_bytes_w{workers}.png", dpi=110)
