@@ -286,17 +286,6 @@ class StreamingDiLoCo(Algorithm):
         return step >= self.offsets[-1] + self.overlap and \
             (step - self.offsets[-1] - self.overlap) % self.inner_steps == 0
 
-    def evaluates_at(self, step: int, eval_every: int, steps: int) -> bool:
-        """Evaluate θ only where a round has just ended (mid-round θ is the last round's, so an
-        evaluation there would credit steps θ has not seen): the first round end at or after each
-        multiple of ``eval_every``, and the last step."""
-        if step == steps:
-            return True
-        if not self.round_ends(step):
-            return False
-        previous = max(step - self.inner_steps, 0)  # the round end before this one
-        return step // eval_every > previous // eval_every
-
     def eval_params(self):
         return self.theta
 
@@ -351,6 +340,18 @@ class DiLoCo(StreamingDiLoCo):
 
     def setup_info(self):
         return {}
+
+    def evaluates_at(self, step: int, eval_every: int, steps: int) -> bool:
+        """DiLoCo's θ changes only at round ends: evaluate it only where a round has just ended
+        (mid-round θ is the last round's, so an evaluation there would credit steps θ has not
+        seen): the first round end at or after each multiple of ``eval_every``, and the last step.
+        (Streaming DiLoCo keeps the plain schedule: its fragments merge every H/P steps.)"""
+        if step == steps:
+            return True
+        if not self.round_ends(step):
+            return False
+        previous = max(step - self.inner_steps, 0)  # the round end before this one
+        return step // eval_every > previous // eval_every
 
 
 ALGORITHMS.register("streaming-diloco", help="Streaming DiLoCo (Douillard 2025): DiLoCo on P fragments at staggered "
