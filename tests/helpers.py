@@ -117,3 +117,16 @@ def torch_on_mean_gradient(r, steps: int, make_opt, factor=None) -> torch.Tensor
         if scheduler is not None:
             scheduler.step()
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def record_inner_steps(alg) -> dict:
+    """Every replica's parameters after its latest inner step (before any outer step touches them)."""
+    after_inner, inner_step = {}, alg.replicas.sgd_step
+
+    def recorded(ctx, rank):
+        loss = inner_step(ctx, rank)
+        after_inner[rank] = alg.replicas.x[rank].clone()
+        return loss
+
+    alg.replicas.sgd_step = recorded
+    return after_inner

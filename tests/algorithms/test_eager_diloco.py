@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradwire.run.loop import Run
-from tests.helpers import through_bytes
+from tests.helpers import record_inner_steps, through_bytes
 
 
 @pytest.mark.parametrize("spec", [
@@ -27,14 +27,7 @@ def test_eager_outer_steps_match_a_reference(make_config, spec):
     outer = {i: [torch.optim.SGD([t], lr=alg.outer_lr, momentum=alg.outer_momentum, nesterov=True) for t in ts]
              for i, ts in theta.items()}
     others = {i: [torch.zeros(b - a, dtype=torch.float64) for a, b in ranges] for i in range(n)}
-    after_inner, inner_step = {}, alg.replicas.sgd_step
-
-    def recorded(ctx, rank):
-        loss = inner_step(ctx, rank)
-        after_inner[rank] = alg.replicas.x[rank].clone()
-        return loss
-
-    alg.replicas.sgd_step = recorded
+    after_inner = record_inner_steps(alg)
     sent: dict[int, tuple[dict, int]] = {}  # fragment -> ({worker: Δ_i}, step sent)
     rounds = [0] * fragments
     for step in range(1, 21):

@@ -11,20 +11,7 @@ from gradwire.compress import gapcode
 from gradwire.compress.chunked import ChunkedTopK, chunk_counts
 from gradwire.run.loop import Run
 from tests.algorithms.test_local_updates_checkpoint import only_tensors_and_ints
-from tests.helpers import through_bytes
-
-
-def record_inner_steps(alg) -> dict:
-    """Every replica's parameters after its latest inner step (before any outer step touches them)."""
-    after_inner, inner_step = {}, alg.replicas.sgd_step
-
-    def recorded(ctx, rank):
-        loss = inner_step(ctx, rank)
-        after_inner[rank] = alg.replicas.x[rank].clone()
-        return loss
-
-    alg.replicas.sgd_step = recorded
-    return after_inner
+from tests.helpers import record_inner_steps, through_bytes
 
 
 def reference_topk(e: torch.Tensor, chunk: int, k: int) -> torch.Tensor:
