@@ -18,7 +18,7 @@ import sys
 import time
 
 from gradwire.errors import ConfigError
-from gradwire.fault.spec import parse, require_torchft
+from gradwire.transports.ft_spec import parse, require_torchft
 
 
 def launch_replicas(ns, run_args: list[str], cfg) -> int:
