@@ -16,10 +16,12 @@ from gradwire.run.loop import run
 # docs/defaults.md: sync SGD at its best learning rate of the sweep (1.6, momentum 0), mean final
 # test accuracy over seeds 0, 1, 2
 TUNED_SYNC = 0.707
-# each algorithm's final test accuracy on its defaults must reach this fraction of TUNED_SYNC:
-# 0.9 where the sweep found it (the bar), else what its defaults reach on seed 0 less
-# three points (docs/defaults.md says why they fall short); chance is 0.10
-FLOOR = {"sync": 0.9, "async": 0.9, "local": 0.9, "dasgd": 0.89, "diana": 0.85, "dqgd": 0.85, "dqsgd": 0.88,
+# each algorithm's final test accuracy on its defaults must reach this fraction of TUNED_SYNC: what
+# its defaults reach on seed 0 here less three points, for every algorithm alike. Those that meet
+# the 90 % bar on the mean of three seeds (docs/defaults.md) meet it by 0.4-1.4 points on seed 0,
+# a few test samples, which another CPU's float32 rounding can move; the floor catches a default
+# that stops learning without depending on that. Chance is 0.10.
+FLOOR = {"sync": 0.87, "async": 0.96, "local": 0.88, "dasgd": 0.87, "diana": 0.85, "dqgd": 0.85, "dqsgd": 0.86,
          "easgd": 0.8, "lsgd": 0.75, "dagc": 0.6, "signsgd": 0.55, "diloco": 0.8, "streaming-diloco": 0.7,
          "backup-diloco": 0.87, "muloco": 0.77, "sparseloco": 0.66, "demo": 0.59}
 
