@@ -141,7 +141,7 @@ class RunConfig:
             algorithm = ALGORITHMS.build(self.algorithm)
             check(self.fault_tolerance, workers=self.workers, backend=self.backend, step_timeout_s=self.timeout_s,
                   needs_server=algorithm.needs_server, tensor_parallel=self.tensor_parallel,
-                  carries_rounds=algorithm.name == "streaming-diloco" and (algorithm.overlap > 0 or algorithm.eager))
+                  carries_rounds=algorithm.carries_rounds)
         return self
 
     def check_values(self) -> RunConfig:

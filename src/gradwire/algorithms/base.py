@@ -156,6 +156,12 @@ class Algorithm(Specced, ABC):
     @abstractmethod
     def step(self, ctx: Context, step: int) -> dict: ...
 
+    @property
+    def carries_rounds(self) -> bool:
+        """Whether state of one collective round stays in flight across steps (a fault-tolerant
+        quorum that changes between steps would cut it; transports/ft_spec.py refuses it)."""
+        return False
+
     def compressor_spec(self) -> str | None:
         """The compressor that really runs (``compressor_resolved`` in config.json), defaults
         included; None when the algorithm compresses nothing (it sends parameters or dense

@@ -203,6 +203,11 @@ class StreamingDiLoCo(Algorithm):
         return lambda x: AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                l1=optim.l1, lr_schedule=optim.lr_schedule, horizon=optim.horizon)
 
+    @property
+    def carries_rounds(self) -> bool:
+        """Fragments in flight over τ > 0 steps, or (eager) each replica's own outer parameters."""
+        return self.overlap > 0 or self.eager
+
     def compressor_spec(self):
         return self.averager.spec()
 
