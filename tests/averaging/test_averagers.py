@@ -18,14 +18,14 @@ SHAPES = (torch.Size([6, 5]), torch.Size([5]))
 WORKERS = (0, 1, 2)
 
 
-def averager(spec: str, *, payloads: bool = False, error_feedback: bool = False):
+def averager(spec: str, *, payloads: bool = False, error_feedback: bool = False, device="cpu"):
     return build_averager(spec, workers=WORKERS, seed=0, shapes=SHAPES, error_feedback=error_feedback,
-                          generator=lambda r: torch.Generator().manual_seed(r), payloads=payloads)
+                          generator=lambda r: torch.Generator(device=device).manual_seed(r), payloads=payloads)
 
 
-def grads(seed: int = 0) -> dict[int, torch.Tensor]:
+def grads(seed: int = 0, device="cpu") -> dict[int, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {r: torch.randn(35, generator=g) for r in WORKERS}
+    return {r: torch.randn(35, generator=g).to(device) for r in WORKERS}
 
 
 def transport() -> SimTransport:
@@ -48,15 +48,17 @@ def test_the_uncompressed_mean_is_the_mean():
 
 
 @pytest.mark.parametrize("spec", ["qsgd:levels=4", "fp16", "powersgd:rank=2"])
-def test_started_and_blocking_means_agree_in_values_and_bytes(spec):
-    """``start(...).wait()`` is ``mean`` (the same payloads, the same bytes), for each kind."""
-    blocking, started = averager(spec), averager(spec)
+def test_started_and_blocking_means_agree_in_values_and_bytes(spec, device):
+    """``start(...).wait()`` is ``mean`` (the same payloads, the same bytes), for each kind, on
+    each device (the mean stays on the gradients' device)."""
+    blocking, started = averager(spec, device=device), averager(spec, device=device)
     t1, t2 = transport(), transport()
     for step in range(3):
-        x = grads(step)
+        x = grads(step, device)
         a = blocking.mean(t1, {r: t.clone() for r, t in x.items()})
         b = started.start(t2, {r: t.clone() for r, t in x.items()}).wait()
         assert torch.equal(a, b), (spec, step)
+        assert a.device.type == device.type
     assert t1.bytes_sent == t2.bytes_sent > 0
 
 
