@@ -230,7 +230,11 @@ def variants_of(ns, parser) -> tuple[RunConfig, list[RunConfig]]:
         specs = [c.replace(out=str(root / _slug(c.label())), **({"seed": seeds[0]} if seeds else {}))
                  for c in specs]
     for c in specs:
-        c.validate()
+        c.check_values()  # before torch is imported (the second stage's modules import it)
+    from gradwire.run.combination import check_combination
+
+    for c in specs:
+        check_combination(c)
     return common, specs
 
 

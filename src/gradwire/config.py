@@ -19,6 +19,10 @@ from gradwire.registries import REGISTRIES, registry_for
 from gradwire.spec import parse_spec
 
 OUTER_STATES = ("device", "cpu")  # where the DiLoCo family keeps its outer state (--outer-state)
+KERNEL_SETS = ("torch", "triton")  # codec kernels (--kernels; gradwire.kernels runs them)
+BACKENDS = ("sim", "torch", "threads")
+DEVICES = ("cpu", "cuda")
+LAYOUTS = "1d:p=P | 2d:q=Q | 2.5d:q=Q,d=D"  # --tensor-parallel (docs/tensor_parallel.md)
 
 
 @dataclass
@@ -68,26 +72,18 @@ class RunConfig:
             text += f" + {self.compressor}" + (" + EF" if self.error_feedback else "")
         return text
 
-    def resolved(self) -> RunConfig:
-        """This config with --lr and --momentum filled in where they were not given: the algorithm's
-        own defaults (``Algorithm.default_lr``, ``default_momentum``: chosen so that each algorithm
-        learns on the default task, docs/defaults.md); momentum only under --optimizer sgd."""
-        if self.lr is not None and self.momentum is not None:
-            return self
-        from gradwire.algorithms import ALGORITHMS
-
-        algorithm = ALGORITHMS.build(self.algorithm)
+    def with_defaults(self, *, default_lr: float, default_momentum: float) -> RunConfig:
+        """This config with --lr and --momentum filled in where they were not given, from the
+        algorithm's own defaults (``gradwire.run.combination.resolved`` asks the algorithm's class);
+        momentum only under --optimizer sgd."""
         sgd = parse_spec(self.optimizer)[0] == "sgd"
-        return self.replace(lr=algorithm.default_lr if self.lr is None else self.lr,
-                            momentum=(algorithm.default_momentum if sgd else 0.0) if self.momentum is None
-                            else self.momentum)
+        return self.replace(lr=default_lr if self.lr is None else self.lr,
+                            momentum=(default_momentum if sgd else 0.0) if self.momentum is None else self.momentum)
 
     def tensor_parallel_size(self) -> int:
         """P, the processes that hold one worker's model (1 without --tensor-parallel)."""
         if not self.tensor_parallel:
             return 1
-        from gradwire.parallel.layout import parse_layout  # the layout's own parser (no torch)
-
         return parse_layout(self.tensor_parallel).size
 
     def processes(self, server: bool) -> int:
@@ -102,12 +98,17 @@ class RunConfig:
         return self.resume or self.resume_or_start
 
     def validate(self) -> RunConfig:
-        """Check every value and spec before anything runs; raise ConfigError naming the bad one.
-        Every message has one form: ``key=value`` and the problem, then the flag, ``(--key)``. The
-        checks that need no registry come first: they import no torch, so a mistyped number is
-        reported at once (the registries' modules import torch)."""
+        """The first stage of validation: every value and every name, each on its own; raise
+        ConfigError naming the bad one. Every message has one form: ``key=value`` and the problem,
+        then the flag, ``(--key)``. The checks that need no registry come first: they import no
+        torch, so a mistyped number is reported at once (the registries' modules import torch).
+        Whether the values work together (an algorithm with a layout, a schedule with the steps,
+        the kernels on this machine) is the second stage, ``gradwire.run.combination``, which asks
+        the components; nothing here imports a layer above the config."""
         self.check_values()
-        _check_kernels(self.kernels, self.device)
+        if self.kernels not in KERNEL_SETS:
+            raise ConfigError(f"kernels={self.kernels!r}: valid choices are {', '.join(KERNEL_SETS)} "
+                              f"{_flag('kernels')}")
         if self.outer_state not in OUTER_STATES:
             raise ConfigError(f"outer_state={self.outer_state!r}: valid choices are {', '.join(OUTER_STATES)} "
                               "(--outer-state)")
@@ -119,29 +120,13 @@ class RunConfig:
         for ref in dict.fromkeys(chosen):
             if ref.build_to_validate:
                 ref.registry.build(getattr(self, ref.key))
-        if self.error_feedback and self.compressor == "none" and _compresses_only_with_flag(self.algorithm):
-            raise ConfigError(f"--error-feedback needs --compressor: algorithm {self.algorithm!r} sends uncompressed "
-                              "gradients without one, so there is no compression error to feed back (e.g. "
-                              "--compressor topk:ratio=0.01 --error-feedback)")
-        from gradwire.algorithms.optim import lr_schedule
-
-        lr_schedule(self.lr_schedule, self.steps)  # a warm-up that fits in the run
-        self.resolved().check_values()  # the algorithm's defaults of --lr and --momentum with the rest
         _check_device(self.device)
         if self.tensorboard:
             from gradwire.report.tensorboard import require_tensorboard
 
             require_tensorboard()
         if self.tensor_parallel:
-            _check_tensor_parallel(self)
-        if self.fault_tolerance != "none":  # docs/fault_tolerance.md
-            from gradwire.algorithms import ALGORITHMS
-            from gradwire.transports.ft_spec import check
-
-            algorithm = ALGORITHMS.build(self.algorithm)
-            check(self.fault_tolerance, workers=self.workers, backend=self.backend, step_timeout_s=self.timeout_s,
-                  needs_server=algorithm.needs_server, tensor_parallel=self.tensor_parallel,
-                  carries_rounds=algorithm.carries_rounds)
+            parse_layout(self.tensor_parallel)
         return self
 
     def check_values(self) -> RunConfig:
@@ -172,10 +157,10 @@ class RunConfig:
                               f"{_flag('momentum')}")
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed={self.seed} must be an integer in [0, 2**63) {_flag('seed')}")
-        if self.backend not in ("sim", "torch", "threads"):
-            raise ConfigError(f"backend={self.backend!r}: valid choices are sim, torch, threads {_flag('backend')}")
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"device={self.device!r}: valid choices are cpu, cuda {_flag('device')}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend={self.backend!r}: valid choices are {', '.join(BACKENDS)} {_flag('backend')}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device={self.device!r}: valid choices are {', '.join(DEVICES)} {_flag('device')}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never) "
                               f"{_flag('checkpoint_every')}")
@@ -247,44 +232,6 @@ def _step_size(value: float, key: str, dtype: str, *, positive: bool) -> None:
                           f"size cannot be applied {_flag(key)}")
 
 
-def _compresses_only_with_flag(algorithm: str) -> bool:
-    """Whether ``algorithm`` compresses only what --compressor names (sync, async): then
-    --error-feedback without --compressor has nothing to feed back. An algorithm with a compressor
-    of its own (dqgd's ``default_compressor``, dagc's top-k) uses error feedback without the flag,
-    and the others refuse --error-feedback themselves, with their own reason (diana, dqsgd, signsgd,
-    the local-update algorithms)."""
-    from gradwire.algorithms import ALGORITHMS
-
-    return ALGORITHMS.build(algorithm).default_compressor == "none"
-
-
-def _check_tensor_parallel(cfg: RunConfig) -> None:
-    """The layout parses, runs on the torch backend without a server, and splits the task's
-    transformer (docs/tensor_parallel.md); the process count is checked when the run starts."""
-    from gradwire.algorithms import ALGORITHMS
-    from gradwire.algorithms.sync import SyncSGD
-    from gradwire.parallel.layout import check_layout, parse_layout
-    from gradwire.tasks.language import transformer_sizes
-
-    layout = parse_layout(cfg.tensor_parallel)
-    if cfg.backend != "torch":
-        raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r} needs --backend torch (gradwire launch "
-                          f"--nproc-per-node WORKERSxP -- run ...), not --backend {cfg.backend} (--tensor-parallel)")
-    algorithm = ALGORITHMS.build(cfg.algorithm)
-    if algorithm.needs_server:
-        raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} has a server; "
-                          "tensor parallelism runs with the collective algorithms only (--tensor-parallel)")
-    if isinstance(algorithm, SyncSGD) and algorithm.overlap == "true":  # auto: off under tensor parallelism
-        # its communication thread would issue the data-parallel collectives while the backward pass
-        # issues the tensor-parallel ones, in an order that differs between ranks (NCCL can hang)
-        raise ConfigError(f"tensor_parallel={cfg.tensor_parallel!r}: algorithm {cfg.algorithm!r} averages during "
-                          "the backward pass, which also runs the tensor-parallel collectives; use overlap=false "
-                          "(--tensor-parallel)")
-    sizes = transformer_sizes(cfg.task)
-    check_layout(layout, world_size=cfg.processes(server=False), dim=sizes["dim"], heads=sizes["heads"],
-                 vocab=sizes["vocab"], batch=None if cfg.batch_size == "full" else int(cfg.batch_size))
-
-
 def check_out_folder(out: str) -> None:
     """ConfigError unless ``out`` is a folder, or can be created as one, that this process can
     write into; creates nothing that stays (it tries a temporary folder, then removes it)."""
@@ -314,17 +261,45 @@ def _check_device(device: str) -> None:
                               "use --device cpu (--device)")
 
 
-def _check_kernels(kernels: str, device: str) -> None:
-    """torch or triton; triton needs Triton installed and, on the CPU, its interpreter."""
-    from gradwire import kernels as kernel_sets
+@dataclass(frozen=True)
+class Layout:
+    """A tensor-parallel layout: ``kind`` 1d (``size`` = p) or 2.5d (q, d; 2d is d = 1). A value of
+    the config (its size is in the process count); ``gradwire.parallel.layout`` checks it against
+    the model and the processes."""
 
-    try:
-        kernel_sets.check(kernels, "kernels")
-    except ConfigError as e:
-        raise ConfigError(f"{e} {_flag('kernels')}") from None
-    if kernels == "triton" and device == "cpu" and not kernel_sets.interpreting():
-        raise ConfigError("kernels='triton' with device='cpu' runs only under Triton's interpreter "
-                          f"(TRITON_INTERPRET=1, slow: for tests); use --kernels torch on the CPU {_flag('kernels')}")
+    kind: str  # "1d", "2d" or "2.5d" as written
+    p: int = 1  # 1d: ranks per group
+    q: int = 1  # 2d / 2.5d: the SUMMA grid is q x q
+    d: int = 1  # 2.5d: depth
+
+    @property
+    def size(self) -> int:
+        """Processes per tensor-parallel group (P)."""
+        return self.p if self.kind == "1d" else self.q * self.q * self.d
+
+    @property
+    def summa(self) -> bool:
+        return self.kind != "1d"
+
+    def spec(self) -> str:
+        return {"1d": f"1d:p={self.p}", "2d": f"2d:q={self.q}"}.get(self.kind, f"2.5d:q={self.q},d={self.d}")
+
+
+def parse_layout(text: str) -> Layout:
+    """``1d:p=4``, ``2d:q=2`` or ``2.5d:q=2,d=2`` as a Layout; ConfigError naming the bad part."""
+    name, raw = parse_spec(text)
+    keys = {"1d": ("p",), "2d": ("q",), "2.5d": ("q", "d")}
+    if name not in keys:
+        raise ConfigError(f"tensor_parallel={text!r}: unknown layout {name!r}; valid: {LAYOUTS}")
+    if set(raw) != set(keys[name]):
+        raise ConfigError(f"tensor_parallel={text!r}: layout {name} takes exactly "
+                          f"{', '.join(k + '=' for k in keys[name])} (valid: {LAYOUTS})")
+    values = {}
+    for k, v in raw.items():
+        if not v.isdigit() or int(v) < 1:
+            raise ConfigError(f"tensor_parallel={text!r}: {k}={v} must be a positive integer (valid: {LAYOUTS})")
+        values[k] = int(v)
+    return Layout(kind=name, **values)
 
 
 def _positive(value: int, key: str) -> None:

@@ -56,7 +56,7 @@ def _note(text: str) -> None:
 
 def torchrun_argv(ns) -> list[str]:
     """torchrun's own command line for ``gradwire launch`` (its launcher and rendezvous, not ours)."""
-    from gradwire.algorithms import ALGORITHMS
+    from gradwire.run.combination import check_combination
 
     rest = list(ns.rest or [])
     if rest and rest[0] == "--":
@@ -71,7 +71,7 @@ def torchrun_argv(ns) -> list[str]:
     cfg, flags, in_file = run_options(run_args)
     if "backend" in flags and cfg.backend != "torch":
         raise ConfigError(f"launch runs --backend torch; drop --backend {cfg.backend} from the run command")
-    server = ALGORITHMS.build(cfg.algorithm).needs_server
+    server = check_combination(cfg.replace(backend="torch")).needs_server  # --workers: counted below
     if not str(ns.nnodes).isdigit():
         if "workers" not in flags:
             raise ConfigError(f"--nnodes {ns.nnodes} is a range: pass --workers explicitly in the run command")

@@ -11,6 +11,7 @@ import pytest
 
 from gradwire.algorithms import ALGORITHMS
 from gradwire.config import RunConfig
+from gradwire.run.combination import resolved
 from gradwire.run.loop import run
 
 # docs/defaults.md: sync SGD at its best learning rate of the sweep (1.6, momentum 0), mean final
@@ -31,10 +32,10 @@ def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
     assert cfg.lr is None and cfg.momentum is None
     for name in ALGORITHMS.names():
         algorithm = ALGORITHMS.build(name)
-        resolved = RunConfig(algorithm=name).resolved()
-        assert (resolved.lr, resolved.momentum) == (algorithm.default_lr, algorithm.default_momentum), name
-    assert RunConfig(lr=0.3, momentum=0.5).resolved().lr == 0.3  # given: kept
-    assert RunConfig(optimizer="adamw").resolved().momentum == 0.0  # AdamW keeps its own moments
+        filled = resolved(RunConfig(algorithm=name))
+        assert (filled.lr, filled.momentum) == (algorithm.default_lr, algorithm.default_momentum), name
+    assert resolved(RunConfig(lr=0.3, momentum=0.5)).lr == 0.3  # given: kept
+    assert resolved(RunConfig(optimizer="adamw")).momentum == 0.0  # AdamW keeps its own moments
     out = tmp_path / "run"
     run(RunConfig(task="digits-logreg", workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
     written = json.loads((out / "config.json").read_text())

@@ -8,6 +8,7 @@ import pytest
 from gradwire.cli import main
 from gradwire.config import RunConfig, check_out_folder
 from gradwire.errors import ConfigError
+from gradwire.run.combination import check_combination
 from gradwire.spec import parse_spec
 from tests.helpers import gw
 
@@ -89,7 +90,7 @@ def test_valid_neighbours_still_pass(tmp_path, data_dir):
     for kw in (dict(lr=1e38), dict(lr=1e300, dtype="float64"), dict(weight_decay=0.0), dict(seed=2**63 - 1),
                dict(error_feedback=True, compressor="topk:ratio=0.1"), dict(error_feedback=True, algorithm="dqgd"),
                dict(error_feedback=True, algorithm="dagc"), dict(algorithm="sync:backups=1")):
-        RunConfig(**base, **kw).validate()
+        check_combination(RunConfig(**base, **kw))
 
 
 @pytest.mark.parametrize("bad", ["sync:", "sync: ", "qsgd:levels=4,", "qsgd:,levels=4", "qsgd:levels=4,,bucket=8"])

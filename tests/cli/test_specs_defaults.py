@@ -14,6 +14,7 @@ import torch
 from gradwire.compress.qsgd import QSGD
 from gradwire.config import RunConfig
 from gradwire.registries import REGISTRIES
+from gradwire.run.combination import resolved
 from gradwire.run.loop import run
 from gradwire.spec import convert, format_value, spec_of
 from gradwire.tasks.base import build_task
@@ -76,14 +77,14 @@ def test_optimizer_runs_bare(tmp_path, data_dir, name):
 
 @pytest.mark.parametrize("name", names("lr-schedules"))
 def test_lr_schedule_runs_bare(tmp_path, data_dir, name):
-    cfg = RunConfig(task="digits-logreg", workers=2, steps=3, eval_every=3, lr_schedule=name,
-                    out=str(tmp_path / name), data_dir=str(data_dir)).resolved().validate()
+    cfg = resolved(RunConfig(task="digits-logreg", workers=2, steps=3, eval_every=3, lr_schedule=name,
+                             out=str(tmp_path / name), data_dir=str(data_dir)))
     assert run(cfg, progress=False)["status"] == "finished"
     schedule = REGISTRY["lr-schedules"].build(name)
     factors = [schedule.factor(k, 3) for k in range(3)]
     assert factors[0] == 1.0 and all(0 <= f <= 1 for f in factors)  # bare: no warm-up, never above --lr
     last = read_jsonl(tmp_path / name / "metrics.jsonl")[-1]
-    lr = cfg.resolved().lr  # --lr left out: the algorithm's default
+    lr = cfg.lr  # --lr left out: the algorithm's default
     assert last.get("lr", lr) == pytest.approx(lr * factors[2])  # the run's last update used the rate
     assert spec_of(REGISTRY["lr-schedules"].build(spec_of(schedule))) == spec_of(schedule)
 

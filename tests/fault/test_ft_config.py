@@ -11,6 +11,7 @@ import torch
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
 from gradwire.fault.replica import merge_rank_keyed
+from gradwire.run.combination import check_combination
 from gradwire.transports.ft_spec import INSTALL, parse
 
 pytest.importorskip("torchft")
@@ -26,7 +27,7 @@ def test_spec_parses_and_default_is_off():
     ft = parse(GOOD)
     assert (ft.min_replicas, ft.timeout_s, ft.replica, ft.lighthouse_url) == (2, 10.0, 1, "http://127.0.0.1:29510")
     assert parse("none") is None
-    assert cfg(GOOD).validate().fault_tolerance == GOOD
+    assert check_combination(cfg(GOOD)).cfg.fault_tolerance == GOOD
 
 
 @pytest.mark.parametrize("spec, kw, says", [
@@ -45,7 +46,7 @@ def test_spec_parses_and_default_is_off():
 ])
 def test_settings_that_cannot_work_are_refused_in_one_line(spec, kw, says):
     with pytest.raises(ConfigError) as e:
-        cfg(spec, **kw).validate()
+        check_combination(cfg(spec, **kw))
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
@@ -53,7 +54,7 @@ def test_without_torchft_the_flag_says_how_to_install_it(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))
     with pytest.raises(ConfigError, match="pip install 'gradwire\\[ft\\]'"):
-        cfg(GOOD).validate()
+        check_combination(cfg(GOOD))
     assert INSTALL == "pip install 'gradwire[ft]'"
 
 

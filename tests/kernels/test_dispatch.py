@@ -9,6 +9,7 @@ import pytest
 from gradwire import kernels
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
+from gradwire.run.combination import check_combination
 
 
 def test_torch_is_the_default_and_bad_values_are_one_clear_error(monkeypatch):
@@ -28,12 +29,12 @@ def test_torch_is_the_default_and_bad_values_are_one_clear_error(monkeypatch):
 
 
 def test_run_config_key(monkeypatch, device):
-    RunConfig(kernels="triton", device=device.type).validate()  # CUDA, or the interpreter (conftest)
+    check_combination(RunConfig(kernels="triton", device=device.type))  # CUDA, or the interpreter (conftest)
     with pytest.raises(ConfigError, match="kernels='tpu': valid choices are torch, triton"):
         RunConfig(kernels="tpu").validate()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match="runs only under Triton's interpreter"):
-        RunConfig(kernels="triton").validate()
+        check_combination(RunConfig(kernels="triton"))
 
 
 @pytest.mark.multiprocess

@@ -10,6 +10,7 @@ from gradwire.cli import main
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
 from gradwire.parallel.layout import Layout, check_layout, parse_layout
+from gradwire.run.combination import check_combination
 
 LM = "stdlib-lm:dim=8,layers=1,heads=2,context=6,train_bytes=4000,val_bytes=700"
 
@@ -77,8 +78,8 @@ def test_cli_says_one_line(args, message, tmp_path, capsys):
 @pytest.mark.parametrize("algorithm", ["sync", "sync:overlap=false", "streaming-diloco", "local:period=2"])
 def test_collective_algorithms_pass_the_check(algorithm, tmp_path):
     """Only sync's overlap=true is refused; Streaming DiLoCo's own `overlap` (tau steps) is not it."""
-    RunConfig(task=LM, backend="torch", workers=2, tensor_parallel="1d:p=2", algorithm=algorithm, batch_size=4,
-              out=str(tmp_path / "run")).validate()
+    check_combination(RunConfig(task=LM, backend="torch", workers=2, tensor_parallel="1d:p=2", algorithm=algorithm,
+                                batch_size=4, out=str(tmp_path / "run")))
 
 
 def test_launch_refuses_a_process_count_that_is_not_a_multiple_of_p(tmp_path, capsys):

@@ -145,7 +145,7 @@ class Algorithm(Specced, ABC):
     # the compressor its averager uses when --compressor is "none" ("none": gradients travel as they
     # are); None: the algorithm has no averager (it sends parameters, or chooses its compressors itself)
     default_compressor: str | None = None  # which parameters evaluation uses (recorded in the metrics)
-    # --lr and --momentum when they are not given (RunConfig.resolved): chosen per algorithm so that
+    # --lr and --momentum when they are not given (gradwire.run.combination.resolved): chosen per algorithm so that
     # each learns on the default task in the default steps (docs/defaults.md)
     default_lr: float = 0.05
     default_momentum: float = 0.0
@@ -160,6 +160,13 @@ class Algorithm(Specced, ABC):
     def carries_rounds(self) -> bool:
         """Whether state of one collective round stays in flight across steps (a fault-tolerant
         quorum that changes between steps would cut it; transports/ft_spec.py refuses it)."""
+        return False
+
+    @property
+    def averages_during_backward(self) -> bool:
+        """Whether it averages during the backward pass whatever the run (``sync:overlap=true``):
+        tensor parallelism refuses it (gradwire.run.combination), since its backward pass runs the
+        tensor-parallel collectives too."""
         return False
 
     def compressor_spec(self) -> str | None:

@@ -99,6 +99,11 @@ class SyncSGD(Algorithm):
             cap = max(1, int(self.bucket_mb * 2**20 / params.element_size()))
             self.plan = BucketPlan(ctx.param_shapes, cap)
 
+    @property
+    def averages_during_backward(self) -> bool:
+        """overlap=true: always (auto turns itself off where the backward pass runs collectives)."""
+        return self.overlap == "true"
+
     def _overlap_is_exact(self, ctx) -> bool:
         """``overlap=auto``: overlap where it changes no number and something can overlap (one
         worker per process on a concurrent transport; module docstring)."""

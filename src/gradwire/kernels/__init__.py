@@ -34,9 +34,9 @@ import os
 
 import torch
 
+from gradwire.config import KERNEL_SETS as KERNELS  # the names, checked with the run config's values
 from gradwire.errors import ConfigError
 
-KERNELS = ("torch", "triton")
 ENV = "GRADWIRE_KERNELS"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -27,12 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gradwire.compress import levels as reference
 from gradwire.kernels.common import output_view, store_rounded
 
 SUPER = 32  # super groups (8 fields each) per program
-
-REFERENCES = {"encode": reference.encode_grid, "decode": reference.decode_grid}
 
 
 @triton.jit

@@ -16,12 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gradwire.compress import natural as reference
 from gradwire.kernels.common import output_view, store_rounded
 
 BYTES = 128  # sign bytes (8 elements each) per program
-
-REFERENCES = {"encode": reference.Natural.encode, "decode": reference.Natural.decode}
 
 
 @triton.jit

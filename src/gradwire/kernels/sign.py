@@ -12,12 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gradwire.compress import sign as reference
 from gradwire.kernels.common import output_view, store_rounded
 
 BYTES = 256  # bytes (groups of 8 elements) per program
-
-REFERENCES = {"pack_signs": reference.pack_signs, "unpack_signs": reference.unpack_signs}
 
 
 @triton.jit

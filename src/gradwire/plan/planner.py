@@ -35,6 +35,7 @@ from gradwire.plan.convergence import ConvergenceModel, crossing
 from gradwire.plan.design import RunCost, choose_workers
 from gradwire.plan.system_model import SystemModel, distinct_enough, log2_grid
 from gradwire.report.run_folder import read_jsonl
+from gradwire.run.combination import check_combination
 
 METRICS = ("train_loss", "suboptimality")
 EXTRAPOLATED = 10.0  # predicted iterations beyond this many times the profiled steps are flagged
@@ -92,7 +93,7 @@ class PlanRequest:
         for c in self.candidates:
             for m in sorted(set(self.workers) | set(self.validate)):
                 try:
-                    c.replace(workers=m).validate()
+                    check_combination(c.replace(workers=m))
                 except ConfigError as e:
                     raise ConfigError(f"candidate {c.label()!r} at {m} workers: {e}") from None
         return self
@@ -136,9 +137,7 @@ def _slug(text: str) -> str:
 
 def _torch_argv(cfg: RunConfig) -> list[str]:
     """``gradwire launch`` for one run: m processes (one more for a server-mode algorithm)."""
-    from gradwire.algorithms import ALGORITHMS
-
-    server = ALGORITHMS.build(cfg.algorithm).needs_server
+    server = check_combination(cfg).needs_server
     flags: list[str] = []
     for key, value in cfg.to_dict().items():
         if key in ("workers", "backend") or value == KEYS[key].default:

@@ -32,6 +32,7 @@ from gradwire.report.progress import ProgressLines, progress_mode
 from gradwire.report.run_folder import RunFolder, claim, holds_run, read_json_or_empty
 from gradwire.report.timeline import FOLDER as TIMELINE_FOLDER
 from gradwire.report.timeline import Timeline
+from gradwire.run.combination import check_combination, resolved
 from gradwire.run.stops import StopSignals, stop_record
 from gradwire.seeding import hash_seed
 from gradwire.servers.real import RealServer, run_worker
@@ -92,8 +93,7 @@ class Run:
         self.started = time.perf_counter()
         self.wall_before = 0.0  # wall seconds of the attempts before, up to the checkpoint resumed from
         self.eval_s = 0.0       # wall seconds spent in evaluations (theirs included)
-        cfg = cfg.resolved()    # the algorithm's --lr and --momentum where not given
-        self.cfg = cfg.validate()
+        self.cfg = cfg = check_combination(cfg).cfg  # the algorithm's --lr and --momentum where not given
         torch.set_num_threads(cfg.threads)
         dtype = {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
         self.task = build_task(cfg.task, num_workers=cfg.workers, seed=cfg.seed, dtype=dtype, data_dir=cfg.data_dir)
@@ -299,10 +299,9 @@ class Run:
 def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     """``--backend threads``: every process of a real run as a thread (``transports/threads.py``);
     returns process 0's summary, or raises the first process's error."""
-    from gradwire.algorithms import ALGORITHMS
     from gradwire.transports.threads import Hub, ThreadTransport
 
-    world = cfg.processes(ALGORITHMS.build(cfg.algorithm).needs_server)
+    world = check_combination(cfg).processes
     hub, results, errors = Hub(cfg.timeout_s), {}, {}
 
     def process(rank: int) -> None:
@@ -330,10 +329,10 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
     ``transport``: this process's, for the threads backend (``run_threads``). ``curves=False``
     leaves out curves.png (``gradwire reproduce --quick``: a second of plotting per run)."""
-    cfg = cfg.resolved()  # the algorithm's --lr and --momentum where not given (config.json holds them)
+    cfg = resolved(cfg)  # the algorithm's --lr and --momentum where not given (config.json holds them)
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
         return _run(cfg, progress, transport, None, curves)
-    cfg.validate()  # before the folder is claimed (and made)
+    check_combination(cfg)  # before the folder is claimed (and made)
     _refuse_one_process_backend_under_torchrun(cfg)
     check_resume(cfg)  # every process: they all see the folder
     writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock

@@ -1,0 +1,109 @@
+"""The second stage of validation: whether a config's values work together, asked of the
+components that will run them.
+
+The first stage, ``RunConfig.validate`` (gradwire/config.py), checks every value and every name
+on its own and imports no layer above the config. :func:`check_combination` takes a config through
+it, then asks the components what they support, each answer declared on its class: the algorithm
+(``needs_server``, ``carries_rounds``, ``averages_during_backward``, ``default_compressor``, and its
+``default_lr`` and ``default_momentum`` for :func:`resolved`), the learning-rate schedule (a warm-up
+that fits in the steps), the kernel sets (whether Triton can run here), the task (the transformer
+that tensor parallelism splits, and the layout's fit: ``gradwire.parallel.layout``) and the
+fault-tolerance spec (``transports/ft_spec.py``).
+
+It lives in run/ because run/ is the layer that builds all of these; the run, ``run_threads``,
+``gradwire launch``, ``gradwire plan`` and ``gradwire compare`` sit at or above it and call it,
+once each, before they start anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradwire import kernels
+from gradwire.algorithms import ALGORITHMS
+from gradwire.algorithms.base import Algorithm
+from gradwire.algorithms.optim import lr_schedule
+from gradwire.config import RunConfig, parse_layout
+from gradwire.errors import ConfigError
+from gradwire.parallel.layout import check_layout
+from gradwire.tasks.language import transformer_sizes
+from gradwire.transports import ft_spec
+
+
+@dataclass(frozen=True)
+class Combination:
+    """A config that passed both stages, and what its algorithm told the check."""
+
+    cfg: RunConfig      # --lr and --momentum filled in (the algorithm's defaults where not given)
+    needs_server: bool  # a server takes part: a process of its own on a real backend
+
+    @property
+    def processes(self) -> int:
+        """The processes a run on a real backend needs (``RunConfig.processes``)."""
+        return self.cfg.processes(self.needs_server)
+
+
+def resolved(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with --lr and --momentum filled in where they were not given: the algorithm's own
+    defaults (``Algorithm.default_lr``, ``default_momentum``, class attributes chosen so that each
+    algorithm learns on the default task, docs/defaults.md); momentum only under --optimizer sgd.
+    The algorithm is built to ask it: some specs choose the class (``easgd:async=true``)."""
+    if cfg.lr is not None and cfg.momentum is not None:
+        return cfg
+    algorithm = ALGORITHMS.build(cfg.algorithm)
+    return cfg.with_defaults(default_lr=algorithm.default_lr, default_momentum=algorithm.default_momentum)
+
+
+def check_combination(cfg: RunConfig) -> Combination:
+    """Both stages of validation for ``cfg``: its values and names (``RunConfig.validate``), then
+    whether they work together; ConfigError, one line naming the value and its flag, otherwise."""
+    cfg = resolved(cfg.validate())
+    algorithm = ALGORITHMS.build(cfg.algorithm)  # built once (its answers can depend on its spec)
+    _check_kernels(cfg)
+    if cfg.error_feedback and cfg.compressor == "none" and algorithm.default_compressor == "none":
+        # it compresses only what --compressor names (sync, async); one with a compressor of its own
+        # (dqgd, dagc) uses error feedback without the flag, and the others refuse it themselves
+        raise ConfigError(f"--error-feedback needs --compressor: algorithm {cfg.algorithm!r} sends uncompressed "
+                          "gradients without one, so there is no compression error to feed back (e.g. "
+                          "--compressor topk:ratio=0.01 --error-feedback)")
+    lr_schedule(cfg.lr_schedule, cfg.steps)  # a warm-up that fits in the run
+    cfg.check_values()  # the algorithm's defaults of --lr and --momentum with the rest
+    if cfg.tensor_parallel:
+        _check_tensor_parallel(cfg, algorithm)
+    if cfg.fault_tolerance != "none":  # docs/fault_tolerance.md
+        ft_spec.check(cfg.fault_tolerance, workers=cfg.workers, backend=cfg.backend, step_timeout_s=cfg.timeout_s,
+                      needs_server=algorithm.needs_server, tensor_parallel=cfg.tensor_parallel,
+                      carries_rounds=algorithm.carries_rounds)
+    return Combination(cfg, algorithm.needs_server)
+
+
+def _check_kernels(cfg: RunConfig) -> None:
+    """The kernel set can run here: triton needs Triton installed and, on the CPU, its interpreter."""
+    try:
+        kernels.check(cfg.kernels, "kernels")
+    except ConfigError as e:
+        raise ConfigError(f"{e} (--kernels)") from None
+    if cfg.kernels == "triton" and cfg.device == "cpu" and not kernels.interpreting():
+        raise ConfigError("kernels='triton' with device='cpu' runs only under Triton's interpreter "
+                          "(TRITON_INTERPRET=1, slow: for tests); use --kernels torch on the CPU (--kernels)")
+
+
+def _check_tensor_parallel(cfg: RunConfig, algorithm: Algorithm) -> None:
+    """The layout runs on the torch backend without a server, and splits the task's transformer
+    (docs/tensor_parallel.md); the process count is checked when the run starts."""
+    spec = cfg.tensor_parallel
+    if cfg.backend != "torch":
+        raise ConfigError(f"tensor_parallel={spec!r} needs --backend torch (gradwire launch "
+                          f"--nproc-per-node WORKERSxP -- run ...), not --backend {cfg.backend} (--tensor-parallel)")
+    if algorithm.needs_server:
+        raise ConfigError(f"tensor_parallel={spec!r}: algorithm {cfg.algorithm!r} has a server; "
+                          "tensor parallelism runs with the collective algorithms only (--tensor-parallel)")
+    if algorithm.averages_during_backward:
+        # its communication thread would issue the data-parallel collectives while the backward pass
+        # issues the tensor-parallel ones, in an order that differs between ranks (NCCL can hang)
+        raise ConfigError(f"tensor_parallel={spec!r}: algorithm {cfg.algorithm!r} averages during "
+                          "the backward pass, which also runs the tensor-parallel collectives; use overlap=false "
+                          "(--tensor-parallel)")
+    sizes = transformer_sizes(cfg.task)
+    check_layout(parse_layout(spec), world_size=cfg.processes(server=False), dim=sizes["dim"], heads=sizes["heads"],
+                 vocab=sizes["vocab"], batch=None if cfg.batch_size == "full" else int(cfg.batch_size))

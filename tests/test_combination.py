@@ -1,0 +1,88 @@
+"""Validation in two stages: ``RunConfig.validate`` checks each value and name on its own;
+``check_combination`` (run/combination.py) asks the components whether they work together. Each
+refusal of the second stage is here, in one line that names the value and its flag, and each is
+one the first stage lets through (so the second is where it is made)."""
+
+import importlib.util
+
+import pytest
+
+from gradwire.config import RunConfig
+from gradwire.errors import ConfigError
+from gradwire.run.combination import Combination, check_combination, resolved
+
+LM = "stdlib-lm:dim=8,layers=1,heads=2,context=6,train_bytes=4000,val_bytes=700"
+FT = "torchft:min_replicas=2,timeout_s=10,lighthouse=127.0.0.1:29510,replica=1"
+TP = dict(task=LM, backend="torch", workers=2, tensor_parallel="1d:p=2", batch_size=4)
+
+# (the config's values, words of the one-line refusal, the flag it ends with)
+REFUSALS = [
+    (dict(error_feedback=True), "--error-feedback needs --compressor: algorithm 'sync'", "--compressor topk:ratio=0.01 "
+                                                                                         "--error-feedback)"),
+    (dict(lr_schedule="cosine:warmup=5", steps=5), "warms up over 5 steps, but the run has only --steps 5", ""),
+    (dict(nesterov=True), "nesterov=true needs momentum > 0", "(--nesterov)"),  # sync's own momentum is 0
+    (dict(kernels="triton"), "runs only under Triton's interpreter", "(--kernels)"),
+    (TP | dict(backend="threads"), "tensor_parallel='1d:p=2' needs --backend torch", "(--tensor-parallel)"),
+    (TP | dict(algorithm="sync:backups=1"), "algorithm 'sync:backups=1' has a server", "(--tensor-parallel)"),
+    (TP | dict(algorithm="sync:overlap=true"), "averages during the backward pass", "(--tensor-parallel)"),
+    (TP | dict(task="digits-mlp"), "task 'digits-mlp' has none", ""),
+    (TP | dict(tensor_parallel="2d:q=3"), "dim=8 and heads=2 must be multiples of 3", ""),
+    (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="async"), "server-mode algorithms", ""),
+    (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="streaming-diloco:overlap=1"),
+     "use overlap=0 (or diloco)", ""),
+    (dict(backend="torch", workers=3, fault_tolerance=FT, timeout_s=5), "timeout_s=10 exceeds --timeout-s 5", ""),
+]
+
+
+@pytest.mark.parametrize("values, says, ends", REFUSALS, ids=[r[1][:32] for r in REFUSALS])
+def test_each_refusal_is_made_by_the_second_stage_in_one_line(values, says, ends, tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cfg = RunConfig(out=str(tmp_path / "run"), **values)
+    assert cfg.validate() is cfg  # each value is fine on its own
+    with pytest.raises(ConfigError) as e:
+        check_combination(cfg)
+    message = str(e.value)
+    assert says in message and message.endswith(ends) and "\n" not in message, message
+
+
+def test_kernels_that_are_not_installed_are_refused(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    cfg = RunConfig(kernels="triton", out=str(tmp_path / "run")).validate()
+    with pytest.raises(ConfigError, match=r"^kernels=triton: Triton is not installed; .* \(--kernels\)$"):
+        check_combination(cfg)
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(kernels="tpu"), "kernels='tpu': valid choices are torch, triton (--kernels)"),
+    (dict(tensor_parallel="3d:p=2"), "unknown layout '3d'"),
+    (dict(algorithm="synk"), "unknown algorithm 'synk'"),
+])
+def test_the_first_stage_refuses_names_on_their_own(values, message, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        RunConfig(out=str(tmp_path / "run"), **values).validate()
+    assert message in str(e.value)
+
+
+def test_what_passes_comes_back_resolved_with_the_algorithms_answers(tmp_path):
+    out = str(tmp_path / "run")
+    plain = check_combination(RunConfig(out=out, workers=3))
+    assert plain == Combination(resolved(RunConfig(out=out, workers=3)), needs_server=False)
+    assert plain.cfg.lr is not None and plain.cfg.momentum is not None
+    server = check_combination(RunConfig(out=out, workers=3, backend="torch", algorithm="sync:backups=1"))
+    assert (server.needs_server, server.processes) == (True, 4)  # three workers and the server
+    split = check_combination(RunConfig(out=out, **TP))
+    assert (split.needs_server, split.processes) == (False, 4)  # two workers of two processes each
+    ft = check_combination(RunConfig(out=out, backend="torch", workers=3, fault_tolerance=FT,
+                                     algorithm="streaming-diloco:overlap=0"))
+    assert ft.cfg.fault_tolerance == FT and not ft.needs_server
+    assert check_combination(RunConfig(out=out, error_feedback=True, algorithm="dqgd")).cfg.error_feedback
+
+
+def test_resolved_takes_the_defaults_from_the_class_and_keeps_what_was_given():
+    from gradwire.algorithms.sync import SyncSGD
+
+    filled = resolved(RunConfig(algorithm="sync:backups=1"))
+    assert (filled.lr, filled.momentum) == (SyncSGD.default_lr, SyncSGD.default_momentum)
+    assert resolved(RunConfig(lr=0.3, momentum=0.5)) == RunConfig(lr=0.3, momentum=0.5)
+    assert resolved(RunConfig(optimizer="adamw")).momentum == 0.0
