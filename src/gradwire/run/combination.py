@@ -50,15 +50,18 @@ def resolved(cfg: RunConfig) -> RunConfig:
     The algorithm is built to ask it: some specs choose the class (``easgd:async=true``)."""
     if cfg.lr is not None and cfg.momentum is not None:
         return cfg
-    algorithm = ALGORITHMS.build(cfg.algorithm)
+    return _with_defaults_of(ALGORITHMS.build(cfg.algorithm), cfg)
+
+
+def _with_defaults_of(algorithm: Algorithm, cfg: RunConfig) -> RunConfig:
     return cfg.with_defaults(default_lr=algorithm.default_lr, default_momentum=algorithm.default_momentum)
 
 
 def check_combination(cfg: RunConfig) -> Combination:
     """Both stages of validation for ``cfg``: its values and names (``RunConfig.validate``), then
     whether they work together; ConfigError, one line naming the value and its flag, otherwise."""
-    cfg = resolved(cfg.validate())
-    algorithm = ALGORITHMS.build(cfg.algorithm)  # built once (its answers can depend on its spec)
+    algorithm = ALGORITHMS.build(cfg.validate().algorithm)  # built once (its answers can depend on its spec)
+    cfg = _with_defaults_of(algorithm, cfg)
     _check_kernels(cfg)
     if cfg.error_feedback and cfg.compressor == "none" and algorithm.default_compressor == "none":
         # it compresses only what --compressor names (sync, async); one with a compressor of its own
