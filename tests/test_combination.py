@@ -19,18 +19,22 @@ TP = dict(task=LM, backend="torch", workers=2, tensor_parallel="1d:p=2", batch_s
 REFUSALS = [
     (dict(error_feedback=True), "--error-feedback needs --compressor: algorithm 'sync'", "--compressor topk:ratio=0.01 "
                                                                                          "--error-feedback)"),
-    (dict(lr_schedule="cosine:warmup=5", steps=5), "warms up over 5 steps, but the run has only --steps 5", ""),
+    (dict(lr_schedule="cosine:warmup=5", steps=5), "warms up over 5 steps, but the run has only --steps 5",
+     "(--lr-schedule)"),
     (dict(nesterov=True), "nesterov=true needs momentum > 0", "(--nesterov)"),  # sync's own momentum is 0
     (dict(kernels="triton"), "runs only under Triton's interpreter", "(--kernels)"),
+    (dict(algorithm="sync:backups=-1"), "backups must be >= 0, got -1", "(--algorithm)"),
     (TP | dict(backend="threads"), "tensor_parallel='1d:p=2' needs --backend torch", "(--tensor-parallel)"),
     (TP | dict(algorithm="sync:backups=1"), "algorithm 'sync:backups=1' has a server", "(--tensor-parallel)"),
     (TP | dict(algorithm="sync:overlap=true"), "averages during the backward pass", "(--tensor-parallel)"),
-    (TP | dict(task="digits-mlp"), "task 'digits-mlp' has none", ""),
-    (TP | dict(tensor_parallel="2d:q=3"), "dim=8 and heads=2 must be multiples of 3", ""),
-    (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="async"), "server-mode algorithms", ""),
+    (TP | dict(task="digits-mlp"), "task 'digits-mlp' has none", "(--tensor-parallel)"),
+    (TP | dict(tensor_parallel="2d:q=3"), "dim=8 and heads=2 must be multiples of 3", "(--tensor-parallel)"),
+    (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="async"), "server-mode algorithms",
+     "(--fault-tolerance)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="streaming-diloco:overlap=1"),
-     "use overlap=0 (or diloco)", ""),
-    (dict(backend="torch", workers=3, fault_tolerance=FT, timeout_s=5), "timeout_s=10 exceeds --timeout-s 5", ""),
+     "use overlap=0 (or diloco)", "(--fault-tolerance)"),
+    (dict(backend="torch", workers=3, fault_tolerance=FT, timeout_s=5), "timeout_s=10 exceeds --timeout-s 5",
+     "(--fault-tolerance)"),
 ]
 
 
@@ -53,15 +57,18 @@ def test_kernels_that_are_not_installed_are_refused(tmp_path, monkeypatch):
         check_combination(cfg)
 
 
-@pytest.mark.parametrize("values, message", [
-    (dict(kernels="tpu"), "kernels='tpu': valid choices are torch, triton (--kernels)"),
-    (dict(tensor_parallel="3d:p=2"), "unknown layout '3d'"),
-    (dict(algorithm="synk"), "unknown algorithm 'synk'"),
+@pytest.mark.parametrize("values, message, flag", [
+    (dict(kernels="tpu"), "kernels='tpu': valid choices are torch, triton", "--kernels"),
+    (dict(tensor_parallel="3d:p=2"), "unknown layout '3d'; valid: 1d:p=P", "--tensor-parallel"),
+    (dict(algorithm="synk"), "unknown algorithm 'synk'; valid algorithms: async,", "--algorithm"),
+    (dict(compressor="qsgd:level=4"), "compressor 'qsgd' has no parameter 'level'", "--compressor"),
+    (dict(compressor="powersgdd"), "unknown compressor 'powersgdd'; valid compressors are", "--compressor"),
+    (dict(lr_schedule="cosine:warmup=-1"), "warmup", "--lr-schedule"),
 ])
-def test_the_first_stage_refuses_names_on_their_own(values, message, tmp_path):
+def test_the_first_stage_refuses_names_on_their_own_naming_the_flag(values, message, flag, tmp_path):
     with pytest.raises(ConfigError) as e:
         RunConfig(out=str(tmp_path / "run"), **values).validate()
-    assert message in str(e.value)
+    assert message in str(e.value) and str(e.value).endswith(f"({flag})"), str(e.value)
 
 
 def test_what_passes_comes_back_resolved_with_the_algorithms_answers(tmp_path):

@@ -5,7 +5,8 @@ The layers, bottom to top (a module may import its own layer's package and any l
  0. foundation: errors, spec, seeding, registries (a table of names, resolved on demand), checkpoint
     (the file format), report (leaf libraries: recorders such as the timeline that every layer
     writes into, and the pages that read run folders; report imports nothing but errors)
- 1. config: typed values and names, checked without building anything
+ 1. config: typed values and names, each checked on its own (whether they combine is asked of the
+    components by run/combination.py)
  2. tasks: data, models, partitions, gradient oracles
  3. kernels, then compress: fused Triton twins of the hot codecs, below the byte compressors
     (encode/decode a real buffer) that dispatch to them

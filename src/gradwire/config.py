@@ -10,6 +10,8 @@ import dataclasses
 import math
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -112,21 +114,25 @@ class RunConfig:
         if self.outer_state not in OUTER_STATES:
             raise ConfigError(f"outer_state={self.outer_state!r}: valid choices are {', '.join(OUTER_STATES)} "
                               "(--outer-state)")
+        if self.tensor_parallel:
+            with naming_flag("tensor_parallel"):
+                parse_layout(self.tensor_parallel)
         # names and keys first, then the range checks of the cheap ones; a key that several registries
         # share (compressor) is checked against the one that holds its name
-        chosen = [registry_for(ref.key, getattr(self, ref.key)) for ref in REGISTRIES]
+        chosen = []
+        for key in dict.fromkeys(ref.key for ref in REGISTRIES):
+            with naming_flag(key):
+                chosen.append(ref := registry_for(key, getattr(self, key)))
+                ref.registry.resolve(getattr(self, key))
         for ref in chosen:
-            ref.registry.resolve(getattr(self, ref.key))
-        for ref in dict.fromkeys(chosen):
             if ref.build_to_validate:
-                ref.registry.build(getattr(self, ref.key))
+                with naming_flag(ref.key):
+                    ref.registry.build(getattr(self, ref.key))
         _check_device(self.device)
         if self.tensorboard:
             from gradwire.report.tensorboard import require_tensorboard
 
             require_tensorboard()
-        if self.tensor_parallel:
-            parse_layout(self.tensor_parallel)
         return self
 
     def check_values(self) -> RunConfig:
@@ -182,6 +188,18 @@ KEYS = {f.name: f for f in fields(RunConfig)}
 def _flag(key: str) -> str:
     """The flag of config key ``key``, as every message names it: ``(--batch-size)``."""
     return f"(--{key.replace('_', '-')})"
+
+
+@contextmanager
+def naming_flag(key: str) -> Iterator[None]:
+    """A ConfigError raised inside ends with the flag of config key ``key``, as every message does
+    (a component's own message names the bad value and the valid choices, not the flag)."""
+    try:
+        yield
+    except ConfigError as e:
+        if str(e).endswith(_flag(key)):
+            raise
+        raise ConfigError(f"{e} {_flag(key)}") from None
 
 
 def coerce(key: str, value: Any) -> Any:

@@ -23,7 +23,7 @@ from gradwire import kernels
 from gradwire.algorithms import ALGORITHMS
 from gradwire.algorithms.base import Algorithm
 from gradwire.algorithms.optim import lr_schedule
-from gradwire.config import RunConfig, parse_layout
+from gradwire.config import RunConfig, naming_flag, parse_layout
 from gradwire.errors import ConfigError
 from gradwire.parallel.layout import check_layout
 from gradwire.tasks.language import transformer_sizes
@@ -50,7 +50,12 @@ def resolved(cfg: RunConfig) -> RunConfig:
     The algorithm is built to ask it: some specs choose the class (``easgd:async=true``)."""
     if cfg.lr is not None and cfg.momentum is not None:
         return cfg
-    return _with_defaults_of(ALGORITHMS.build(cfg.algorithm), cfg)
+    return _with_defaults_of(_algorithm(cfg), cfg)
+
+
+def _algorithm(cfg: RunConfig) -> Algorithm:
+    with naming_flag("algorithm"):  # its range checks (sync:backups=-1)
+        return ALGORITHMS.build(cfg.algorithm)
 
 
 def _with_defaults_of(algorithm: Algorithm, cfg: RunConfig) -> RunConfig:
@@ -60,7 +65,7 @@ def _with_defaults_of(algorithm: Algorithm, cfg: RunConfig) -> RunConfig:
 def check_combination(cfg: RunConfig) -> Combination:
     """Both stages of validation for ``cfg``: its values and names (``RunConfig.validate``), then
     whether they work together; ConfigError, one line naming the value and its flag, otherwise."""
-    algorithm = ALGORITHMS.build(cfg.validate().algorithm)  # built once (its answers can depend on its spec)
+    algorithm = _algorithm(cfg.validate())  # built once (its answers can depend on its spec)
     cfg = _with_defaults_of(algorithm, cfg)
     _check_kernels(cfg)
     if cfg.error_feedback and cfg.compressor == "none" and algorithm.default_compressor == "none":
@@ -69,23 +74,24 @@ def check_combination(cfg: RunConfig) -> Combination:
         raise ConfigError(f"--error-feedback needs --compressor: algorithm {cfg.algorithm!r} sends uncompressed "
                           "gradients without one, so there is no compression error to feed back (e.g. "
                           "--compressor topk:ratio=0.01 --error-feedback)")
-    lr_schedule(cfg.lr_schedule, cfg.steps)  # a warm-up that fits in the run
+    with naming_flag("lr_schedule"):
+        lr_schedule(cfg.lr_schedule, cfg.steps)  # a warm-up that fits in the run
     cfg.check_values()  # the algorithm's defaults of --lr and --momentum with the rest
     if cfg.tensor_parallel:
-        _check_tensor_parallel(cfg, algorithm)
+        with naming_flag("tensor_parallel"):
+            _check_tensor_parallel(cfg, algorithm)
     if cfg.fault_tolerance != "none":  # docs/fault_tolerance.md
-        ft_spec.check(cfg.fault_tolerance, workers=cfg.workers, backend=cfg.backend, step_timeout_s=cfg.timeout_s,
-                      needs_server=algorithm.needs_server, tensor_parallel=cfg.tensor_parallel,
-                      carries_rounds=algorithm.carries_rounds)
+        with naming_flag("fault_tolerance"):
+            ft_spec.check(cfg.fault_tolerance, workers=cfg.workers, backend=cfg.backend,
+                          step_timeout_s=cfg.timeout_s, needs_server=algorithm.needs_server,
+                          tensor_parallel=cfg.tensor_parallel, carries_rounds=algorithm.carries_rounds)
     return Combination(cfg, algorithm.needs_server)
 
 
 def _check_kernels(cfg: RunConfig) -> None:
     """The kernel set can run here: triton needs Triton installed and, on the CPU, its interpreter."""
-    try:
+    with naming_flag("kernels"):
         kernels.check(cfg.kernels, "kernels")
-    except ConfigError as e:
-        raise ConfigError(f"{e} (--kernels)") from None
     if cfg.kernels == "triton" and cfg.device == "cpu" and not kernels.interpreting():
         raise ConfigError("kernels='triton' with device='cpu' runs only under Triton's interpreter "
                           "(TRITON_INTERPRET=1, slow: for tests); use --kernels torch on the CPU (--kernels)")
