@@ -33,6 +33,7 @@ REFUSALS = [
      "(--fault-tolerance)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="streaming-diloco:overlap=1"),
      "use overlap=0 (or diloco)", "(--fault-tolerance)"),
+    (TP | dict(fault_tolerance=FT), "--tensor-parallel are not supported with it", "(--fault-tolerance)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, timeout_s=5), "timeout_s=10 exceeds --timeout-s 5",
      "(--fault-tolerance)"),
 ]
