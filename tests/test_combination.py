@@ -94,3 +94,15 @@ def test_resolved_takes_the_defaults_from_the_class_and_keeps_what_was_given():
     assert (filled.lr, filled.momentum) == (SyncSGD.default_lr, SyncSGD.default_momentum)
     assert resolved(RunConfig(lr=0.3, momentum=0.5)) == RunConfig(lr=0.3, momentum=0.5)
     assert resolved(RunConfig(optimizer="adamw")).momentum == 0.0
+
+
+def test_launch_asks_before_it_starts_a_process(tmp_path):
+    """gradwire launch refuses a combination in the launcher, once, not in each of the processes."""
+    from gradwire.cli import build_parser
+    from gradwire.launch import torchrun_argv
+
+    parser, _ = build_parser()
+    ns = parser.parse_args(["launch", "--nproc-per-node", "4", "--", "run", "--task", LM, "--tensor-parallel",
+                            "1d:p=2", "--algorithm", "async", "--out", str(tmp_path / "run")])
+    with pytest.raises(ConfigError, match=r"algorithm 'async' has a server; .* \(--tensor-parallel\)$"):
+        torchrun_argv(ns)
