@@ -76,7 +76,8 @@ def rates(args) -> None:
 
 
 def stragglers(args) -> None:
-    """DiLoCo (every replica, every round) against backup-diloco (the first n - b) under ``tail``:
+    """DiLoCo (every replica, every round) against backup-diloco (the first n - b), and async-diloco
+    if asked, under ``tail``:
     the simulated time at which each first reaches DiLoCo's final quality."""
     h = args.inner_steps
     common = dict(task=args.task, workers=16, batch_size=16, lr=args.lr, stragglers=args.stragglers,
@@ -94,13 +95,23 @@ def stragglers(args) -> None:
         recs = train(out, f"backup_b{b}", algorithm=f"backup-diloco:backups={b},late={args.late},inner_steps={h}",
                      steps=2 * args.rounds, eval_every=1, **common)
         # the same 3-evaluation mean as the target, over a window of evaluations h rounds apart in DiLoCo's
-        smooth = [(recs[i]["sim_time_s"], sum(r["test_loss"] for r in recs[max(0, i - 2): i + 1]) / min(3, i + 1))
-                  for i in range(len(recs))]
-        reached = next((t for t, q in smooth if q <= target), None)
-        per_round = recs[-1]["sim_time_s"] / (2 * args.rounds)
-        when = f"{reached:.2f} s" if reached is not None else "not in 2x the rounds"
-        ratio = f"{reached / t_diloco:.2f}" if reached is not None else "-"
-        print(f"| backup-diloco b={b}, late={args.late} | {2 * args.rounds} | {per_round:.3f} | {when} | {ratio} |")
+        print(f"| backup-diloco b={b}, late={args.late} | {2 * args.rounds} | "
+              f"{reached_at(recs, target, t_diloco, 2 * args.rounds)} |")
+    if args.asynchronous:  # a step of async-diloco is 16 arrivals: as many inner steps as a DiLoCo round
+        recs = train(out, "async", algorithm=f"async-diloco:inner_steps={h}", steps=2 * args.rounds, eval_every=1,
+                     **common)
+        print(f"| async-diloco | {2 * args.rounds} | {reached_at(recs, target, t_diloco, 2 * args.rounds)} |")
+
+
+def reached_at(recs: list[dict], target: float, t_diloco: float, rounds: int) -> str:
+    """Table cells: simulated s per round, when the 3-evaluation mean first reaches ``target``, and
+    that time against DiLoCo's."""
+    smooth = [(recs[i]["sim_time_s"], sum(r["test_loss"] for r in recs[max(0, i - 2): i + 1]) / min(3, i + 1))
+              for i in range(len(recs))]
+    reached = next((t for t, q in smooth if q <= target), None)
+    when = f"{reached:.2f} s" if reached is not None else "not in 2x the rounds"
+    ratio = f"{reached / t_diloco:.2f}" if reached is not None else "-"
+    return f"{recs[-1]['sim_time_s'] / rounds:.3f} | {when} | {ratio}"
 
 
 def overlap(args) -> None:
@@ -155,6 +166,7 @@ def main() -> None:
     s.add_argument("--stragglers", default="tail:p=0.05,slowdown=10,compute_s=0.05")
     s.add_argument("--network", default="ring:mbps=10000,latency_ms=0.1")
     s.add_argument("--late", default="drop", choices=("drop", "stale"), help="backup-diloco's rule for late ones")
+    s.add_argument("--asynchronous", action="store_true", help="also run async-diloco (delayed Nesterov)")
     o = sub.choices["overlap"]
     o.add_argument("--workers", type=int, default=4)
     o.add_argument("--steps", type=int, default=600)

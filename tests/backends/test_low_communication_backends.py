@@ -1,8 +1,8 @@
 """SparseLoCo and DeMo: one implementation, the same numbers with one worker per thread (bitwise)
 and on real gloo processes (``gradwire launch``; close, and the same payload bytes plus the sizes
 the torch backend exchanges before an all-gather of variable-size payloads). DiLoCo with backup
-replicas: its server-mode protocol on gloo processes (the threads backend runs the same real driver
-in tests/algorithms/test_backup_diloco.py)."""
+replicas and asynchronous DiLoCo: their server-mode protocol on gloo processes (the threads
+backend runs the same real driver in tests/algorithms/test_{backup,async}_diloco.py)."""
 
 import pytest
 import torch
@@ -47,10 +47,11 @@ def test_sim_and_torch_backends_agree(tmp_path, data_dir, spec):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_backup_diloco_runs_its_protocol_on_gloo_processes(tmp_path, data_dir):
+@pytest.mark.parametrize("spec", ["backup-diloco:backups=0,inner_steps=2", "async-diloco:inner_steps=2"])
+def test_server_mode_diloco_runs_its_protocol_on_gloo_processes(tmp_path, data_dir, spec):
     """The server-mode protocol over torch.distributed: a server process and one replica, whose
     messages come in one order only, so every figure is the simulator's (bytes: headers and bodies)."""
-    args = COMMON + ["--algorithm", "backup-diloco:backups=0,inner_steps=2", "--steps", "4", "--eval-every", "2"]
+    args = COMMON + ["--algorithm", spec, "--steps", "4", "--eval-every", "2"]
     p = launch(2, args, tmp_path / "torch", data_dir)  # 2 processes: the server and one replica
     assert p.returncode == 0, p.stderr[-3000:]
     assert main(["run", *args, "--workers", "1", "--out", str(tmp_path / "sim"), "--data-dir", str(data_dir)]) == 0

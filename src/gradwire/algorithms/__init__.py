@@ -1,6 +1,7 @@
 """Training algorithms. Each module registers its algorithms in ``ALGORITHMS`` by spec name."""
 
 from gradwire.algorithms import (  # noqa: F401  (registration)
+    async_diloco,
     async_ps,
     backup_diloco,
     dagc,

@@ -36,9 +36,9 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
 from gradwire.algorithms.diloco import DILOCO_PARAMS, INNER_CHOICES, OUTER_LR, OUTER_MOMENTUM, OUTER_WARMUP, outer_step
-from gradwire.algorithms.optim import AdamW, HeavyBall, require_constant_lr, require_sgd
-from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Answer, Message, as_body
-from gradwire.algorithms.replicas import Replicas, mean_or_nan
+from gradwire.algorithms.optim import HeavyBall, require_constant_lr, require_sgd
+from gradwire.algorithms.outer_replicas import OuterReplicas
+from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, Message, as_body
 from gradwire.spec import require
 
 LATE_RULES = ("drop", "stale")
@@ -81,16 +81,8 @@ class BackupDiLoCo(Algorithm):
                 f"backups={self.backups} leaves no replica to average with {ctx.world_size} workers")
         require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one Nesterov)")
         require_constant_lr(optim, f"{self.name} (replicas step at their own pace: no shared step count)")
-        if self.inner == "adamw":
-            require(not optim.momentum and not optim.weight_decay,
-                    f"{self.name} with inner=adamw: --momentum and --weight-decay apply to inner=sgd; AdamW's are "
-                    "the spec's beta1, beta2 and weight_decay")
-        adamw = None if self.inner == "sgd" else (
-            lambda x: AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
-                            l1=optim.l1))
-        self.replicas = Replicas(ctx, params, optim, optimizer=adamw)
-        self.held = {r: params.clone() for r in ctx.local_ranks}  # the θ each replica started its round from
-        self.tag = {r: 1 for r in ctx.local_ranks}                # the round it computes for
+        self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
+                                     betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, first_tag=1)
         self.theta = params.clone()                               # the server's θ
         self.outer = HeavyBall(self.theta, OptimConfig(lr=self.outer_lr, momentum=self.outer_momentum,
                                                        nesterov=self.outer_momentum > 0))
@@ -104,24 +96,13 @@ class BackupDiLoCo(Algorithm):
         return self.averager.spec()
 
     def compute_seconds(self, ctx, rank, count):
-        """A message follows H inner steps: the straggler draws of gradients (count-1)H+1 .. count·H."""
-        first = (count - 1) * self.inner_steps
-        return sum(ctx.compute_time(rank, first + j) for j in range(1, self.inner_steps + 1))
-
-    # -- a replica ----------------------------------------------------------------------------------
+        return self.workers.compute_seconds(ctx, rank, count)
 
     def worker_step(self, ctx, rank, count):
-        losses = [self.replicas.sgd_step(ctx, rank) for _ in range(self.inner_steps)]
-        delta = self.held[rank] - self.replicas.x[rank]
-        return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=mean_or_nan(losses),
-                       body=self.averager.encode(rank, delta, key="outer").buffer)
+        return self.workers.message(ctx, rank, count, self.averager)
 
     def worker_apply(self, ctx, rank, reply):
-        """PARAMS or JOIN: the next round starts from θ (x_i <- θ); the inner optimizer's state stays."""
-        theta = reply.tensor(self.held[rank])
-        self.held[rank].copy_(theta)
-        self.replicas.x[rank].copy_(theta)
-        self.tag[rank] = reply.tag
+        self.workers.apply(rank, reply)
         return None
 
     # -- the server ---------------------------------------------------------------------------------
@@ -163,8 +144,7 @@ class BackupDiLoCo(Algorithm):
 
     def state_dict(self):
         return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.averager.state_dict(),
-                "replicas": self.replicas.state_dict(), "held": {str(r): t for r, t in self.held.items()},
-                "tag": {str(r): t for r, t in self.tag.items()},
+                **self.workers.state_dict(),
                 "server": {"current": self.current, "late": list(self.late),
                            "arrived": [{"worker": w, "body": b, "loss": torch.tensor(loss, dtype=torch.float64),
                                         "count": c} for w, (b, loss, c) in self.arrived.items()]}}
@@ -173,10 +153,7 @@ class BackupDiLoCo(Algorithm):
         self.theta.copy_(state["theta"])
         self.outer.load_state_dict(state["outer"])
         self.averager.load_state_dict(state["codec"])
-        self.replicas.load_state_dict(state["replicas"])
-        for r in self.held:
-            self.held[r].copy_(state["held"][str(r)])
-            self.tag[r] = int(state["tag"][str(r)])
+        self.workers.load_state_dict(state)
         s = state["server"]
         self.current, self.late = int(s["current"]), [int(w) for w in s["late"]]
         self.arrived = {int(e["worker"]): (e["body"].clone(), float(e["loss"]), int(e["count"])) for e in s["arrived"]}

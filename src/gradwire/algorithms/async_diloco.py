@@ -1,0 +1,188 @@
+"""Asynchronous DiLoCo: the server takes an outer step on every pseudo-gradient the moment it
+arrives, with delayed Nesterov momentum (Liu, Chhaparia, Douillard, Kale, Rusu, Shen, Szlam,
+Ranzato 2024, "Asynchronous Local-SGD Training for Language Modeling", arXiv:2401.09135).
+
+Synchronous DiLoCo (Douillard et al. 2023, arXiv:2311.08105) waits for every replica's H inner
+steps, so each round lasts as long as its slowest replica. Here no replica waits for another: it
+sends Δ_i = θ_read - x_i, is answered at once with the server's current θ and its version, and
+starts its next H inner steps there (``OuterReplicas``, shared with ``backup-diloco``). A Δ_i read
+at version v and applied at version t has staleness t - v.
+
+Liu et al. found the outer Nesterov momentum, applied to every stale pseudo-gradient, is what makes
+naive asynchronous Local-SGD fall behind the synchronous one, and propose the delayed Nesterov
+(DN) update: momentum moves only every N-th arrival, on the mean of the N buffered Δ, while every
+arrival moves θ by its own share. With outer rate η, momentum μ and a buffer b (all at 0 first), the
+arrival of Δ, the k-th since the start:
+
+    b <- b + Δ
+    k mod N != 0:   θ <- θ - η Δ / N
+    k mod N == 0:   m <- μ m + b / N;   θ <- θ - η (Δ / N + μ m);   b <- 0
+
+Over N arrivals computed at one θ this is exactly one Nesterov step (torch.optim.SGD's form,
+m <- μ m + g, θ <- θ - η (g + μ m)) on their mean, and N = 1 is Nesterov on every arrival. The
+rule is written from the paper's description of DN (its Algorithm 3 as summarised by its abstract
+and third-party descriptions; the paper's own box could not be retrieved on this machine: see
+docs/low_communication.md). μ ramps over the first ``outer_warmup`` momentum updates as DiLoCo's
+(``outer_momentum_at``). The paper's second proposal, dynamic local updates (DyLU: each worker's H
+scaled by its speed), is not built: every replica takes H inner steps.
+
+The protocol runs on both server-mode drivers (``gradwire/servers/``); the simulator charges a
+message the sum of its H inner steps' straggler draws. One step of the run is ``world_size``
+arrivals (as ``async``), so step k has consumed as many inner steps as k rounds of DiLoCo.
+Evaluation uses the server's θ.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager
+from gradwire.algorithms.diloco import (
+    DILOCO_PARAMS,
+    INNER_CHOICES,
+    OUTER_MOMENTUM,
+    OUTER_WARMUP,
+    outer_momentum_at,
+)
+from gradwire.algorithms.optim import require_constant_lr, require_sgd
+from gradwire.algorithms.outer_replicas import OuterReplicas
+from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, Message, as_body
+from gradwire.spec import require
+
+# η: DiLoCo's 0.7 with μ = 0.9 moves θ about η/(1-μ) = 7 times the mean change, which a replica
+# that reads θ up to a round late turns into oscillation; 0.2 (2 times) learned best of 0.1-0.7 on
+# mnist1d-mlp, 8 workers, 50 steps, held-out seed 3 (docs/low_communication.md).
+ASYNC_OUTER_LR = 0.2
+ASYNC_DILOCO_PARAMS = {key: DILOCO_PARAMS[key] for key in (
+    "inner_steps", "outer_lr", "outer_momentum", "outer_warmup", "inner", "beta1", "beta2", "eps", "weight_decay")} | {
+    "inner_steps": "H >= 1: inner steps a replica takes before it sends its pseudo-gradient",
+    "period": "N >= 0: arrivals per momentum update of the delayed Nesterov rule (Liu et al. 2024); 0 = the "
+              "number of workers; 1 = Nesterov on every arrival",
+    "outer_lr": "outer learning rate η (0.2: a third of DiLoCo's 0.7, as replicas read θ up to a round late)",
+    "outer_warmup": "W >= 0 momentum updates over which the outer momentum ramps linearly from 0 (0 = constant μ)",
+}
+
+
+class DelayedNesterov:
+    """The server's outer optimizer: Liu et al. 2024's delayed Nesterov update on θ (in place)."""
+
+    def __init__(self, theta: torch.Tensor, *, lr: float, momentum: float, period: int, warmup: int):
+        self.theta, self.lr, self.momentum, self.period, self.warmup = theta, lr, momentum, period, warmup
+        self.velocity = torch.zeros_like(theta)
+        self.buffer = torch.zeros_like(theta)
+        self.arrivals = 0  # pseudo-gradients applied
+        self.updates = 0   # momentum updates taken (arrivals // period)
+
+    def apply(self, delta: torch.Tensor) -> None:
+        self.arrivals += 1
+        self.buffer.add_(delta)
+        share = delta / self.period
+        if self.arrivals % self.period:
+            self.theta.sub_(share, alpha=self.lr)
+            return
+        mu = outer_momentum_at(self.momentum, self.warmup, self.updates) if self.warmup else self.momentum
+        self.updates += 1
+        self.velocity.mul_(mu).add_(self.buffer / self.period)
+        self.theta.sub_(share.add(self.velocity, alpha=mu), alpha=self.lr)
+        self.buffer.zero_()
+
+    def state_dict(self) -> dict:
+        return {"velocity": self.velocity, "buffer": self.buffer, "arrivals": self.arrivals, "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.velocity.copy_(state["velocity"])
+        self.buffer.copy_(state["buffer"])
+        self.arrivals, self.updates = int(state["arrivals"]), int(state["updates"])
+
+
+@ALGORITHMS.register("async-diloco", help="asynchronous DiLoCo: an outer step on every pseudo-gradient as it arrives, "
+                     "with delayed Nesterov momentum (Liu et al. 2024)", params=ASYNC_DILOCO_PARAMS)
+class AsyncDiLoCo(Algorithm):
+    name = "async-diloco"
+    evaluates = "server"
+    needs_server = True
+    default_compressor = "none"
+    default_lr = 3e-3  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
+
+    def __init__(self, *, inner_steps: int = 10, period: int = 0, outer_lr: float = ASYNC_OUTER_LR,
+                 outer_momentum: float = OUTER_MOMENTUM, outer_warmup: int = OUTER_WARMUP, inner: str = "adamw",
+                 beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1):
+        require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per pseudo-gradient), got {inner_steps}")
+        require(period >= 0, f"period must be >= 0 (arrivals per momentum update; 0 = the workers), got {period}")
+        require(outer_lr > 0, f"outer_lr must be > 0, got {outer_lr}")
+        require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
+        require(outer_warmup >= 0, f"outer_warmup must be >= 0 (momentum updates of ramp), got {outer_warmup}")
+        require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
+        self.inner_steps, self.period = inner_steps, period
+        self.outer_lr, self.outer_momentum, self.outer_warmup = outer_lr, outer_momentum, outer_warmup
+        self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
+
+    def setup(self, ctx, params, optim, codec):
+        super().setup(ctx, params, optim, codec)
+        require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one delayed Nesterov)")
+        require_constant_lr(optim, f"{self.name} (replicas step at their own pace: no shared step count)")
+        self.world_size = ctx.world_size
+        self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
+                                     betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, first_tag=0)
+        self.theta = params.clone()  # the server's θ
+        self.outer = DelayedNesterov(self.theta, lr=self.outer_lr, momentum=self.outer_momentum,
+                                     period=self.period or ctx.world_size, warmup=self.outer_warmup)
+        self.averager = make_averager(ctx, codec, default=self.default_compressor)
+        self.round: list[tuple[float, int]] = []  # this step's (loss, staleness)
+
+    def compressor_spec(self):
+        return self.averager.spec()
+
+    # -- a replica ----------------------------------------------------------------------------------
+
+    def compute_seconds(self, ctx, rank, count):
+        return self.workers.compute_seconds(ctx, rank, count)
+
+    def worker_step(self, ctx, rank, count):
+        return self.workers.message(ctx, rank, count, self.averager)
+
+    def worker_apply(self, ctx, rank, reply):
+        self.workers.apply(rank, reply)
+        return None
+
+    # -- the server ---------------------------------------------------------------------------------
+
+    def _params(self, worker: int, kind: int = PARAMS) -> Message:
+        return Message(kind, worker, tag=self.outer.arrivals, body=as_body(self.theta))
+
+    def on_message(self, msg, finished):
+        if finished:  # after the last step: nothing more is applied
+            return Answer([self._params(msg.worker)], dropped=True)
+        staleness = self.outer.arrivals - msg.tag
+        self.outer.apply(self.averager.decode(msg.body, self.theta))
+        self.round.append((msg.value, staleness))
+        answer = Answer([self._params(msg.worker)], staleness=staleness)
+        if len(self.round) == self.world_size:
+            stale = [s for _, s in self.round]
+            answer.step = {"loss": sum(loss for loss, _ in self.round) / len(self.round),
+                           "gradients": self.world_size * self.inner_steps, "dropped": 0,
+                           "staleness_mean": sum(stale) / len(stale), "staleness_max": max(stale),
+                           "momentum_updates": self.outer.updates}
+            self.round = []
+        return answer
+
+    def join_reply(self, worker):
+        return self._params(worker, JOIN)
+
+    def eval_params(self):
+        return self.theta
+
+    def state_dict(self):
+        return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.averager.state_dict(),
+                **self.workers.state_dict(),
+                "round": [{"loss": torch.tensor(loss, dtype=torch.float64), "staleness": s} for loss, s in self.round]}
+
+    def load_state_dict(self, state):
+        self.theta.copy_(state["theta"])
+        self.outer.load_state_dict(state["outer"])
+        self.averager.load_state_dict(state["codec"])
+        self.workers.load_state_dict(state)
+        self.round = [(float(e["loss"]), int(e["staleness"])) for e in state["round"]]
+
+    def step(self, ctx, step):
+        raise NotImplementedError(f"{self.name} runs in server mode (needs_server)")
