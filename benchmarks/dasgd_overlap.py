@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.config import RunConfig  # noqa: E402
 from gradwire.reproduce.dasgd import FREE_NETWORK as FREE  # noqa: E402
 from gradwire.reproduce.dasgd import hidden_share  # noqa: E402
@@ -82,13 +83,10 @@ def torch_table(args) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", default="mnist1d-cnn")
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--network", default="ps:mbps=100,latency_ms=1")
-    ap.add_argument("--data-dir", default="data-cache")
+    add_run_flags(ap, only=("task", "workers", "steps", "network", "data_dir"),
+                  defaults={"task": "mnist1d-cnn", "workers": 8, "steps": 200})
     ap.add_argument("--torch", type=int, default=0, metavar="N", help="also run on N gloo processes")
-    args = ap.parse_args(argv)
+    args, _ = parse_run_args(ap, argv)
     print(sim_table(args))
     if args.torch:
         print()

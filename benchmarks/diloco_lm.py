@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.config import RunConfig  # noqa: E402
 from gradwire.run.loop import run  # noqa: E402
 
@@ -43,17 +44,12 @@ def first_reaching(records: list[dict], target: float) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="stdlib-lm")
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--network", default="ring:mbps=100,latency_ms=1")
+    add_run_flags(parser, only=("task", "workers", "steps", "batch_size", "eval_every", "network", "out", "data_dir"),
+                  defaults={"task": "stdlib-lm", "workers": 4, "steps": 200, "batch_size": 8, "eval_every": 20,
+                            "network": "ring:mbps=100,latency_ms=1", "out": "runs/diloco_lm"})
     parser.add_argument("--compute-s", type=float, default=0.2)
     parser.add_argument("--target", type=float, default=3.0)
-    parser.add_argument("--out", default="runs/diloco_lm")
-    parser.add_argument("--data-dir", default="data-cache")
-    args = parser.parse_args()
+    args, _ = parse_run_args(parser)
     rows = []
     for label, algorithm, lr, momentum, compressor in VARIANTS:
         cfg = RunConfig(task=args.task, workers=args.workers, steps=args.steps, batch_size=args.batch_size,
