@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps-per-round", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--only", action="append", help="only these labels (plain DDP always runs)")
-    add_run_flags(parser, only=("device",))  # cpu: 2 gloo processes; cuda: one NCCL process per visible GPU
+    add_run_flags(parser, only=("device",), helps={"device": "cpu: 2 gloo processes; cuda: one NCCL process per "
+                                                             "visible GPU"})
     parser.add_argument("--model", choices=["mlp", "gpt2"], default="mlp")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                         help="the model's dtype, hence the gradients' (16-bit: mixed-precision training)")

@@ -115,7 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_flags(p, only=("task", "steps", "batch_size", "seed", "optimizer", "lr", "momentum", "weight_decay",
                            "lr_schedule", "error_feedback", "eval_every", "out", "name", "data_dir", "timeout_s"),
                   defaults={"task": "stdlib-lm", "steps": 200, "batch_size": 8, "lr": 0.05, "momentum": None,
-                            "weight_decay": None, "out": "runs/ddp", "name": None, "timeout_s": 600.0})
+                            "weight_decay": None, "out": "runs/ddp", "name": None, "timeout_s": 600.0},
+                  helps={"batch_size": "per rank", "optimizer": "sgd or adamw (AdamW's settings: --beta1, --beta2, "
+                         "--eps)", "momentum": "sgd only; left out: 0.9",
+                         "weight_decay": "left out: 0 for sgd, 0.1 for adamw", "error_feedback": "gradwire:SPEC only",
+                         "timeout_s": "process group timeout"})
     p.add_argument("--beta1", type=float, default=0.9, help="adamw only")
     p.add_argument("--beta2", type=float, default=0.95, help="adamw only")
     p.add_argument("--eps", type=float, default=1e-8, help="adamw only")

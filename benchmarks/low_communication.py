@@ -153,9 +153,9 @@ def main() -> None:
                                                             "network": "ring:mbps=10000,latency_ms=0.1"})
     s.add_argument("--late", default="drop", choices=("drop", "stale"), help="backup-diloco's rule for late ones")
     o = sub.choices["overlap"]
-    # a slow network: a round's exchange takes steps
     add_run_flags(o, only=("workers", "steps", "network"),
-                  defaults={"workers": 4, "steps": 600, "network": "ring:mbps=1,latency_ms=10"})
+                  defaults={"workers": 4, "steps": 600, "network": "ring:mbps=1,latency_ms=10"},
+                  helps={"network": "slow: a round's exchange takes steps"})
     o.add_argument("--fragments", type=int, default=1)
     o.add_argument("--compute-s", type=float, default=0.05, help="simulated seconds of one inner step")
     o.add_argument("--outer", default="", help="more spec keys for every variant, e.g. outer_lr=1.0,outer_momentum=0")

@@ -77,7 +77,8 @@ def recorder_cost(records: int, rounds: int = 2000) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_flags(ap, only=("steps", "workers"), defaults={"steps": 20, "workers": [8, 64]}, sweep=("workers",))
+    add_run_flags(ap, only=("steps", "workers"), defaults={"steps": 20, "workers": [8, 64]}, sweep=("workers",),
+                  helps={"steps": "steps per block"})
     ap.add_argument("--repeats", type=int, default=5, help="blocks of each mode, interleaved")
     ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     args, _ = parse_run_args(ap)

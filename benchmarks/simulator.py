@@ -56,7 +56,8 @@ def measure(kind: str, workers: int, steps: int, threads: int, batch: int) -> di
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_flags(ap, only=("steps", "workers", "threads", "batch_size"),
-                  defaults={"steps": 40, "workers": [8, 64]}, sweep=("workers",))
+                  defaults={"steps": 40, "workers": [8, 64]}, sweep=("workers",),
+                  helps={"steps": "simulated steps per measurement"})
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a, _ = parse_run_args(ap)
     if a.child:

@@ -54,7 +54,8 @@ def breakdown(run: Path, eval_every: int = 20) -> dict[str, float] | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders with a timeline/ (real backends)")
-    add_run_flags(parser, only=("eval_every",), defaults={"eval_every": 20})
+    add_run_flags(parser, only=("eval_every",), defaults={"eval_every": 20},
+                  helps={"eval_every": "the runs' evaluation period: evaluation steps are left out"})
     args, _ = parse_run_args(parser, argv)
     status = 0
     for run in args.runs:

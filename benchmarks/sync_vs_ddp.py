@@ -70,7 +70,8 @@ def worker(rank: int, nproc: int, store_path: str, args: dict, out: str) -> None
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=2)
-    add_run_flags(ap, only=("steps", "task", "data_dir"), defaults={"steps": 200})
+    add_run_flags(ap, only=("steps", "task", "data_dir"), defaults={"steps": 200},
+                  helps={"steps": "steps per round and contender"})
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=32)
     a, _ = parse_run_args(ap)

@@ -143,8 +143,9 @@ def table(results: list[dict], target: float, compute_s: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="100,10,2", help="link rates in Mbit/s, comma-separated (default 100,10,2)")
-    # 400 steps: every variant reaches 80 %
-    add_run_flags(ap, only=("steps", "out"), defaults={"steps": 400, "out": "runs/testbed-tta"})
+    add_run_flags(ap, only=("steps", "out"), defaults={"steps": 400, "out": "runs/testbed-tta"},
+                  helps={"steps": "steps per run (400: all variants reach 80%%)",
+                         "out": "run folders, results.md and results.json"})
     ap.add_argument("--target", type=float, default=0.8, help="target test accuracy (default 0.8)")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="longest testbed run before it is stopped")
     ap.add_argument("--compute-ms", type=float, help="simulator compute per step C (default: calibrated)")

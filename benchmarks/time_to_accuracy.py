@@ -417,12 +417,17 @@ def collect(out: Path, rate: float, v: Variant, targets: list[float], bed: dict)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated (default 100,1000)")
-    # --workers: the test bed's nodes; --seed: every row's initial model, partition and batches (a
-    # repeated run repeats the losses bit for bit, so only another seed tests the loss conditions);
-    # --lr-schedule: every row's, which ddp_train.py takes too
     add_run_flags(ap, only=("steps", "workers", "task", "eval_every", "seed", "lr_schedule", "out"),
                   defaults={"steps": 200, "workers": WORKERS, "task": TASK, "eval_every": 20,
-                            "out": "runs/time-to-accuracy"})
+                            "out": "runs/time-to-accuracy"},
+                  helps={"steps": "steps per run", "workers": "nodes of the test bed",
+                         "task": "gradwire task spec (smaller for a smoke run)",
+                         "eval_every": "evaluate the validation loss every E steps",
+                         "seed": "seed of every row: initial model, partition and batches. A repeated run repeats the "
+                                 "losses bit for bit, so only another seed tests the loss conditions",
+                         "lr_schedule": "learning-rate schedule of every row, gradwire's spec (ddp_train.py takes the "
+                                        "same): constant, cosine:warmup=W,min_ratio=R, linear:warmup=W,min_ratio=R",
+                         "out": "run folders, results.md, results.json, plot"})
     ap.add_argument("--targets", default="3.0,2.6",
                     help="validation losses to time, the first one the main target (default 3.0,2.6: DDP with "
                          "SGD reaches 3.0 within 200 steps, AdamW also 2.6)")

@@ -360,9 +360,9 @@ def main(argv=None) -> int:
     p.add_argument("stage", choices=["tune", "curves", "compute", "report", "all"])
     p.add_argument("--rows", default=",".join(r.key for r in ROWS if r.runs))
     p.add_argument("--n-steps", type=int, default=2000, help="N: DDP's steps; every row may run 2N")
-    # --lr: skip the tuning, every row at this rate (marked); --workers, --seeds: the table's
     add_run_flags(p, only=("out", "workers", "seed", "lr"), sweep=("workers", "seed"),
-                  defaults={"out": "runs/time-to-quality", "workers": list(WORKERS), "seed": list(TABLE_SEEDS)})
+                  defaults={"out": "runs/time-to-quality", "workers": list(WORKERS), "seed": list(TABLE_SEEDS)},
+                  helps={"lr": "skip the tuning: every row at this rate (marked)"})
     args, _ = parse_run_args(p, argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     out = Path(args.out)

@@ -77,7 +77,8 @@ class _Sweep(argparse.Action):
 
 
 def add_run_flags(parser: argparse.ArgumentParser, *, only: Iterable[str] | None = None, skip: Iterable[str] = (),
-                  defaults: Mapping[str, Any] | None = None, sweep: Iterable[str] = ()) -> None:
+                  defaults: Mapping[str, Any] | None = None, sweep: Iterable[str] = (),
+                  helps: Mapping[str, str] | None = None) -> None:
     """Add the run config's keys to ``parser`` as flags (``--config FILE`` with them).
 
     ``only=None`` (the commands): every key, less those in ``skip``; a flag left out stays out of
@@ -85,13 +86,14 @@ def add_run_flags(parser: argparse.ArgumentParser, *, only: Iterable[str] | None
     from ``defaults`` when given there (the benchmark's own scale), else the run config's default;
     no ``--config``. Keys in ``sweep`` take several values, one run each (``--workers 2 4`` or
     ``--workers 2,4``; the seeds' flag is ``--seeds``, dest ``seeds``), typed as they are read.
+    ``helps`` says what a key is in the caller, where it says more than the run config's comment.
     :func:`parse_run_args` types the others and builds the run config."""
     keys = list(KEYS) if only is None else list(only)
     sweep = set(sweep)
-    unknown = [k for k in [*keys, *(defaults or {}), *sweep] if k not in KEYS]
+    unknown = [k for k in [*keys, *(defaults or {}), *sweep, *(helps or {})] if k not in KEYS]
     if unknown:  # a programming error in a caller, named at once
         raise ValueError(f"not run config keys: {unknown}; valid keys: {', '.join(KEYS)}")
-    helps = field_help()
+    helps = field_help() | dict(helps or {})
     if only is None:
         parser.add_argument("--config", help="YAML or TOML file with any of the keys below")
     values = {} if only is None else {k: [KEYS[k].default] if k in sweep else KEYS[k].default for k in keys}
