@@ -22,6 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+from gradwire.config import RunConfig
+
 PAIRS = [("easgd:period=4", "easgd:async=true,period=4"),
          ("lsgd:pull=0.5,period=2", "lsgd:async=true,pull=0.5,period=2")]
 # `none`: nothing is slept, so a step is the raw compute plus the protocol; `slow`: worker 0 sleeps
@@ -31,7 +34,7 @@ STRAGGLERS = ["none:compute_s=0.01", "slow:count=1,slowdown=4,compute_s=0.01"]
 
 def launch(spec: str, stragglers: str, args, out: Path) -> dict:
     asynchronous = "async=true" in spec
-    nproc = args.workers + int(asynchronous)
+    nproc = RunConfig(workers=args.workers).processes(asynchronous)  # the server's process too
     cmd = [sys.executable, "-m", "gradwire", "launch", "--nproc-per-node", str(nproc), "--", "run",
            "--task", args.task, "--algorithm", spec, "--stragglers", stragglers, "--steps", str(args.steps),
            "--eval-every", str(args.steps), "--lr", "0.05", "--momentum", "0.9", "--batch-size", "32",
@@ -54,11 +57,10 @@ def launch(spec: str, stragglers: str, args, out: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", default="mnist1d-mlp")
-    ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1] / "data-cache"))
-    args = ap.parse_args()
+    add_run_flags(ap, only=("task", "workers", "steps", "data_dir"),
+                  defaults={"workers": 3, "steps": 120,
+                            "data_dir": str(Path(__file__).resolve().parents[1] / "data-cache")})
+    args, _ = parse_run_args(ap)
     print(f"{args.task}, {args.workers} workers, {args.steps} steps, gloo on one machine\n")
     print("| stragglers | algorithm | ms/step | vs sync | local steps | MB sent | test acc | peak RSS (MB) |")
     print("|---|---|---|---|---|---|---|---|")

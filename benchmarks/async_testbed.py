@@ -22,13 +22,21 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+from gradwire.config import RunConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("easgd:period=4", "easgd:async=true,period=4"),
          ("lsgd:pull=0.5,period=2", "lsgd:async=true,pull=0.5,period=2")]
 
 
+def nodes_of(alg: str, a) -> int:
+    """One node (process) per worker, one more for the asynchronous variants' server."""
+    return RunConfig(workers=a.workers).processes("async=true" in alg)
+
+
 def run(alg: str, a, out: Path) -> dict:
-    nodes = a.workers + int("async=true" in alg)
+    nodes = nodes_of(alg, a)
     cmd = [sys.executable, str(ROOT / "scripts" / "testbed.py"), "--nodes", str(nodes), "--mbps", str(a.mbps),
            "--timeout-s", "400", "--", "run", "--task", "mnist1d-mlp", "--steps", str(a.steps), "--eval-every",
            str(a.steps), "--algorithm", alg, "--stragglers", f"slow:count=1,slowdown={a.slowdown},"
@@ -47,13 +55,12 @@ def run(alg: str, a, out: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=3)
+    add_run_flags(ap, only=("workers", "steps", "data_dir"),
+                  defaults={"workers": 3, "steps": 40, "data_dir": str(ROOT / "data-cache")})
     ap.add_argument("--mbps", type=float, default=10)
-    ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--compute-s", type=float, default=0.03)
     ap.add_argument("--slowdown", type=float, default=4)
-    ap.add_argument("--data-dir", default=str(ROOT / "data-cache"))
-    a = ap.parse_args()
+    a, _ = parse_run_args(ap)
     if os.geteuid() != 0:
         sys.exit("async_testbed.py: the test bed needs root (network namespaces and tc)")
     print(f"{a.workers} workers at {a.mbps:g} Mbit/s per link, MNIST-1D MLP, {a.steps} steps, worker 0 "
@@ -66,7 +73,7 @@ def main() -> None:
             for alg in pair:
                 r = run(alg, a, Path(tmp) / alg.replace(":", "_").replace(",", "_").replace("=", ""))
                 base = base or r["per_step"]
-                nodes = a.workers + int("async=true" in alg)
+                nodes = nodes_of(alg, a)
                 print(f"| `{alg}` | {nodes} | {r['per_step']:.3f} | {r['per_step'] / base:.2f} | {r['local']} | "
                       f"{r['mb']:.2f} | {r['acc']:.3f} |", flush=True)
 

@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.compress import bitpack, build, gapcode  # noqa: E402
 from gradwire.compress.positions import check_finite, scatter  # noqa: E402
 from gradwire.compress.sparse import TopK, top_indices  # noqa: E402
@@ -211,7 +212,7 @@ def positions_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1M elements only")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    add_run_flags(ap, only=("threads",))
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (best is kept)")
     ap.add_argument("--spec", action="append", help="compressor spec to run (repeatable; default: all)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="only the top-k position formats against the information limit")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, help="elements for --positions (default 4Mi)")
-    args = ap.parse_args(argv)
+    args, _ = parse_run_args(ap, argv)
     torch.set_num_threads(args.threads)
     if args.probe:
         probe(args.probe, args.size)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.config import RunConfig  # noqa: E402
 from gradwire.reproduce.dasgd import FREE_NETWORK as FREE  # noqa: E402
 from gradwire.reproduce.dasgd import hidden_share  # noqa: E402
@@ -46,14 +47,14 @@ def simulate(cfg: RunConfig) -> tuple[float, float, int]:
     return r.clock.now, r.transport.comm_time_s, r.transport.bytes_sent
 
 
-def sim_table(args) -> str:
+def sim_table(args, common: RunConfig) -> str:
+    """``common``: the run flags' config (task, workers, steps, network, data_dir)."""
     lines = [f"Simulated: {args.task}, {args.workers} workers, {args.steps} steps, network {args.network}", "",
              "| stragglers | algorithm | time/step (ms) | comm (s) | exposed (s) | hidden | MB sent |",
              "|---|---|---|---|---|---|---|"]
     for stragglers in STRAGGLERS:
         for spec in VARIANTS:
-            base = RunConfig(task=args.task, workers=args.workers, steps=args.steps, algorithm=spec, lr=0.05,
-                             momentum=0.9, stragglers=stragglers, network=args.network, data_dir=args.data_dir)
+            base = common.replace(algorithm=spec, lr=0.05, momentum=0.9, stragglers=stragglers)
             total, comm, sent = simulate(base)
             compute_only, _, _ = simulate(base.replace(network=FREE))
             exposed = total - compute_only
@@ -82,14 +83,11 @@ def torch_table(args) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", default="mnist1d-cnn")
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--network", default="ps:mbps=100,latency_ms=1")
-    ap.add_argument("--data-dir", default="data-cache")
+    add_run_flags(ap, only=("task", "workers", "steps", "network", "data_dir"),
+                  defaults={"task": "mnist1d-cnn", "workers": 8, "steps": 200})
     ap.add_argument("--torch", type=int, default=0, metavar="N", help="also run on N gloo processes")
-    args = ap.parse_args(argv)
-    print(sim_table(args))
+    args, common = parse_run_args(ap, argv)
+    print(sim_table(args, common))
     if args.torch:
         print()
         print(torch_table(args))

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,10 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--mbps", type=float, default=4)
-    ap.add_argument("--steps", type=int, default=40)
+    add_run_flags(ap, only=("steps", "data_dir"), defaults={"steps": 40, "data_dir": str(ROOT / "data-cache")})
     ap.add_argument("--compute-s", type=float, default=0.06)
-    ap.add_argument("--data-dir", default=str(ROOT / "data-cache"))
-    a = ap.parse_args()
+    a, _ = parse_run_args(ap)
     if os.geteuid() != 0:
         sys.exit("dasgd_testbed.py: the test bed needs root (network namespaces and tc)")
     variants = ["local:period=4", "dasgd:period=4,delay=2", "dasgd:period=4,delay=4"]

@@ -43,6 +43,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
+
 # (label, gradwire spec or "torch:<hook>", error feedback). PyTorch's own Python hooks
 # (torch.distributed.algorithms.ddp_comm_hooks.default_hooks) show what any Python hook costs
 # against DDP's built-in C++ allreduce.
@@ -229,8 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps-per-round", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--only", action="append", help="only these labels (plain DDP always runs)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cpu: 2 gloo processes; cuda: one NCCL process per visible GPU")
+    add_run_flags(parser, only=("device",), helps={"device": "cpu: 2 gloo processes; cuda: one NCCL process per "
+                                                             "visible GPU"})
     parser.add_argument("--model", choices=["mlp", "gpt2"], default="mlp")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                         help="the model's dtype, hence the gradients' (16-bit: mixed-precision training)")
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small", action="store_true",
                         help="a quick run that checks the benchmark works: a 64-wide MLP, 3 rounds of 2 steps, "
                              "no peak-memory runs")
-    a = parser.parse_args(argv)
+    a, _ = parse_run_args(parser, argv)
     if a.small:
         a.rounds, a.steps_per_round, a.batch = 3, 2, 8
     if a.device == "cuda":

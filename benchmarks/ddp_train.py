@@ -53,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's gradwire
 
 from gradwire.algorithms.optim import lr_schedule, torch_lr_scheduler  # noqa: E402
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.errors import ConfigError  # noqa: E402
 from gradwire.seeding import hash_seed  # noqa: E402
 from gradwire.tasks import build_partition, build_task  # noqa: E402
@@ -101,7 +102,8 @@ def make_optimizer(args, params) -> tuple[torch.optim.Optimizer, torch.optim.lr_
     ``--lr-schedule`` spec (the factor gradwire's rules use for update k of ``args.steps``), stepped
     after each ``opt.step()``."""
     if args.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay or 0.0)
+        momentum = 0.9 if args.momentum is None else args.momentum
+        opt = torch.optim.SGD(params, lr=args.lr, momentum=momentum, weight_decay=args.weight_decay or 0.0)
     else:
         opt = torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                                 weight_decay=0.1 if args.weight_decay is None else args.weight_decay)
@@ -110,19 +112,17 @@ def make_optimizer(args, params) -> tuple[torch.optim.Optimizer, torch.optim.lr_
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="stdlib-lm", help="gradwire task spec (default stdlib-lm)")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=8, help="per rank (default 8)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9, help="sgd only")
+    add_run_flags(p, only=("task", "steps", "batch_size", "seed", "optimizer", "lr", "momentum", "weight_decay",
+                           "lr_schedule", "error_feedback", "eval_every", "out", "name", "data_dir", "timeout_s"),
+                  defaults={"task": "stdlib-lm", "steps": 200, "batch_size": 8, "lr": 0.05, "momentum": None,
+                            "weight_decay": None, "out": "runs/ddp", "name": None, "timeout_s": 600.0},
+                  helps={"batch_size": "per rank", "optimizer": "sgd or adamw (AdamW's settings: --beta1, --beta2, "
+                         "--eps)", "momentum": "sgd only; left out: 0.9",
+                         "weight_decay": "left out: 0 for sgd, 0.1 for adamw", "error_feedback": "gradwire:SPEC only",
+                         "timeout_s": "process group timeout"})
     p.add_argument("--beta1", type=float, default=0.9, help="adamw only")
     p.add_argument("--beta2", type=float, default=0.95, help="adamw only")
     p.add_argument("--eps", type=float, default=1e-8, help="adamw only")
-    p.add_argument("--weight-decay", type=float, default=None, help="default: 0 for sgd, 0.1 for adamw")
-    p.add_argument("--lr-schedule", default="constant",
-                   help="gradwire's --lr-schedule spec: constant (default), cosine:warmup=W,min_ratio=R, linear:...")
     p.add_argument("--hook", default="allreduce",
                    help="allreduce (DDP's own), powersgd (PyTorch's powerSGD_hook) or gradwire:SPEC")
     p.add_argument("--powersgd-rank", type=int, default=4)
@@ -130,20 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--powersgd-fp16", action="store_true",
                    help="--hook powersgd wrapped in PyTorch's fp16_compress_wrapper (the hook runs in half precision: "
                         "half the bytes)")
-    p.add_argument("--error-feedback", action="store_true", help="gradwire:SPEC only")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket cap (default: DDP's, 1 MiB first bucket then 25 MiB; with --hook powersgd 25, "
                         "i.e. one bucket for this model, as PyTorch's hook on gloo needs)")
-    p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--out", default="runs/ddp")
-    p.add_argument("--name", default=None)
-    p.add_argument("--data-dir", default="data-cache")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="process group timeout")
     return p
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, its run flags typed and checked as ``gradwire run`` checks them."""
+    args, _ = parse_run_args(build_parser(), argv)
+    if args.optimizer not in ("sgd", "adamw"):  # torch.optim's own: their settings are the flags here
+        raise SystemExit(f"ddp_train.py: error: --optimizer {args.optimizer!r}: valid choices are sgd, adamw "
+                         "(AdamW's settings: --beta1, --beta2, --eps)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         lr_schedule(args.lr_schedule, args.steps)
     except ConfigError as e:

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 
 def one(tmp: Path, **kw) -> float:
     from gradwire.config import RunConfig
@@ -36,14 +38,13 @@ def main() -> None:
     parser.add_argument("what", choices=("sweep", "table"))
     parser.add_argument("--algorithms", default="")
     parser.add_argument("--lrs", default="0.2,0.4,0.8,1.6")
-    parser.add_argument("--momentum", type=float, default=0.0)
-    parser.add_argument("--seeds", default="0")
+    add_run_flags(parser, only=("momentum", "seed"), defaults={"momentum": 0.0, "seed": [0]}, sweep=("seed",))
     parser.add_argument("--reference", type=float, default=0.707, help="tuned sync SGD's mean test accuracy")
-    ns = parser.parse_args()
+    ns, _ = parse_run_args(parser)
     from gradwire.algorithms import ALGORITHMS
 
     algorithms = ns.algorithms.split(",") if ns.algorithms else ALGORITHMS.names()
-    seeds = [int(s) for s in ns.seeds.split(",")]
+    seeds = ns.seeds
     with tempfile.TemporaryDirectory() as tmp:
         if ns.what == "sweep":
             for a in algorithms:

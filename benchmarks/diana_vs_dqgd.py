@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
 from gradwire.config import RunConfig
 from gradwire.reproduce.diana_exact import TASK
 from gradwire.run.loop import Run
@@ -30,9 +31,8 @@ def curve(algorithm: str, steps: int, data_dir: str, out: str) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--data-dir", default="data-cache")
-    a = ap.parse_args()
+    add_run_flags(ap, only=("steps", "data_dir"), defaults={"steps": 1000})
+    a, _ = parse_run_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
         rows = {alg: curve(alg, a.steps, a.data_dir, tmp) for alg in ("diana", "dqgd")}
     steps = list(range(100, a.steps + 1, 100))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gradwire.config import RunConfig  # noqa: E402
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.run.loop import run  # noqa: E402
 
 # (label, algorithm, lr, momentum, compressor): SGD baselines at the largest lr that did not diverge in
@@ -43,24 +43,17 @@ def first_reaching(records: list[dict], target: float) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="stdlib-lm")
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--network", default="ring:mbps=100,latency_ms=1")
+    add_run_flags(parser, only=("task", "workers", "steps", "batch_size", "eval_every", "network", "out", "data_dir"),
+                  defaults={"task": "stdlib-lm", "workers": 4, "steps": 200, "batch_size": 8, "eval_every": 20,
+                            "network": "ring:mbps=100,latency_ms=1", "out": "runs/diloco_lm"})
     parser.add_argument("--compute-s", type=float, default=0.2)
     parser.add_argument("--target", type=float, default=3.0)
-    parser.add_argument("--out", default="runs/diloco_lm")
-    parser.add_argument("--data-dir", default="data-cache")
-    args = parser.parse_args()
+    args, common = parse_run_args(parser)  # common: the run flags' config, shared by every variant
     rows = []
     for label, algorithm, lr, momentum, compressor in VARIANTS:
-        cfg = RunConfig(task=args.task, workers=args.workers, steps=args.steps, batch_size=args.batch_size,
-                        eval_every=args.eval_every, network=args.network, algorithm=algorithm, lr=lr,
-                        momentum=momentum, compressor=compressor, stragglers=f"none:compute_s={args.compute_s}",
-                        out=str(Path(args.out) / algorithm.replace(":", "_").replace(",", "_")), data_dir=args.data_dir,
-                        overwrite=True, name=label)
+        cfg = common.replace(algorithm=algorithm, lr=lr, momentum=momentum, compressor=compressor,
+                             stragglers=f"none:compute_s={args.compute_s}", overwrite=True, name=label,
+                             out=str(Path(args.out) / algorithm.replace(":", "_").replace(",", "_")))
         summary = run(cfg, progress=False)
         records = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
         hit = first_reaching(records, args.target)

@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
 from gradwire.fault.harness import ReplicaSet
 
 
@@ -59,13 +60,11 @@ def import_seconds() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--task", default="synthetic-logreg")
-    ap.add_argument("--algorithm", default="sync")
+    add_run_flags(ap, only=("task", "algorithm", "steps"), defaults={"task": "synthetic-logreg", "steps": 150})
     ap.add_argument("--kill-step", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--compute-s", type=float, default=0.08)
     ap.add_argument("--extra", default="", help="more run flags, e.g. '--lr 0.001'")
-    ns = ap.parse_args()
+    ns, _ = parse_run_args(ap)
     out = Path(tempfile.mkdtemp(prefix="ft-recovery-"))
     args = ["--task", ns.task, "--algorithm", ns.algorithm, "--steps", str(ns.steps), "--eval-every", str(ns.steps),
             "--batch-size", "8", "--stragglers", f"tail:p=0,compute_s={ns.compute_s}", *ns.extra.split()]

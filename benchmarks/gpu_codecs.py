@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gradwire import kernels  # noqa: E402
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.compress import build  # noqa: E402
 
 SPECS = ["fp16", "bf16", "sign", "sign:scaled=true", "qsgd", "qsgd:levels=1", "qsgd:levels=4", "terngrad", "pquant",
@@ -104,7 +105,7 @@ def target(spec: str, ratio: float, topk_ratio: float | None, device: torch.devi
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    add_run_flags(p, only=("device",), defaults={"device": "cuda" if torch.cuda.is_available() else "cpu"})
     p.add_argument("--size", type=size_arg, default=None, help="elements (default 64M on cuda, 4M on cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--spec", action="append", help="codec spec (repeatable; default: every codec)")
@@ -112,7 +113,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 50 on cuda, 7 on cpu)")
     p.add_argument("--small", action="store_true", help="4K elements, 1 warm-up, 2 repeats: checks it runs")
-    args = p.parse_args(argv)
+    args, _ = parse_run_args(p, argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_codecs: --device cuda, but torch sees no CUDA device here; use --device cpu")

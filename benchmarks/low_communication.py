@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.config import RunConfig  # noqa: E402
 from gradwire.run.loop import run  # noqa: E402
 
@@ -147,15 +148,11 @@ def main() -> None:
     sub = parser.add_subparsers(dest="what", required=True)
     for name in ("rates", "stragglers", "overlap"):
         p = sub.add_parser(name)
-        p.add_argument("--task", default="digits-mlp")
+        add_run_flags(p, only=("task", "lr", "seed", "out", "data_dir"),
+                      defaults={"task": "digits-mlp", "lr": 0.003, "out": f"runs/low_communication/{name}"})
         p.add_argument("--inner-steps", type=int, default=10)
-        p.add_argument("--lr", type=float, default=0.003)
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--out", default=f"runs/low_communication/{name}")
-        p.add_argument("--data-dir", default="data-cache")
     r = sub.choices["rates"]
-    r.add_argument("--workers", type=int, default=4)
-    r.add_argument("--steps", type=int, default=600)
+    add_run_flags(r, only=("workers", "steps"), defaults={"workers": 4, "steps": 600})
     r.add_argument("--sparse-k", type=int, nargs="+", default=[16, 32, 64, 128])
     r.add_argument("--demo-k", type=int, nargs="+", default=[1, 2, 4])
     r.add_argument("--sparse-outer-lr", type=float, default=1.0, help="SparseLoCo's α")
@@ -163,18 +160,18 @@ def main() -> None:
     s = sub.choices["stragglers"]
     s.add_argument("--rounds", type=int, default=40)
     s.add_argument("--backups", type=int, nargs="+", default=[4, 8])
-    s.add_argument("--stragglers", default="tail:p=0.05,slowdown=10,compute_s=0.05")
-    s.add_argument("--network", default="ring:mbps=10000,latency_ms=0.1")
+    add_run_flags(s, only=("stragglers", "network"), defaults={"stragglers": "tail:p=0.05,slowdown=10,compute_s=0.05",
+                                                            "network": "ring:mbps=10000,latency_ms=0.1"})
     s.add_argument("--late", default="drop", choices=("drop", "stale"), help="backup-diloco's rule for late ones")
     s.add_argument("--asynchronous", action="store_true", help="also run async-diloco (delayed Nesterov)")
     o = sub.choices["overlap"]
-    o.add_argument("--workers", type=int, default=4)
-    o.add_argument("--steps", type=int, default=600)
+    add_run_flags(o, only=("workers", "steps", "network"),
+                  defaults={"workers": 4, "steps": 600, "network": "ring:mbps=1,latency_ms=10"},
+                  helps={"network": "slow: a round's exchange takes steps"})
     o.add_argument("--fragments", type=int, default=1)
     o.add_argument("--compute-s", type=float, default=0.05, help="simulated seconds of one inner step")
-    o.add_argument("--network", default="ring:mbps=1,latency_ms=10", help="slow: a round's exchange takes steps")
     o.add_argument("--outer", default="", help="more spec keys for every variant, e.g. outer_lr=1.0,outer_momentum=0")
-    args = parser.parse_args()
+    args, _ = parse_run_args(parser)
     {"rates": rates, "stragglers": stragglers, "overlap": overlap}[args.what](args)
 
 

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 ALGORITHMS = ("sync", "sync:backups=2", "dasgd:period=4,delay=1")
 
 
@@ -75,11 +77,11 @@ def recorder_cost(records: int, rounds: int = 2000) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=20, help="steps per block")
+    add_run_flags(ap, only=("steps", "workers"), defaults={"steps": 20, "workers": [8, 64]}, sweep=("workers",),
+                  helps={"steps": "steps per block"})
     ap.add_argument("--repeats", type=int, default=5, help="blocks of each mode, interleaved")
-    ap.add_argument("--workers", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
-    args = ap.parse_args()
+    args, _ = parse_run_args(ap)
     print(f"{'algorithm':<24} {'workers':>7} {'off ms/step':>12} {'on ms/step':>11} {'on/off':>7} {'bytes/step':>11} "
           f"{'recorder us/step':>16}")
     for algorithm in args.algorithms:

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 COMMON = dict(task="mnist1d-mlp", batch_size=8, lr=0.02, momentum=0.9, steps=300, seed=0,
               stragglers="none:compute_s=0.02", data_dir="data-cache")
 NETWORKS = {  # (spec, what it stands for): see docs/scaling.md for the choice of bandwidths
@@ -48,7 +50,7 @@ def _mean_abs(values):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/scaling")
+    add_run_flags(ap, only=("out",), defaults={"out": "runs/scaling"})
     ap.add_argument("--quick", action="store_true", help="one candidate, validation at 32 only")
     ap.add_argument("--target", type=float, default=TARGET, help=f"train_loss to reach (default {TARGET})")
     ap.add_argument("--reuse", action="store_true", help="refit from the runs already in --out; run only "
@@ -56,7 +58,7 @@ def main() -> None:
     ap.add_argument("--figure", default="docs/img/scaling.png")
     ap.add_argument("--testbed", action="store_true", help="the real-gloo check on the namespace test bed (root)")
     ap.add_argument("--mbps", type=float, default=100.0, help="--testbed: link rate")
-    args = ap.parse_args()
+    args, _ = parse_run_args(ap)
     if args.testbed:
         return testbed(Path(args.out), args.mbps)
     import torch

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 
 def measure(kind: str, workers: int, steps: int, threads: int, batch: int) -> dict:
     import torch
@@ -53,12 +55,11 @@ def measure(kind: str, workers: int, steps: int, threads: int, batch: int) -> di
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40, help="simulated steps per measurement")
-    ap.add_argument("--workers", type=int, nargs="+", default=[8, 64])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=32)
+    add_run_flags(ap, only=("steps", "workers", "threads", "batch_size"),
+                  defaults={"steps": 40, "workers": [8, 64]}, sweep=("workers",),
+                  helps={"steps": "simulated steps per measurement"})
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a, _ = parse_run_args(ap)
     if a.child:
         print(json.dumps(measure(a.child[0], int(a.child[1]), a.steps, a.threads, a.batch_size)))
         return

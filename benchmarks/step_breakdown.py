@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
 from gradwire.report.timeline import COMM, COMPUTE, read_timeline
 
 
@@ -53,8 +54,9 @@ def breakdown(run: Path, eval_every: int = 20) -> dict[str, float] | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders with a timeline/ (real backends)")
-    parser.add_argument("--eval-every", type=int, default=20, help="evaluation steps to leave out (default 20)")
-    args = parser.parse_args(argv)
+    add_run_flags(parser, only=("eval_every",), defaults={"eval_every": 20},
+                  helps={"eval_every": "the runs' evaluation period: evaluation steps are left out"})
+    args, _ = parse_run_args(parser, argv)
     status = 0
     for run in args.runs:
         b = breakdown(run, args.eval_every)

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 
 def worker(rank: int, nproc: int, store_path: str, args: dict, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
@@ -68,12 +70,11 @@ def worker(rank: int, nproc: int, store_path: str, args: dict, out: str) -> None
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=200, help="steps per round and contender")
+    add_run_flags(ap, only=("steps", "task", "data_dir"), defaults={"steps": 200},
+                  helps={"steps": "steps per round and contender"})
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--task", default="mnist1d-mlp")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--data-dir", default="data-cache")
-    a = ap.parse_args()
+    a, _ = parse_run_args(ap)
     with tempfile.TemporaryDirectory() as tmp:
         args = {"task": a.task, "batch": a.batch, "steps": a.steps, "rounds": a.rounds, "data_dir": a.data_dir}
         mp.start_processes(worker, args=(a.nproc, os.path.join(tmp, "store"), args, tmp), nprocs=a.nproc,

@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.parallel import cost  # noqa: E402
 from gradwire.parallel.layout import parse_layout  # noqa: E402
 from gradwire.transports.network import RingNetwork  # noqa: E402
@@ -152,16 +153,15 @@ def main() -> None:
     sub = ap.add_subparsers(dest="what", required=True)
     t = sub.add_parser("testbed")
     t.add_argument("--mbps", type=float, default=200.0)
-    t.add_argument("--steps", type=int, default=6)
+    add_run_flags(t, only=("steps", "out"), defaults={"steps": 6, "out": "runs/tensor-parallel"})
     t.add_argument("--batch", type=int, default=16, help="sequences per step in all (split over dp workers)")
-    t.add_argument("--out", default="runs/tensor-parallel")
     p = sub.add_parser("predict")
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--tokens-per-process", type=int, default=4096)
     p.add_argument("--gbps", type=float, default=25.0)
     p.add_argument("--latency-us", type=float, default=10.0)
     p.add_argument("--tflops", type=float, default=50.0)
-    a = ap.parse_args()
+    a, _ = parse_run_args(ap)
     testbed(a) if a.what == "testbed" else predict(a)
 
 

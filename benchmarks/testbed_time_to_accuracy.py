@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTBED = ROOT / "scripts" / "testbed.py"
 COMMON = ["--task", "mnist1d-cnn", "--lr", "0.1", "--momentum", "0.9", "--batch-size", "32", "--eval-every", "25",
@@ -141,13 +143,14 @@ def table(results: list[dict], target: float, compute_s: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="100,10,2", help="link rates in Mbit/s, comma-separated (default 100,10,2)")
-    ap.add_argument("--steps", type=int, default=400, help="steps per run (default 400: all variants reach 80%%)")
+    add_run_flags(ap, only=("steps", "out"), defaults={"steps": 400, "out": "runs/testbed-tta"},
+                  helps={"steps": "steps per run (400: all variants reach 80%%)",
+                         "out": "run folders, results.md and results.json"})
     ap.add_argument("--target", type=float, default=0.8, help="target test accuracy (default 0.8)")
-    ap.add_argument("--out", default="runs/testbed-tta", help="run folders, results.md and results.json")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="longest testbed run before it is stopped")
     ap.add_argument("--compute-ms", type=float, help="simulator compute per step C (default: calibrated)")
     ap.add_argument("--sim-only", action="store_true", help="skip the testbed (no root needed)")
-    ns = ap.parse_args()
+    ns, _ = parse_run_args(ap)
     rates = sorted((float(x) for x in ns.rates.split(",")), reverse=True)
     if not ns.sim_only and os.geteuid() != 0:
         print("testbed_time_to_accuracy.py: error: the testbed needs root; run with sudo, or pass --sim-only",

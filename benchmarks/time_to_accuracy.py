@@ -89,6 +89,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from testbed_time_to_accuracy import ROOT, first_reaching, fmt, read_metrics, testbed_run  # noqa: E402
 
 TASK = "stdlib-lm:val_bytes=4096"
@@ -416,16 +417,17 @@ def collect(out: Path, rate: float, v: Variant, targets: list[float], bed: dict)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated (default 100,1000)")
-    ap.add_argument("--steps", type=int, default=200, help="steps per run (default 200)")
-    ap.add_argument("--workers", type=int, default=WORKERS, help=f"nodes of the test bed (default {WORKERS})")
-    ap.add_argument("--task", default=TASK, help=f"gradwire task spec (default {TASK}; smaller for a smoke run)")
-    ap.add_argument("--eval-every", type=int, default=20, help="evaluate the validation loss every E steps (20)")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="seed of every row: initial model, partition and batches (default 0). A repeated run "
-                         "repeats the losses bit for bit, so only another seed tests the loss conditions")
-    ap.add_argument("--lr-schedule", default="constant",
-                    help="learning-rate schedule of every row, gradwire's spec (ddp_train.py takes the same): "
-                         "constant (default), cosine:warmup=W,min_ratio=R, linear:warmup=W,min_ratio=R")
+    add_run_flags(ap, only=("steps", "workers", "task", "eval_every", "seed", "lr_schedule", "out"),
+                  defaults={"steps": 200, "workers": WORKERS, "task": TASK, "eval_every": 20,
+                            "out": "runs/time-to-accuracy"},
+                  helps={"steps": "steps per run", "workers": "nodes of the test bed",
+                         "task": "gradwire task spec (smaller for a smoke run)",
+                         "eval_every": "evaluate the validation loss every E steps",
+                         "seed": "seed of every row: initial model, partition and batches. A repeated run repeats the "
+                                 "losses bit for bit, so only another seed tests the loss conditions",
+                         "lr_schedule": "learning-rate schedule of every row, gradwire's spec (ddp_train.py takes the "
+                                        "same): constant, cosine:warmup=W,min_ratio=R, linear:warmup=W,min_ratio=R",
+                         "out": "run folders, results.md, results.json, plot"})
     ap.add_argument("--targets", default="3.0,2.6",
                     help="validation losses to time, the first one the main target (default 3.0,2.6: DDP with "
                          "SGD reaches 3.0 within 200 steps, AdamW also 2.6)")
@@ -436,12 +438,11 @@ def main() -> int:
     ap.add_argument("--long", action="store_true",
                     help=f"AdamW over {LONG['steps']} steps at 100 Mbit/s: {','.join(LONG_KEYS)}, targets "
                          f"{LONG['targets']} (~40 min)")
-    ap.add_argument("--out", default="runs/time-to-accuracy", help="run folders, results.md, results.json, plot")
     ap.add_argument("--plot", help="also write the plot here (e.g. docs/img/time_to_accuracy.png)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="longest testbed run before it is stopped")
     ap.add_argument("--report-only", action="store_true", help="no runs: table and plot from --out's run folders")
     ap.add_argument("--list", action="store_true", help="print the variants' command lines and exit")
-    ns = ap.parse_args()
+    ns, _ = parse_run_args(ap)
     if ns.quick:
         ns.rates, ns.steps, ns.eval_every, ns.targets = "100", 30, 10, "4.0"
         ns.only = ns.only or ",".join(QUICK_KEYS)

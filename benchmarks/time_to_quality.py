@@ -49,6 +49,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 TASK = "stdlib-lm:dim=64,layers=2,heads=2,val_bytes=65536"
 BATCH = 8                      # sequences of 64 bytes per worker and micro-batch
 EVAL_EVERY = 50
@@ -356,19 +358,17 @@ def load_results(out: Path, workers: int, seeds, lrs: dict) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("stage", choices=["tune", "curves", "compute", "report", "all"])
-    p.add_argument("--out", default="runs/time-to-quality")
     p.add_argument("--rows", default=",".join(r.key for r in ROWS if r.runs))
-    p.add_argument("--workers", default=",".join(map(str, WORKERS)))
-    p.add_argument("--seeds", default=",".join(map(str, TABLE_SEEDS)))
     p.add_argument("--n-steps", type=int, default=2000, help="N: DDP's steps; every row may run 2N")
-    p.add_argument("--lr", type=float, default=None, help="skip the tuning: every row at this rate (marked)")
-    args = p.parse_args(argv)
+    add_run_flags(p, only=("out", "workers", "seed", "lr"), sweep=("workers", "seed"),
+                  defaults={"out": "runs/time-to-quality", "workers": list(WORKERS), "seed": list(TABLE_SEEDS)},
+                  helps={"lr": "skip the tuning: every row at this rate (marked)"})
+    args, _ = parse_run_args(p, argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [ROW[k] for k in args.rows.split(",")]
-    workers = [int(w) for w in args.workers.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    workers, seeds = args.workers, args.seeds
     check_seeds(TUNING_SEED, seeds)
     stages = ["tune", "compute", "curves", "report"] if args.stage == "all" else [args.stage]
     lrs_file = out / "tuning.json"

@@ -1,7 +1,7 @@
 """Faults under ``gradwire launch``: a worker the server can lose is lost, not fatal; a stopped
 launcher leaves no process behind; the launcher counts the server however the algorithm is given.
 
-The supervisor (``gradwire/supervise.py``) is tested with stand-in children first (no torch, fast),
+The supervisor (``gradwire/cli/supervise.py``) is tested with stand-in children first (no torch, fast),
 then through torchrun."""
 
 import json
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from gradwire.cli import build_parser
+from gradwire.cli.launch import torchrun_argv
 from gradwire.errors import ConfigError
-from gradwire.launch import torchrun_argv
 from tests.backends.processes import launch
 
-SUPERVISE = [sys.executable, "-m", "gradwire.supervise"]
+SUPERVISE = [sys.executable, "-m", "gradwire.cli.supervise"]
 SELF_KILL = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
 WAIT_FOR_TERM = ("import signal, sys, time\n"
                  "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
@@ -147,7 +147,7 @@ def test_supervisor_stops_its_child_when_the_launcher_dies(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_an_orphaned_child_deaf_to_sigterm_is_killed_after_the_grace(tmp_path):
-    from gradwire.supervise import GRACE_S
+    from gradwire.cli.supervise import GRACE_S
 
     heard = tmp_path / "heard"
     deaf = ("import os, signal, time\n"
@@ -165,7 +165,7 @@ def test_an_orphaned_child_deaf_to_sigterm_is_killed_after_the_grace(tmp_path):
 
 
 def argv_of(*launch_args: str) -> list[str]:
-    parser, _ = build_parser()
+    parser = build_parser()
     return torchrun_argv(parser.parse_args(["launch", *launch_args]))
 
 
@@ -281,7 +281,7 @@ def test_launch_hands_torchrun_a_thread_count_so_it_prints_no_banner(monkeypatch
 
     import torch.distributed.run as torchrun
 
-    from gradwire.launch import cmd_launch
+    from gradwire.cli.launch import start_group
 
     seen = {}
 
@@ -290,9 +290,9 @@ def test_launch_hands_torchrun_a_thread_count_so_it_prints_no_banner(monkeypatch
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(torchrun, "main", config_only)
-    parser, _ = build_parser()
+    parser = build_parser()
     ns = parser.parse_args(["launch", "--nproc-per-node", "2", "--", "run", "--steps", "2"])
     with caplog.at_level(logging.WARNING):
-        assert cmd_launch(ns) == 0
+        assert start_group(ns) == 0
     assert "config" in seen and os.environ["OMP_NUM_THREADS"] == "1"
     assert "OMP_NUM_THREADS" not in caplog.text

@@ -1,5 +1,5 @@
 """Every example that README.md and the --help pages show runs: each `gradwire run` line of
-EPILOG_RUN and of the README's "Command line" block, shortened to a few steps, exits 0 with a
+gradwire run's epilog and of the README's "Command line" block, shortened to a few steps, exits 0 with a
 finite loss; the README's walk-through (`make demo`, then every line of its "Command line" block
 in order, in one folder) and every example of the run, compare, plan and reproduce --help pages
 exit 0 on small settings; the README's compressor snippet runs as written. (The README's DDP
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from gradwire.cli import EPILOG_RUN, main
+from gradwire.cli import main
+from gradwire.cli.run import EPILOG as EPILOG_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
@@ -165,7 +166,9 @@ def test_the_readme_walk_through_runs_in_order(tmp_path, data_dir, monkeypatch, 
 
 @pytest.mark.slow
 def test_every_help_example_runs(tmp_path, data_dir, monkeypatch):
-    from gradwire.cli import EPILOG_COMPARE, EPILOG_PLAN, EPILOG_REPRODUCE
+    from gradwire.cli.compare import EPILOG as EPILOG_COMPARE
+    from gradwire.cli.plan import EPILOG as EPILOG_PLAN
+    from gradwire.cli.reproduce import EPILOG as EPILOG_REPRODUCE
 
     monkeypatch.chdir(tmp_path)
     for name, text in USER_FILES.items():

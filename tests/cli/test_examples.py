@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from gradwire.cli import build_parser, variants_of
+from gradwire.cli import build_parser
+from gradwire.cli.compare import variants_of
 from gradwire.run.loop import Run
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -17,9 +18,9 @@ def test_there_are_examples():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_variant_of_an_example_builds(path, tmp_path, data_dir):
-    parser, variant_parser = build_parser()
+    parser = build_parser()
     ns = parser.parse_args(["compare", "--config", str(path), "--out", str(tmp_path), "--data-dir", str(data_dir)])
-    _, variants = variants_of(ns, variant_parser)
+    _, variants = variants_of(ns)
     assert len(variants) >= 2
     for cfg in variants:
         Run(cfg.replace(steps=1))  # raises ConfigError naming whatever does not fit

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from gradwire.cli import main, version
+from gradwire import version
+from gradwire.cli import main
 from tests.helpers import gw, read_jsonl
 
 TINY = ["--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2"]

@@ -37,8 +37,8 @@ def test_ddp_script_trains_what_gradwire_sync_trains(tmp_path, schedule):
     for model in models:  # the same initial model, bit for bit
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         assert torch.equal(flat, reference.model.flatten())
-    args = ddp_train.build_parser().parse_args(["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
-                                                "--lr-schedule", schedule, "--steps", str(steps)])
+    args = ddp_train.parse(["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
+                            "--lr-schedule", schedule, "--steps", str(steps)])
     opts, schedules = zip(*(ddp_train.make_optimizer(args, m.parameters()) for m in models), strict=True)
     task = built[0][0]
     for _ in range(steps):

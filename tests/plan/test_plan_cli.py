@@ -6,7 +6,7 @@ import json
 import pytest
 
 from gradwire import cli
-from gradwire.cli import spec_list
+from gradwire.cli.plan import spec_list
 from gradwire.config import RunConfig
 from gradwire.plan.planner import _torch_argv, seconds_per_step
 

@@ -1,6 +1,6 @@
 """The per-rank supervisor ``gradwire launch`` has torchrun start: ``gradwire run`` as a child process.
 
-    python -m gradwire.supervise [--server-algorithm] [--resume-on-restart] [--launcher-pid PID] [--] CMD...
+    python -m gradwire.cli.supervise [--server-algorithm] [--resume-on-restart] [--launcher-pid PID] [--] CMD...
 
 torchrun's elastic agent tears the whole group down as soon as any process exits non-zero, which
 is right for collective algorithms (one lost rank stalls every collective) and wrong for the
@@ -152,9 +152,9 @@ def main(argv: list[str] | None = None) -> None:
         elif flag == "--launcher-pid" and args:
             opts["launcher_pid"] = int(args.pop(0))
         else:
-            sys.exit(f"gradwire.supervise: unknown option {flag!r}")
+            sys.exit(f"gradwire.cli.supervise: unknown option {flag!r}")
     if not args:
-        sys.exit("usage: python -m gradwire.supervise [--server-algorithm] [--resume-on-restart] "
+        sys.exit("usage: python -m gradwire.cli.supervise [--server-algorithm] [--resume-on-restart] "
                  "[--launcher-pid PID] [--] COMMAND...")
     end_like(supervise(args, **opts))
 

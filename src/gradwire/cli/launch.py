@@ -6,7 +6,7 @@ with ``gradwire run``'s own parser and config file (``--algorithm X``, ``--algor
 ``--config`` file count alike). Nothing of ours listens on a port: the rendezvous is torchrun's
 (``torch.distributed.run.main``).
 
-torchrun starts a supervisor per process (``gradwire/supervise.py``), which runs ``gradwire run``
+torchrun starts a supervisor per process (``gradwire/cli/supervise.py``), which runs ``gradwire run``
 as its child: with a server, a worker process that dies is lost, not fatal (torchrun would stop
 the whole group for it) unless a restart is left; killing the launcher kills every process; a
 restarted group (``--max-restarts``) resumes from the last checkpoint.
@@ -14,13 +14,17 @@ restarted group (``--max-restarts``) resumes from the last checkpoint.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
+import time
 
+from gradwire.cli.flags import config_from_args, run_parser
+from gradwire.config import read_config_file
 from gradwire.errors import ConfigError
 
-EPILOG_LAUNCH = """examples:
+EPILOG = """examples:
   gradwire launch --nproc-per-node 4 -- run --task mnist1d-cnn --algorithm diana --steps 500 --out runs/d4
   gradwire launch --nproc-per-node 4 -- run --config run.yaml      # 3 workers if run.yaml's algorithm has a server
   # two machines, 2 processes each (run the same line on both, --node-rank 0 and 1):
@@ -40,14 +44,10 @@ Killing the launcher (SIGTERM, SIGINT, SIGKILL) stops every process it started."
 def run_options(run_args: list[str]):
     """The run command line as ``gradwire run`` reads it: (the resolved RunConfig, the keys given
     as flags, the keys in the --config file)."""
-    from gradwire.cli import _config_from, build_parser
-    from gradwire.config import read_config_file
-
-    parser, _ = build_parser()
-    ns = parser.parse_args(["run", *run_args])  # a bad flag: gradwire run's own message, exit 2
-    flags = {k for k in vars(ns) if k not in ("command", "config")}
+    ns = run_parser("gradwire run", add_help=True).parse_args(run_args)  # a bad flag: run's own message, exit 2
+    flags = {k for k in vars(ns) if k != "config"}
     in_file = {k.replace("-", "_") for k in read_config_file(ns.config)} if ns.config else set()
-    return _config_from(ns), flags, in_file
+    return config_from_args(ns), flags, in_file
 
 
 def _note(text: str) -> None:
@@ -77,14 +77,12 @@ def torchrun_argv(ns) -> list[str]:
             raise ConfigError(f"--nnodes {ns.nnodes} is a range: pass --workers explicitly in the run command")
     else:
         total = int(ns.nnodes) * ns.nproc_per_node
-        workers = total - int(server)
         started = f"{total} are started (--nnodes {ns.nnodes} x --nproc-per-node {ns.nproc_per_node})"
-        if cfg.tensor_parallel:  # P processes per worker (docs/tensor_parallel.md)
+        workers, left = workers_for(cfg, total, server)
+        if left:  # P processes per worker (docs/tensor_parallel.md)
             size = cfg.tensor_parallel_size()
-            if total % size:
-                raise ConfigError(f"--tensor-parallel {cfg.tensor_parallel} needs P={size} processes per worker, but "
-                                  f"{started}: start a multiple of {size}")
-            workers = total // size
+            raise ConfigError(f"--tensor-parallel {cfg.tensor_parallel} needs P={size} processes per worker, but "
+                              f"{started}: start a multiple of {size}")
         if "workers" in flags and cfg.workers != workers:
             extra = " plus one server process" if server else ""
             need = cfg.processes(server)
@@ -100,7 +98,7 @@ def torchrun_argv(ns) -> list[str]:
             run_args += ["--workers", str(workers)]
     if "backend" not in flags:
         run_args += ["--backend", "torch"]
-    supervisor = ["-m", "gradwire.supervise", "--launcher-pid", str(os.getpid())]
+    supervisor = ["-m", "gradwire.cli.supervise", "--launcher-pid", str(os.getpid())]
     if server:
         supervisor.append("--server-algorithm")  # its worker processes may be lost
     if ns.max_restarts > 0 and not {"resume", "resume_or_start"} & (flags | in_file):
@@ -122,7 +120,44 @@ def torchrun_argv(ns) -> list[str]:
     return argv + supervisor + [sys.executable, "-u", "-m", "gradwire", "run", *run_args]
 
 
-def cmd_launch(ns) -> int:
+def workers_for(cfg, processes: int, server: bool) -> tuple[int, int]:
+    """(the workers that ``processes`` processes make, the processes left over), by the one rule
+    ``RunConfig.processes`` (workers x P, plus one for a server) read backwards."""
+    fixed = cfg.replace(workers=0).processes(server)  # the server's process, if any
+    per_worker = cfg.replace(workers=1).processes(False)  # P
+    return divmod(processes - fixed, per_worker)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("launch", help="train on torch.distributed: start `run` on N processes via torchrun",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Start a `gradwire run --backend torch` group with torchrun's launcher "
+                       "and rendezvous (gloo on CPU, NCCL on GPU). Rank 0 writes the run folder.")
+    p.add_argument("--nproc-per-node", type=int, required=True, help="worker processes on this node")
+    p.add_argument("--nnodes", default="1", help="number of nodes, or a range MIN:MAX (default 1)")
+    p.add_argument("--node-rank", type=int, default=0,
+                   help="this node's index (multi-node; the c10d rendezvous may order nodes itself)")
+    p.add_argument("--rdzv-endpoint", default="", help="HOST:PORT of the rendezvous (multi-node)")
+    p.add_argument("--rdzv-id", default="gradwire", help="job id shared by all nodes")
+    p.add_argument("--ifname", default="", help="network interface for gloo/NCCL traffic "
+                   "(sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME)")
+    p.add_argument("--local-addr", default="", help="this node's address as the rendezvous should see it")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart the group this often after a failure (restarted attempts resume from the last "
+                        "checkpoint)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- run [run flags]")
+    p.set_defaults(command_main=main)
+
+
+def main(ns) -> int:
+    """``gradwire launch``: one time stamp for the group's default --out (kept across restarts), then
+    :func:`start_group`."""
+    os.environ.setdefault("GRADWIRE_RUN_STAMP", time.strftime("%Y%m%d-%H%M%S"))
+    return start_group(ns)
+
+
+def start_group(ns) -> int:
+    """Start the torchrun group (or, with --fault-tolerance, the replicas and a Lighthouse); the exit code."""
     rest = list(ns.rest or [])
     rest = rest[1:] if rest[:1] == ["--"] else rest
     if rest[:1] == ["run"] and "--fault-tolerance" in " ".join(rest):  # replicas and a Lighthouse (fault/launch.py)

@@ -1,0 +1,78 @@
+"""gradwire's command line: ``run``, ``compare``, ``plan``, ``report``, ``launch``, ``reproduce``, ``list``.
+
+One module per command (``gradwire.cli.run``, ..., ``gradwire.cli.listing``), each with
+``add_parser(sub)`` and ``main(ns)``; the run flags, which the commands and the benchmarks share,
+are in ``gradwire.cli.flags``; ``gradwire.cli.supervise`` is the per-process supervisor that
+``gradwire launch`` has torchrun start. Every ``run`` flag is a key of the run config (see
+``gradwire run --help``); a YAML or TOML file given with ``--config`` holds the same keys and flags
+override it.
+
+This module imports the command modules only when a parser is built, so that the supervisor
+(``python -m gradwire.cli.supervise``) starts without them; no command imports torch before its
+arguments are checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+# each command's module, in the order of `gradwire --help` (``list`` is in ``listing``: a submodule
+# named ``list`` would shadow the builtin in this package's namespace once imported)
+COMMANDS = {"run": "run", "compare": "compare", "plan": "plan", "report": "report", "launch": "launch",
+            "reproduce": "reproduce", "list": "listing"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gradwire`` parser: one sub-parser per command, whose namespace carries the command's
+    ``main`` as ``command_main``."""
+    from importlib import import_module
+
+    from gradwire import version
+    from gradwire.cli.flags import Parser
+
+    parser = Parser(prog="gradwire", description="Communication-efficient, straggler-tolerant distributed "
+                    "training: compare algorithms and compressors on a simulated cluster.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for module in COMMANDS.values():
+        import_module(f"gradwire.cli.{module}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gradwire.errors import CommunicationError, ConfigError, DivergenceError
+
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.command_main(ns)
+    except ConfigError as e:
+        print(f"gradwire {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+    except DivergenceError as e:
+        print(f"gradwire {ns.command}: diverged: {e} (metrics so far are in the run folder)", file=sys.stderr)
+        return 3
+    except CommunicationError as e:
+        print(f"gradwire {ns.command}: communication error: {e}", file=sys.stderr)
+        return 4
+    except KeyboardInterrupt as e:  # SIGTERM or SIGINT: the run wrote its summary ("stopped")
+        return _stopped(ns.command, e)
+
+
+def _stopped(command: str, e: KeyboardInterrupt) -> int:
+    """One line on stderr for a run ended by a signal; the exit status is 128 + the signal."""
+    from gradwire.errors import Stopped
+
+    if not isinstance(e, Stopped) or e.step is None:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print(f"gradwire {command}: stopped by {signal.Signals(signum).name} (metrics so far are in the run folder)",
+              file=sys.stderr)
+        return 128 + signum
+    resume = (f"--resume continues from step {e.checkpoint_step}" if e.checkpoint_step is not None
+              else "no checkpoint to resume from")
+    written = f"{Path(e.out) / 'summary.json'} written" if e.out is not None else "rank 0 writes the summary"
+    print(f"gradwire {command}: stopped by {signal.Signals(e.signum).name} at step {e.step}; {written}; {resume}",
+          file=sys.stderr)
+    return 128 + e.signum

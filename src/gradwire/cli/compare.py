@@ -1,0 +1,180 @@
+"""``gradwire compare``: run several variants (and seeds) and write a side-by-side report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+from pathlib import Path
+
+from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given, run_parser, slug
+from gradwire.config import RunConfig, from_mapping, read_config_file
+from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError
+from gradwire.report.run_folder import holds_run, refuse_existing, require_named
+
+EPILOG = """each --variant is a quoted list of run flags applied on top of the common ones, e.g.
+  gradwire compare --task mnist1d-mlp --steps 300 --out runs/cmp \\
+      --variant "--algorithm sync" --variant "--algorithm sync:backups=2" \\
+      --variant "--name qsgd-ef --compressor qsgd:levels=4 --error-feedback"
+A config file may hold the common keys and a list `variants:` of mappings of keys.
+With --seeds 0,1,2 every variant runs once per seed (folders VARIANT-seedS); comparison.md adds, per
+variant, the mean, standard deviation and range of its final losses and accuracy over the seeds, and
+its paired difference from the first variant (seed by seed: the same initial model and batches), so
+that a 1 % difference can be told from seed-to-seed noise; the plot shows the mean curves."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compare", help="run several variants and write a side-by-side report",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run variants on the same task, seed and partition; writes "
+                       "comparison.md, comparison.csv, comparison.png and report.html into --out.")
+    add_run_flags(p)
+    p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable")
+    p.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="run every variant once per seed (e.g. 0,1,2; replaces --seed) and add each variant's "
+                        "mean, spread and paired difference from the first variant over the seeds")
+    p.add_argument("--html", action=argparse.BooleanOptionalAction, default=True,
+                   help="also write report.html, the whole comparison on one self-contained page (default: yes)")
+    p.set_defaults(command_main=main)
+
+
+def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunConfig, list[RunConfig]]:
+    """The common config and one config per variant (per seed with --seeds), each checked; ``parser``
+    reads a --variant's flags (default: the run flags)."""
+    parser = parser or run_parser("gradwire compare --variant")
+    common = config_from_args(ns)
+    specs: list[RunConfig] = []
+    own_seed: list[bool] = []  # whether the variant sets its own seed (which --seeds would override)
+    file_variants = read_config_file(ns.config).get("variants", []) if getattr(ns, "config", None) else []
+    for v in file_variants:
+        if not isinstance(v, dict):
+            raise ConfigError(f"each entry of 'variants' in {ns.config} must be a mapping of config keys")
+        specs.append(from_mapping(v, common))
+        own_seed.append("seed" in v)
+    for text in ns.variant or []:
+        sub = parser.parse_args(shlex.split(text))
+        specs.append(config_from_args(sub, common))
+        own_seed.append("seed" in vars(sub) or bool(sub.config and "seed" in read_config_file(sub.config)))
+    if not specs:
+        raise ConfigError("compare needs at least one --variant (or a 'variants' list in the config file)")
+    labels = [c.label() for c in specs]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ConfigError(f"variants share the label(s) {dupes}; give each a distinct --name")
+    folders: dict[str, str] = {}
+    for label in labels:  # one folder per variant: labels that differ only where _slug rewrites would share one
+        other = folders.setdefault(slug(label).casefold(), label)
+        if other != label:
+            raise ConfigError(f"variants {other!r} and {label!r} would share the folder {slug(label)!r}; "
+                              "give them names that differ in letters or digits")
+    if not out_given(ns):
+        common = common.replace(out=fresh_out("compare", common))
+    require_named(common.out)
+    root = Path(common.out)
+    seeds = seeds_of(ns)
+    if seeds:
+        pinned = [c.label() for c, own in zip(specs, own_seed, strict=True) if own]
+        if pinned:
+            raise ConfigError(f"variant(s) {pinned} set their own seed; with --seeds every variant runs every "
+                              f"seed ({','.join(map(str, seeds))}): drop the variant's seed")
+    if len(seeds) > 1:  # seed-major: an interrupted comparison leaves whole seeds, every variant paired
+        specs = [c.replace(seed=s, name=f"{c.label()} seed {s}", out=str(root / f"{slug(c.label())}-seed{s}"))
+                 for s in seeds for c in specs]
+    else:  # one seed (--seeds 5: as --seed 5) or none
+        specs = [c.replace(out=str(root / slug(c.label())), **({"seed": seeds[0]} if seeds else {}))
+                 for c in specs]
+    for c in specs:
+        c.check_values()  # before torch is imported (the second stage's modules import it)
+    from gradwire.run.combination import check_combination
+
+    for c in specs:
+        check_combination(c)
+    return common, specs
+
+
+def seeds_of(ns) -> list[int]:
+    """compare's --seeds (or ``seeds:`` in its config file): distinct integers in [0, 2**63), given
+    as 0,1,2 (or a list in the file); [] when not given."""
+    text = getattr(ns, "seeds", None)
+    where = "--seeds"
+    if text is None and getattr(ns, "config", None):
+        text, where = read_config_file(ns.config).get("seeds"), f"seeds in {ns.config}"
+    if text is None:
+        return []
+    items = text if isinstance(text, list) else str(text).split(",")
+    seeds = []
+    for item in items:
+        value = str(item).strip()
+        if not re.fullmatch(r"\d{1,19}", value) or int(value) >= 2**63:
+            raise ConfigError(f"{where}={text!r}: {value!r} is not a seed (an integer in [0, 2**63)); give e.g. 0,1,2")
+        seeds.append(int(value))
+    if not seeds:
+        raise ConfigError(f"{where} is empty; give e.g. 0,1,2")
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise ConfigError(f"{where}={text!r} names seed(s) {twice} more than once; each seed runs once")
+    return seeds
+
+
+def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
+    """Before any variant runs: a comparison or variant run already in the folder is replaced only
+    with --overwrite (or continued with --resume)."""
+    root = Path(common.out)
+    if (root / "comparison.md").exists() and not (common.overwrite or common.resuming):
+        raise ConfigError(f"compare folder {root} already holds a comparison (comparison.md); pass --overwrite "
+                          "to replace it or --resume to continue its runs (or choose another --out)")
+    for c in specs:
+        refuse_existing(Path(c.out), overwrite=c.overwrite, resume=c.resuming)
+
+
+def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfig]:
+    """compare --resume continues a comparison: each variant from its checkpoint, or from step 0
+    where it has none (it had not started, or saved no checkpoint); one that finished is kept as it
+    is. A folder holding none of the variants' runs has nothing to resume (--resume-or-start starts it)."""
+    if not common.resume or common.resume_or_start:
+        return specs
+    if not any(holds_run(Path(c.out)) for c in specs):
+        raise ConfigError(f"resume=true: nothing to resume: compare folder {common.out} holds none of the variants' "
+                          "runs; check --out, or pass --resume-or-start to start the comparison (--resume)")
+    return [c.replace(resume=False, resume_or_start=True) for c in specs]
+
+
+def main(ns) -> int:
+    common, specs = variants_of(ns)
+    refuse_to_replace(common, specs)
+    specs = resumed_variants(common, specs)
+    from gradwire.report.compare import write_report
+    from gradwire.run.loop import run
+
+    root = Path(common.out)
+    root.mkdir(parents=True, exist_ok=True)
+    seeds = seeds_of(ns)
+    summaries = []
+    for i, c in enumerate(specs, 1):
+        print(f"[{i}/{len(specs)}] {c.label()}", flush=True)
+        try:
+            summaries.append(run(c))
+        except AlreadyFinished as e:  # --resume: a variant that finished before
+            print(f"  already finished at step {e.summary['steps']}", flush=True)
+            summaries.append(e.summary)
+        except DivergenceError as e:
+            print(f"  diverged: {e}", flush=True)
+            summaries.append(json.loads((Path(c.out) / "summary.json").read_text()))
+        s = summaries[-1]
+        acc = (s.get("final") or {}).get("test_acc")
+        print(f"  {s['status']}: test_acc={acc if acc is None else round(acc, 4)}, "
+              f"{s['bytes_sent'] / 1e6:.2f} MB, {s['sim_time_s']:.1f} s "
+              f"{'simulated' if c.backend == 'sim' else 'elapsed'}, {s['wall_time_s']:.1f} s wall", flush=True)
+    title = f"{common.task}, {common.workers} workers, {common.stragglers} stragglers, {common.network}"
+    labels = None
+    if len(seeds) > 1:  # the variants' own labels: those of the first seed's runs, less " seed S"
+        labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]
+    files = write_report(root, summaries, [Path(c.out) for c in specs], title, seeds=seeds, labels=labels)
+    print((root / "comparison.md").read_text())
+    print(f"report: {files['markdown']}  plot: {files['plot']}")
+    if ns.html:
+        from gradwire.report.pages import write_report as write_html
+
+        print(f"html: {write_html(root, [Path(c.out) for c in specs], title=f'gradwire comparison: {title}')}")
+    return 0

@@ -1,0 +1,186 @@
+"""The run flags: every key of the run config as a flag, for the commands and the benchmarks alike.
+
+A flag is the key with dashes (``batch_size`` -> ``--batch-size``); its help text is the comment
+beside the field in ``RunConfig`` (one source of truth). Flags left out stay out of the namespace
+(``argparse.SUPPRESS``), so :func:`config_from_args` tells a flag given from a default: a
+``--config`` file's keys apply first and the flags given override them.
+
+A benchmark takes its run flags from here rather than declaring its own::
+
+    parser = argparse.ArgumentParser()
+    add_run_flags(parser, only=("task", "workers", "steps"), defaults={"steps": 120})
+    ns, cfg = parse_run_args(parser)          # cfg: a RunConfig; ns.steps etc. hold typed values
+
+Nothing here imports torch: a mistyped value is reported at once (benchmarks/time_to_typo.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gradwire import config as config_mod
+from gradwire.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
+from gradwire.errors import ConfigError
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, with no usage dump."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def flag_of(key: str) -> str:
+    """The flag of run config key ``key``: ``batch_size`` -> ``--batch-size``."""
+    return "--" + key.replace("_", "-")
+
+
+def field_help() -> dict[str, str]:
+    """The comment beside each RunConfig field is its --help text (one source of truth)."""
+    out = {}
+    for line in inspect.getsource(config_mod.RunConfig).splitlines():
+        m = re.match(r"\s+(\w+):.*?#\s*(.*)$", line)
+        if m and m.group(1) in KEYS:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+# what the command line does when a flag is left out, where that is not the field's own default
+SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>",
+                  "lr": "the algorithm's", "momentum": "the algorithm's"}
+
+# config-file keys that only `gradwire compare` reads (every other key is a RunConfig field); the
+# other commands take a comparison's file for its common keys (docs/leader_sgd.md does)
+COMPARE_KEYS = ("variants", "seeds")
+
+
+# the flag of a swept key where its plural reads better (as ``gradwire compare --seeds``)
+SWEEP_FLAGS = {"seed": "--seeds"}
+
+
+class _Sweep(argparse.Action):
+    """Several values of one run key, typed at once: ``--workers 2 4`` or ``--workers 2,4``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            setattr(namespace, self.dest, [coerce(self.metavar.lower(), part.strip()) for value in values
+                                           for part in value.split(",") if part.strip()])
+        except ConfigError as e:
+            parser.error(f"{option_string}: {e}")
+
+
+def add_run_flags(parser: argparse.ArgumentParser, *, only: Iterable[str] | None = None, skip: Iterable[str] = (),
+                  defaults: Mapping[str, Any] | None = None, sweep: Iterable[str] = (),
+                  helps: Mapping[str, str] | None = None) -> None:
+    """Add the run config's keys to ``parser`` as flags (``--config FILE`` with them).
+
+    ``only=None`` (the commands): every key, less those in ``skip``; a flag left out stays out of
+    the namespace. ``only=keys`` (a benchmark): those keys, each in the namespace with its value
+    from ``defaults`` when given there (the benchmark's own scale), else the run config's default;
+    no ``--config``. Keys in ``sweep`` take several values, one run each (``--workers 2 4`` or
+    ``--workers 2,4``; the seeds' flag is ``--seeds``, dest ``seeds``), typed as they are read.
+    ``helps`` says what a key is in the caller, where it says more than the run config's comment.
+    :func:`parse_run_args` types the others and builds the run config."""
+    keys = list(KEYS) if only is None else list(only)
+    sweep = set(sweep)
+    unknown = [k for k in [*keys, *(defaults or {}), *sweep, *(helps or {})] if k not in KEYS]
+    if unknown:  # a programming error in a caller, named at once
+        raise ValueError(f"not run config keys: {unknown}; valid keys: {', '.join(KEYS)}")
+    helps = field_help() | dict(helps or {})
+    if only is None:
+        parser.add_argument("--config", help="YAML or TOML file with any of the keys below")
+    values = {} if only is None else {k: [KEYS[k].default] if k in sweep else KEYS[k].default for k in keys}
+    values.update(defaults or {})
+    for key in keys:
+        if key in skip:
+            continue
+        text = f"{helps.get(key, '')} (default: {values.get(key, SHOWN_DEFAULTS.get(key, KEYS[key].default))})"
+        if key in sweep:
+            flag = SWEEP_FLAGS.get(key, flag_of(key))
+            parser.add_argument(flag, dest=flag[2:].replace("-", "_"), nargs="+", action=_Sweep,
+                                default=values[key], metavar=key.upper(),
+                                help=f"{text}; several values (or a comma-separated list), one run each")
+        elif isinstance(KEYS[key].default, bool):
+            parser.add_argument(flag_of(key), action=argparse.BooleanOptionalAction,
+                                default=values.get(key, argparse.SUPPRESS), help=text)
+        else:
+            parser.add_argument(flag_of(key), dest=key, default=values.get(key, argparse.SUPPRESS),
+                                metavar=key.upper(), help=text)
+
+
+def config_from_args(ns: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
+    """The run config the flags in ``ns`` describe: ``base`` (default ``RunConfig()``), then the
+    ``--config`` file's keys, then the flags given (None: the field's own default, e.g. ``lr``).
+    Swept keys (lists) are left out."""
+    cfg = base or RunConfig()
+    if getattr(ns, "config", None):
+        cfg = from_mapping({k: v for k, v in read_config_file(ns.config).items() if k not in COMPARE_KEYS}, cfg)
+    given = {k: coerce(k, v) for k, v in vars(ns).items() if k in KEYS and v is not None and not isinstance(v, list)}
+    return cfg.replace(**given)
+
+
+def parse_run_args(parser: argparse.ArgumentParser, argv: list[str] | None = None,
+                   ) -> tuple[argparse.Namespace, RunConfig]:
+    """Parse ``argv`` (default: the process's), check the run flags' values (no torch imported) and
+    write them back typed into the namespace (a None default stays None); a bad value is the
+    parser's one-line error, exit 2.
+    Returns the namespace and the run config its run flags describe."""
+    ns = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(ns).check_values()
+    except ConfigError as e:
+        parser.error(str(e))
+    for key in KEYS:  # None stays None: the caller's own default (as lr's is the algorithm's)
+        if getattr(ns, key, None) is not None and not isinstance(getattr(ns, key), list):
+            setattr(ns, key, getattr(cfg, key))
+    return ns, cfg
+
+
+def run_parser(prog: str, *, add_help: bool = False) -> Parser:
+    """A parser of run flags alone, as ``gradwire run`` reads them (a compare variant, a plan
+    candidate, the run command after ``gradwire launch --``)."""
+    parser = Parser(prog=prog, add_help=add_help)
+    add_run_flags(parser)
+    return parser
+
+
+def out_given(ns: argparse.Namespace) -> bool:
+    """Whether --out (or ``out:`` in the --config file) names the folder."""
+    return "out" in vars(ns) or bool(getattr(ns, "config", None) and "out" in read_config_file(ns.config))
+
+
+def slug(text: str) -> str:
+    """``text`` as a folder name: runs of other characters than letters, digits and ``.=+-`` become
+    one ``_``; at most 80 characters."""
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80] or "run"
+
+
+def fresh_out(name: str, cfg: RunConfig) -> str:
+    """The folder of a run given no --out: ``runs/NAME-YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when
+    taken), so no run lands on another. A time stamp (not a counter) names runs in the order they
+    ran and needs no look at the others; under torchrun every process must find the same name, so
+    ``gradwire launch`` fixes the stamp for its processes (GRADWIRE_RUN_STAMP), which also brings a
+    restarted group back to its folder; plain torchrun, or several nodes, need --out."""
+    stamp = os.environ.get("GRADWIRE_RUN_STAMP")
+    if cfg.resuming and not stamp:
+        raise ConfigError("--resume continues the run in --out: name its folder")
+    base = Path("runs") / f"{slug(name)}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
+    if cfg.backend == "torch" and "WORLD_SIZE" in os.environ:  # every process must agree: no suffix
+        if not stamp:
+            raise ConfigError("under torchrun every process must name the same run folder: pass --out "
+                              "(gradwire launch picks a fresh one for you)")
+        if os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]) != os.environ["WORLD_SIZE"]:
+            raise ConfigError("a run on several nodes needs --out, the same folder on every node")
+        return str(base)
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)

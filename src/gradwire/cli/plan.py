@@ -1,0 +1,111 @@
+"""``gradwire plan``: profile short runs, fit time and convergence models, recommend an algorithm,
+compressor and worker count (docs/planning.md)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given, run_parser
+from gradwire.errors import ConfigError
+
+EPILOG = """examples:
+  gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 200 --network ring:mbps=100 \\
+      --stragglers tail:p=0.1,slowdown=20,compute_s=0.01 --algorithms sync,sync:backups=2 \\
+      --workers 4,8,16 --max-workers 256 --target-loss 0.5 --validate 32
+  gradwire plan --config base.yaml --compressors none,qsgd:levels=4 --workers 2,4,8,16 --deadline 60
+  gradwire plan ... --candidate "--name topk-ef --compressor topk:ratio=0.01 --error-feedback"
+  gradwire plan ... --budget 120 --validate 32,64        (profiling within 120 s wall; held-out m measured)
+Candidates: every --algorithms x --compressors pair, plus each --candidate (quoted run flags on top of the
+common ones). Profiling runs go to OUT/profile/, validation runs to OUT/validate/; OUT gets plan.json,
+plan.md and plan.png. Time is simulated on --backend sim, elapsed on torch (each run a `gradwire launch`).
+The models and the design are explained in docs/planning.md."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="profile short runs, fit time and convergence models, recommend an "
+                       "algorithm, compressor and worker count", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run short profiling runs of each candidate at a few worker counts, fit "
+                       "Ernest's time-per-iteration model and a convergence model, predict the time to a target "
+                       "(or the objective within a deadline) up to --max-workers, and recommend one; writes "
+                       "plan.json, plan.md and plan.png into --out.")
+    add_run_flags(p, skip=("workers",))
+    p.add_argument("--algorithms", help="comma-separated algorithm specs, e.g. sync,sync:backups=2,diana")
+    p.add_argument("--compressors", help="comma-separated compressor specs, e.g. none,qsgd:levels=4")
+    p.add_argument("--candidate", action="append", help="run flags of one more candidate (quoted); repeatable")
+    p.add_argument("--workers", default="1,2,4,8", help="worker counts the profiling may use (default 1,2,4,8; "
+                   "at least 3 distinct)")
+    p.add_argument("--max-workers", type=int, default=64, help="predict up to this many workers (default 64)")
+    goal = p.add_mutually_exclusive_group()
+    goal.add_argument("--target-loss", type=float, help="objective to reach (see --metric): minimise the time to it")
+    goal.add_argument("--deadline", type=float, help="seconds available: minimise the objective reached in them")
+    p.add_argument("--metric", default="train_loss", help="train_loss (default) or suboptimality (f - f*, "
+                   "tasks that know f*)")
+    p.add_argument("--budget", type=float, help="wall-clock seconds for all profiling runs together "
+                   "(default: profile every --workers count)")
+    p.add_argument("--validate", nargs="?", const="auto", help="also measure held-out worker counts M,... (bare: "
+                   "2x and 4x the largest profiled) and the recommendation; report predicted vs measured")
+    p.add_argument("--validate-max-steps", type=int, default=0, help="longest validation run in steps "
+                   "(default 20x --steps)")
+    p.add_argument("--work", type=float, default=1.0, help="s in Ernest's θ1·s/m term (default 1)")
+    p.add_argument("--fit-from", type=float, default=0.5, help="fit the convergence model on each profiling "
+                   "run's evaluations from this fraction of its steps on (default 0.5: the second half)")
+    p.set_defaults(command_main=main)
+
+
+def spec_list(text: str) -> list[str]:
+    """``sync:backups=2,diana,local:period=8,eval=average`` -> one spec per name: a comma starts a
+    new spec unless what follows is another key=value of the one before."""
+    specs: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if specs and "=" in part and ":" not in part.split("=")[0]:
+            specs[-1] += "," + part
+        elif part:
+            specs.append(part)
+    return specs
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
+
+
+def main(ns) -> int:
+    base = config_from_args(argparse.Namespace(**{k: v for k, v in vars(ns).items() if k != "workers"}))  # a list here
+    base.check_values()  # before torch is imported
+    candidates = [base.replace(algorithm=a, compressor=c, name="" if (ns.algorithms or ns.compressors) else base.name)
+                  for a in spec_list(ns.algorithms or base.algorithm)
+                  for c in spec_list(ns.compressors or base.compressor)]
+    if ns.candidate:  # explicit candidates replace the implicit base one unless lists were given
+        candidates = candidates if (ns.algorithms or ns.compressors) else []
+        parser = run_parser("gradwire plan --candidate")
+        candidates += [config_from_args(parser.parse_args(shlex.split(t)), base) for t in ns.candidate]
+    workers = _int_list(ns.workers, "--workers")
+    if ns.validate == "auto":  # the next two powers of two above the profiled counts
+        validate = [m for m in (2 * max(workers), 4 * max(workers)) if m <= ns.max_workers]
+    else:
+        validate = _int_list(ns.validate or "", "--validate")
+    out = Path(base.out if out_given(ns) else fresh_out("plan", base))
+    if (out / "plan.json").exists() and not base.overwrite:
+        raise ConfigError(f"plan folder {out} already holds a plan (plan.json); pass --overwrite to replace it "
+                          "(or choose another --out)")
+    from gradwire.plan.output import prediction_table, recommendation_lines, validation_table, write_plan
+    from gradwire.plan.planner import PlanRequest, make_plan
+
+    req = PlanRequest(candidates=candidates, workers=workers, max_workers=ns.max_workers, out=out,
+                      target=ns.target_loss, deadline_s=ns.deadline, metric=ns.metric, budget_s=ns.budget,
+                      validate=validate, validate_max_steps=ns.validate_max_steps, work=ns.work,
+                      fit_from=ns.fit_from)
+    plan = make_plan(req)
+    files = write_plan(out, plan)
+    print("\n".join(prediction_table(plan)))
+    val = validation_table(plan)
+    if val:
+        print("\nvalidation (held-out m):\n" + "\n".join(val))
+    print("\n".join(recommendation_lines(plan)))
+    print(f"plan: {files['markdown']}  {files['json']}  plot: {files['plot']}")
+    return 0

@@ -1,0 +1,72 @@
+"""``gradwire run``: train once and write a run folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given
+from gradwire.errors import AlreadyFinished
+
+EPILOG = """examples:
+  gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
+  gradwire run --task mnist1d-mlp --compressor qsgd:levels=4 --error-feedback --network ring:mbps=100
+  gradwire run --task synthetic-logreg:l1=0.001 --algorithm diana --batch-size full --dtype float64
+  gradwire run --config run.yaml --steps 2000      (flags override the file)
+Spec strings are name or name:key=value,...; `gradwire list` shows every name and parameter."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="train once and write a run folder", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Train a task on N workers with one algorithm; writes config.json, "
+                       "metrics.jsonl, summary.json and curves.png into --out.")
+    add_run_flags(p)
+    p.set_defaults(command_main=main)
+
+
+def describe_setup(algorithm: str, info: dict, workers: int) -> str:
+    """An algorithm's set-up choices: scalars on one line, per-worker lists as a small table."""
+    per_worker = {k: v for k, v in info.items() if isinstance(v, list) and len(v) == workers}
+    scalars = ", ".join(f"{k}={v}" for k, v in info.items() if k not in per_worker)
+    lines = [f"{algorithm} set-up: {scalars}"]
+    if per_worker:
+        def cell(v):
+            return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+        lines.append("  worker " + " ".join(f"{k:>12}" for k in per_worker))
+        for w in range(workers):
+            lines.append(f"  {w:>6} " + " ".join(f"{cell(v[w]):>12}" for v in per_worker.values()))
+    return "\n".join(lines)
+
+
+def main(ns) -> int:
+    cfg = config_from_args(ns).check_values()  # before torch is imported: a mistyped value is reported at once
+    if not out_given(ns):
+        cfg = cfg.replace(out=fresh_out(cfg.label(), cfg))
+    from gradwire.run.loop import run
+
+    reports = not (cfg.backend == "torch" and os.environ.get("RANK", "0") != "0")  # rank 0 reports for the group
+    try:
+        summary = run(cfg)
+    except AlreadyFinished as e:
+        if reports:
+            print(f"gradwire run: {e}")
+        return 0
+    if not reports:
+        return 0
+    info_path = Path(cfg.out) / "algorithm.json"
+    if info_path.exists():
+        print(describe_setup(cfg.algorithm, json.loads(info_path.read_text()), cfg.workers))
+    final = summary["final"]
+    parts = [f"{k}={final[k]:.4g}" for k in ("train_loss", "test_acc", "suboptimality") if final.get(k) is not None]
+    mb = summary["bytes_sent"] / 1e6
+    print(f"{summary['label']}: {summary['steps']} steps, {' '.join(parts)}, {mb:.3f} MB sent, "
+          f"{summary['sim_time_s']:.2f} s {'simulated' if cfg.backend == 'sim' else 'elapsed'}, "
+          f"{summary['wall_time_s']:.1f} s wall -> {cfg.out}")
+    if summary.get("lost_workers"):
+        reasons = "; ".join(f"worker {w}: {why}" for w, why in summary["lost_reasons"].items())
+        print(f"lost {len(summary['lost_workers'])} worker(s) during the run, finished with the rest ({reasons})")
+    return 0
