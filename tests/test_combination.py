@@ -99,10 +99,9 @@ def test_resolved_takes_the_defaults_from_the_class_and_keeps_what_was_given():
 def test_launch_asks_before_it_starts_a_process(tmp_path):
     """gradwire launch refuses a combination in the launcher, once, not in each of the processes."""
     from gradwire.cli import build_parser
-    from gradwire.launch import torchrun_argv
+    from gradwire.cli.launch import torchrun_argv
 
-    parser, _ = build_parser()
-    ns = parser.parse_args(["launch", "--nproc-per-node", "4", "--", "run", "--task", LM, "--tensor-parallel",
+    ns = build_parser().parse_args(["launch", "--nproc-per-node", "4", "--", "run", "--task", LM, "--tensor-parallel",
                             "1d:p=2", "--algorithm", "async", "--out", str(tmp_path / "run")])
     with pytest.raises(ConfigError, match=r"algorithm 'async' has a server; .* \(--tensor-parallel\)$"):
         torchrun_argv(ns)
