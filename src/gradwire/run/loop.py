@@ -11,6 +11,11 @@ duration; a folder holding a run only with ``overwrite`` or ``resume``). SIGTERM
 run as "stopped" with its summary written; on the simulator the loop stops between steps and, with
 ``checkpoint_every``, saves the step reached, so ``--resume`` continues it. Away from a terminal a
 progress line goes to stderr every ``GRADWIRE_PROGRESS_S`` seconds (default 10).
+
+``Run`` builds the pieces; its driver (``servers/driver.py``, chosen by ``run/drivers.py``) steps
+them, and the loop (``_train``) asks it nothing about what it is. The loop's other parts live
+beside it: ``checkpointer.py`` (every stateful piece saved and loaded), ``evaluate.py`` (the
+metrics rows), ``folder.py`` (config.json's extra entries, the summary).
 """
 
 from __future__ import annotations
@@ -152,6 +157,11 @@ class Run:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim, self.codec_config)
         except ValueError as e:
             raise ConfigError(f"algorithm {cfg.algorithm!r}: {e}") from None
+        self._build_driver()
+
+    def _build_driver(self) -> None:
+        """The checkpointer of every stateful piece, and the driver that steps them."""
+        cfg = self.cfg
         self.counters = RunCounters()  # step, gradients, the losses since the last evaluation
         self.checkpointer = Checkpointer(Path(cfg.out) / "checkpoint", self.label, cfg.to_dict(),
                                          counters=self.counters, algorithm=self.algorithm, oracle=self.oracle,
