@@ -48,6 +48,9 @@ class Checkpoints(Protocol):
     def mark_latest(self, step: int) -> None:
         """Move ``latest`` to ``step``, once every part of it is saved."""
 
+    def clear_parts(self, step: int) -> None:
+        """Remove the workers' parts an earlier attempt at the checkpoint of ``step`` left."""
+
 
 @dataclass
 class DriverParts:
