@@ -18,7 +18,7 @@ The layers, bottom to top (a module may import its own layer's package and any l
  7. algorithms: what a worker computes and sends, and how messages combine
  8. ddp: the DDP communication hook, a library entry point over averaging (above it, below any run)
  9. parallel: tensor parallelism, whose layers talk through counted process-group collectives
-10. servers: the parameter-server and coordinator drivers
+10. servers: the drivers of a run's steps (collective, the simulated and the real server)
 11. run: the run loop, which builds every layer below
 12. plan, reproduce: commands' engines that make runs
 13. cli, __main__: the command line: one module per command, the run flags the benchmarks share

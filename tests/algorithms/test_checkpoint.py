@@ -82,3 +82,36 @@ def test_checkpoint_refuses_pickled_code(make_config, tmp_path):
     torch.save({"format": 1, "evil": Evil()}, f)
     with pytest.raises(ConfigError, match="unreadable"):
         run(make_config(CHECKPOINTED, out="p", steps=20, resume=True), progress=False)
+
+
+# The state layout of one process's checkpoint as gradwire wrote it before the run's drivers
+# (servers/driver.py) and checkpointer (run/checkpointer.py) were split out of run/loop.py: the
+# run's entries, and the simulated server's beside them in server mode.
+LAYOUT = {"step", "gradients", "window", "algorithm", "data", "clock", "gradient_counts", "transport"}
+
+
+@pytest.mark.parametrize("algorithm, driver_entries", [("sync", set()), ("async", {"simulated_server"})])
+def test_a_checkpoint_of_the_earlier_layout_resumes_bitwise(make_config, algorithm, driver_entries):
+    from gradwire import checkpoint
+    from gradwire.run.loop import Run
+
+    cfg = make_config(algorithm=algorithm, steps=6, checkpoint_every=3)
+    straight = Run(cfg)
+    infos = [straight.train_step() for _ in range(6)]
+    first = Run(cfg)
+    for _ in range(3):
+        first.train_step()
+    state = first.state_dict()
+    assert set(state) == LAYOUT | driver_entries
+    # written piece by piece as the earlier run loop did, not through the checkpointer
+    earlier = {"step": first.step, "gradients": first.gradients, "window": list(first.window),
+               "algorithm": first.algorithm.state_dict(), "data": first.oracle.state_dict(),
+               "clock": first.clock.state_dict(),
+               "gradient_counts": {str(k): v for k, v in first.ctx.gradient_counts.items()},
+               "transport": first.transport.state_dict()} | {k: state[k] for k in driver_entries}
+    folder = first.checkpointer.folder
+    checkpoint.save(folder, 3, "sim", earlier, first.cfg.to_dict(), elapsed={"wall_time_s": 1.5, "eval_time_s": 0.5})
+    resumed = Run(cfg.replace(resume=True))
+    assert resumed.resume() and resumed.step == 3 and resumed.eval_s == 0.5
+    assert [resumed.train_step() for _ in range(3)] == infos[3:]
+    assert torch.equal(resumed.algorithm.eval_params(), straight.algorithm.eval_params())

@@ -3,6 +3,7 @@ version, and the curse of symmetry it avoids (Teng et al. 2019); the authors' pr
 the per-step proximal pull, the election window, what is evaluated, and the old trajectories that
 prox=0, window=τ still give."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -130,7 +131,7 @@ def test_async_rounds_count_local_steps_in_total_fast_workers_step_more(make_con
     r.ctx.stragglers = Speeds()
     alg = ALGORITHMS.build(spec)
     alg.setup(r.ctx, r.model.flatten(), OptimConfig(lr=0.1), CodecConfig())
-    r.algorithm, r.server = alg, SimulatedServer(r.ctx, alg)
+    r.algorithm, r.driver = alg, SimulatedServer(dataclasses.replace(r.driver.parts, algorithm=alg))
     global_every = 2 if alg.multi is False else alg.global_period
     model, expected, pulls = r.model.numel * 4, 0, 0
     for step in range(1, 17):

@@ -70,7 +70,7 @@ def test_backups_aggregate_exactly_n_and_step_time_is_order_statistic(make_confi
         assert info["gradients"] == n and len(set(info["winners"])) == n and len(info["late"]) == info["dropped"]
         taken += n + info["dropped"]
     # every gradient computed was taken (applied, or dropped as late) or is still on its way
-    assert taken + len(r.server.queue) == sum(r.server.counts.values())
+    assert taken + len(r.driver.queue) == sum(r.driver.counts.values())
     assert r.transport.bytes_sent == taken * (up + down)  # ... and each taken one was answered once
 
 

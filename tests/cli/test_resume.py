@@ -4,8 +4,10 @@ continue from its checkpoint."""
 
 import json
 import time
+import types
 
 import pytest
+import torch
 
 from gradwire.cli import main
 from gradwire.run.loop import run
@@ -118,14 +120,15 @@ def _server(n: int):
     server.lost, server.lost_in_run, server.in_flight, server.orphans = {}, {}, {}, []
     server.said_bye, server.finished, server.refused_bytes = set(), False, 0
     server.received, server.counts = {w: 0 for w in range(n)}, {w: 0 for w in range(n)}
+    server.ctx = types.SimpleNamespace(device=torch.device("cpu"))
     return server
 
 
 def test_a_resumed_server_still_names_the_workers_lost_before_its_checkpoint(tmp_path):
     before = _server(3)
     before._lose(1, "SIGKILL (signal 9)")
-    state = before.state_dict([])
-    assert state["lost"] == {"1": "SIGKILL (signal 9)"}
+    state = {"server": before._cut_state([])}  # the server's entry in the checkpoint of a cut
+    assert state["server"]["lost"] == {"1": "SIGKILL (signal 9)"}
     for rank in (0, 1, 3):  # worker 1 (rank 2) was lost before the checkpoint: it has no state file
         (tmp_path / f"rank{rank}.pt").write_bytes(b"")
     after = _server(3)
@@ -134,8 +137,8 @@ def test_a_resumed_server_still_names_the_workers_lost_before_its_checkpoint(tmp
     after.said_bye = {0, 1, 2}  # ... and did, and finished
     summary = after.finish()
     assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "SIGKILL (signal 9)"}
-    older = dict(state)
-    older.pop("lost")  # a checkpoint written before losses were kept: none named
+    older = {"server": dict(state["server"])}
+    older["server"].pop("lost")  # a checkpoint written before losses were kept: none named
     again = _server(3)
     again.load_state_dict(older, tmp_path)
     again.said_bye = {0, 1, 2}

@@ -3,7 +3,7 @@
 :class:`ReplicaSet` starts a torchft Lighthouse in this process and one ``gradwire run`` process
 per replica on loopback, each writing its own run folder (``OUT/replica-K``) and log
 (``OUT/replica-K.log``); it kills (SIGKILL), hangs (SIGSTOP) and restarts replicas, and every wait
-has a timeout. ``GRADWIRE_KILL_AT=K:STEP`` (the run loop's fault point) makes replica K kill itself
+has a timeout. ``GRADWIRE_KILL_AT=K:STEP`` (the run's fault point, fault/kill.py) makes replica K kill itself
 after committing STEP, so a fault lands at a chosen step whatever the processes' speeds;
 ``GRADWIRE_FT_LEAVE_AT=K:STEP`` makes it leave cleanly instead, and ``GRADWIRE_FT_FULL_AT=S``
 makes step S wait for every replica (fault/replica.py): together they replay a run's sequence of

@@ -47,16 +47,19 @@ def merge_rank_keyed(peer, own, peer_key: str, own_key: str):
 
 
 class ReplicaDriver:
-    """Drives ``run`` (a ``gradwire.run.loop.Run`` on an :class:`FtTransport`) step by step."""
+    """Drives one replica's steps on an :class:`FtTransport`: ``ctx`` and ``algorithm`` as every
+    driver has them (servers/driver.py), ``state`` the run's checkpointer (its ``state_dict`` and
+    ``load_state_dict``: what a peer sends, what a recovering replica installs), ``counters`` the
+    run's (its ``step`` is the committed steps + 1), ``setup(params)`` sets the algorithm up afresh
+    at ``params`` and ``samples`` holds each worker's samples per step."""
 
-    def __init__(self, run, transport: FtTransport):
+    def __init__(self, ctx, algorithm, transport: FtTransport, *, state, counters, setup, samples: list[int]):
         from torchft import Manager
 
-        self.run, self.transport, self.ft = run, transport, transport.ft
+        self.ctx, self.algorithm, self.transport, self.ft = ctx, algorithm, transport, transport.ft
+        self.state, self.counters, self.setup, self.samples = state, counters, setup, samples
         ft = self.ft
         self.skipped_samples = 0     # samples of the shards of replicas absent from committed steps
-        full = run.cfg.batch_size == "full"  # a worker's samples per step: its batch, or its whole shard
-        self.samples = [size if full else int(run.cfg.batch_size) for size in run.shard_sizes]
         self.events: list[dict] = []  # recovery phases of this replica (recorded in steps.jsonl)
         self.healed: dict | None = None
         self.checkpoints = SafeHTTPTransport(ft.host, timedelta(seconds=ft.timeout_s))
@@ -79,9 +82,8 @@ class ReplicaDriver:
 
     # -- what a healthy replica sends, and what a recovering one makes of it ---------------------
     def state_dict(self) -> dict:
-        run = self.run
-        return {"rank": str(self.transport.rank), "run": run.state_dict(),
-                "global": run.algorithm.eval_params().clone(), "skipped_samples": self.skipped_samples}
+        return {"rank": str(self.transport.rank), "run": self.state.state_dict(),
+                "global": self.algorithm.eval_params().clone(), "skipped_samples": self.skipped_samples}
 
     def recover(self, state: dict) -> None:
         """Install a peer's state: the shared parts are the peer's; this worker's own parts are
@@ -89,19 +91,19 @@ class ReplicaDriver:
         and PowerSGD's error memories reset, local replicas at the global model); its data shard
         continues where a worker that took part in every step would be (the steps it missed:
         skipped, counted by every replica in ``skipped_samples``)."""
-        run, rank = self.run, self.transport.rank
+        rank, oracle = self.transport.rank, self.ctx.oracle
         start = time.perf_counter()
-        run.algorithm.setup(run.ctx, state["global"].clone(), run.optim_config, run.codec_config)
-        own = {"algorithm": run.algorithm.state_dict(), "data": run.oracle.state_dict()}
+        self.setup(state["global"].clone())
+        own = {"algorithm": self.algorithm.state_dict(), "data": oracle.state_dict()}
         own = copy.deepcopy(own)
         merged = merge_rank_keyed(state["run"], state["run"] | own, state["rank"], str(rank))
         committed = self.manager.current_step()  # the quorum's step, set by torchft before this call
-        worker = run.oracle.workers[rank]
+        worker = oracle.workers[rank]
         worker.load_state_dict({"epoch": 0, "position": 0})
         for _ in range(committed):  # the batches of the steps this shard took part in, or skipped
             worker.next_batch()
-        merged["data"], merged["step"] = run.oracle.state_dict(), committed
-        run.load_state_dict(merged)
+        merged["data"], merged["step"] = oracle.state_dict(), committed
+        self.state.load_state_dict(merged)
         self.skipped_samples = int(state["skipped_samples"])
         received = self.checkpoints.last_received or {}
         self.healed = {"from": int(state["rank"]), "at_step": committed, "bytes": received.get("bytes", 0),
@@ -112,7 +114,7 @@ class ReplicaDriver:
     def _record_quorum(self, began: float, seconds: float) -> None:
         """The quorum call on the run's timeline: a WAIT, less the state transfer inside it, a COMM
         with its bytes (report/recovery.py)."""
-        timeline, rank = self.run.ctx.timeline, self.transport.rank
+        timeline, rank = self.ctx.timeline, self.transport.rank
         if not timeline.enabled:
             return
         transfer = self.healed["transfer_s"] if self.healed is not None else 0.0
@@ -121,17 +123,15 @@ class ReplicaDriver:
             timeline.add(rank, COMM, began + seconds - transfer, began + seconds, nbytes=self.healed["bytes"])
 
     def _snapshot(self) -> dict:
-        run = self.run
-        return copy.deepcopy({"algorithm": run.algorithm.state_dict(), "data": run.oracle.state_dict(),
-                              "transport": run.transport.state_dict(),
-                              "gradient_counts": dict(run.ctx.gradient_counts)})
+        return copy.deepcopy({"algorithm": self.algorithm.state_dict(), "data": self.ctx.oracle.state_dict(),
+                              "transport": self.transport.state_dict(),
+                              "gradient_counts": dict(self.ctx.gradient_counts)})
 
     def _restore(self, snap: dict) -> None:
-        run = self.run
-        run.algorithm.load_state_dict(copy.deepcopy(snap["algorithm"]))
-        run.oracle.load_state_dict(snap["data"])
-        run.transport.load_state_dict(snap["transport"])
-        run.ctx.gradient_counts = dict(snap["gradient_counts"])
+        self.algorithm.load_state_dict(copy.deepcopy(snap["algorithm"]))
+        self.ctx.oracle.load_state_dict(snap["data"])
+        self.transport.load_state_dict(snap["transport"])
+        self.ctx.gradient_counts = dict(snap["gradient_counts"])
 
     # -- one step --------------------------------------------------------------------------------
     def _waits_for_all(self) -> bool:
@@ -150,7 +150,8 @@ class ReplicaDriver:
         return need > self.ft.min_replicas
 
     def step(self) -> dict:
-        run, manager = self.run, self.manager
+        """One committed step (retried until committed); sets ``counters.step`` to its number."""
+        manager, counters, ctx = self.manager, self.counters, self.ctx
         snap = self._snapshot()
         deadline = time.monotonic() + self.ft.quorum_timeout_s
         attempt = 0
@@ -158,21 +159,21 @@ class ReplicaDriver:
             attempt += 1
             waiting = self._waits_for_all()
             self.healed = None
-            t0, began = time.perf_counter(), run.ctx.timeline.now() if run.ctx.timeline.enabled else 0.0
+            t0, began = time.perf_counter(), ctx.timeline.now() if ctx.timeline.enabled else 0.0
             if not self._quorum(deadline):
                 continue
             quorum_s = time.perf_counter() - t0
             self._record_quorum(began, quorum_s)
             if self.healed is not None:
                 snap = self._snapshot()  # a retry starts from the transferred state
-            run.step = manager.current_step() + 1  # committed steps + 1 (a healed replica jumps ahead)
-            run.oracle.step = run.ctx.timeline.step = run.step
+            counters.step = manager.current_step() + 1  # committed steps + 1 (a healed replica jumps ahead)
+            ctx.oracle.step = ctx.timeline.step = counters.step
             ranks = self.transport.pg._global_ranks or [self.transport.rank]
             self.transport.participants = list(ranks)
             info = None
             if manager.errored() is None:
                 try:
-                    info = run.algorithm.step(run.ctx, run.step)
+                    info = self.algorithm.step(ctx, counters.step)
                 except CommunicationError as e:
                     manager.report_error(e)
             failed = manager.errored()
@@ -182,14 +183,15 @@ class ReplicaDriver:
                       "skipped_samples": self.skipped_samples}
                 if self.healed is not None:
                     ft["healed"] = self.healed
-                if self.leave_at == run.step:
+                if self.leave_at == counters.step:
                     self.leave()
                 return info | {"ft": ft}
-            self.events.append({"step": run.step, "attempt": attempt, "error": str(failed)[:200] if failed else None})
+            self.events.append({"step": counters.step, "attempt": attempt,
+                                "error": str(failed)[:200] if failed else None})
             self._restore(snap)
             waiting = waiting and failed is None and time.monotonic() < deadline
             if attempt > self.ft.max_retries and not waiting:
-                raise CommunicationError(f"replica {self.transport.rank}: step {run.step} was not committed in "
+                raise CommunicationError(f"replica {self.transport.rank}: step {counters.step} was not committed in "
                                          f"{attempt} attempts (the last: {str(failed)[:160] or 'too few replicas'})")
             if waiting:  # for replicas still starting or away: let them heartbeat
                 time.sleep(self.ft.heartbeat_ms / 1000)
@@ -205,7 +207,7 @@ class ReplicaDriver:
             if time.monotonic() >= deadline:
                 raise CommunicationError(f"replica {self.transport.rank}: no quorum within quorum_timeout_s="
                                          f"{self.ft.quorum_timeout_s:g} s: {str(e).splitlines()[0][:160]}") from None
-            self.events.append({"step": self.run.step, "quorum_error": str(e).splitlines()[0][:200]})
+            self.events.append({"step": self.counters.step, "quorum_error": str(e).splitlines()[0][:200]})
             # the Manager keeps the failed request and raises it again at the next start_quorum: drop it
             self.manager._quorum_future = None
             time.sleep(self.ft.heartbeat_ms / 1000)

@@ -11,6 +11,11 @@ duration; a folder holding a run only with ``overwrite`` or ``resume``). SIGTERM
 run as "stopped" with its summary written; on the simulator the loop stops between steps and, with
 ``checkpoint_every``, saves the step reached, so ``--resume`` continues it. Away from a terminal a
 progress line goes to stderr every ``GRADWIRE_PROGRESS_S`` seconds (default 10).
+
+``Run`` builds the pieces; its driver (``servers/driver.py``, chosen by ``run/drivers.py``) steps
+them, and the loop (``_train``) asks it nothing about what it is. The loop's other parts live
+beside it: ``checkpointer.py`` (every stateful piece saved and loaded), ``evaluate.py`` (the
+metrics rows), ``folder.py`` (config.json's extra entries, the summary).
 """
 
 from __future__ import annotations
@@ -25,20 +30,22 @@ import torch
 
 from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
-from gradwire.algorithms.optim import ScheduledRate
 from gradwire.config import RunConfig
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, Stopped
+from gradwire.fault.kill import fault_point_from_env
 from gradwire.report.progress import ProgressLines, progress_mode
-from gradwire.report.run_folder import RunFolder, claim, holds_run, read_json_or_empty
+from gradwire.report.run_folder import claim, holds_run, read_json_or_empty
 from gradwire.report.timeline import FOLDER as TIMELINE_FOLDER
 from gradwire.report.timeline import Timeline
+from gradwire.run.checkpointer import Checkpointer, RunCounters
 from gradwire.run.combination import check_combination, resolved
+from gradwire.run.drivers import build_driver
+from gradwire.run.evaluate import Evaluator, evaluate_model
+from gradwire.run.folder import open_run_folder, summary
 from gradwire.run.stops import StopSignals, stop_record
 from gradwire.seeding import hash_seed
-from gradwire.servers.real import RealServer, run_worker
-from gradwire.servers.simulated import SimulatedServer
+from gradwire.servers.driver import DriverParts, no_faults
 from gradwire.tasks import build_partition, build_task
-from gradwire.tasks.evaluate import evaluate
 from gradwire.tasks.oracle import FlatModel, GradientOracle, WorkerData, check_batch_size
 from gradwire.transports.base import Transport
 from gradwire.transports.clocks import SimClock, WallClock
@@ -108,13 +115,13 @@ class Run:
             raise ConfigError(f"task {cfg.task!r} made data for {len(shards)} workers, not {cfg.workers}")
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
         # a real backend gives the server of a server-mode algorithm a process of its own
-        self.server_process = cfg.backend != "sim" and self.algorithm.needs_server
+        server_process = cfg.backend != "sim" and self.algorithm.needs_server
         self.tensor_parallel = None  # --tensor-parallel: the model split inside groups, the workers across them
         if cfg.tensor_parallel:
             from gradwire.parallel.hybrid import TensorParallelRun
 
             self.tensor_parallel = TensorParallelRun(cfg)
-        self.transport, self.clock = _transport(cfg, self.server_process, transport,
+        self.transport, self.clock = _transport(cfg, server_process, transport,
                                                 self.tensor_parallel and self.tensor_parallel.workers)
         # where the workers compute: the torch transport's GPU for this local rank, or --device
         self.device = self.transport.device or torch.device(cfg.device)
@@ -150,24 +157,41 @@ class Run:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim, self.codec_config)
         except ValueError as e:
             raise ConfigError(f"algorithm {cfg.algorithm!r}: {e}") from None
-        self.fault_tolerance = None  # the torchft step driver (fault/replica.py)
-        if cfg.fault_tolerance != "none":
-            from gradwire.fault.replica import ReplicaDriver
+        self._build_driver()
 
-            self.fault_tolerance = ReplicaDriver(self, self.transport)
-        self.step = 0
-        self.gradients = 0
-        self.window: list[float] = []
-        self.worker_resume: dict | None = None  # a server-mode worker process: where its checkpoint left it
-        self.rejoin = False                      # ... or none: it rejoins from the server's parameters
-        self.worker_checkpoints_saved = 0        # parts of server checkpoints this worker process saved
-        self.checkpoint_folder = Path(cfg.out) / "checkpoint"
-        # the server-mode driver: the simulator's, or the real server on process 0 (workers run run_worker)
-        self.server: SimulatedServer | RealServer | None = None
-        if self.algorithm.needs_server and cfg.backend == "sim":
-            self.server = SimulatedServer(self.ctx, self.algorithm)
-        elif self.server_process and self.is_writer:
-            self.server = RealServer(self)
+    def _build_driver(self) -> None:
+        """The checkpointer of every stateful piece, and the driver that steps them."""
+        cfg = self.cfg
+        self.counters = RunCounters()  # step, gradients, the losses since the last evaluation
+        self.checkpointer = Checkpointer(Path(cfg.out) / "checkpoint", self.label, cfg.to_dict(),
+                                         counters=self.counters, algorithm=self.algorithm, oracle=self.oracle,
+                                         clock=self.clock, ctx=self.ctx, transport=self.transport, device=self.device,
+                                         is_writer=self.is_writer, elapsed=self.elapsed)
+        # a test's fault injection (GRADWIRE_KILL_AT, fault/kill.py); nothing otherwise
+        self.fault_point = fault_point_from_env(os.environ, cfg.backend, self.transport.local_ranks) or no_faults
+        parts = DriverParts(ctx=self.ctx, algorithm=self.algorithm, transport=self.transport, clock=self.clock,
+                            timeout_s=cfg.timeout_s, checkpoints=self.checkpointer, fault_point=self.fault_point)
+        self.driver = build_driver(cfg, parts, process_zero=self.process_rank == 0, replica=self._replica)
+        self.checkpointer.driver = self.driver
+
+    def _replica(self, parts: DriverParts):
+        """The torchft replica driver of ``--fault-tolerance`` (fault/replica.py)."""
+        from gradwire.fault.replica import ReplicaDriver
+
+        full = self.cfg.batch_size == "full"  # a worker's samples per step: its batch, or its whole shard
+        samples = [size if full else int(self.cfg.batch_size) for size in self.shard_sizes]
+        return ReplicaDriver(parts.ctx, parts.algorithm, parts.transport, state=self.checkpointer,
+                             counters=self.counters, setup=self._setup_at, samples=samples)
+
+    def _setup_at(self, params: torch.Tensor) -> None:
+        """The algorithm set up afresh at ``params`` (a replica healed from a peer's parameters)."""
+        self.algorithm.setup(self.ctx, params, self.optim_config, self.codec_config)
+
+    # the run's counters, kept by the checkpointer's RunCounters
+    step = property(lambda self: self.counters.step, lambda self, v: setattr(self.counters, "step", v))
+    gradients = property(lambda self: self.counters.gradients,
+                         lambda self, v: setattr(self.counters, "gradients", v))
+    window = property(lambda self: self.counters.window, lambda self, v: setattr(self.counters, "window", v))
 
     @property
     def process_rank(self) -> int:
@@ -193,10 +217,7 @@ class Run:
         self.step += 1
         self.oracle.step = self.ctx.timeline.step = self.step
         before = self.transport.bytes_sent
-        if self.fault_tolerance is not None:  # a quorum, the step, a vote to commit it (may move self.step)
-            info = self.fault_tolerance.step()
-        else:
-            info = self.server.step(self.step) if self.server else self.algorithm.step(self.ctx, self.step)
+        info = self.driver.step(self.step)  # (under --fault-tolerance it may move self.step: a healed replica)
         if self.tensor_parallel:
             info = info | self.tensor_parallel.step_bytes(self.transport, before)
         self.gradients += int(info.get("gradients", 0))
@@ -204,9 +225,7 @@ class Run:
         return info
 
     def evaluate(self) -> dict:
-        if self.tensor_parallel:  # the dense model gathered at rank 0 (every process called gather)
-            return evaluate(self.task, self.tensor_parallel.dense, self.tensor_parallel.dense_params)
-        return evaluate(self.task, self.model, self.algorithm.eval_params())
+        return evaluate_model(self)
 
     def record_timeline(self, out: Path, resumed: bool) -> Timeline:
         """Every process records its workers' intervals into ``out/timeline/<label>.bin``
@@ -217,82 +236,23 @@ class Run:
         self.ctx.timeline = self.transport.timeline = timeline
         return timeline
 
-    def kill_point(self, step: int, phase: str = "step") -> None:
-        """Fault injection for tests: ``GRADWIRE_KILL_AT=WORKER:STEP`` kills the process hosting
-        that worker with SIGKILL after that step, in the first attempt only (torchrun counts
-        restarts in TORCHELASTIC_RESTART_COUNT), so a restarted group runs through.
-        ``WORKER:STEP:sent`` kills a server-mode worker right after it sent that step's message,
-        before the answer. ``WORKER:STEP:saved`` kills a server-mode worker after the first step
-        at or past STEP that follows a committed checkpoint (it has saved its part, and the server,
-        which answers only once ``latest`` has moved, has answered since), so that a restart
-        resumes whatever the processes' relative speeds."""
-        spec = os.environ.get("GRADWIRE_KILL_AT")
-        if not spec or self.cfg.backend != "torch" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-            return
-        worker, at, *when = spec.split(":")
-        if (when or ["step"])[0] == "saved" and phase == "step":
-            hit = step >= int(at) and self.worker_checkpoints_saved > 0
-        else:
-            hit = step == int(at) and (when or ["step"])[0] == phase
-        if hit and int(worker) in self.ctx.local_ranks:
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    # -- checkpoints -----------------------------------------------------------------------------
+    # -- checkpoints (run/checkpointer.py) ----------------------------------------------------------
     def state_dict(self) -> dict:
-        state = {"step": self.step, "gradients": self.gradients, "window": list(self.window),
-                 "algorithm": self.algorithm.state_dict(), "data": self.oracle.state_dict(),
-                 "clock": self.clock.state_dict(),
-                 "gradient_counts": {str(k): v for k, v in self.ctx.gradient_counts.items()},
-                 "transport": self.transport.state_dict()}
-        if isinstance(self.server, SimulatedServer):
-            state["simulated_server"] = self.server.state_dict()
-        return state
+        return self.checkpointer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        try:
-            self.step, self.gradients, self.window = int(state["step"]), int(state["gradients"]), list(state["window"])
-            self.algorithm.load_state_dict(checkpoint.floats_to(state["algorithm"], self.device))
-            self.oracle.load_state_dict(state["data"])
-            self.clock.load_state_dict(state["clock"])
-            self.ctx.gradient_counts = {int(k): int(v) for k, v in state["gradient_counts"].items()}
-            self.transport.load_state_dict(state["transport"])
-            if isinstance(self.server, SimulatedServer):
-                self.server.load_state_dict(state["simulated_server"])
-        except (KeyError, TypeError, RuntimeError) as e:
-            raise ConfigError(f"checkpoint does not fit this run ({type(e).__name__}: {e})") from None
+        self.checkpointer.load_state_dict(state)
 
-    def save_checkpoint(self, folder: Path) -> None:
-        if isinstance(self.server, RealServer):  # a quiescent cut with every worker waiting (servers/real.py)
-            self.server.checkpoint(folder, self.step)
-            return
-        self.ctx.timeline.mark_checkpoint(self.step)
-        checkpoint.save(folder, self.step, self.label, self.state_dict(), self.cfg.to_dict(),
-                        barrier=self.transport.barrier, moves_latest=self.is_writer, elapsed=self.elapsed())
+    def save_checkpoint(self) -> None:
+        self.driver.save_checkpoint(self.step)
 
-    def save_worker_checkpoint(self, step: int, position: dict) -> None:
-        """A server-mode worker process: its state at the server's checkpoint ``step``."""
-        state = self.state_dict() | {"step": step, "worker_position": position}
-        self.ctx.timeline.mark_checkpoint(step)
-        checkpoint.save(self.checkpoint_folder, step, self.label, state, self.cfg.to_dict(), moves_latest=False,
-                        elapsed=self.elapsed())
-        self.worker_checkpoints_saved += 1
-
-    def try_resume(self, folder: Path) -> bool:
-        stepdir = checkpoint.latest(folder)
-        if stepdir is None:
+    def resume(self) -> bool:
+        """Continue from the latest checkpoint; False when there is none (for this process)."""
+        elapsed = self.checkpointer.resume()
+        if elapsed is None:
             return False
-        step, state, elapsed = checkpoint.load(stepdir, self.label, self.cfg.to_dict())
-        self.load_state_dict(state)
         self.wall_before = float(elapsed.get("wall_time_s", 0.0))
         self.eval_s = float(elapsed.get("eval_time_s", 0.0))
-        if "worker_position" in state:  # a server-mode worker: where it stood
-            self.worker_resume = {k: int(v) for k, v in state["worker_position"].items()}
-        if isinstance(self.server, RealServer):
-            self.server.load_state_dict(checkpoint.floats_to(state["server"], self.device), stepdir)
-        if self.step != step:
-            raise ConfigError(f"checkpoint {stepdir} is inconsistent: step {step} vs state step {self.step}")
         return True
 
 
@@ -373,86 +333,52 @@ def check_resume(cfg: RunConfig) -> None:
 
 def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None,
          curves: bool = True) -> dict:
+    """Build the run, resume it if asked, and hand it to its driver, which runs the loop below
+    (every process but a server-mode worker's, which runs its own: servers/real.py)."""
     started = time.perf_counter()
-    out = Path(cfg.out)
-    mode, interval = progress_mode(progress)
     r = Run(cfg, transport)
-    if r.server_process and not r.is_writer:  # a server-mode worker process: no folder, no evaluation
-        if cfg.resuming:
-            stepdir = checkpoint.latest(out / "checkpoint")
-            if stepdir is not None and not (stepdir / f"{r.label}.pt").exists():
-                r.rejoin = True  # lost before that checkpoint was taken: rejoin with fresh state
-            else:
-                r.try_resume(out / "checkpoint")
-        timeline = r.record_timeline(out, cfg.resuming)
-        try:
-            return run_worker(r)
-        finally:
-            r.algorithm.close()
-            timeline.close()
-            r.transport.close()
-    resumed = cfg.resuming and r.try_resume(out / "checkpoint")
-    timeline = r.record_timeline(out, resumed)
-    folder = RunFolder(out, enabled=r.is_writer, curves=curves)
-    folder.open(cfg.to_dict() | {"algorithm_resolved": r.algorithm.spec(),
-                                 "compressor_resolved": r.algorithm.compressor_spec() or "none",
-                                 "shard_sizes": r.shard_sizes,
-                                 "num_parameters": r.model.numel, "evaluates": r.algorithm.evaluates,
-                                 "torch_version": torch.__version__},
-                r.algorithm.setup_info(), r.step if resumed else None)
-    records = folder.records
-    status, error, stopped = "finished", None, None
+    resumed = cfg.resuming and r.resume()
+    timeline = r.record_timeline(Path(cfg.out), resumed)
+    return r.driver.train(lambda: _train(r, resumed, timeline, progress, signals, curves, started))
+
+
+def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, signals: StopSignals | None,
+           curves: bool, started: float) -> dict:
+    """The run loop: steps, evaluations, checkpoints, progress, and the summary at the end."""
+    cfg = r.cfg
+    mode, interval = progress_mode(progress)
     if not r.is_writer:
         mode = None
+    folder = open_run_folder(r, resumed, curves)
+    evaluator = Evaluator(r, folder)
+    records = folder.records
+    status, error, stopped = "finished", None, None
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=mode != "bar", leave=False,
                dynamic_ncols=True)
     lines = ProgressLines(cfg.label(), cfg.steps, interval, started) if mode == "lines" else None
-    sync_counters = None if r.server_process else r.transport.sync_counters
-
-    rate = ScheduledRate(cfg.lr, cfg.lr_schedule, cfg.steps)
-
-    def scheduled_lr() -> dict:  # under a schedule, the rate of the step's (last) update; step 0: the first's
-        return {} if rate.constant else {"lr": rate.at(max(r.step - 1, 0))}
-
-    def record(extra: dict) -> None:
-        if r.tensor_parallel:  # every process: rank 0 evaluates the dense model its group holds
-            r.tensor_parallel.gather(r.algorithm.eval_params())
-        if r.is_writer:
-            # wall_time_s is taken before this evaluation and eval_time_s sums the earlier ones, so
-            # wall_time_s - eval_time_s is the time spent training
-            now = time.perf_counter()
-            row = {"step": r.step, "sim_time_s": r.clock.now, "wall_time_s": r.wall_time(),
-                   "eval_time_s": r.eval_s, "bytes_sent": r.transport.bytes_sent, "gradients": r.gradients,
-                   "batch_loss": sum(r.window) / len(r.window) if r.window else None} | r.evaluate()
-            r.eval_s += time.perf_counter() - now
-            folder.metrics(row | {"evaluated": r.algorithm.evaluates} | scheduled_lr() | extra)  # whose: model, ...
-
     if not resumed:
-        record({})
+        evaluator.record({})
     try:
         while r.step < cfg.steps:
             if signals is not None and signals.pending is not None:  # between steps: the state is whole
                 if cfg.checkpoint_every and r.step % cfg.checkpoint_every:  # (else saved at this step)
-                    r.save_checkpoint(out / "checkpoint")
+                    r.save_checkpoint()
                 signals.stop_now()
             info = r.train_step()
             folder.step({"step": r.step, "sim_time_s": r.clock.now, "bytes_sent": r.transport.bytes_sent} | info)
             timeline.flush()  # the step's intervals: a crash loses at most the step under way
             bar.update(1)
             if r.algorithm.evaluates_at(r.step, cfg.eval_every, cfg.steps):
-                if sync_counters is not None:
-                    sync_counters()  # every rank, at the same steps
-                if not r.server_process:
-                    r.algorithm.before_evaluation(r.ctx)  # every rank: e.g. the workers' average
-                record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
+                r.driver.before_evaluation()  # every process, at the same steps
+                evaluator.record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
                 r.window.clear()
                 if records:
                     bar.set_postfix(loss=f"{records[-1]['train_loss']:.4g}", acc=f"{records[-1]['test_acc']:.3f}")
             if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
-                r.save_checkpoint(out / "checkpoint")
-            r.kill_point(r.step)
+                r.save_checkpoint()
+            r.fault_point(r.step, "step")
             if lines is not None:
                 lines.tick(r.step, records, r.transport.bytes_sent)
     except DivergenceError as e:
@@ -471,21 +397,17 @@ def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, sig
         timeline.close()
         if lines is not None:
             lines.tick(r.step, records, r.transport.bytes_sent, force=True)
-        lost, finish_error = {}, None
+        extra, finish_error = {}, None
         if stopped is not None:
-            lost = stop_record(cfg, stopped, r.step, r.is_writer)
-        if isinstance(r.server, RealServer) and status == "finished":
-            try:  # the server's goodbyes: a failure there still gets a summary
-                lost = r.server.finish()
+            extra = stop_record(cfg, stopped, r.step, r.is_writer)
+        if status == "finished":
+            try:  # the driver's end (a real server's goodbyes): a failure there still gets a summary
+                extra = r.driver.finish()
             except Exception as e:  # noqa: BLE001 - re-raised below, once the summary is written
                 status, error, finish_error = "failed", f"{type(e).__name__}: {e}", e
-        summary = lost | {"label": cfg.label(), "status": status, "error": error, "steps": r.step,
-                          "resumed": bool(resumed), "final": records[-1] if records else None,
-                          "best_test_acc": max((x["test_acc"] for x in records), default=None),
-                          "bytes_sent": r.transport.bytes_sent, "comm_time_s": r.transport.comm_time_s,
-                          "sim_time_s": r.clock.now, "wall_time_s": r.wall_time()}
-        folder.finish(summary, cfg.label())
+        result = summary(r, folder, status, error, resumed, extra)
+        folder.finish(result, cfg.label())
         if finish_error is not None:
             raise finish_error
     r.transport.close()  # leave the process group cleanly (gloo's threads abort the process otherwise)
-    return summary
+    return result

@@ -1,6 +1,6 @@
 """The real server-mode driver: the protocol over a real backend's point-to-point calls.
 
-Process 0 serves (``RealServer``); process w+1 hosts worker w (``run_worker``). A worker computes,
+Process 0 serves (``RealServer``); process w+1 hosts worker w (``RealWorker``). A worker computes,
 sends its message and waits for the answer, which it applies; the server takes the messages in
 the order they reach it (``inbox.Inbox``) and runs the algorithm's ``on_message`` on each. So the
 simulator (``simulated.py``) and a real backend run the same protocol, and count the same bytes
@@ -48,19 +48,21 @@ from gradwire.algorithms.protocol import (
 )
 from gradwire.errors import CommunicationError
 from gradwire.report.timeline import COMM, DROPPED, QUEUED, SERVE, WAIT
+from gradwire.servers.driver import Driver, DriverParts
 from gradwire.servers.inbox import RELEASE_TAG, TO_SERVER, TO_WORKER, Inbox, receive_message, send_message
 from gradwire.transports.base import SERVER, PeerLost
 
 COMPUTED = (GRADIENT, REPORT)  # kinds that carry one computed gradient or local step
 
 
-class RealServer:
+class RealServer(Driver):
     """Runs on process 0; ``step()`` is one step of the algorithm as the run loop sees it."""
 
-    def __init__(self, run):
-        self.run, self.algo, self.transport = run, run.algorithm, run.transport
-        self.n = run.cfg.workers
-        self.timeout_s = run.cfg.timeout_s
+    def __init__(self, parts: DriverParts):
+        super().__init__(parts)
+        self.clock = parts.clock
+        self.n = parts.ctx.world_size
+        self.timeout_s = parts.timeout_s
         self.in_flight: dict[int, tuple] = {}  # worker -> the sends of our last reply to it
         self.lost: dict[int, str] = {}
         # every worker lost in this run, also before the checkpoint it resumed from and those that
@@ -83,7 +85,7 @@ class RealServer:
         while self.replay:
             msg = self.replay.popleft()
             if msg.worker not in self.lost:
-                self.arrived = self.run.clock.now  # held over a checkpoint: its wait is not on the timeline
+                self.arrived = self.clock.now  # held over a checkpoint: its wait is not on the timeline
                 return msg
         start = time.perf_counter()
         got = self.inbox.next_message(deadline or start + self.timeout_s, self._lose)
@@ -92,7 +94,7 @@ class RealServer:
             raise CommunicationError(f"server: no message arrived for {what} within {self.timeout_s:g} s "
                                      f"({alive} of {self.n} workers alive)")
         self.transport.count(got.nbytes, time.perf_counter() - start)  # the inbox received it ahead
-        self.arrived = self.run.clock.now - (time.perf_counter() - self.inbox.last_arrival)
+        self.arrived = self.clock.now - (time.perf_counter() - self.inbox.last_arrival)
         previous = self.in_flight.pop(got.worker, None)
         if previous is not None:  # the worker sent again, so it has received our last reply
             for sent in previous:
@@ -136,13 +138,13 @@ class RealServer:
         if msg.kind in COMPUTED:
             self.received[w] += 1
             self.counts[w] = msg.count
-        began = self.run.clock.now
+        began = self.clock.now
         answer = self.algo.on_message(msg, self.finished)
         for reply in answer.replies:
             self._reply(reply)
-        timeline = self.run.ctx.timeline
+        timeline = self.ctx.timeline
         timeline.add(w, QUEUED, self.arrived, began, step=msg.count)
-        timeline.add(w, SERVE, began, self.run.clock.now, step=msg.count, value=answer.staleness,
+        timeline.add(w, SERVE, began, self.clock.now, step=msg.count, value=answer.staleness,
                           flags=DROPPED if answer.dropped else 0)
         if answer.step is not None:
             timeline.flush()
@@ -154,9 +156,13 @@ class RealServer:
             if info is not None:
                 return info
 
+    def before_evaluation(self) -> None:
+        """Nothing: the server holds the parameters evaluated, and the workers are not at a step
+        boundary to gather anything or agree on counters."""
+
     # -- checkpoints ----------------------------------------------------------------------------------
 
-    def checkpoint(self, folder: Path, step: int) -> None:
+    def save_checkpoint(self, step: int) -> None:
         """The quiescent cut of the module docstring; whatever was held is handled afterwards, even
         if the checkpoint fails."""
         held: list[Message] = []
@@ -174,9 +180,7 @@ class RealServer:
                 held.append(msg)
                 holders.add(msg.worker)
             cut = holders - set(self.lost)
-            stepdir = Path(folder) / f"step-{step:08d}"
-            for stale in stepdir.glob("rank*.pt"):  # an earlier attempt's: only this cut may be there
-                stale.unlink()
+            self.parts.checkpoints.clear_parts(step)  # an earlier attempt's: only this cut may be there
             for w in sorted(cut):
                 self._reply(Message(SAVE, w, checkpoint=step))
             acked: set[int] = set()
@@ -186,24 +190,24 @@ class RealServer:
                     acked.add(msg.worker)
                 else:  # from a worker outside the cut: handled after the held messages
                     held.append(msg)
-            state = self.run.state_dict() | {"server": self.state_dict(held)}
-            self.run.ctx.timeline.mark_checkpoint(step)
-            checkpoint.save(folder, step, self.run.label, state, self.run.cfg.to_dict(), moves_latest=False,
-                            elapsed=self.run.elapsed())
-            checkpoint.mark_latest(folder, step)
+            self.parts.checkpoints.save(step, {"server": self._cut_state(held)}, part_of_cut=True)
+            self.parts.checkpoints.mark_latest(step)
         finally:
             self.replay.extend(held)
 
-    def state_dict(self, held: list[Message]) -> dict:
+    def _cut_state(self, held: list[Message]) -> dict:
+        """The server's entry in its checkpoint: taken only at a cut, with the messages it held."""
         return {"held": [m.state_dict() for m in held],
                 "received": {str(w): n for w, n in self.received.items()},
                 "counts": {str(w): n for w, n in self.counts.items()},
                 "lost": {str(w): why for w, why in self.lost_in_run.items()}}
 
-    def load_state_dict(self, state: dict, stepdir: Path) -> None:
+    def load_state_dict(self, state: dict, stepdir: Path | None = None) -> None:
         """A worker with no state file in ``stepdir`` will rejoin with HELLO: its held message is
         dropped (as far as it knows, it never sent one) and the algorithm forgets it until then."""
-        missing = {w for w in range(self.n) if not (Path(stepdir) / f"rank{w + 1}.pt").exists()}
+        state = checkpoint.floats_to(state["server"], self.ctx.device)
+        missing = set() if stepdir is None else \
+            {w for w in range(self.n) if not (Path(stepdir) / f"rank{w + 1}.pt").exists()}
         self.replay = collections.deque(m for m in (Message.from_state(s) for s in state["held"])
                                         if m.worker not in missing)
         self.received = {w: int(state["received"][str(w)]) for w in range(self.n)}
@@ -246,66 +250,107 @@ class RealServer:
                 "answers_refused_bytes": self.refused_bytes} | self.algo.server_summary()
 
 
-def run_worker(run) -> dict:
-    """The loop of worker w (process w+1): compute, send, wait for the answer, apply it."""
-    (w,) = run.ctx.local_ranks
-    algo, transport, timeout_s = run.algorithm, run.transport, run.cfg.timeout_s
-    timeline, clock = run.ctx.timeline, run.clock
+class RealWorker(Driver):
+    """Process w+1, hosting worker w: its own loop (compute, send, wait for the answer, apply it)
+    until the server says stop; it has no step of the run's, so no run loop, folder or evaluation."""
 
-    def send(msg: Message) -> None:
+    def __init__(self, parts: DriverParts):
+        super().__init__(parts)
+        (self.w,) = parts.ctx.local_ranks
+        self.count = 0            # the worker's computations so far
+        self.resume_count = None  # resumed: the count its checkpoint was saved at, the answer awaited
+        self.rejoin = False       # ... or no state of its own in the checkpoint: it rejoins
+
+    # -- its messages -------------------------------------------------------------------------------
+
+    def _send(self, msg: Message) -> None:
+        w, timeout_s, clock = self.w, self.parts.timeout_s, self.parts.clock
         began = clock.now
         try:
-            for sent in send_message(transport, msg, w, SERVER, TO_SERVER):
+            for sent in send_message(self.transport, msg, w, SERVER, TO_SERVER):
                 sent.wait(timeout_s)  # completes once the server's inbox has taken it
         except PeerLost as e:
             raise CommunicationError(f"worker {w}: the server took no message within {timeout_s:g} s ({e})") from None
-        timeline.add(w, COMM, began, clock.now, nbytes=msg.nbytes)
+        self.ctx.timeline.add(w, COMM, began, clock.now, nbytes=msg.nbytes)
 
-    def answer() -> Message:
+    def _answer(self) -> Message:
+        w, timeout_s, clock = self.w, self.parts.timeout_s, self.parts.clock
         began = clock.now
         try:
-            reply = receive_message(transport, SERVER, w, TO_WORKER, timeout_s, SERVER_KINDS)
+            reply = receive_message(self.transport, SERVER, w, TO_WORKER, timeout_s, SERVER_KINDS)
         except PeerLost as e:
             raise CommunicationError(f"worker {w}: the server did not answer within {timeout_s:g} s ({e})") from None
         if reply.worker != w:
             raise CommunicationError(f"worker {w}: an answer addressed to worker {reply.worker}")
-        timeline.add(w, WAIT, began, clock.now, nbytes=reply.nbytes)  # for the server, the transfer included
-        timeline.flush()
+        self.ctx.timeline.add(w, WAIT, began, clock.now, nbytes=reply.nbytes)  # for the server, the transfer included
+        self.ctx.timeline.flush()
         return reply
 
-    count, reply = 0, None
-    if run.worker_resume is not None:  # saved while its last message waited for an answer: wait for it now
-        count = run.worker_resume["count"]
-        reply = answer()
-    elif run.rejoin:  # no state in the checkpoint: start from what the server gives
-        send(Message(HELLO, w))
-        reply = answer()
-    while True:
-        if reply is None:
-            count += 1
-            run.oracle.step = timeline.step = count
-            send(algo.worker_step(run.ctx, w, count))
-            run.kill_point(count, phase="sent")
-            reply = answer()
-        if reply.kind == SAVE:  # a checkpoint: our state as it stands, still waiting for the last answer
-            run.save_worker_checkpoint(reply.checkpoint, {"count": count})
-            send(Message(ACK, w, count=count))
-            reply = answer()
-            continue
-        if reply.kind == JOIN:
-            count = reply.count
-        follow = algo.worker_apply(run.ctx, w, reply)
-        if follow is not None and not reply.stop:
-            follow.count = count
-            send(follow)
-            reply = answer()
-            continue
-        if reply.stop:
-            send(Message(BYE, w, count=count))
-            try:
-                transport.recv(8, SERVER, w, tag=RELEASE_TAG, timeout_s=timeout_s)
-            except PeerLost as e:
-                raise CommunicationError(f"worker {w}: no release from the server ({e})") from None
-            return {"worker": w, "local_steps": count}
-        run.kill_point(count)
-        reply = None
+    def _settle(self, reply: Message) -> bool:
+        """Handle the server's answers until the worker may compute again; True once told to stop
+        (after its goodbye and the server's release)."""
+        w = self.w
+        while True:
+            if reply.kind == SAVE:  # a checkpoint: our state as it stands, still waiting for the last answer
+                self.parts.checkpoints.save(reply.checkpoint, {"step": reply.checkpoint,
+                                                               "worker_position": {"count": self.count}},
+                                            part_of_cut=True)
+                self.parts.fault_point(reply.checkpoint, "saved")
+                self._send(Message(ACK, w, count=self.count))
+                reply = self._answer()
+                continue
+            if reply.kind == JOIN:
+                self.count = reply.count
+            follow = self.algo.worker_apply(self.ctx, w, reply)
+            if follow is not None and not reply.stop:
+                follow.count = self.count
+                self._send(follow)
+                reply = self._answer()
+                continue
+            if reply.stop:
+                self._send(Message(BYE, w, count=self.count))
+                try:
+                    self.transport.recv(8, SERVER, w, tag=RELEASE_TAG, timeout_s=self.parts.timeout_s)
+                except PeerLost as e:
+                    raise CommunicationError(f"worker {w}: no release from the server ({e})") from None
+                return True
+            self.parts.fault_point(self.count, "step")
+            return False
+
+    # -- the driver ---------------------------------------------------------------------------------
+
+    def step(self, step: int) -> dict:
+        """The worker's computation ``step`` (its count): sent, and the answers settled."""
+        self.count = step
+        self.ctx.oracle.step = self.ctx.timeline.step = step
+        self._send(self.algo.worker_step(self.ctx, self.w, step))
+        self.parts.fault_point(step, "sent")
+        return {"stop": self._settle(self._answer())}
+
+    def train(self, loop) -> dict:
+        """The worker's loop instead of the run's; it closes what the run opened for it."""
+        try:
+            stop = False
+            if self.resume_count is not None:  # saved while its last message waited for an answer: wait for it now
+                self.count = self.resume_count
+                stop = self._settle(self._answer())
+            elif self.rejoin:  # no state in the checkpoint: start from what the server gives
+                self._send(Message(HELLO, self.w))
+                stop = self._settle(self._answer())
+            while not stop:
+                stop = self.step(self.count + 1)["stop"]
+            return {"worker": self.w, "local_steps": self.count}
+        finally:
+            self.algo.close()
+            self.ctx.timeline.close()
+            self.transport.close()
+
+    def takes_state_from(self, stepdir: Path, label: str) -> bool:
+        """A worker lost before the checkpoint in ``stepdir`` was taken has no part in it: it
+        rejoins with fresh state, from the server's parameters."""
+        self.rejoin = not (Path(stepdir) / f"{label}.pt").exists()
+        return not self.rejoin
+
+    def load_state_dict(self, state: dict, stepdir: Path | None = None) -> None:
+        if "worker_position" in state:  # saved at a cut: where it stood
+            self.resume_count = int(state["worker_position"]["count"])

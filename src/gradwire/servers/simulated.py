@@ -18,18 +18,23 @@ verdict: dropped, staleness).
 from __future__ import annotations
 
 import heapq
+from pathlib import Path
 
 import torch
 
-from gradwire.algorithms.base import Algorithm, Context
 from gradwire.algorithms.protocol import Message
 from gradwire.report.timeline import COMM, COMPUTE, DROPPED, SERVE
+from gradwire.servers.driver import Driver, DriverParts
 from gradwire.transports.base import SERVER
 
 
-class SimulatedServer:
-    def __init__(self, ctx: Context, algorithm: Algorithm):
-        self.ctx, self.algo = ctx, algorithm
+class SimulatedServer(Driver):
+    """The driver of a server-mode algorithm on the simulator; its state (the messages in flight,
+    the computations started) joins the run's checkpoint as ``simulated_server``."""
+
+    def __init__(self, parts: DriverParts):
+        super().__init__(parts)
+        ctx = self.ctx
         self.queue: list[tuple[float, int, int]] = []  # (arrival at the server, worker, bytes) in flight
         self.counts = {w: 0 for w in ctx.local_ranks}    # computations each worker has started
         self.started = False
@@ -79,11 +84,13 @@ class SimulatedServer:
                 return answer.step
 
     def state_dict(self) -> dict:
-        return {"queue": [{"arrival": torch.tensor(a, dtype=torch.float64), "worker": w, "nbytes": n}
-                          for a, w, n in sorted(self.queue)],
-                "counts": {str(w): c for w, c in self.counts.items()}, "started": int(self.started)}
+        return {"simulated_server": {
+            "queue": [{"arrival": torch.tensor(a, dtype=torch.float64), "worker": w, "nbytes": n}
+                      for a, w, n in sorted(self.queue)],
+            "counts": {str(w): c for w, c in self.counts.items()}, "started": int(self.started)}}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, stepdir: Path | None = None) -> None:
+        state = state["simulated_server"]
         self.queue = [(float(e["arrival"]), int(e["worker"]), int(e["nbytes"])) for e in state["queue"]]
         heapq.heapify(self.queue)
         self.counts = {w: int(state["counts"][str(w)]) for w in self.counts}

@@ -1,0 +1,37 @@
+"""GRADWIRE_KILL_AT (fault/kill.py): which event kills which process; in process, the kill watched."""
+
+import pytest
+
+from gradwire.errors import ConfigError
+from gradwire.fault.kill import KillAt, fault_point_from_env
+
+
+def kills(spec: str, events: list[tuple[int, str]], local_ranks=(1,)) -> list[tuple[int, str]]:
+    """The events at which the fault point of ``spec`` would kill this process."""
+    point, hits = KillAt(spec, local_ranks), []
+    for event in events:
+        point.kill = lambda event=event: hits.append(event)
+        point(*event)
+    return hits
+
+
+def test_a_step_or_a_send_kills_at_that_step_only_the_process_hosting_the_worker():
+    events = [(s, phase) for s in (1, 2, 3) for phase in ("sent", "step")]
+    assert kills("1:2", events) == [(2, "step")]
+    assert kills("1:2:sent", events) == [(2, "sent")]
+    assert kills("1:2", events, local_ranks=(0,)) == []
+
+
+def test_saved_kills_at_the_first_step_at_or_past_after_a_part_was_saved():
+    assert kills("1:2:saved", [(1, "step"), (2, "step"), (3, "step")]) == []  # nothing saved yet
+    assert kills("1:2:saved", [(1, "step"), (4, "saved"), (2, "sent"), (5, "step")]) == [(5, "step")]
+
+
+def test_only_the_first_torch_attempt_is_killed_and_a_bad_spec_is_one_line():
+    env = {"GRADWIRE_KILL_AT": "1:3"}
+    assert isinstance(fault_point_from_env(env, "torch", (1,)), KillAt)
+    assert fault_point_from_env(env, "sim", (1,)) is None
+    assert fault_point_from_env(env | {"TORCHELASTIC_RESTART_COUNT": "1"}, "torch", (1,)) is None
+    assert fault_point_from_env({}, "torch", (1,)) is None
+    with pytest.raises(ConfigError, match="GRADWIRE_KILL_AT='1:3:later' must be WORKER:STEP"):
+        KillAt("1:3:later", (1,))
