@@ -94,6 +94,11 @@ class RunConfig:
         whether the algorithm has one). The one place this rule is written."""
         return self.workers * self.tensor_parallel_size() + int(server)
 
+    def workers_for(self, processes: int, server: bool) -> tuple[int, int]:
+        """The same rule read backwards: (the workers that ``processes`` processes make, the
+        processes left over)."""
+        return divmod(processes - int(server), self.tensor_parallel_size())
+
     @property
     def resuming(self) -> bool:
         """Whether the run continues from OUT/checkpoint (--resume or --resume-or-start)."""

@@ -78,7 +78,7 @@ def torchrun_argv(ns) -> list[str]:
     else:
         total = int(ns.nnodes) * ns.nproc_per_node
         started = f"{total} are started (--nnodes {ns.nnodes} x --nproc-per-node {ns.nproc_per_node})"
-        workers, left = workers_for(cfg, total, server)
+        workers, left = cfg.workers_for(total, server)
         if left:  # P processes per worker (docs/tensor_parallel.md)
             size = cfg.tensor_parallel_size()
             raise ConfigError(f"--tensor-parallel {cfg.tensor_parallel} needs P={size} processes per worker, but "
@@ -118,14 +118,6 @@ def torchrun_argv(ns) -> list[str]:
     else:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     return argv + supervisor + [sys.executable, "-u", "-m", "gradwire", "run", *run_args]
-
-
-def workers_for(cfg, processes: int, server: bool) -> tuple[int, int]:
-    """(the workers that ``processes`` processes make, the processes left over), by the one rule
-    ``RunConfig.processes`` (workers x P, plus one for a server) read backwards."""
-    fixed = cfg.replace(workers=0).processes(server)  # the server's process, if any
-    per_worker = cfg.replace(workers=1).processes(False)  # P
-    return divmod(processes - fixed, per_worker)
 
 
 def add_parser(sub) -> None:

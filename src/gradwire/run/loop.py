@@ -84,9 +84,10 @@ def _transport(cfg: RunConfig, server: bool, given: Transport | None, workers=No
     expected = cfg.processes(server)
     if workers is None and transport.world_size != expected:  # tensor parallelism: TensorParallelRun checked it
         extra = " plus one server process" if server else ""
+        fits = cfg.workers_for(transport.world_size, server)[0]
         raise ConfigError(f"--workers {cfg.workers}{extra} needs {expected} processes but {transport.world_size} "
                           f"were started; start {expected} (gradwire launch --nproc-per-node {expected}) or pass "
-                          f"--workers {transport.world_size - int(server)} (gradwire launch counts it when "
+                          f"--workers {fits} (gradwire launch counts it when "
                           "--workers is left out)")
     if server:
         transport.serve_from_process_zero()
