@@ -36,17 +36,10 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager
-from gradwire.algorithms.diloco import (
-    DILOCO_PARAMS,
-    INNER_CHOICES,
-    OUTER_MOMENTUM,
-    OUTER_WARMUP,
-    outer_momentum_at,
-)
-from gradwire.algorithms.optim import require_constant_lr, require_sgd
-from gradwire.algorithms.outer_replicas import OuterReplicas
-from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, Message, as_body
+from gradwire.algorithms.base import ALGORITHMS
+from gradwire.algorithms.diloco import DILOCO_PARAMS, OUTER_MOMENTUM, OUTER_WARMUP, outer_momentum_at
+from gradwire.algorithms.outer_replicas import ServerDiLoCo
+from gradwire.algorithms.protocol import Answer
 from gradwire.spec import require
 
 # η: DiLoCo's 0.7 with μ = 0.9 moves θ about η/(1-μ) = 7 times the mean change, which a replica
@@ -97,66 +90,39 @@ class DelayedNesterov:
 
 @ALGORITHMS.register("async-diloco", help="asynchronous DiLoCo: an outer step on every pseudo-gradient as it arrives, "
                      "with delayed Nesterov momentum (Liu et al. 2024)", params=ASYNC_DILOCO_PARAMS)
-class AsyncDiLoCo(Algorithm):
+class AsyncDiLoCo(ServerDiLoCo):
     name = "async-diloco"
-    evaluates = "server"
-    needs_server = True
-    default_compressor = "none"
-    default_lr = 3e-3  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
 
     def __init__(self, *, inner_steps: int = 10, period: int = 0, outer_lr: float = ASYNC_OUTER_LR,
                  outer_momentum: float = OUTER_MOMENTUM, outer_warmup: int = OUTER_WARMUP, inner: str = "adamw",
                  beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1):
-        require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per pseudo-gradient), got {inner_steps}")
+        self.inner_settings(inner_steps=inner_steps, inner=inner, beta1=beta1, beta2=beta2, eps=eps,
+                            weight_decay=weight_decay)
         require(period >= 0, f"period must be >= 0 (arrivals per momentum update; 0 = the workers), got {period}")
         require(outer_lr > 0, f"outer_lr must be > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
         require(outer_warmup >= 0, f"outer_warmup must be >= 0 (momentum updates of ramp), got {outer_warmup}")
-        require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
-        self.inner_steps, self.period = inner_steps, period
+        self.period = period
         self.outer_lr, self.outer_momentum, self.outer_warmup = outer_lr, outer_momentum, outer_warmup
-        self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
-        require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one delayed Nesterov)")
-        require_constant_lr(optim, f"{self.name} (replicas step at their own pace: no shared step count)")
         self.world_size = ctx.world_size
-        self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
-                                     betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, first_tag=0)
-        self.theta = params.clone()  # the server's θ
         self.outer = DelayedNesterov(self.theta, lr=self.outer_lr, momentum=self.outer_momentum,
                                      period=self.period or ctx.world_size, warmup=self.outer_warmup)
-        self.averager = make_averager(ctx, codec, default=self.default_compressor)
         self.round: list[tuple[float, int]] = []  # this step's (loss, staleness)
 
-    def compressor_spec(self):
-        return self.averager.spec()
-
-    # -- a replica ----------------------------------------------------------------------------------
-
-    def compute_seconds(self, ctx, rank, count):
-        return self.workers.compute_seconds(ctx, rank, count)
-
-    def worker_step(self, ctx, rank, count):
-        return self.workers.message(ctx, rank, count, self.averager)
-
-    def worker_apply(self, ctx, rank, reply):
-        self.workers.apply(rank, reply)
-        return None
-
-    # -- the server ---------------------------------------------------------------------------------
-
-    def _params(self, worker: int, kind: int = PARAMS) -> Message:
-        return Message(kind, worker, tag=self.outer.arrivals, body=as_body(self.theta))
+    @property
+    def tag(self) -> int:
+        return self.outer.arrivals  # the version of θ a replica reads
 
     def on_message(self, msg, finished):
         if finished:  # after the last step: nothing more is applied
-            return Answer([self._params(msg.worker)], dropped=True)
+            return Answer([self.answer(msg.worker)], dropped=True)
         staleness = self.outer.arrivals - msg.tag
         self.outer.apply(self.averager.decode(msg.body, self.theta))
         self.round.append((msg.value, staleness))
-        answer = Answer([self._params(msg.worker)], staleness=staleness)
+        answer = Answer([self.answer(msg.worker)], staleness=staleness)
         if len(self.round) == self.world_size:
             stale = [s for _, s in self.round]
             answer.step = {"loss": sum(loss for loss, _ in self.round) / len(self.round),
@@ -165,12 +131,6 @@ class AsyncDiLoCo(Algorithm):
                            "momentum_updates": self.outer.updates}
             self.round = []
         return answer
-
-    def join_reply(self, worker):
-        return self._params(worker, JOIN)
-
-    def eval_params(self):
-        return self.theta
 
     def state_dict(self):
         return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.averager.state_dict(),
@@ -183,6 +143,3 @@ class AsyncDiLoCo(Algorithm):
         self.averager.load_state_dict(state["codec"])
         self.workers.load_state_dict(state)
         self.round = [(float(e["loss"]), int(e["staleness"])) for e in state["round"]]
-
-    def step(self, ctx, step):
-        raise NotImplementedError(f"{self.name} runs in server mode (needs_server)")

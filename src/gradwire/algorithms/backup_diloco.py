@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
-from gradwire.algorithms.diloco import DILOCO_PARAMS, INNER_CHOICES, OUTER_LR, OUTER_MOMENTUM, OUTER_WARMUP, outer_step
-from gradwire.algorithms.optim import HeavyBall, require_constant_lr, require_sgd
-from gradwire.algorithms.outer_replicas import OuterReplicas
-from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, Message, as_body
+from gradwire.algorithms.base import ALGORITHMS, OptimConfig
+from gradwire.algorithms.diloco import DILOCO_PARAMS, OUTER_LR, OUTER_MOMENTUM, OUTER_WARMUP, outer_step
+from gradwire.algorithms.optim import HeavyBall
+from gradwire.algorithms.outer_replicas import ServerDiLoCo
+from gradwire.algorithms.protocol import Answer
 from gradwire.spec import require
 
 LATE_RULES = ("drop", "stale")
@@ -52,12 +52,9 @@ BACKUP_DILOCO_PARAMS = {"backups": "b >= 0: replicas whose pseudo-gradients each
 
 @ALGORITHMS.register("backup-diloco", help="DiLoCo whose outer round averages the first n - b pseudo-gradients "
                      "(backup replicas, as Chen 2016's backup workers); late ones dropped", params=BACKUP_DILOCO_PARAMS)
-class BackupDiLoCo(Algorithm):
+class BackupDiLoCo(ServerDiLoCo):
     name = "backup-diloco"
-    evaluates = "server"
-    needs_server = True
-    default_compressor = "none"
-    default_lr = 3e-3  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
+    first_tag = 1  # rounds count from 1
 
     def __init__(self, *, backups: int = 1, late: str = "drop", inner_steps: int = 10, outer_lr: float = OUTER_LR,
                  outer_momentum: float = OUTER_MOMENTUM, outer_warmup: int = OUTER_WARMUP, inner: str = "adamw",
@@ -65,62 +62,42 @@ class BackupDiLoCo(Algorithm):
                  eps: float = 1e-8, weight_decay: float = 0.1):
         require(backups >= 0, f"backups must be >= 0, got {backups}")
         require(late in LATE_RULES, f"late={late!r}: valid choices are {', '.join(LATE_RULES)}")
-        self.late_rule = late
-        require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
+        self.inner_settings(inner_steps=inner_steps, inner=inner, beta1=beta1, beta2=beta2, eps=eps,
+                            weight_decay=weight_decay)
         require(outer_lr > 0, f"outer_lr must be > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
-        require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
-        self.backups, self.inner_steps = backups, inner_steps
         require(outer_warmup >= 0, f"outer_warmup must be >= 0 (outer rounds of momentum ramp), got {outer_warmup}")
+        self.backups, self.late_rule = backups, late
         self.outer_lr, self.outer_momentum, self.outer_warmup = outer_lr, outer_momentum, outer_warmup
-        self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
 
     def setup(self, ctx, params, optim, codec):
-        super().setup(ctx, params, optim, codec)
         require(self.backups < ctx.world_size,
                 f"backups={self.backups} leaves no replica to average with {ctx.world_size} workers")
-        require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one Nesterov)")
-        require_constant_lr(optim, f"{self.name} (replicas step at their own pace: no shared step count)")
-        self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
-                                     betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, first_tag=1)
-        self.theta = params.clone()                               # the server's θ
+        super().setup(ctx, params, optim, codec)
         self.outer = HeavyBall(self.theta, OptimConfig(lr=self.outer_lr, momentum=self.outer_momentum,
                                                        nesterov=self.outer_momentum > 0))
-        self.averager = make_averager(ctx, codec, default=self.default_compressor)
         self.need = ctx.world_size - self.backups
         self.current = 1
         self.arrived: dict[int, tuple[torch.Tensor, float, int]] = {}
         self.late: list[int] = []
 
-    def compressor_spec(self):
-        return self.averager.spec()
-
-    def compute_seconds(self, ctx, rank, count):
-        return self.workers.compute_seconds(ctx, rank, count)
-
-    def worker_step(self, ctx, rank, count):
-        return self.workers.message(ctx, rank, count, self.averager)
-
-    def worker_apply(self, ctx, rank, reply):
-        self.workers.apply(rank, reply)
-        return None
+    @property
+    def tag(self) -> int:
+        return self.current  # the round a replica computes for
 
     # -- the server ---------------------------------------------------------------------------------
-
-    def _params(self, worker: int, kind: int = PARAMS) -> Message:
-        return Message(kind, worker, tag=self.current, body=as_body(self.theta))
 
     def on_message(self, msg, finished):
         if finished or msg.tag != self.current:  # late: skip ahead to θ now
             if finished:
-                return Answer([self._params(msg.worker)], dropped=True)
+                return Answer([self.answer(msg.worker)], dropped=True)
             self.late.append(msg.worker)
             staleness = self.current - msg.tag
             if self.late_rule == "drop":  # Chen et al. 2016
-                return Answer([self._params(msg.worker)], dropped=True, staleness=staleness)
+                return Answer([self.answer(msg.worker)], dropped=True, staleness=staleness)
             # Zhang et al. 2016: the rate divided by the staleness; one of N contributions; no momentum
             self.theta.sub_(self.averager.decode(msg.body, self.theta), alpha=self.outer_lr / (self.need * staleness))
-            return Answer([self._params(msg.worker)], staleness=staleness)
+            return Answer([self.answer(msg.worker)], staleness=staleness)
         self.arrived[msg.worker] = (msg.body, msg.value, msg.count)
         if len(self.arrived) < self.need:
             return Answer()
@@ -132,15 +109,9 @@ class BackupDiLoCo(Algorithm):
                 "late": sorted(self.late),
                 "outer_gradient_norm": float(outer_gradient.norm())}
         self.current += 1
-        replies = [self._params(w) for w in self.arrived]  # in arrival order
+        replies = [self.answer(w) for w in self.arrived]  # in arrival order
         self.arrived, self.late = {}, []
         return Answer(replies, info)
-
-    def join_reply(self, worker):
-        return self._params(worker, JOIN)
-
-    def eval_params(self):
-        return self.theta
 
     def state_dict(self):
         return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.averager.state_dict(),
@@ -157,6 +128,3 @@ class BackupDiLoCo(Algorithm):
         s = state["server"]
         self.current, self.late = int(s["current"]), [int(w) for w in s["late"]]
         self.arrived = {int(e["worker"]): (e["body"].clone(), float(e["loss"]), int(e["count"])) for e in s["arrived"]}
-
-    def step(self, ctx, step):
-        raise NotImplementedError(f"{self.name} runs in server mode (needs_server)")

@@ -1,4 +1,5 @@
-"""The replica side of the server-mode DiLoCo family (``backup-diloco``, ``async-diloco``).
+"""What the server-mode DiLoCo family (``backup-diloco``, ``async-diloco``) shares: the replica
+side, and the server's θ, codec and answers (``ServerDiLoCo``).
 
 Replica i holds the θ of the server's last answer, takes H inner steps of its own optimizer from
 there (AdamW as DiLoCo's, Douillard et al. 2023, arXiv:2311.08105, Algorithm 1, or SGD; its state
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.optim import AdamW
-from gradwire.algorithms.protocol import GRADIENT, Message
+from gradwire.algorithms.base import Algorithm, make_averager
+from gradwire.algorithms.diloco import INNER_CHOICES
+from gradwire.algorithms.optim import AdamW, require_constant_lr, require_sgd
+from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Message, as_body
 from gradwire.algorithms.replicas import Replicas, mean_or_nan
 from gradwire.spec import require
 
@@ -63,3 +66,64 @@ class OuterReplicas:
         for r in self.held:
             self.held[r].copy_(state["held"][str(r)])
             self.tag[r] = int(state["tag"][str(r)])
+
+
+class ServerDiLoCo(Algorithm):
+    """A server-mode DiLoCo: replicas take H inner steps (``OuterReplicas``) and send their Δ; the
+    server keeps θ, decodes each Δ with the averager's codec and answers with θ (PARAMS, or JOIN to
+    a replica that rejoins), tagged with ``tag``; evaluation uses θ. A subclass states what the
+    server does with the Δ (``on_message``) and what its answers are tagged with."""
+
+    evaluates = "server"
+    needs_server = True
+    default_compressor = "none"  # pseudo-gradients travel as they are unless --compressor says otherwise
+    default_lr = 3e-3  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
+    first_tag = 0      # the tag a replica computes for before any answer
+
+    def inner_settings(self, *, inner_steps: int, inner: str, beta1: float, beta2: float, eps: float,
+                       weight_decay: float) -> None:
+        require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps a replica takes per message), got "
+                                  f"{inner_steps}")
+        require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
+        self.inner_steps, self.inner, self.betas, self.eps, self.weight_decay = (
+            inner_steps, inner, (beta1, beta2), eps, weight_decay)
+
+    def setup(self, ctx, params, optim, codec):
+        super().setup(ctx, params, optim, codec)
+        require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one the server's)")
+        require_constant_lr(optim, f"{self.name} (replicas step at their own pace: no shared step count)")
+        self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
+                                     betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
+                                     first_tag=self.first_tag)
+        self.theta = params.clone()  # the server's θ
+        self.averager = make_averager(ctx, codec, default=self.default_compressor)
+
+    @property
+    def tag(self) -> int:
+        """What the server's answers carry (a round, a parameter version)."""
+        raise NotImplementedError
+
+    def compressor_spec(self):
+        return self.averager.spec()
+
+    def compute_seconds(self, ctx, rank, count):
+        return self.workers.compute_seconds(ctx, rank, count)
+
+    def worker_step(self, ctx, rank, count):
+        return self.workers.message(ctx, rank, count, self.averager)
+
+    def worker_apply(self, ctx, rank, reply):
+        self.workers.apply(rank, reply)
+        return None
+
+    def answer(self, worker: int, kind: int = PARAMS) -> Message:
+        return Message(kind, worker, tag=self.tag, body=as_body(self.theta))
+
+    def join_reply(self, worker):
+        return self.answer(worker, JOIN)
+
+    def eval_params(self):
+        return self.theta
+
+    def step(self, ctx, step):
+        raise NotImplementedError(f"{self.name} runs in server mode (needs_server)")
