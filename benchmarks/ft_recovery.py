@@ -74,13 +74,17 @@ def main() -> None:
         rs.start_all({2: {"GRADWIRE_KILL_AT": f"2:{ns.kill_step}"}})
         assert rs.wait(2, 300) == -signal.SIGKILL
         killed = time.time()
+        log2 = rs.out / "replica-2.log"
+        logged = log2.stat().st_size if log2.exists() else 0
         rs.start(2)
         steps2 = rs.folder(2) / "steps.jsonl"
-        first = None
+        first, lines = None, []  # lines: (time, text) of what the restarted process logs before it is back
         while first is None and time.time() - killed < 300:
             text = steps2.read_text() if steps2.exists() else ""
             if '"healed"' in text.split("\n", 1)[0]:  # the restarted process's first committed step
                 first = time.time()
+            new = log2.read_bytes()[logged:].decode(errors="replace").splitlines()
+            lines += [(time.time(), line) for line in new[len(lines):] if line.strip()]
             time.sleep(0.01)
         codes = [rs.wait(k, 300) for k in range(3)]
         assert codes == [0, 0, 0], codes
@@ -104,6 +108,13 @@ def main() -> None:
           f"{full_rate:.2f} steps/s")
     print(f"restarted replica: import of python+torch+gradwire+torchft alone {imports:.2f} s; spawn -> first "
           f"committed step {first - rs.started[2]:.2f} s; back in the quorum at step {back['step']}")
+    own = [(t, line) for t, line in lines if line.startswith("gradwire")]  # its own lines, not library noise
+    if own:
+        t0, line = own[0]
+        print(f"restarted replica's first gradwire log line {t0 - rs.started[2]:.2f} s after spawn ({line[:80]!r}); "
+              f"from it to its first committed step (back in the quorum): {first - t0:.2f} s")
+    else:
+        print(f"restarted replica logged no gradwire line before it was back ({len(lines)} other lines)")
     print(f"state transfer: {healed['bytes']} bytes in {healed['transfer_s'] * 1e3:.1f} ms "
           f"({healed['bytes'] / max(healed['transfer_s'], 1e-9) / 1e6:.1f} MB/s; loopback TCP {loop / 1e6:.0f} MB/s): "
           f"waiting for the source to serialise {healed['wait_source_s'] * 1e3:.1f} ms, on the wire "
