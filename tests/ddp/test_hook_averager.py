@@ -1,0 +1,89 @@
+"""The DDP hook takes its averager from the factory the run's algorithms use, and chooses its way
+through a bucket from what the averager declares, never from which class it is.
+
+In-process: a world of one gloo rank (FileStore, no port), destroyed after the test."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gradwire import ddp as gwddp
+from gradwire.averaging import CompressedMean, PowerSGDMean, build_averager
+from gradwire.errors import ConfigError
+from tests.ddp.ddp_harness import make_model
+
+# spec, error feedback -> the averager the run's factory builds, and the hook's path for it
+CASES = [("none", False, CompressedMean, gwddp._allreduce_in_place),
+         ("none", True, CompressedMean, gwddp._allreduce),
+         ("fp16", False, CompressedMean, gwddp._allreduce),
+         ("qsgd:levels=4", True, CompressedMean, gwddp._allgather),
+         ("powersgd:rank=2", False, PowerSGDMean, gwddp._averager_collectives)]
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("spec", "ef", "kind", "path"), CASES)
+def test_the_hook_gets_the_factorys_averager_and_the_path_it_declares(one_rank, spec, ef, kind, path):
+    model = make_model()
+    state = gwddp.HookState(model, spec, error_feedback=ef, seed=3)
+    shapes = [p.shape for p in model.parameters()]
+    run_side = build_averager(spec, workers=[0], seed=3, shapes=shapes, error_feedback=ef,
+                              generator=lambda _: torch.Generator(), payloads=False)
+    assert type(state.averager) is type(run_side) is kind
+    assert state.averager.spec() == run_side.spec()
+    assert state.path is path
+    assert (state.error_feedback is not None) == (ef and kind is CompressedMean)
+
+
+@pytest.mark.timeout(60)
+def test_none_on_one_rank_hands_back_the_bucket_and_counts_no_bytes(one_rank):
+    """World size 1: the in-place path gives DDP the bucket's own storage, and the ledger's
+    broadcast to no peer counts nothing; a NaN still stops the step."""
+    model = DDP(make_model(), bucket_cap_mb=0.004)
+    state = gwddp.HookState(model, "none")
+    pointers = []
+
+    def recording_hook(state, bucket):
+        pointer = bucket.buffer().data_ptr()
+        return gwddp.hook(state, bucket).then(lambda f: pointers.append(f.value().data_ptr() == pointer) or f.value())
+
+    model.register_comm_hook(state, recording_hook)
+    x, y = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)), torch.zeros(8, 1)
+    F.mse_loss(model(x), y).backward()
+    assert pointers and all(pointers) and state.bytes_sent == state.wire_bytes_sent == 0 and state.step == 1
+    x[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match=r"bucket 0: a non-finite gradient \(nan\) in parameter .*every rank stops"):
+        F.mse_loss(model(x), y).backward()
+
+
+def test_ddp_never_asks_which_kind_of_averager_it_holds():
+    """No isinstance on an averaging or compressor class in ddp.py: only the factory tells kinds apart."""
+    tree = ast.parse(inspect.getsource(gwddp))
+    kinds = {"PowerSGD", "PowerSGDMean", "CompressedMean", "Averager", "Compressor", "PowerSGDMemory"}
+    named = [ast.unparse(node.args[1]) for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance"]
+    assert named and not [n for n in named if kinds & set(n.replace("|", " ").replace(",", " ").split())], named
+
+
+def test_settings_that_contradict_the_averager_are_refused_before_any_communication():
+    with pytest.raises(ConfigError, match="non_finite='propagate' does not combine with powersgd"):
+        gwddp.HookState(make_model(), "powersgd:rank=1", non_finite="propagate")
+    with pytest.raises(ConfigError, match="contradicts powersgd"):
+        gwddp.HookState(make_model(), "powersgd:rank=1,error_feedback=false", error_feedback=True)
+    with pytest.raises(RuntimeError, match="init_process_group"):  # valid settings, no process group
+        gwddp.HookState(make_model(), "none")
