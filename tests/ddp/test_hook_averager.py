@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -87,3 +88,20 @@ def test_settings_that_contradict_the_averager_are_refused_before_any_communicat
         gwddp.HookState(make_model(), "powersgd:rank=1,error_feedback=false", error_feedback=True)
     with pytest.raises(RuntimeError, match="init_process_group"):  # valid settings, no process group
         gwddp.HookState(make_model(), "none")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 6])
+def test_the_division_checks_finiteness_and_equals_ddps_division_bit_for_bit(world):
+    """The fused unscale (powers of two) and div_ with a sum (the rest) both give DDP's ``x / world``
+    exactly, subnormal and huge values included, and flag exactly the shares with a NaN or an inf."""
+    state = SimpleNamespace(world_size=world, reciprocal=torch.full((1,), 1.0 / world) if world & (world - 1) == 0
+                            else None)
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(world)) * torch.logspace(-44, 38, 5000)
+    got = x.clone()
+    assert gwddp._divide_checking(state, got) is True
+    assert torch.equal(got, x / world) and bool((x.abs() < 1e-38).any() & (x.abs() > 1e37).any())
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        y = x.clone()
+        y[1234] = bad
+        assert gwddp._divide_checking(state, y) is False, bad
+    assert gwddp._divide_checking(state, torch.full((10,), 3e38)) is True  # finite, though their sum is not
