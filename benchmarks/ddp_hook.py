@@ -1,8 +1,8 @@
 """Step time of plain DDP against the gradwire.ddp hook and PyTorch's own hooks.
 
     python benchmarks/ddp_hook.py [--rounds 12] [--steps-per-round 10] [--batch 64] [--only fp16 ...]
-    python benchmarks/ddp_hook.py --rounds 6 --only none --only "torch allreduce_hook"   # the 1.05 check
-    python benchmarks/ddp_hook.py --small      # does it still run? (tests/ddp/test_benchmarks_run.py)
+    python benchmarks/ddp_hook.py --ratio      # none against allreduce_hook in CPU time, with an A/A row
+    python benchmarks/ddp_hook.py --small      # does it still run? (tests/ddp/test_gpu_benchmarks_run.py)
     python benchmarks/ddp_hook.py --device cuda --model gpt2 [--dtype bfloat16]   # NCCL, a GPU per rank
 
 CPU (default): 2 gloo processes, one thread each, and an MLP 512-1024-512-10 (1.05M float32
@@ -14,17 +14,26 @@ the hook gets are 16-bit. One synthetic batch per rank, SGD. A step is forward, 
 the hook runs) and the update. On a GPU each step is timed with CUDA events.
 
 Timing: one pair of processes (spawn, FileStore, one thread each) builds one DDP model per
-configuration and runs them in interleaved rounds (``--steps-per-round`` steps of each in turn),
-so that other load on the machine falls on every configuration alike; the first round is warm-up.
+configuration and runs them in interleaved rounds; the first round is warm-up (and crosses DDP's
+bucket rebuild). Each round gives every configuration ``--steps-per-round`` steps in ``--blocks``
+blocks, the order of the configurations reversed from one block to the next (A B, B A, ...), so
+that other load on the machine, and going first or last, fall on every configuration alike.
 Peak RSS: each configuration again in a fresh pair of processes (20 steps), so that it is its own.
 
-Columns: mean and median (p50) step time of rank 0 in ms over the timed steps, the ratio of the
-mean to plain DDP's, rank 0's CPU time per step (``time.process_time``: every thread of the
-process, gloo's included; steadier than wall time on a shared machine) and its ratio to PyTorch's
-``allreduce_hook`` (the median, over the timed rounds, of the two configurations' ratio in each
-round), bytes per step by the hook's rule (payload this rank contributed x peers
-reached; for PyTorch's hooks and plain DDP, the gradient's bytes by the same rule), and the larger
-of the two ranks' peak RSS (ru_maxrss).
+CPU time: ``time.process_time`` of every training process (every thread of each: the main thread,
+gloo's, and the hook's callbacks, which run on gloo's), summed over the ranks, per step and round.
+It is what a hook costs, and it is far steadier than wall time on a shared machine, whose other
+jobs stretch the wall time of a step without adding to its CPU time. A configuration's ratio to
+another is taken per round (both measured in the same round) and the median over the rounds is
+reported. ``--ratio`` measures the issue's check: ``none`` against ``allreduce_hook``, 5 timed
+rounds of 60 steps each in 6 blocks of 10, and ``allreduce_hook`` in a second model against the
+first (A/A): its ratio would be 1 without noise, so its spread is the method's noise floor.
+
+Columns of the full table: mean and median (p50) step time of rank 0 in ms over the timed steps,
+the ratio of the mean to plain DDP's, the CPU time per step and process and its median ratio to
+PyTorch's ``allreduce_hook``, bytes per step by the hook's rule (payload this rank contributed x
+peers reached; for PyTorch's hooks and plain DDP, the gradient's bytes by the same rule), and the
+larger of the two ranks' peak RSS (ru_maxrss).
 """
 
 from __future__ import annotations
