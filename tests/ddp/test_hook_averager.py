@@ -91,15 +91,16 @@ def test_settings_that_contradict_the_averager_are_refused_before_any_communicat
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 6])
-def test_the_division_checks_finiteness_and_equals_ddps_division_bit_for_bit(world):
-    """The fused unscale (powers of two) and div_ with a sum (the rest) both give DDP's ``x / world``
-    exactly, subnormal and huge values included, and flag exactly the shares with a NaN or an inf."""
-    state = SimpleNamespace(world_size=world, reciprocal=torch.full((1,), 1.0 / world) if world & (world - 1) == 0
-                            else None)
+def test_the_division_checks_finiteness_and_equals_ddps_bit_for_bit(world):
+    """The hook's one-pass division gives what plain DDP computes as it copies a gradient into its
+    bucket, ``x * (1 / world)`` (and, where 1/world is exact, ``x / world``), subnormal and huge
+    values included, and flags exactly the shares with a NaN or an inf."""
+    state = SimpleNamespace(world_size=world, reciprocal=torch.full((1,), 1.0 / world))
     x = torch.randn(5000, generator=torch.Generator().manual_seed(world)) * torch.logspace(-44, 38, 5000)
     got = x.clone()
     assert gwddp._divide_checking(state, got) is True
-    assert torch.equal(got, x / world) and bool((x.abs() < 1e-38).any() & (x.abs() > 1e37).any())
+    assert torch.equal(got, torch.mul(x, 1.0 / world)) and bool((x.abs() < 1e-38).any() & (x.abs() > 1e37).any())
+    assert torch.equal(got, x / world) == (world & (world - 1) == 0)  # allreduce_hook's division differs
     for bad in (float("nan"), float("inf"), -float("inf")):
         y = x.clone()
         y[1234] = bad
