@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gradwire import ddp as gwddp
 from gradwire.averaging import CompressedMean, PowerSGDMean, build_averager
 from gradwire.errors import ConfigError
-from tests.ddp.ddp_harness import make_model
+from tests.ddp.ddp_harness import launch, make_data, make_model, params, train
 
 # spec, error feedback -> the averager the run's factory builds, and the hook's path for it
 CASES = [("none", False, CompressedMean, gwddp._allreduce_in_place),
@@ -26,6 +26,21 @@ CASES = [("none", False, CompressedMean, gwddp._allreduce_in_place),
          ("fp16", False, CompressedMean, gwddp._allreduce),
          ("qsgd:levels=4", True, CompressedMean, gwddp._allgather),
          ("powersgd:rank=2", False, PowerSGDMean, gwddp._averager_collectives)]
+
+
+def none_and_plain_on_three_ranks(rank, world_size):
+    """Plain DDP and the none hook, 3 steps each, in fp32 and bf16: 1/3 is inexact, so dividing
+    (as allreduce_hook does) would differ from plain DDP's multiplication in the last bit."""
+    x, y = make_data(rank, world_size)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for spec in ("plain", "none"):
+            model = DDP(make_model().to(dtype), bucket_cap_mb=0.004)
+            if spec == "none":
+                gwddp.register(model, spec)
+            train(model, x.to(dtype), y.to(dtype), 0, 3)
+            out[f"{spec}-{dtype}"] = params(model)
+    return out
 
 
 @pytest.fixture
@@ -106,3 +121,12 @@ def test_the_division_checks_finiteness_and_equals_ddps_bit_for_bit(world):
         y[1234] = bad
         assert gwddp._divide_checking(state, y) is False, bad
     assert gwddp._divide_checking(state, torch.full((10,), 3e38)) is True  # finite, though their sum is not
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_none_equals_plain_ddp_bit_for_bit_on_three_ranks(tmp_path):
+    for out in launch(none_and_plain_on_three_ranks, tmp_path, world_size=3, timeout_s=100):
+        for dtype in (torch.float32, torch.bfloat16):
+            for a, b in zip(out[f"none-{dtype}"], out[f"plain-{dtype}"], strict=True):
+                assert torch.equal(a, b), dtype
