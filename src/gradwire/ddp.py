@@ -399,8 +399,8 @@ def _divide_checking(state: HookState, buffer: torch.Tensor) -> bool:
     flags a non-finite element on the way, for the CPU time of ``div_`` alone (0.16 ms for 1M
     float32 from memory, against 0.28 ms for ``div_`` and a sum; thread CPU time, one thread, this
     machine). Multiplying by float32(1/world_size) is what plain DDP does to a gradient as it copies
-    it into its bucket (without a hook), so the mean is plain DDP's bit for bit at every world size,
-    measured at 2 (tests/ddp/test_ddp_hook.py) and 3 (fp32, bf16, fp16); PyTorch's ``allreduce_hook``
+    it into its bucket (without a hook), so the mean is plain DDP's bit for bit at every world size
+    (tested at 2 and, fp32 and bf16, at 3: tests/ddp/test_hook_averager.py); PyTorch's ``allreduce_hook``
     divides instead, which differs from it in the last bit where 1/world_size is inexact (3, 5, 6...)."""
     found = torch.zeros(1, device=buffer.device)
     torch._amp_foreach_non_finite_check_and_unscale_([buffer], found, state.reciprocal)
