@@ -423,9 +423,9 @@ def _poison(state: HookState, bucket: dist.GradBucket, buffer: torch.Tensor, ste
 
 def _allreduce(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     buffer, layout = bucket.buffer(), _layout(state, bucket)
-    # Divide before summing, as DDP's default allreduce does: with `none` the result is then
-    # bit-identical to plain DDP, and a 16-bit sum overflows only where the mean would (the
-    # reason PyTorch's fp16_compress_hook gives for the same order).
+    # Divide before summing, as DDP does: a 16-bit sum overflows only where the mean would (the
+    # reason PyTorch's fp16_compress_hook gives for the same order). By div_, as that hook does
+    # (plain DDP multiplies by 1/world_size: the same bits where that is a power of two).
     share = buffer.div_(state.world_size)
     wire_dtype = state.compressor.wire_dtype(buffer.dtype)
     refused = None
