@@ -43,9 +43,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gradwire.averaging import PowerSGD, PowerSGDMemory, build_method
-from gradwire.averaging.powersgd import matrix_shape
-from gradwire.compress import Compressor, ErrorFeedback, Packet, build
+from gradwire.averaging import build_averager, build_method
+from gradwire.compress import Compressor, Packet, build
 from gradwire.compress.wire import work_dtype
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
 from gradwire.seeding import hash_seed
@@ -112,9 +111,10 @@ class HookState:
     never the process group. Residuals belong to one rank's data: every rank saves its own.
     """
 
-    __slots__ = ("compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
+    __slots__ = ("averager", "compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
                  "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
-                 "device", "powersgd_memory", "non_finite", "_params", "_shapes", "_thread", "_passes", "_failed_pass")
+                 "device", "non_finite", "path", "reciprocal", "_params", "_shapes", "_thread", "_passes",
+                 "_failed_pass")
 
     def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
                  error_feedback: bool = False, seed: int = 0, process_group=None,
@@ -122,26 +122,15 @@ class HookState:
         if non_finite not in NON_FINITE:
             raise ConfigError(f"non_finite={non_finite!r}: valid choices are {', '.join(NON_FINITE)}")
         self.non_finite = non_finite
-        self.powersgd_memory = None
-        if isinstance(compressor, str):  # an unknown name: one error listing compressors and averagers
-            compressor = build_method(compressor)
-        if isinstance(compressor, PowerSGD):  # Q memories and errors per parameter name, its own EF
-            if error_feedback and not compressor.error_feedback:
-                raise ConfigError(f"error_feedback=True contradicts {compressor.spec()}: PowerSGD keeps its own "
-                                  "error feedback (its error_feedback key, on by default)")
-            if non_finite != "raise":  # a NaN allreduce would poison the Q memories of every later step
-                raise ConfigError(f"non_finite={non_finite!r} does not combine with {compressor.spec()}: its Q "
-                                  "memories would keep the NaN; use non_finite='raise'")
-            self.powersgd_memory, error_feedback = PowerSGDMemory(seed), False
-        self.compressor = compressor if isinstance(compressor, Compressor | PowerSGD) else build(compressor)
+        # an unknown name: one error listing compressors and averagers; a Compressor: its spec
+        spec = build_method(compressor).spec() if isinstance(compressor, str) else compressor.spec()
         if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("gradwire.ddp: call torch.distributed.init_process_group() first")
-        self.error_feedback = ErrorFeedback(self.compressor) if error_feedback else None
+        # the settings are checked before the process group is asked for (refused below without one)
+        grouped = dist.is_available() and dist.is_initialized()
         self.process_group = process_group
-        self.rank = dist.get_rank(process_group)
-        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group) if grouped else 0
+        self.world_size = dist.get_world_size(process_group) if grouped else 1
         self.seed, self.timeout_s = int(seed), float(timeout_s)
         if not (isinstance(min_compress_numel, int) and min_compress_numel >= 0):
             raise ConfigError(f"min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
@@ -155,11 +144,25 @@ class HookState:
         # where the codecs run and the payloads live: the gradients' device (NCCL sends CUDA buffers)
         self.device = devices.pop()
         self.generator = torch.Generator(device=self.device)  # re-seeded per (step, parameter): see _encode
+        named = list(module.named_parameters())
         # id(parameter) -> (index, name, numel): bucket.parameters() returns the module's own tensors
-        self._params = {id(p): (i, name, p.numel()) for i, (name, p) in enumerate(module.named_parameters())}
-        self._shapes = {name: p.shape for name, p in module.named_parameters()}
-        if self.powersgd_memory is not None:
-            self.powersgd_memory.seed = self.seed
+        self._params = {id(p): (i, name, p.numel()) for i, (name, p) in enumerate(named)}
+        self._shapes = {name: p.shape for name, p in named}
+        # The factory the run's algorithms use: memory keyed by parameter name (DDP's buckets change)
+        self.averager = build_averager(spec, workers=[self.rank], seed=self.seed, shapes=[p.shape for _, p in named],
+                                       keys=[name for name, _ in named], error_feedback=error_feedback,
+                                       generator=lambda _: self.generator, payloads=False)
+        if self.averager.remembers_means and non_finite != "raise":  # a NaN mean would stay in its memory
+            raise ConfigError(f"non_finite={non_finite!r} does not combine with {spec}: its memory of past "
+                              "means would keep the NaN; use non_finite='raise'")
+        if not grouped:
+            raise RuntimeError("gradwire.ddp: call torch.distributed.init_process_group() first")
+        # byte payloads: the compressor and this rank's residuals; else the averager's own collectives
+        self.compressor = self.averager.compressor if self.averager.carries_payloads else None
+        self.error_feedback = self.averager.ef[self.rank] if self.compressor and self.averager.ef else None
+        self.path = _path(self.averager)
+        # 1/world_size in float32: what the division multiplies by, as plain DDP does (_divide_checking)
+        self.reciprocal = torch.full((1,), 1.0 / self.world_size, device=self.device)
         self._thread = None
         # backward passes seen (never saved or restored, unlike step: a step retried after
         # load_state_dict is a new pass), and the last whose PowerSGD bucket failed
@@ -173,12 +176,12 @@ class HookState:
 
     def state_dict(self) -> dict:
         residuals = self.error_feedback.state_dict() if self.error_feedback else {}
-        state = {"compressor": self.compressor.spec(), "error_feedback": self.error_feedback is not None,
+        state = {"compressor": self.averager.spec(), "error_feedback": self.error_feedback is not None,
                  "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "step": self.step,
                  "bytes_sent": self.bytes_sent, "wire_bytes_sent": self.wire_bytes_sent,
                  "residuals": residuals}
-        if self.powersgd_memory is not None:
-            state["powersgd"] = self.powersgd_memory.state_dict()
+        if not self.averager.carries_payloads:  # its memory ("powersgd": Q and errors by parameter name)
+            state.update(self.averager.state_dict())
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -201,15 +204,14 @@ class HookState:
                               f"size: {bad[:5]}")
         if self.error_feedback:
             self.error_feedback.load_state_dict(state["residuals"])
-        if self.powersgd_memory is not None:
-            shapes = {name: matrix_shape(shape) for name, shape in self._shapes.items() if len(shape) >= 2}
-            self.powersgd_memory.load_state_dict(state["powersgd"], shapes=shapes)
+        if not self.averager.carries_payloads:
+            self.averager.load_state_dict(state)
         self.seed, self.step = int(state["seed"]), int(state["step"])
         self.bytes_sent, self.wire_bytes_sent = int(state["bytes_sent"]), int(state["wire_bytes_sent"])
 
     def __repr__(self) -> str:
         ef = "+EF" if self.error_feedback else ""
-        return (f"<gradwire.ddp hook {self.compressor.spec()}{ef} rank {self.rank}/{self.world_size}, "
+        return (f"<gradwire.ddp hook {self.averager.spec()}{ef} rank {self.rank}/{self.world_size}, "
                 f"step {self.step}, {self.bytes_sent} bytes sent>")
 
 
@@ -243,32 +245,37 @@ def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = 
 
 
 def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The DDP communication hook: average ``bucket``'s gradients through ``state.compressor``."""
-    if state.compressor.name == "none" and not state.error_feedback and state.powersgd_memory is None:
-        future = _allreduce_in_place(state, bucket)
-    elif state.powersgd_memory is not None:
-        future = _powersgd(state, bucket, _layout(state, bucket))
-    elif state.compressor.summable:
-        future = _allreduce(state, bucket, _layout(state, bucket))
-    else:
-        future = _allgather(state, bucket, _layout(state, bucket))
+    """The DDP communication hook: average ``bucket``'s gradients through ``state.averager``."""
+    future = state.path(state, bucket)
     if bucket.is_last():
         state.step += 1
         state._passes += 1
     return future
 
 
-def _powersgd(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
-    """The bucket's parameters through :meth:`PowerSGD.average` (one parameter, one key: the
-    memory does not care how DDP buckets them), on the hook state's communication thread: the hook
+def _path(averager):
+    """Which way the hook takes every bucket, chosen once from what the averager declares: its own
+    collectives (PowerSGD), one in-place allreduce (uncompressed, no error feedback), one allreduce
+    of the encoded bucket (the summable casts), or an all-gather of byte payloads (the rest)."""
+    if not averager.carries_payloads:
+        return _averager_collectives
+    if averager.plain():
+        return _allreduce_in_place
+    return _allreduce if averager.compressor.summable else _allgather
+
+
+def _averager_collectives(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """An averager that runs its own collectives (PowerSGD: :meth:`PowerSGD.average`, one parameter,
+    one key: the memory does not care how DDP buckets them) on the hook state's communication thread
+    with ``dist.all_reduce`` as its ``allreduce_mean``: the hook
     returns at once, and DDP's backward pass goes on computing the next buckets' gradients while this
     one's two allreduces travel (PyTorch's hook chains its allreduces through future callbacks for the
     same reason). One thread takes the buckets in the order DDP hands them over, which is the same on
     every rank, so every rank issues its collectives in the same order. DDP waits for the returned
     future at the end of the backward pass, so nothing reads the memory or the counters meanwhile."""
-    buffer, world = bucket.buffer(), state.world_size
+    buffer, world, layout = bucket.buffer(), state.world_size, _layout(state, bucket)
     grads = [buffer[o:o + k].view(state._shapes[name]) for _, name, o, k in layout]
-    keys = [n for _, n, _, _ in layout]
+    indices = [i for i, *_ in layout]
     step, index, backward = state.step, bucket.index(), state._passes
 
     def allreduce_mean(tensors: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -281,13 +288,13 @@ def _powersgd(state: HookState, bucket: dist.GradBucket, layout) -> torch.future
         return total.div_(world)
 
     def mean() -> torch.Tensor:
-        state.powersgd_memory.step = step
-        averaged = state.compressor.average(state.powersgd_memory, {state.rank: grads}, keys, allreduce_mean)
+        state.averager.set_step(step)
+        averaged = state.averager.mean_tensors_by(allreduce_mean, {state.rank: grads}, indices)
         out = torch.cat([t.reshape(-1) for t in averaged]) if averaged else buffer.clone()
         # A NaN or inf anywhere reaches every rank through the sums, so every rank stops here alike.
         if not bool(torch.isfinite(out).all()):
             raise DivergenceError(f"gradwire.ddp: step {step}, bucket {index}: non-finite gradients after "
-                                  f"{state.compressor.spec()} (a rank's gradient was not finite)", step=step)
+                                  f"{state.averager.spec()} (a rank's gradient was not finite)", step=step)
         return out.to(buffer.dtype)
 
     future = torch.futures.Future()
@@ -325,10 +332,8 @@ def _layout(state: HookState, bucket: dist.GradBucket) -> list[tuple[int, str, i
 
 
 def _encode(state: HookState, grad: torch.Tensor, index: int, name: str) -> Packet:
-    g = state.generator.manual_seed(hash_seed(state.seed, "compress", state.rank, state.step, index))
-    if state.error_feedback:
-        return state.error_feedback.encode(grad, key=name, generator=g)
-    return state.compressor.encode(grad, generator=g)
+    state.generator.manual_seed(hash_seed(state.seed, "compress", state.rank, state.step, index))
+    return state.averager.encode(state.rank, grad, key=name)  # with this rank's residuals, drawing from it
 
 
 def _stop(state: HookState, error: DivergenceError, buffer: torch.Tensor) -> torch.Tensor:
@@ -358,45 +363,69 @@ def _refused(state: HookState, bucket: dist.GradBucket, layout, error: ValueErro
 def _allreduce_in_place(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """``none`` without error feedback in one pass, as PyTorch's own ``allreduce_hook``: divide the
     bucket in place, allreduce it in place, and hand DDP back the bucket's own storage. The only
-    addition is the finiteness check, one read of the averaged bucket when the allreduce completes
-    (no copy in, no copy out). Every rank sees the same sum, so every rank stops alike; the error
-    names the parameter and element that the sum made non-finite (not which rank sent it)."""
+    additions: the byte count (arithmetic, no read), and the finiteness check, made by the division
+    itself (:func:`_divide_checking`) on this rank's share, not by a second read of the bucket.
+
+    Every rank stops alike on a non-finite gradient without reading the averaged bucket: the rank
+    that has one fills its whole share with NaN before the allreduce, so that every element of
+    every rank's sum is NaN, and each rank looks at the first element only. (A sum of finite shares
+    is finite, each being at most the float32 limit over the world size, but for gradients within
+    a rounding of that limit, whose sum could still overflow unseen.)"""
     buffer = bucket.buffer()
-    buffer.div_(state.world_size)  # divide first, as DDP does: the result equals plain DDP's bit for bit
-    nbytes = buffer.numel() * buffer.element_size()
-    state.bytes_sent += nbytes * (state.world_size - 1)
-    state.wire_bytes_sent += nbytes * (state.world_size - 1)
-    step, index = state.step, bucket.index()
-    future = dist.all_reduce(buffer, group=state.process_group, async_op=True).get_future()
+    finite = _divide_checking(state, buffer)
+    sent = ledger.broadcast(buffer.numel() * buffer.element_size(), state.world_size)
+    state.bytes_sent += sent
+    state.wire_bytes_sent += sent
+    step = state.step  # the last bucket's hook moves it on before this callback runs
+    mine = None if finite else _poison(state, bucket, buffer, step)
 
     def finish(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises a failed collective
-        # The finiteness check: a sum is finite unless an element is not (or, for finite elements
-        # near the float32 limit, the sum overflows: aminmax then decides). A sum is the cheapest
-        # full read torch has (a quarter of aminmax's CPU time, 0.04 ms per 1M float32).
-        if buffer.numel() and not bool(torch.isfinite(buffer.sum())):
-            lo, hi = torch.aminmax(buffer)
-            if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
-                at = int((~torch.isfinite(buffer)).nonzero()[0])
-                name, offset = next((n, o) for _, n, o, k in _layout(state, bucket) if o <= at < o + k)
-                error = DivergenceError(
-                    f"gradwire.ddp: step {step}, rank {state.rank}, bucket {index}: the averaged gradient of "
-                    f"parameter {name!r} is not finite ({float(buffer[at])} at its flat index {at - offset}) "
-                    f"after {state.compressor.spec()}: a rank's gradient was not finite; every rank stops",
-                    step=step, worker=state.rank)
-                if state.non_finite == "raise":
-                    raise error
-                return buffer.fill_(math.nan)  # "propagate": NaN for the whole bucket, as _stop gives
-        return buffer
+        if mine is None and not (buffer.numel() and math.isnan(float(buffer[0]))):
+            return buffer
+        if state.non_finite == "propagate":  # NaN for the whole bucket on every rank, as _stop gives
+            return buffer
+        raise mine or DivergenceError(
+            f"gradwire.ddp: step {step}, rank {state.rank}, bucket {bucket.index()}: a peer's gradient was not "
+            f"finite (see its error); every rank stops", step=step, worker=state.rank)
 
-    return future.then(finish)
+    return dist.all_reduce(buffer, group=state.process_group, async_op=True).get_future().then(finish)
 
 
-def _allreduce(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
-    buffer = bucket.buffer()
-    # Divide before summing, as DDP's default allreduce does: with `none` the result is then
-    # bit-identical to plain DDP, and a 16-bit sum overflows only where the mean would (the
-    # reason PyTorch's fp16_compress_hook gives for the same order).
+def _divide_checking(state: HookState, buffer: torch.Tensor) -> bool:
+    """Divide ``buffer`` by the world size in place, as plain DDP does; whether every element is
+    finite. One pass: the unscaling op of mixed precision's GradScaler
+    (``torch._amp_foreach_non_finite_check_and_unscale_``) multiplies by 1/world_size in float32 and
+    flags a non-finite element on the way, for the CPU time of ``div_`` alone (0.16 ms for 1M
+    float32 from memory, against 0.28 ms for ``div_`` and a sum; thread CPU time, one thread, this
+    machine). Multiplying by float32(1/world_size) is what plain DDP does to a gradient as it copies
+    it into its bucket (without a hook), so the mean is plain DDP's bit for bit at every world size
+    (tested at 2 and, fp32 and bf16, at 3: tests/ddp/test_hook_averager.py); PyTorch's ``allreduce_hook``
+    divides instead, which differs from it in the last bit where 1/world_size is inexact (3, 5, 6...)."""
+    found = torch.zeros(1, device=buffer.device)
+    torch._amp_foreach_non_finite_check_and_unscale_([buffer], found, state.reciprocal)
+    return not found.item()
+
+
+def _poison(state: HookState, bucket: dist.GradBucket, buffer: torch.Tensor, step: int) -> DivergenceError:
+    """This rank's share is not finite: the error naming the parameter and element (raised when the
+    allreduce completes, so that the peers are not left waiting for this rank's later buckets), and
+    the share filled with NaN, which the allreduce takes to every element of every rank's sum."""
+    at = int((~torch.isfinite(buffer)).nonzero()[0])
+    name, offset = next((n, o) for _, n, o, k in _layout(state, bucket) if o <= at < o + k)
+    error = DivergenceError(
+        f"gradwire.ddp: step {step}, rank {state.rank}, bucket {bucket.index()}: a non-finite gradient "
+        f"({float(buffer[at])}) in parameter {name!r} at its flat index {at - offset} (bucket element {at}), "
+        f"with {state.averager.spec()}; every rank stops", step=step, worker=state.rank)
+    buffer.fill_(math.nan)
+    return error
+
+
+def _allreduce(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    buffer, layout = bucket.buffer(), _layout(state, bucket)
+    # Divide before summing, as DDP does: a 16-bit sum overflows only where the mean would (the
+    # reason PyTorch's fp16_compress_hook gives for the same order). By div_, as that hook does
+    # (plain DDP multiplies by 1/world_size: the same bits where that is a power of two).
     share = buffer.div_(state.world_size)
     wire_dtype = state.compressor.wire_dtype(buffer.dtype)
     refused = None
@@ -444,9 +473,9 @@ def _wait(state: HookState, work, bucket: dist.GradBucket, what: str, collective
                                  f"{state.timeout_s:g} s: {error}") from error
 
 
-def _allgather(state: HookState, bucket: dist.GradBucket, layout) -> torch.futures.Future[torch.Tensor]:
+def _allgather(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Encode the bucket parameter by parameter, all-gather the payloads, decode the mean."""
-    buffer = bucket.buffer()
+    buffer, layout = bucket.buffer(), _layout(state, bucket)
     # Parameters below min_compress_numel travel raw, all of a bucket's in one `none` packet at the
     # front of the payload: lossless, so how DDP groups them changes nothing, and one call instead
     # of a codec's fixed cost (a few tenths of a ms per encode) for every bias.

@@ -110,7 +110,7 @@ def against_pytorch(rank, world_size):
 
         model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
         hook = gwddp.register(model, f"powersgd:rank={r},start_step=2")
-        hook.powersgd_memory.q.update(first_q)  # the same initial Q as PyTorch's
+        hook.averager.memory.q.update(first_q)  # the same initial Q as PyTorch's
         ours = trajectory(model, x, y)
 
         plain = DDP(make_model(), bucket_cap_mb=25)
@@ -190,7 +190,7 @@ def failure(rank, world_size):
     calls, all_reduce = {}, torch.distributed.all_reduce
 
     def counted(*args, **kwargs):
-        step = state.powersgd_memory.step  # set by the bucket's job, on the communication thread
+        step = state.averager.memory.step  # set by the bucket's job, on the communication thread
         calls[step] = calls.get(step, 0) + 1
         return all_reduce(*args, **kwargs)
 

@@ -46,3 +46,20 @@ def test_gpu_figures_script_names_commands_that_exist(capsys):
     for command in gpu_figures.COMMANDS:
         paths = [c for c in command[1:] if c.startswith(("tests/", "benchmarks/"))]
         assert paths and all((ROOT / c).exists() for c in paths), command
+
+
+def test_ddp_hook_benchmark_blocks_give_every_configuration_every_place():
+    """The --ratio blocks rotate: over ``count`` blocks each configuration takes each place once,
+    and (three or more) none runs two blocks back to back, across rounds too."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ddp_hook
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for count in (2, 3, 4):
+        orders = [ddp_hook.block_order(count, b) for b in range(3 * count)]
+        for place in range(count):
+            assert sorted(order[place] for order in orders[:count]) == list(range(count))
+        if count >= 3:
+            runs = [i for order in orders for i in order]
+            assert all(a != b for a, b in zip(runs, runs[1:], strict=False))

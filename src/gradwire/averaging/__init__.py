@@ -2,9 +2,10 @@
 (a byte compressor with error feedback, averaging/compressed.py) or by PowerSGD (low-rank factors
 by allreduce, averaging/powersgd.py).
 
-A ``--compressor`` spec names either kind; :func:`build_averager` (for the run's algorithms) and
-:func:`build_method` (for the DDP hook, which runs the collectives itself) are the only places
-that tell them apart.
+A ``--compressor`` spec names either kind; :func:`build_averager`, used by the run's algorithms and
+the DDP hook alike, is the only place that tells them apart (what differs for a caller is declared
+on the classes: ``Averager.carries_payloads``, ``Averager.remembers_means``). :func:`build_method`
+gives a spec's configuration object (to render a spec with its defaults filled in).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gradwire.averaging.compressed import CompressedMean
 from gradwire.averaging.powersgd import AVERAGERS, PowerSGD, PowerSGDMean, PowerSGDMemory
 from gradwire.compress import Compressor
 from gradwire.compress import build as build_compressor
+from gradwire.errors import ConfigError
 from gradwire.spec import parse_spec
 
 __all__ = ["AVERAGERS", "Averager", "CompressedMean", "Finished", "PowerSGD", "PowerSGDMean", "PowerSGDMemory",
@@ -30,7 +32,7 @@ def _averages_itself(spec: str) -> bool:
 
 
 def build_method(spec: str) -> Compressor | PowerSGD:
-    """What a ``--compressor`` spec names: a byte compressor, or PowerSGD's configuration; an
+    """What a ``--compressor`` spec names, as configuration: a byte compressor, or PowerSGD's; an
     unknown name is one ConfigError listing both kinds."""
     from gradwire.registries import registry_for
 
@@ -39,19 +41,21 @@ def build_method(spec: str) -> Compressor | PowerSGD:
 
 def build_averager(spec: str, *, workers: Sequence[int], seed: int, shapes: Sequence[torch.Size],
                    error_feedback: bool, generator: Callable[[int], torch.Generator],
-                   payloads: bool) -> Averager:
-    """The averager of ``spec`` for the local ``workers``. ``payloads``: the caller also handles
-    compressed payloads itself (sends them to a server, keeps them in flight), which only a byte
-    compressor makes, so PowerSGD is refused; ``shapes``: the model's tensors in the flat vector's
-    order (PowerSGD works per matrix); ``generator(rank)``: worker ``rank``'s compression stream."""
+                   payloads: bool, keys: Sequence[str] | None = None) -> Averager:
+    """The averager of ``spec`` for the local ``workers``, for the run's algorithms and the DDP hook
+    alike. ``payloads``: the caller also handles compressed payloads itself (sends them to a server,
+    keeps them in flight), which only a byte compressor makes, so PowerSGD is refused; ``shapes``:
+    the model's tensors in the flat vector's order (PowerSGD works per matrix), ``keys`` their names
+    where the averager's memory should be keyed by name (default: by position); ``generator(rank)``:
+    worker ``rank``'s compression stream."""
     if _averages_itself(spec):
         if payloads:
             raise ValueError(f"--compressor {spec} averages gradients by allreduce itself: it runs with sync "
                              "(without backups) and the DDP hook only")
-        averager = PowerSGDMean(spec, shapes=shapes, workers=workers, seed=seed)
+        averager = PowerSGDMean(spec, shapes=shapes, workers=workers, seed=seed, keys=keys)
         if error_feedback and not averager.powersgd.error_feedback:
-            raise ValueError(f"--error-feedback contradicts {spec}: PowerSGD keeps its own error feedback "
-                             "(its error_feedback key, on by default)")
+            raise ConfigError(f"--error-feedback contradicts {spec}: PowerSGD keeps its own error feedback "
+                              "(its error_feedback key, on by default)")
         return averager
     return CompressedMean(build_compressor(spec), {r: generator(r) for r in workers}, error_feedback=error_feedback,
                           identity=spec == "none")

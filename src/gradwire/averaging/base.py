@@ -24,7 +24,19 @@ from gradwire.transports.base import Handle, Transport
 class Averager(ABC):
     """The mean over the participants. ``mean`` blocks; ``start`` returns a :class:`Handle` whose
     ``wait()`` gives the mean, so that the caller computes while it travels (on transports that
-    overlap; elsewhere ``start`` is ``mean``)."""
+    overlap; elsewhere ``start`` is ``mean``).
+
+    What a caller that runs collectives itself (a parameter server, the DDP hook) needs to know is
+    declared here, so that it never asks which kind it holds:"""
+
+    #: True: the mean is of one byte payload per participant (``encode``/``payloads``, then
+    #: ``decode_mean``), which a caller may carry itself. False: the averager issues its own
+    #: collectives, with computation between them (PowerSGD's two allreduces), through the
+    #: ``allreduce_mean`` that :meth:`mean_tensors_by` is handed.
+    carries_payloads = True
+    #: Its state holds means of earlier steps (PowerSGD's Q), so that one non-finite mean would
+    #: poison every later step: a caller must stop on it, not let it through (the hook's "propagate").
+    remembers_means = False
 
     @abstractmethod
     def spec(self) -> str:
@@ -50,8 +62,18 @@ class Averager(ABC):
         raise ValueError(f"--compressor {self.spec()} compresses the whole gradient at once; only the "
                          "uncompressed mean and powersgd average bucket by bucket")
 
+    def mean_tensors_by(self, allreduce_mean: Callable[[dict[int, torch.Tensor]], torch.Tensor],
+                        tensors: dict[int, Sequence[torch.Tensor]], indices: Sequence[int]) -> list[torch.Tensor]:
+        """:meth:`mean_tensors` through ``allreduce_mean`` (one flat tensor per local worker in, their
+        mean over every worker out) instead of a transport: for an averager that does not
+        :attr:`carry payloads <carries_payloads>`, whose caller runs the collectives (the DDP hook)."""
+        raise ValueError(f"--compressor {self.spec()} has payloads for its caller to carry, not collectives of its own")
+
     def end_step(self) -> None:  # noqa: B027 - only an averager that counts steps has something to do
         """A step averaged bucket by bucket (:meth:`mean_tensors`) is over."""
+
+    def set_step(self, step: int) -> None:  # noqa: B027 - only an averager that counts steps has something to do
+        """The step the next means belong to, for a caller that counts steps itself (the DDP hook)."""
 
     def setup_info(self) -> dict:
         """What averaging does to this model, for algorithm.json (none by default)."""

@@ -40,12 +40,13 @@ class CompressedMean(Averager):
     def decode(self, buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return self.compressor.decode(Packet(buffer, like.shape, like.dtype))
 
-    def _plain(self) -> bool:
+    def plain(self) -> bool:
+        """Uncompressed and without error feedback: the tensors travel as they are."""
         return self.identity and self.ef is None
 
     def mean(self, transport: Transport, tensors: dict[int, torch.Tensor], ranks=None) -> torch.Tensor:
         like = next(iter(tensors.values()))
-        if self._plain():
+        if self.plain():
             return transport.allreduce_mean(tensors, ranks)
         packets = {r: self.encode(r, t) for r, t in tensors.items()}
         if self.compressor.summable:
@@ -83,7 +84,7 @@ class CompressedMean(Averager):
         compression), the decoded cast in the wire dtype (a summable compressor), or its packet's
         bytes. Encoding happens here, once: a payload kept in a checkpoint can be sent again
         without touching the residuals or the generators."""
-        if self._plain():
+        if self.plain():
             return {r: t.clone() for r, t in tensors.items()}
         like = next(iter(tensors.values()))
         packets = {r: self.encode(r, t, key=key) for r, t in tensors.items()}
@@ -97,7 +98,7 @@ class CompressedMean(Averager):
         """Start the mean of ``payloads`` without blocking, carried as ``mean`` carries them (a dense
         allreduce, or an allgather of the bytes decoded and summed in rank order); ``wait()`` gives
         it in ``like``'s dtype."""
-        if self._plain() or self.compressor.summable:
+        if self.plain() or self.compressor.summable:
             return Finished(transport.allreduce_mean_start(payloads, ranks), lambda mean: mean.to(like.dtype))
         size = self.compressor.nbytes(like.numel(), like.dtype)
         return Finished(transport.allgather_start(payloads, ranks, size=size),
@@ -106,7 +107,7 @@ class CompressedMean(Averager):
     def decode_payload(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """One participant's payload as the mean counts it (its share of the average, times n): what
         the others received from it, error feedback and quantisation included."""
-        if self._plain() or self.compressor.summable:
+        if self.plain() or self.compressor.summable:
             return payload.to(like.dtype)
         return self.decode(payload, like)
 

@@ -360,13 +360,19 @@ class PowerSGDMean(Averager):
     through the transport's ``allreduce_mean`` (so the simulator and the torch backend run the same
     code and count the bytes themselves)."""
 
-    def __init__(self, spec: str, *, shapes: Sequence[torch.Size], workers: Sequence[int], seed: int):
+    carries_payloads = False  # two allreduces, with an orthogonalisation between them
+    remembers_means = True  # Q (and P with alternate): a NaN mean would stay in every later step
+
+    def __init__(self, spec: str, *, shapes: Sequence[torch.Size], workers: Sequence[int], seed: int,
+                 keys: Sequence[str] | None = None):
         if not shapes:
             raise ValueError("powersgd needs the model's tensor shapes (Context.param_shapes)")
         self.powersgd: PowerSGD = AVERAGERS.build(spec)
         self.shapes = [torch.Size(s) for s in shapes]
         self.numels = [s.numel() for s in self.shapes]
-        self.keys = [str(i) for i in range(len(self.shapes))]  # the model's tensors in parameter order
+        # what the memory is keyed by: the model's tensors in parameter order (the run), or their
+        # names (the DDP hook, whose checkpoints have always been keyed by name)
+        self.keys = [str(i) for i in range(len(self.shapes))] if keys is None else list(keys)
         self.workers = tuple(workers)
         self.memory = PowerSGDMemory(seed)
 
@@ -389,10 +395,17 @@ class PowerSGDMean(Averager):
                      indices: Sequence[int]) -> list[torch.Tensor]:
         """The PowerSGD mean of some of the model's tensors (``indices``, each worker's in that
         order): a bucket of ``sync:overlap``. The step ends with :meth:`end_step`."""
-        return self.powersgd.average(self.memory, tensors, [self.keys[i] for i in indices], transport.allreduce_mean)
+        return self.mean_tensors_by(transport.allreduce_mean, tensors, indices)
+
+    def mean_tensors_by(self, allreduce_mean, tensors: dict[int, Sequence[torch.Tensor]],
+                        indices: Sequence[int]) -> list[torch.Tensor]:
+        return self.powersgd.average(self.memory, tensors, [self.keys[i] for i in indices], allreduce_mean)
 
     def end_step(self) -> None:
         self.memory.step += 1
+
+    def set_step(self, step: int) -> None:
+        self.memory.step = step
 
     def setup_info(self) -> dict:
         """What compression does to this model (algorithm.json): which tensors are compressed at
