@@ -57,7 +57,7 @@ class BackupDiLoCo(Algorithm):
     evaluates = "server"
     needs_server = True
     default_compressor = "none"
-    default_lr = 3e-3  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
+    default_lr = 1e-2  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
 
     def __init__(self, *, backups: int = 1, late: str = "drop", inner_steps: int = 10, outer_lr: float = OUTER_LR,
                  outer_momentum: float = OUTER_MOMENTUM, outer_warmup: int = OUTER_WARMUP, inner: str = "adamw",
