@@ -53,8 +53,8 @@ MODES = ("relative", "absolute", "uniform")
 
 @ALGORITHMS.register(
     "dagc", help="DAGC (Lu 2023): per-worker top-k ratios ∝ p_i^(2/3) of data share under a total budget",
-    params={"budget": "mean kept ratio r in (0, 1]: N·ceil(r·d) elements per step in total (default 0.05: at "
-                      "0.01 the default task learns to 0.46, docs/defaults.md)",
+    params={"budget": "mean kept ratio r in (0, 1]: N·ceil(r·d) elements per step in total (the default: "
+                      "docs/defaults.md)",
             "mode": "relative (top-k counts), absolute (thresholds ∝ p_i^(-2/3)) or uniform (equal k)",
             "local_steps": "local SGD steps per round K; K > 1 sends compressed model deltas (FedAvg)",
             "tau": "absolute mode: threshold of a worker with share 1/N (0 = calibrate at set-up)"})

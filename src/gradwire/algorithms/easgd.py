@@ -195,7 +195,7 @@ register_with_async_key(
     "easgd", EASGD, help="elastic averaging SGD (Zhang 2015): workers tied to a center variable; sync, async",
     params={"alpha": "elastic pull α of a worker towards the center, in [0, 1] (0 = beta / workers)",
             "beta": "moving rate β of the center towards the workers' mean, in [0, 1] (paper: 0.9)",
-            "period": "τ >= 1: local steps between elastic rounds (async: each worker's own steps; default 2, "
+            "period": "τ >= 1: local steps between elastic rounds (async: each worker's own steps; the default: "
                       "docs/defaults.md)",
             "eval": "what is evaluated: center (default), average (the workers' mean), each (every worker); "
                     "async=true: center only",

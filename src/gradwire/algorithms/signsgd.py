@@ -21,7 +21,7 @@ from gradwire.spec import require
 
 
 @ALGORITHMS.register("signsgd", help="signSGD with majority vote through rank 0 (Bernstein 2019); Signum with momentum",
-                     params={"momentum": "worker-side momentum β (Signum; default 0.9, docs/defaults.md); "
+                     params={"momentum": "worker-side momentum β (Signum; the default: docs/defaults.md); "
                                          "0 = plain signSGD"})
 class SignSGD(Algorithm):
     name = "signsgd"

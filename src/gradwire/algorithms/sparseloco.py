@@ -34,7 +34,7 @@ SPARSELOCO_PARAMS = {
     "outer_lr": "α > 0: outer step θ <- θ - α mean(Δ̂) (Algorithm 1; 1 is the plain sparse average)",
     "decay": "β in [0, 1]: error-feedback decay e <- β e + Δ",
     "chunk": "C: elements per top-k chunk",
-    "k": "elements sent per chunk, 1..C (the paper: 1-3 % density; default 128 of 4096 = 3.1 %, docs/defaults.md)",
+    "k": "elements sent per chunk, 1..C (the paper: 1-3 % density; 128 of 4096 = 3.1 %; the default: docs/defaults.md)",
     "values": f"kept values: {' or '.join(VALUE_CODES)} (ternary: 1.6 bits each + a float32 scale per block)",
     "block": "with values=ternary: kept values per float32 scale",
 } | {key: DILOCO_PARAMS[key] for key in ("inner", "beta1", "beta2", "eps", "weight_decay")}
