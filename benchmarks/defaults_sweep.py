@@ -1,14 +1,18 @@
-"""Defaults that learn (docs/defaults.md): the learning-rate sweep and the table of every
-algorithm on its defaults, on the default task (mnist1d-mlp, 8 workers, batch 32, 500 steps).
+"""Defaults that learn (docs/defaults.md): the sweeps and the table of every algorithm on its
+defaults, on the default task (mnist1d-mlp, 8 workers, batch 32, 500 steps).
 
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --algorithms sync,local --lrs 0.2,0.4,0.8,1.6
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --algorithms sync --lrs 0.05,0.1,0.2 --momentum 0.9
+    OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --spec easgd:period=2 --spec easgd:beta=0.5 --seeds 3
+    OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --task mnist1d-cnn --algorithms sync --lrs 0.8,1.6
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py table --seeds 0,1,2
 
+The tuning sweeps run on held-out seeds (3, 4) that the table does not use. ``--spec`` takes one
+algorithm spec with its keys (repeatable: a spec's own commas cannot share ``--algorithms``'s).
 Runs go one after the other (the machine is shared), into a temporary folder; each prints one
 line: the settings, the final test accuracy and the CPU seconds of the run. ``table`` ends with the
-markdown table of docs/defaults.md (mean and range over the seeds, and the fraction of
-learning-rate-tuned sync SGD, ``--reference``).
+markdown table of docs/defaults.md (each seed, the mean, and the fraction of learning-rate-tuned
+sync SGD, ``--reference``).
 """
 
 from __future__ import annotations
@@ -29,39 +33,56 @@ def one(tmp: Path, **kw) -> float:
     started = time.process_time()
     summary = run(RunConfig(out=str(tmp / "run"), overwrite=True, **kw), progress=False, curves=False)
     acc = summary["final"]["test_acc"]
-    print(f"{kw}: test_acc={acc:.3f} ({time.process_time() - started:.1f} s CPU)", flush=True)
+    print(f"{kw}: test_acc={acc:.3f}, {summary['bytes_sent'] / 1e6:.2f} MB sent "
+          f"({time.process_time() - started:.1f} s CPU)", flush=True)
     return acc
+
+
+def table(tmp: Path, algorithms: list[str], seeds: list[int], reference: float) -> None:
+    from gradwire.config import RunConfig
+
+    rows = []
+    for a in algorithms:
+        accs = [one(tmp, algorithm=a, seed=seed) for seed in seeds]
+        mean = statistics.mean(accs)
+        lr = RunConfig(algorithm=a).resolved().lr
+        rows.append(f"| {a} | {lr:g} | " + " | ".join(f"{x:.3f}" for x in accs)
+                    + f" | {mean:.3f} | {100 * mean / reference:.0f}% |")
+    print("| algorithm | --lr | " + " | ".join(f"seed {s}" for s in seeds)
+          + f" | mean | of tuned sync ({reference:g}) |")
+    print("|---|---|" + "---|" * len(seeds) + "---|---|")
+    print("\n".join(rows))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("sweep", "table"))
-    parser.add_argument("--algorithms", default="")
-    parser.add_argument("--lrs", default="0.2,0.4,0.8,1.6")
-    add_run_flags(parser, only=("momentum", "seed"), defaults={"momentum": 0.0, "seed": [0]}, sweep=("seed",))
+    parser.add_argument("--algorithms", default="", help="comma-separated algorithm names (default: all)")
+    parser.add_argument("--spec", action="append", default=[], help="an algorithm spec with keys (repeatable)")
+    parser.add_argument("--lrs", default="0.2,0.4,0.8,1.6", help="sweep: comma-separated --lr values; "
+                        "'default': the algorithm's own")
+    add_run_flags(parser, only=("momentum", "seed", "task"), defaults={"seed": [0]}, sweep=("seed",),
+                  helps={"momentum": "sweep: --momentum (left out: the algorithm's own)",
+                         "task": "sweep: the task (another for the CNN check of docs/defaults.md)"})
     parser.add_argument("--reference", type=float, default=0.707, help="tuned sync SGD's mean test accuracy")
     ns, _ = parse_run_args(parser)
     from gradwire.algorithms import ALGORITHMS
 
-    algorithms = ns.algorithms.split(",") if ns.algorithms else ALGORITHMS.names()
+    algorithms = (ns.algorithms.split(",") if ns.algorithms else []) + ns.spec
+    algorithms = algorithms or ALGORITHMS.names()
     seeds = ns.seeds
     with tempfile.TemporaryDirectory() as tmp:
-        if ns.what == "sweep":
-            for a in algorithms:
-                for lr in (float(x) for x in ns.lrs.split(",")):
-                    for seed in seeds:
-                        one(Path(tmp), algorithm=a, lr=lr, momentum=ns.momentum, seed=seed)
+        if ns.what == "table":
+            table(Path(tmp), algorithms, seeds, ns.reference)
             return
-        rows = []
+        extra = {"task": ns.task}
+        if ns.momentum is not None:
+            extra["momentum"] = float(ns.momentum)
+        lrs = [None] if ns.lrs == "default" else [float(x) for x in ns.lrs.split(",")]
         for a in algorithms:
-            accs = [one(Path(tmp), algorithm=a, seed=seed) for seed in seeds]
-            default = ALGORITHMS.build(a)
-            mean = statistics.mean(accs)
-            rows.append(f"| {a} | {default.default_lr:g} | {default.default_momentum:g} | {mean:.3f} | "
-                        f"{min(accs):.3f}-{max(accs):.3f} | {100 * mean / ns.reference:.0f}% |")
-    print("| algorithm | --lr | --momentum | test acc. (mean) | range | of tuned sync |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
+            for lr in lrs:
+                for seed in seeds:
+                    one(Path(tmp), algorithm=a, seed=seed, **({"lr": lr} if lr is not None else {}), **extra)
 
 
 if __name__ == "__main__":

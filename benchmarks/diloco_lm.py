@@ -32,8 +32,8 @@ VARIANTS = [
     ("local SGD, τ=20", "local:period=20", 0.05, 0.9, "none"),
     ("AdamW inside, averaged every step", "diloco:inner_steps=1,outer_lr=1,outer_momentum=0", 1e-3, 0.0, "none"),
     ("DiLoCo, H=20", "diloco:inner_steps=20", 1e-3, 0.0, "none"),
-    ("Streaming DiLoCo, H=20, P=4, τ=2, fp16", "streaming-diloco:inner_steps=20,fragments=4,overlap=2", 1e-3, 0.0,
-     "fp16"),
+    ("Streaming DiLoCo, H=20, P=4, τ=2, fp16", "streaming-diloco:inner_steps=20,fragments=4,overlap=2,alpha=0.5",
+     1e-3, 0.0, "fp16"),
 ]
 
 

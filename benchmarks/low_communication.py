@@ -123,8 +123,8 @@ def overlap(args) -> None:
                   eval_every=args.steps // 10, network=args.network, seed=args.seed, data_dir=args.data_dir,
                   stragglers=f"none:compute_s={args.compute_s}")
     stream = f"streaming-diloco:inner_steps={h},fragments={args.fragments}" + (f",{args.outer}" if args.outer else "")
+    # τ = H with α = 0 is refused (every round would send a zero outer gradient: docs/low_communication.md)
     variants = [("DiLoCo (blocking)", f"{stream},overlap=0,alpha=0"),
-                ("overlapped τ=H, α=0", f"{stream},overlap={h},alpha=0"),
                 ("overlapped τ=H, α=0.5", f"{stream},overlap={h},alpha=0.5"),
                 ("overlapped τ=H, eager", f"{stream},overlap={h},eager=true")]
     print(f"{args.workers} workers, {args.task}, {args.steps} steps of batch 16, H={h}, P={args.fragments}, "

@@ -170,13 +170,13 @@ VARIANTS = [
     Variant("gw-diloco", "gradwire DiLoCo, H=20 (AdamW inside)", "adamw", "gradwire",
             ("--algorithm", "diloco:inner_steps=20", *ADAMW_LR)),
     Variant("gw-streaming", "gradwire Streaming DiLoCo, H=20, P=4, τ=2, fp16", "adamw", "gradwire",
-            ("--algorithm", "streaming-diloco:inner_steps=20,fragments=4,overlap=2", "--compressor", "fp16",
+            ("--algorithm", "streaming-diloco:inner_steps=20,fragments=4,overlap=2,alpha=0.5", "--compressor", "fp16",
              *ADAMW_LR)),
     Variant("gw-streaming-eager", "gradwire Streaming DiLoCo, eager, H=20, P=4, τ=20, fp16", "adamw", "gradwire",
             ("--algorithm", "streaming-diloco:inner_steps=20,fragments=4,overlap=20,eager=true,outer_lr=0.5,"
              "outer_momentum=0", "--compressor", "fp16", *ADAMW_LR)),
     # the low-communication methods (docs/low_communication.md), at their defaults with DiLoCo's H and inner lr
-    Variant("gw-sparseloco", "gradwire SparseLoCo, H=20, 64 of 4096, ternary values", "adamw", "gradwire",
+    Variant("gw-sparseloco", "gradwire SparseLoCo, H=20, 128 of 4096, ternary values", "adamw", "gradwire",
             ("--algorithm", "sparseloco:inner_steps=20", *ADAMW_LR)),
     Variant("gw-demo", "gradwire DeMo, 4 of 64 DCT coefficients, sign update", "adamw", "gradwire",
             ("--algorithm", "demo", *ADAMW_LR)),

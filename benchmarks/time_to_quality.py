@@ -93,7 +93,8 @@ ROWS = [
     Row("local-adamw", f"local AdamW, averaged every {H}", f"diloco:inner_steps={H},outer_lr=1,outer_momentum=0,"
         "outer_warmup=0", period=H, overlap="none"),
     Row("diloco", f"DiLoCo H={H}", f"diloco:inner_steps={H}", period=H, overlap="none"),
-    Row("streaming", f"Streaming DiLoCo H={H} P=4 τ=2 fp16", f"streaming-diloco:inner_steps={H},fragments=4,overlap=2",
+    Row("streaming", f"Streaming DiLoCo H={H} P=4 τ=2 fp16",
+        f"streaming-diloco:inner_steps={H},fragments=4,overlap=2,alpha=0.5",
         dict(compressor="fp16"), period=H // 4, overlap="tau:2"),
 ]
 ROW = {r.key: r for r in ROWS}

@@ -1,7 +1,8 @@
 """Defaults that learn: --lr and --momentum left out are the algorithm's own (RunConfig.resolved),
 and every algorithm on its defaults learns on the default task (mnist1d-mlp, 8 workers, 500
-steps) -- those the sweep of docs/defaults.md found within 90 % of learning-rate-tuned sync SGD
-reach that here too (one seed here, three in the doc's table)."""
+steps): each within three points of what it reached on seed 0 in docs/defaults.md, and those that
+clear 90 % of learning-rate-tuned sync SGD there with a margin clear it here (one seed here, three in
+the doc's table)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ from gradwire.run.loop import run
 # docs/defaults.md: sync SGD at its best learning rate of the sweep (1.6, momentum 0), mean final
 # test accuracy over seeds 0, 1, 2
 TUNED_SYNC = 0.707
+BAR = 0.9 * TUNED_SYNC  # the issue's bar: 90 % of tuned sync, 0.636
 # each algorithm's final test accuracy on its defaults must reach this fraction of TUNED_SYNC: what
-# its defaults reach on seed 0 here less three points, for every algorithm alike. Those that meet
-# the 90 % bar on the mean of three seeds (docs/defaults.md) meet it by 0.4-1.4 points on seed 0,
-# a few test samples, which another CPU's float32 rounding can move; the floor catches a default
-# that stops learning without depending on that. Chance is 0.10.
-FLOOR = {"sync": 0.87, "async": 0.96, "local": 0.88, "dasgd": 0.87, "diana": 0.85, "dqgd": 0.85, "dqsgd": 0.86,
-         "easgd": 0.8, "lsgd": 0.75, "dagc": 0.6, "signsgd": 0.55, "diloco": 0.8, "streaming-diloco": 0.7,
-         "backup-diloco": 0.87, "async-diloco": 0.87, "muloco": 0.77, "sparseloco": 0.66, "demo": 0.59}
+# its defaults reach on seed 0 here (the table of docs/defaults.md) less three points, for every
+# algorithm alike, so a default that stops learning fails. Chance is 0.10.
+FLOOR = {"sync": 0.87, "async": 0.96, "local": 0.88, "dasgd": 0.87, "diana": 0.87, "dqgd": 0.85, "dqsgd": 0.86,
+         "easgd": 0.85, "lsgd": 0.76, "dagc": 0.76, "signsgd": 0.78, "diloco": 0.87, "streaming-diloco": 0.86,
+         "backup-diloco": 0.87, "async-diloco": 0.87, "muloco": 0.77, "sparseloco": 0.8, "demo": 0.9}
+# those whose defaults clear BAR on seed 0 here by at least 5 of the 1,000 test samples must clear it
+# anywhere; the others that meet the bar on seed 0 (dasgd, diana, diloco, streaming-diloco: by 0-3
+# samples) are left to the floor, since another CPU's float32 rounding moves a run by a few samples
+MEETS_BAR = {"sync", "async", "local", "backup-diloco", "demo"}
 
 
 def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
@@ -43,7 +47,7 @@ def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
 
 
 def test_floors_cover_every_algorithm():
-    assert set(FLOOR) == set(ALGORITHMS.names())
+    assert set(FLOOR) == set(ALGORITHMS.names()) and MEETS_BAR <= set(FLOOR)
 
 
 @pytest.mark.slow
@@ -53,3 +57,5 @@ def test_every_algorithm_learns_on_its_defaults(name, tmp_path, data_dir):
                   curves=False)
     acc = summary["final"]["test_acc"]
     assert acc >= FLOOR[name] * TUNED_SYNC, (name, acc, FLOOR[name] * TUNED_SYNC)
+    if name in MEETS_BAR:
+        assert acc >= BAR, (name, acc, BAR)

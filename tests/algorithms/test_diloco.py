@@ -221,7 +221,7 @@ SPECS = [
     ("diloco:inner_steps=3,inner=sgd", dict(momentum=0.9)),
     ("diloco:inner_steps=2", dict(compressor="qsgd:levels=8,bucket=64", error_feedback=True)),
     ("streaming-diloco:inner_steps=4,fragments=2,overlap=2", {}),       # a fragment in flight at step 5
-    ("streaming-diloco:inner_steps=3,fragments=3,overlap=3", dict(compressor="qsgd:levels=8,bucket=64",
+    ("streaming-diloco:inner_steps=3,fragments=3,overlap=3,alpha=0.5", dict(compressor="qsgd:levels=8,bucket=64",
                                                                     error_feedback=True)),
     ("streaming-diloco:inner_steps=4,fragments=2,overlap=1", dict(compressor="fp16")),
 ]

@@ -22,6 +22,9 @@ from gradwire.cli import main
     ("streaming-diloco:inner_steps=4,overlap=5", [], "overlap must be in [0, inner_steps=4] (at most one round of "
                                                      "a fragment in flight), got 5"),
     ("streaming-diloco:alpha=2", [], "alpha must be in [0, 1] (weight of the local parameters at a merge), got 2"),
+    # α = 0 (the default) with τ = H: every round would send a zero outer gradient (docs/low_communication.md)
+    ("streaming-diloco:inner_steps=4,overlap=4", [], "alpha=0 with overlap=4 = inner_steps discards every inner "
+                                                     "step"),
     ("diloco", ["--momentum", "0.9"], "diloco with inner=adamw: --momentum and --weight-decay apply to inner=sgd; "
                                       "AdamW's are the spec's beta1, beta2 and weight_decay"),
     ("diloco", ["--error-feedback"], "--error-feedback needs --compressor"),

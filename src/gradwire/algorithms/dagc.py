@@ -53,15 +53,16 @@ MODES = ("relative", "absolute", "uniform")
 
 @ALGORITHMS.register(
     "dagc", help="DAGC (Lu 2023): per-worker top-k ratios ∝ p_i^(2/3) of data share under a total budget",
-    params={"budget": "mean kept ratio r in (0, 1]: N·ceil(r·d) elements per step in total",
+    params={"budget": "mean kept ratio r in (0, 1]: N·ceil(r·d) elements per step in total (the default: "
+                      "docs/defaults.md)",
             "mode": "relative (top-k counts), absolute (thresholds ∝ p_i^(-2/3)) or uniform (equal k)",
             "local_steps": "local SGD steps per round K; K > 1 sends compressed model deltas (FedAvg)",
             "tau": "absolute mode: threshold of a worker with share 1/N (0 = calibrate at set-up)"})
 class DAGC(Algorithm):
     name = "dagc"
-    default_lr = 0.4  # --lr when not given (docs/defaults.md)
+    default_lr = 0.8  # --lr when not given (docs/defaults.md, with the default budget 0.05)
 
-    def __init__(self, *, budget: float = 0.01, mode: str = "relative", local_steps: int = 1,
+    def __init__(self, *, budget: float = 0.05, mode: str = "relative", local_steps: int = 1,
                  tau: float = 0.0):
         require(0 < budget <= 1, f"budget must be in (0, 1] (the mean fraction of elements kept), "
                 f"got {budget}")

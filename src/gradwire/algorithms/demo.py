@@ -82,6 +82,7 @@ DEMO_PARAMS = {
                      "all-gathered and removed locally, sign update", params=DEMO_PARAMS)
 class DeMo(Algorithm):
     name = "demo"
+    default_lr = 1e-2  # η when --lr is not given (docs/defaults.md): the sign update moves every element by η
 
     def __init__(self, *, decay: float = 0.999, chunk: int = 64, k: int = 4, sign: bool = True,
                  weight_decay: float = 0.0):

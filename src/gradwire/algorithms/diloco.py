@@ -36,7 +36,8 @@ round, only when they travel:
    keep training meanwhile, and the communication costs time only where it outlasts those τ
    steps. The merge mixes the worker's own parameters, which moved on for τ steps, with the new
    global ones: x_{i,p} <- α x_{i,p} + (1 - α) θ_p (the paper's α; α = 0 discards the τ local
-   steps, α = 0.5 is the paper's choice).
+   steps, α = 0.5 is the paper's choice; gradwire's default is 0, which learned better with
+   τ = 1 on the default task: docs/defaults.md).
 3. *Quantised outer gradients* (the paper sends 4-bit floats): any gradwire compressor, e.g.
    ``--compressor qsgd:levels=8`` or ``fp16``.
 
@@ -120,7 +121,8 @@ STREAMING_PARAMS = DILOCO_PARAMS | {
     "inner_steps": "H >= 1: inner steps between two rounds of a fragment (paper: 100)",
     "fragments": "P in [1, H]: fragments of the parameters, synchronised at staggered steps",
     "overlap": "τ in [0, H]: inner steps a fragment's outer gradient travels before it is merged",
-    "alpha": "α in [0, 1]: merge weight of the local parameters, x <- α x + (1-α) θ (paper: 0.5)",
+    "alpha": "α in [0, 1]: merge weight of the local parameters, x <- α x + (1-α) θ (paper: 0.5; "
+             "the default: docs/defaults.md); 0 with overlap = inner_steps is refused (nothing would be learned)",
     "eager": "true: eager updates (Kale et al. 2025, arXiv:2502.12996): each worker steps at once on its own fresh "
              "outer gradient mixed with the others' from the previous round's average (alpha does not apply)",
 }
@@ -137,12 +139,12 @@ class StreamingDiLoCo(Algorithm):
     name = "streaming-diloco"
     evaluates = "global"
     default_compressor = "none"
-    default_lr = 3e-3  # the inner AdamW's --lr when not given (docs/defaults.md; DiLoCo inherits it)
+    default_lr = 1e-2  # the inner AdamW's --lr when not given (docs/defaults.md; DiLoCo and its kin inherit it)
 
     def __init__(self, *, inner_steps: int = 20, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
                  eps: float = 1e-8, weight_decay: float = 0.1, fragments: int = 4, overlap: int = 1,
-                 alpha: float = 0.5, eager: bool = False):
+                 alpha: float = 0.0, eager: bool = False):
         require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
         require(math.isfinite(outer_lr) and outer_lr > 0, f"outer_lr must be a finite number > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
@@ -158,6 +160,13 @@ class StreamingDiLoCo(Algorithm):
         require(0 <= overlap <= inner_steps, f"overlap must be in [0, inner_steps={inner_steps}] (at most one "
                 f"round of a fragment in flight), got {overlap}")
         require(0 <= alpha <= 1, f"alpha must be in [0, 1] (weight of the local parameters at a merge), got {alpha}")
+        # α = 0 discards the τ inner steps a fragment's round is in flight; at τ = H that is all of them:
+        # the merge resets x to θ on the step the next round starts, which then sends Δ = 0, and nothing
+        # is learned (eager rounds restart from their own θ_i instead and do not merge)
+        require(alpha > 0 or overlap < inner_steps or eager,
+                f"alpha=0 with overlap={overlap} = inner_steps discards every inner step (each merge resets the "
+                "replicas to θ on the step the next round starts, so every round sends a zero outer gradient): "
+                "use alpha > 0 (the paper's 0.5), overlap < inner_steps, or eager=true")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, outer_lr, outer_momentum
         self.outer_warmup = outer_warmup
         self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay

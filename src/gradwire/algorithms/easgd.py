@@ -51,7 +51,7 @@ class EASGD(Algorithm):
     name = "easgd"
     default_lr = 0.8  # --lr when not given (docs/defaults.md)
 
-    def __init__(self, *, alpha: float = 0.0, beta: float = 0.9, period: int = 4, eval: str = "center",
+    def __init__(self, *, alpha: float = 0.0, beta: float = 0.9, period: int = 2, eval: str = "center",
                  asynchronous: bool = False):
         require(0 <= alpha <= 1, f"alpha must be in [0, 1] (0 = beta / workers), got {alpha}")
         require(0 <= beta <= 1, f"beta must be in [0, 1], got {beta}")
@@ -195,7 +195,8 @@ register_with_async_key(
     "easgd", EASGD, help="elastic averaging SGD (Zhang 2015): workers tied to a center variable; sync, async",
     params={"alpha": "elastic pull α of a worker towards the center, in [0, 1] (0 = beta / workers)",
             "beta": "moving rate β of the center towards the workers' mean, in [0, 1] (paper: 0.9)",
-            "period": "τ >= 1: local steps between elastic rounds (async: each worker's own steps)",
+            "period": "τ >= 1: local steps between elastic rounds (async: each worker's own steps; the default: "
+                      "docs/defaults.md)",
             "eval": "what is evaluated: center (default), average (the workers' mean), each (every worker); "
                     "async=true: center only",
             "asynchronous": "event-driven asynchronous EASGD: each worker exchanges with the master alone"})

@@ -77,7 +77,7 @@ class ServerDiLoCo(Algorithm):
     evaluates = "server"
     needs_server = True
     default_compressor = "none"  # pseudo-gradients travel as they are unless --compressor says otherwise
-    default_lr = 3e-3  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
+    default_lr = 1e-2  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
     first_tag = 0      # the tag a replica computes for before any answer
 
     def inner_settings(self, *, inner_steps: int, inner: str, beta1: float, beta2: float, eps: float,

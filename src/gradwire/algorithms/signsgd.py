@@ -1,6 +1,7 @@
 """signSGD with majority vote (Bernstein, Zhao, Azizzadenesheli, Anandkumar 2019, "signSGD with
 majority vote is communication efficient and fault tolerant", Algorithm 1; Signum when
-momentum > 0).
+momentum > 0, the default: at batch 32 the vote of plain signs is too noisy to learn as well,
+docs/defaults.md).
 
 Each worker sends the sign of its (momentum) gradient, 1 bit per element; rank 0, acting as the
 parameter server, takes the element-wise majority and broadcasts its sign, again 1 bit per
@@ -20,12 +21,13 @@ from gradwire.spec import require
 
 
 @ALGORITHMS.register("signsgd", help="signSGD with majority vote through rank 0 (Bernstein 2019); Signum with momentum",
-                     params={"momentum": "worker-side momentum β (Signum); 0 = plain signSGD"})
+                     params={"momentum": "worker-side momentum β (Signum; the default: docs/defaults.md); "
+                                         "0 = plain signSGD"})
 class SignSGD(Algorithm):
     name = "signsgd"
     default_lr = 1e-3  # --lr when not given (docs/defaults.md): a sign moves every coordinate by lr
 
-    def __init__(self, *, momentum: float = 0.0):
+    def __init__(self, *, momentum: float = 0.9):
         require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
 

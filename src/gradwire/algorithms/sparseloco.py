@@ -34,7 +34,7 @@ SPARSELOCO_PARAMS = {
     "outer_lr": "α > 0: outer step θ <- θ - α mean(Δ̂) (Algorithm 1; 1 is the plain sparse average)",
     "decay": "β in [0, 1]: error-feedback decay e <- β e + Δ",
     "chunk": "C: elements per top-k chunk",
-    "k": "elements sent per chunk, 1..C (the paper: 1-3 % density; 64 of 4096 = 1.56 %)",
+    "k": "elements sent per chunk, 1..C (the paper: 1-3 % density; 128 of 4096 = 3.1 %; the default: docs/defaults.md)",
     "values": f"kept values: {' or '.join(VALUE_CODES)} (ternary: 1.6 bits each + a float32 scale per block)",
     "block": "with values=ternary: kept values per float32 scale",
 } | {key: DILOCO_PARAMS[key] for key in ("inner", "beta1", "beta2", "eps", "weight_decay")}
@@ -42,9 +42,12 @@ SPARSELOCO_PARAMS = {
 
 class SparseLoCo(DiLoCo):
     name = "sparseloco"
+    # the inner AdamW's --lr when not given (docs/defaults.md): twice DiLoCo's, perhaps because its outer
+    # step (α = 1, no momentum) does not amplify the inner change as DiLoCo's Nesterov step does
+    default_lr = 2e-2
 
     def __init__(self, *, inner_steps: int = 15, outer_lr: float = 1.0, decay: float = 0.95, chunk: int = 4096,
-                 k: int = 64, values: str = "ternary", block: int = 64, inner: str = "adamw", beta1: float = 0.9,
+                 k: int = 128, values: str = "ternary", block: int = 64, inner: str = "adamw", beta1: float = 0.9,
                  beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1):
         super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=0.0, inner=inner, beta1=beta1,
                          beta2=beta2, eps=eps, weight_decay=weight_decay)
