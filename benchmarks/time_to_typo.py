@@ -22,6 +22,8 @@ CASES = {
     "run --workers 0": ["run", "--workers", "0"],
     "run --lr -1": ["run", "--lr", "-1"],
     "run --wokers 8 (unknown flag)": ["run", "--wokers", "8"],
+    "run --algorithm synk (unknown name)": ["run", "--algorithm", "synk"],
+    "run --compressor qsgd:levls=4 (unknown key)": ["run", "--compressor", "qsgd:levls=4"],
     "rn (unknown command)": ["rn"],
     "run --config broken.yaml": ["run", "--config", "{broken}"],
     "--help": ["--help"],

@@ -2,7 +2,8 @@
 
 The layers, bottom to top (a module may import its own layer's package and any layer below):
 
- 0. foundation: errors, spec, seeding, registries (a table of names, resolved on demand), checkpoint
+ 0. foundation: errors, spec, seeding, registries (a table of names, resolved on demand; registry_names,
+    the specs' names and keys written down torch-free), checkpoint
     (the file format), report (leaf libraries: recorders such as the timeline that every layer
     writes into, and the pages that read run folders; report imports nothing but errors)
  1. config: typed values and names, each checked on its own (whether they combine is asked of the
@@ -43,7 +44,7 @@ import gradwire
 SRC = Path(gradwire.__file__).parent
 
 LAYERS = [
-    {"errors", "spec", "seeding", "registries", "checkpoint", "report", "__init__"},
+    {"errors", "spec", "seeding", "registries", "registry_names", "checkpoint", "report", "__init__"},
     {"config"},
     {"tasks"},
     {"kernels"},

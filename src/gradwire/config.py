@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gradwire.errors import ConfigError
-from gradwire.registries import REGISTRIES, registry_for
+from gradwire.registries import REGISTRIES, check_spec_names, registry_for
 from gradwire.spec import parse_spec
 
 OUTER_STATES = ("device", "cpu")  # where the DiLoCo family keeps its outer state (--outer-state)
@@ -141,7 +141,8 @@ class RunConfig:
         return self
 
     def check_values(self) -> RunConfig:
-        """The checks of :meth:`validate` that need no registry and no torch."""
+        """The checks of :meth:`validate` that need no registry and no torch: the values, and the
+        specs' names and keys against the written-down table (``registries.check_spec_names``)."""
         _positive(self.workers, "workers")
         _positive(self.steps, "steps")
         _positive(self.eval_every, "eval_every")
@@ -178,6 +179,9 @@ class RunConfig:
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 {_flag('timeout_s')}")
         check_out_folder(self.out)
+        for key in dict.fromkeys(ref.key for ref in REGISTRIES):  # names and keys, from the torch-free table
+            with naming_flag(key):
+                check_spec_names(key, getattr(self, key))
         return self
 
     def to_dict(self) -> dict[str, Any]:
