@@ -205,10 +205,11 @@ class ReplicaDriver:
             # not committed: a collective, the process group's rebuild or a transfer failed here or
             # on a peer; torchft numbers the next quorum anew, so that its group is built afresh
             failures += 1
-            self.events.append({"step": run.step, "attempt": attempt, "error": str(failed)[:200] if failed else None})
+            error = str(failed).splitlines()[0][:200] if failed else None  # (torchft's adds its traceback)
+            self.events.append({"step": run.step, "attempt": attempt, "error": error})
             self._restore(snap)
             if failures > self.ft.max_retries:
-                last = str(failed)[:160] if failed else "a peer's"
+                last = error or "a peer's"
                 raise CommunicationError(f"replica {self.transport.rank}: step {run.step} was not committed in "
                                          f"{failures} attempts (the last failure: {last})")
 
