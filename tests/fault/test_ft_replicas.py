@@ -19,6 +19,11 @@ KILL, BACK, STEPS, BATCH = 5, 12, 16, 8  # replica 2 is away for steps KILL+1 ..
 # the longest wait for one phase of a run: on a loaded machine (the suite on 2 cores beside other
 # work) a replica's start alone was seen to take over a minute; a passing run waits far less
 WAIT_S = 300
+# the Lighthouse waits this long for a live replica that has not asked for the step's quorum yet
+# (3 s by default): a replica starved of the CPU for longer would otherwise be left out of a step,
+# which changes the sequence of quorums the tests assert; a dead or hung one stops heartbeating and
+# is left out after heartbeat_timeout_ms (1 s) whatever this is
+JOIN_MS = 10_000
 
 
 def final_state(folder):
@@ -43,7 +48,7 @@ def replicas_run(out, data_dir, args, away_env: dict):
 
     rs = ReplicaSet(out, [*args, "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every",
                           str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir)],
-                    replicas=3, min_replicas=2, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+                    replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     try:
         rs.start_all({2: away_env})
         code = rs.wait(2, WAIT_S)
@@ -141,7 +146,7 @@ def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path,
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--compressor", "topk:ratio=0.25",
             "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
             "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
-    rs = ReplicaSet(tmp_path / "stop", args, replicas=3, min_replicas=2, timeout_s=3,
+    rs = ReplicaSet(tmp_path / "stop", args, replicas=3, min_replicas=2, timeout_s=3, join_timeout_ms=JOIN_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     try:
         rs.start_all()
@@ -180,7 +185,7 @@ def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--steps", str(STEPS), "--eval-every", str(STEPS),
             "--checkpoint-every", str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir),
             "--stragglers", "tail:p=0,compute_s=0.2"]  # paced, so that the restart falls mid-run
-    rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2)
+    rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS)
     try:
         rs.start_all()
         rs.wait_for_step(0, KILL, WAIT_S)
@@ -210,7 +215,8 @@ def test_replica_added_mid_run_heals_and_takes_part(tmp_path, data_dir):
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--compressor", "topk:ratio=0.25",
             "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
             "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
-    rs = ReplicaSet(tmp_path / "added", args, replicas=3, min_replicas=2, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+    rs = ReplicaSet(tmp_path / "added", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
+                    env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     rs.spec += ",start_replicas=2"
     try:
         rs.start(0)
