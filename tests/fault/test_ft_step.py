@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from gradwire.errors import CommunicationError
-from gradwire.fault.replica import ReplicaDriver
-from gradwire.transports.ft_spec import FaultTolerance
-
 pytest.importorskip("torchft")
+
+from gradwire.errors import CommunicationError  # noqa: E402 - after the skip: fault/replica.py imports torchft
+from gradwire.fault.replica import ReplicaDriver  # noqa: E402
+from gradwire.transports.ft_spec import FaultTolerance  # noqa: E402
 
 
 class ScriptedManager:
