@@ -16,6 +16,14 @@ from tests.helpers import read_jsonl
 pytest.importorskip("torchft")
 
 KILL, BACK, STEPS, BATCH = 5, 12, 16, 8  # replica 2 is away for steps KILL+1 .. BACK-1
+# the longest wait for one phase of a run: on a loaded machine (the suite on 2 cores beside other
+# work) a replica's start alone was seen to take over a minute; a passing run waits far less
+WAIT_S = 300
+# the Lighthouse waits this long for a live replica that has not asked for the step's quorum yet
+# (3 s by default): a replica starved of the CPU for longer would otherwise be left out of a step,
+# which changes the sequence of quorums the tests assert; a dead or hung one stops heartbeating and
+# is left out after heartbeat_timeout_ms (1 s) whatever this is
+JOIN_MS = 10_000
 
 
 def final_state(folder):
@@ -40,13 +48,13 @@ def replicas_run(out, data_dir, args, away_env: dict):
 
     rs = ReplicaSet(out, [*args, "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every",
                           str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir)],
-                    replicas=3, min_replicas=2, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+                    replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     try:
         rs.start_all({2: away_env})
-        code = rs.wait(2, 150)
-        rs.wait_for_step(0, BACK - 1, 150)
+        code = rs.wait(2, WAIT_S)
+        rs.wait_for_step(0, BACK - 1, WAIT_S)
         rs.start(2)
-        codes = [rs.wait(k, 150) for k in range(3)]
+        codes = [rs.wait(k, WAIT_S) for k in range(3)]
         assert codes == [0, 0, 0], "\n".join(rs.log(k)[-2000:] for k in range(3))
     finally:
         rs.close()
@@ -69,6 +77,7 @@ def check_faulty_run(records):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(2 * 4 * WAIT_S)  # two runs of (at most) four waits each
 @pytest.mark.parametrize("args, replayed", [
     (["--algorithm", "sync", "--compressor", "topk:ratio=0.25", "--error-feedback"], True),
     pytest.param(["--algorithm", "diloco:inner_steps=4", "--lr", "0.1"], True, marks=pytest.mark.slow),
@@ -91,10 +100,12 @@ def test_sigkill_then_recovery_equals_a_fault_free_replay_bitwise(tmp_path, data
         return
     code, replay_rs, replay = replicas_run(tmp_path / "replay", data_dir, args, {"GRADWIRE_FT_LEAVE_AT": f"2:{KILL}"})
     assert code == 0
-    # the replay's steps each ran once, but for step 1 (which waits for every replica to start) and
-    # step BACK, which waited (retried) for replica 2 in both runs, a different number of times: a
-    # retry restores every state exactly, or the runs would differ
-    assert [r["step"] for r in replay[0] if r["ft"]["attempts"] > 1 and r["step"] not in (1, BACK)] == []
+    # the replay's steps each ran once, but for step 1 (which waits for every replica to start), step
+    # BACK, which waited (asked for a quorum again) for replica 2 in both runs, a different number of
+    # times, and any whose attempt failed (on a loaded machine a process group's rebuild can time
+    # out: the record says why): a retry restores every state exactly, or the runs would differ
+    assert [r["step"] for r in replay[0] if r["ft"]["attempts"] > 1 and r["step"] not in (1, BACK)
+            and not r["ft"].get("failures")] == []
     assert faulty[0][BACK - 1]["ft"]["attempts"] > 1 and replay[0][BACK - 1]["ft"]["attempts"] > 1
     for k in range(3):
         assert [r["ft"]["participants"] for r in replay[k]] == [r["ft"]["participants"] for r in faulty[k]]
@@ -124,6 +135,7 @@ def check_shared_state(faulty_states: list[dict]) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+@pytest.mark.timeout(5 * WAIT_S)
 def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path, data_dir):
     """A hung replica (SIGSTOP): the survivors go on without it (once the Lighthouse stops hearing
     its heartbeats, or after timeout_s if it hung inside their collective); woken (SIGCONT), its
@@ -134,15 +146,15 @@ def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path,
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--compressor", "topk:ratio=0.25",
             "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
             "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
-    rs = ReplicaSet(tmp_path / "stop", args, replicas=3, min_replicas=2, timeout_s=3,
+    rs = ReplicaSet(tmp_path / "stop", args, replicas=3, min_replicas=2, timeout_s=3, join_timeout_ms=JOIN_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     try:
         rs.start_all()
-        rs.wait_for_step(0, KILL, 150)
+        rs.wait_for_step(0, KILL, WAIT_S)
         rs.signal(2, signal.SIGSTOP)
-        rs.wait_for_step(0, BACK - 1, 150)
+        rs.wait_for_step(0, BACK - 1, WAIT_S)
         rs.signal(2, signal.SIGCONT)
-        codes = [rs.wait(k, 150) for k in range(3)]
+        codes = [rs.wait(k, WAIT_S) for k in range(3)]
         assert codes == [0, 0, 0], "\n".join(rs.log(k)[-2000:] for k in range(3))
     finally:
         rs.close()
@@ -163,6 +175,7 @@ def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path,
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+@pytest.mark.timeout(5 * WAIT_S)
 def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
     """The Lighthouse stops for 2 s mid-run and a new one starts on its port: the replicas' quorum
     requests fail meanwhile and are asked again; the run finishes with every replica holding the
@@ -172,12 +185,12 @@ def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--steps", str(STEPS), "--eval-every", str(STEPS),
             "--checkpoint-every", str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir),
             "--stragglers", "tail:p=0,compute_s=0.2"]  # paced, so that the restart falls mid-run
-    rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2)
+    rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS)
     try:
         rs.start_all()
-        rs.wait_for_step(0, KILL, 150)
+        rs.wait_for_step(0, KILL, WAIT_S)
         rs.restart_lighthouse(down_s=2.0)
-        codes = [rs.wait(k, 150) for k in range(3)]
+        codes = [rs.wait(k, WAIT_S) for k in range(3)]
         assert codes == [0, 0, 0], "\n".join(rs.log(k)[-2000:] for k in range(3))
     finally:
         rs.close()
@@ -192,6 +205,7 @@ def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+@pytest.mark.timeout(5 * WAIT_S)
 def test_replica_added_mid_run_heals_and_takes_part(tmp_path, data_dir):
     """Two replicas start (start_replicas=2 of --workers 3); the third starts mid-run, heals from a
     peer at its first step and trains with them; every replica ends with the same parameters, and
@@ -201,14 +215,15 @@ def test_replica_added_mid_run_heals_and_takes_part(tmp_path, data_dir):
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--compressor", "topk:ratio=0.25",
             "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
             "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
-    rs = ReplicaSet(tmp_path / "added", args, replicas=3, min_replicas=2, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+    rs = ReplicaSet(tmp_path / "added", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
+                    env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     rs.spec += ",start_replicas=2"
     try:
         rs.start(0)
         rs.start(1)
-        rs.wait_for_step(0, BACK - 1, 150)
+        rs.wait_for_step(0, BACK - 1, WAIT_S)
         rs.start(2)
-        codes = [rs.wait(k, 150) for k in range(3)]
+        codes = [rs.wait(k, WAIT_S) for k in range(3)]
         assert codes == [0, 0, 0], "\n".join(rs.log(k)[-2000:] for k in range(3))
     finally:
         rs.close()

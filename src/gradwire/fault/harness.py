@@ -22,7 +22,8 @@ from pathlib import Path
 
 class ReplicaSet:
     def __init__(self, out: Path, run_args: list[str], *, replicas: int, min_replicas: int, timeout_s: float = 10.0,
-                 heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 3000, env: dict | None = None):
+                 quorum_timeout_s: float = 180.0, heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 3000,
+                 env: dict | None = None):
         from torchft.coordination import LighthouseServer
 
         self.out, self.run_args, self.replicas = Path(out), list(run_args), replicas
@@ -31,7 +32,11 @@ class ReplicaSet:
                                  "heartbeat_timeout_ms": heartbeat_timeout_ms}
         self.lighthouse = LighthouseServer(bind="127.0.0.1:0", **self._lighthouse_args)
         self.lighthouse_port = int(self.lighthouse.address().rsplit(":", 1)[1])
-        self.spec = (f"torchft:min_replicas={min_replicas},timeout_s={timeout_s:g},quorum_timeout_s={4 * timeout_s:g},"
+        # quorum_timeout_s bounds how long the replicas wait for one that is (re)starting at a step that
+        # needs all of them (the first, GRADWIRE_FT_FULL_AT's): on a loaded machine a replica's
+        # imports alone were seen to take over a minute, so it is far above a quiet machine's seconds
+        self.spec = (f"torchft:min_replicas={min_replicas},timeout_s={timeout_s:g},"
+                     f"quorum_timeout_s={max(quorum_timeout_s, timeout_s):g},"
                      f"lighthouse=127.0.0.1:{self.lighthouse_port}")
         self.env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="warn") | (env or {})
         self.procs: dict[int, subprocess.Popen] = {}
@@ -43,6 +48,8 @@ class ReplicaSet:
     def start(self, k: int, env: dict | None = None) -> subprocess.Popen:
         """Start replica ``k`` (again: its folder is replaced; its state comes from a peer)."""
         log = open(self.out / f"replica-{k}.log", "a")  # noqa: SIM115 - the child keeps it open
+        log.write(f"--- gradwire.fault.harness: replica {k} starts at {time.strftime('%H:%M:%S')}\n")
+        log.flush()
         cmd = [sys.executable, "-m", "gradwire", "run", "--backend", "torch", "--workers", str(self.replicas),
                *self.run_args, "--fault-tolerance", f"{self.spec},replica={k}", "--out", str(self.folder(k)),
                "--overwrite", "--timeout-s", "60"]

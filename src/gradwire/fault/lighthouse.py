@@ -11,12 +11,17 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 
 from gradwire.transports.ft_spec import require_torchft
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM and SIGINT are blocked before any thread starts (torch's, the server's: they inherit
+    # the mask) and taken with sigwait: a handler would run only once the main thread woke, and a
+    # signal that the kernel hands to another thread does not wake it (a stop once went unheard);
+    # one sent before the wait, right after the address is printed, stays pending until it
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     p = argparse.ArgumentParser(prog="python -m gradwire.fault.lighthouse", description=__doc__.splitlines()[0])
     p.add_argument("--bind", default="0.0.0.0:29510", help="HOST:PORT to listen on (port 0: a free one)")
     p.add_argument("--min-replicas", type=int, default=1, help="a quorum needs at least this many replicas")
@@ -33,10 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     server = LighthouseServer(bind=ns.bind, min_replicas=ns.min_replicas, join_timeout_ms=ns.join_timeout_ms,
                               heartbeat_timeout_ms=ns.heartbeat_timeout_ms)
     print(f"gradwire lighthouse: listening on {server.address()}", flush=True)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    signal.sigwait(stop)
     server.shutdown()
     return 0
 

@@ -60,7 +60,7 @@ class ReplicaDriver:
         self.state, self.counters, self.setup, self.samples = state, counters, setup, samples
         ft = self.ft
         self.skipped_samples = 0     # samples of the shards of replicas absent from committed steps
-        self.events: list[dict] = []  # recovery phases of this replica (recorded in steps.jsonl)
+        self.events: list[dict] = []  # this step's failed attempts and quorum requests (in its steps.jsonl record)
         self.healed: dict | None = None
         self.checkpoints = SafeHTTPTransport(ft.host, timedelta(seconds=ft.timeout_s))
         self.manager = Manager(
@@ -134,34 +134,37 @@ class ReplicaDriver:
         self.ctx.gradient_counts = dict(snap["gradient_counts"])
 
     # -- one step --------------------------------------------------------------------------------
-    def _waits_for_all(self) -> bool:
-        """Whether this step commits only with all ``--workers`` replicas in its quorum: the run's
+    def _required(self) -> int:
+        """How many replicas the quorum's step needs to commit: all ``--workers`` for the run's
         first step (``start_replicas`` of them, every replica by default), so that a replica that
-        starts a little late (imports, data) is not left behind from step 1, and the scripted
-        steps of ``GRADWIRE_FT_FULL_AT``. torchft's commit threshold is raised for those steps
-        (``Manager._min_replica_size``, which ``should_commit`` compares with the quorum's size) and
-        is ``min_replicas`` otherwise."""
+        starts a little late (imports, data) is not left behind from step 1, and for the scripted
+        steps of ``GRADWIRE_FT_FULL_AT``; ``min_replicas`` otherwise. Read after the quorum, when
+        every member is at the quorum's step (a healed one has jumped to it), so that all members
+        agree. torchft's commit threshold is set to it (``Manager._min_replica_size``, which
+        ``should_commit`` compares with the quorum's size)."""
         step = self.manager.current_step()
         if step == 0:
             need = self.ft.start_replicas or self.transport.world_size
         else:
             need = self.transport.world_size if step + 1 in self.full_at else self.ft.min_replicas
         self.manager._min_replica_size = max(need, self.ft.min_replicas)
-        return need > self.ft.min_replicas
+        return self.manager._min_replica_size
 
     def step(self) -> dict:
         """One committed step (retried until committed); sets ``counters.step`` to its number."""
         manager, counters, ctx = self.manager, self.counters, self.ctx
         snap = self._snapshot()
-        deadline = time.monotonic() + self.ft.quorum_timeout_s
-        attempt = 0
+        # how long this step may wait for the replicas it needs, and (from the last quorum) for the
+        # Lighthouse to answer: quorum_timeout_s each
+        wait_deadline = quorum_deadline = time.monotonic() + self.ft.quorum_timeout_s
+        attempt = failures = 0
         while True:
             attempt += 1
-            waiting = self._waits_for_all()
             self.healed = None
             t0, began = time.perf_counter(), ctx.timeline.now() if ctx.timeline.enabled else 0.0
-            if not self._quorum(deadline):
+            if not self._quorum(quorum_deadline):
                 continue
+            quorum_deadline = time.monotonic() + self.ft.quorum_timeout_s
             quorum_s = time.perf_counter() - t0
             self._record_quorum(began, quorum_s)
             if self.healed is not None:
@@ -170,6 +173,18 @@ class ReplicaDriver:
             ctx.oracle.step = ctx.timeline.step = counters.step
             ranks = self.transport.pg._global_ranks or [self.transport.rank]
             self.transport.participants = list(ranks)
+            need = self._required()
+            if len(ranks) < need and manager.errored() is None:
+                # a quorum too small to commit (replicas still starting or away): every member knows
+                # it, so none computes or votes, and the same members' next quorum keeps its id (a
+                # failed vote would make the Lighthouse renumber it, and torchft rebuild the gloo
+                # group at every attempt, which on a loaded machine races with the rebuild itself)
+                if time.monotonic() >= wait_deadline:
+                    raise CommunicationError(f"replica {self.transport.rank}: step {counters.step} needs {need} "
+                                             f"replicas; the quorum had {sorted(ranks)} for quorum_timeout_s="
+                                             f"{self.ft.quorum_timeout_s:g} s")
+                time.sleep(self.ft.heartbeat_ms / 1000)  # let the others heartbeat and ask again
+                continue
             info = None
             if manager.errored() is None:
                 try:
@@ -183,18 +198,21 @@ class ReplicaDriver:
                       "skipped_samples": self.skipped_samples}
                 if self.healed is not None:
                     ft["healed"] = self.healed
+                if self.events:  # why earlier attempts of this step failed
+                    ft["failures"], self.events = self.events, []
                 if self.leave_at == counters.step:
                     self.leave()
                 return info | {"ft": ft}
-            self.events.append({"step": counters.step, "attempt": attempt,
-                                "error": str(failed)[:200] if failed else None})
+            # not committed: a collective, the process group's rebuild or a transfer failed here or
+            # on a peer; torchft numbers the next quorum anew, so that its group is built afresh
+            failures += 1
+            error = str(failed).splitlines()[0][:200] if failed else None  # (torchft's adds its traceback)
+            self.events.append({"step": counters.step, "attempt": attempt, "error": error})
             self._restore(snap)
-            waiting = waiting and failed is None and time.monotonic() < deadline
-            if attempt > self.ft.max_retries and not waiting:
+            if failures > self.ft.max_retries:
+                last = error or "a peer's"
                 raise CommunicationError(f"replica {self.transport.rank}: step {counters.step} was not committed in "
-                                         f"{attempt} attempts (the last: {str(failed)[:160] or 'too few replicas'})")
-            if waiting:  # for replicas still starting or away: let them heartbeat
-                time.sleep(self.ft.heartbeat_ms / 1000)
+                                         f"{failures} attempts (the last failure: {last})")
 
     def _quorum(self, deadline: float) -> bool:
         """``Manager.start_quorum``; False when the Lighthouse could not be reached (it restarts, a

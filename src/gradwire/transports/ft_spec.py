@@ -24,12 +24,12 @@ class FaultTolerance:
     min_replicas: int = 1        # a step commits only with at least this many replicas in its quorum
     start_replicas: int = 0      # replicas the first step waits for (0: every one of --workers)
     timeout_s: float = 30.0      # a collective, a should_commit vote, a state transfer
-    quorum_timeout_s: float = 60.0  # the longest wait for a quorum (a replica restarting included)
+    quorum_timeout_s: float = 60.0  # the longest wait for a quorum, and for the replicas a step needs
     heartbeat_ms: int = 100      # how often a replica tells the Lighthouse it lives
     lighthouse: str = ""         # HOST:PORT of the Lighthouse (gradwire launch starts one)
     replica: int = 0             # this process's replica index = its worker rank and data shard
     host: str = "127.0.0.1"      # the address this replica's servers advertise to its peers
-    max_retries: int = 10        # consecutive uncommitted attempts of one step before the run fails
+    max_retries: int = 10        # consecutive failed commit votes on one step before the run fails
 
     @property
     def lighthouse_url(self) -> str:

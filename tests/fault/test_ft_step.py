@@ -1,0 +1,118 @@
+"""ReplicaDriver.step's loop against a scripted stand-in for torchft's Manager (one process, no
+Lighthouse): a quorum too small for its step is asked again without computing or voting; a failed
+attempt (a process group's rebuild that timed out) is retried from the step's starting state and
+its error recorded; max_retries failed votes in a row end the run with one line."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("torchft")
+
+from gradwire.errors import CommunicationError  # noqa: E402 - after the skip: fault/replica.py imports torchft
+from gradwire.fault.replica import ReplicaDriver  # noqa: E402
+from gradwire.transports.ft_spec import FaultTolerance  # noqa: E402
+
+
+class ScriptedManager:
+    """Each start_quorum takes the next quorum (its members, and an error torchft would report,
+    e.g. a failed gloo rebuild); should_commit votes as torchft does for one replica group."""
+
+    def __init__(self, pg, quorums):
+        self.pg, self.quorums, self.step = pg, list(quorums), 0
+        self.votes: list[bool] = []
+        self._min_replica_size, self._errored = 1, None
+
+    def start_quorum(self, timeout):
+        members, self._errored = self.quorums.pop(0)
+        self.pg._global_ranks = members
+
+    def current_step(self):
+        return self.step
+
+    def errored(self):
+        return self._errored
+
+    def report_error(self, e):
+        self._errored = e
+
+    def should_commit(self, timeout):
+        vote = self._errored is None and len(self.pg._global_ranks) >= self._min_replica_size
+        self.votes.append(vote)
+        self.step += vote
+        return vote
+
+
+class CountingAlgorithm:
+    def __init__(self):
+        self.steps, self.state, self.fail_calls = 0, {"x": 0}, set()
+
+    def step(self, ctx, step):
+        self.steps += 1
+        self.state = {"x": self.state["x"] + 1}
+        if self.steps in self.fail_calls:  # a collective failed after the state had moved
+            raise CommunicationError("allreduce: Connection closed by peer")
+        return {"loss": 1.0}
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        self.state = dict(state)
+
+
+def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgorithm]:
+    algorithm = CountingAlgorithm()
+    state = SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None)
+    run = SimpleNamespace(algorithm=algorithm, oracle=state, transport=state, step=0,
+                          ctx=SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}))
+    transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None), participants=[0])
+    d = ReplicaDriver.__new__(ReplicaDriver)  # its state, without torchft's Manager and servers
+    d.run, d.transport = run, transport
+    d.ft = FaultTolerance(**({"min_replicas": 2, "heartbeat_ms": 1, "quorum_timeout_s": 30.0} | ft))
+    d.manager = ScriptedManager(transport.pg, quorums)
+    d.samples, d.skipped_samples, d.events, d.healed = [8, 8, 8], 0, [], None
+    d.full_at, d.leave_at = set(), None
+    return d, d.manager, algorithm
+
+
+def test_a_quorum_too_small_for_the_first_step_is_asked_again_without_computing_or_voting():
+    d, manager, algorithm = driver([([0, 1], None), ([0, 1], None), ([0, 1, 2], None)])
+    info = d.step()  # step 1 needs every replica (start_replicas=0)
+    assert info["ft"] == {"participants": [0, 1, 2], "attempts": 3, "quorum_s": info["ft"]["quorum_s"],
+                          "skipped_samples": 0}
+    assert algorithm.steps == 1 and manager.votes == [True]  # no vote was cast against a small quorum
+    d.manager.quorums = [([0, 1], None)]
+    assert d.step()["ft"]["participants"] == [0, 1] and algorithm.steps == 2  # then min_replicas=2 suffices
+    assert d.skipped_samples == 8
+
+
+def test_failed_attempts_are_retried_from_the_steps_start_and_recorded():
+    rebuild = RuntimeError("wait timeout after 10000ms, keys: /torchft/7/0/0/1")
+    d, manager, algorithm = driver([([0, 1, 2], rebuild), ([0, 1, 2], None), ([0, 1, 2], None)])
+    algorithm.fail_calls = {1}
+    info = d.step()
+    assert manager.votes == [False, False, True] and info["ft"]["attempts"] == 3
+    assert info["ft"]["failures"] == [{"step": 1, "attempt": 1, "error": str(rebuild)},
+                                      {"step": 1, "attempt": 2, "error": "allreduce: Connection closed by peer"}]
+    assert algorithm.steps == 2 and algorithm.state == {"x": 1}  # the failed computation was undone
+    manager.quorums.append(([0, 1], None))
+    assert "failures" not in d.step()["ft"]  # a record holds its own step's failures only
+
+
+def test_max_retries_failed_votes_end_the_run_with_one_line():
+    rebuild = RuntimeError("connectFullMesh: connection refused")
+    d, manager, algorithm = driver([([0, 1, 2], rebuild)] * 3, max_retries=2)
+    with pytest.raises(CommunicationError, match=r"step 1 was not committed in 3 attempts \(the last failure: "
+                                                 r"connectFullMesh: connection refused\)"):
+        d.step()
+    assert manager.votes == [False] * 3 and algorithm.steps == 0
+
+
+def test_waiting_for_replicas_ends_after_quorum_timeout_s():
+    d, manager, algorithm = driver([([0, 1], None)] * 1000, quorum_timeout_s=0.05, timeout_s=0.05)
+    with pytest.raises(CommunicationError, match=r"step 1 needs 3 replicas; the quorum had \[0, 1\]"):
+        d.step()
+    assert manager.votes == [] and algorithm.steps == 0
