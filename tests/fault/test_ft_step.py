@@ -66,11 +66,11 @@ class CountingAlgorithm:
 def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgorithm]:
     algorithm = CountingAlgorithm()
     state = SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None)
-    run = SimpleNamespace(algorithm=algorithm, oracle=state, transport=state, step=0,
-                          ctx=SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}))
-    transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None), participants=[0])
+    ctx = SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}, oracle=state)
+    transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None), participants=[0],
+                                state_dict=dict, load_state_dict=lambda s: None)
     d = ReplicaDriver.__new__(ReplicaDriver)  # its state, without torchft's Manager and servers
-    d.run, d.transport = run, transport
+    d.ctx, d.algorithm, d.transport, d.counters = ctx, algorithm, transport, SimpleNamespace(step=0)
     d.ft = FaultTolerance(**({"min_replicas": 2, "heartbeat_ms": 1, "quorum_timeout_s": 30.0} | ft))
     d.manager = ScriptedManager(transport.pg, quorums)
     d.samples, d.skipped_samples, d.events, d.healed = [8, 8, 8], 0, [], None
