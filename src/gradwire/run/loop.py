@@ -291,7 +291,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
     ``transport``: this process's, for the threads backend (``run_threads``). ``curves=False``
     leaves out curves.png (``gradwire reproduce --quick``: a second of plotting per run)."""
-    if cfg.fault_tolerance:  # a replica is up, its imports done (recovery is timed from here: docs/fault_tolerance.md)
+    if cfg.fault_tolerance != "none":  # a replica is up, its imports done (recovery is timed from here)
         print(f"gradwire run: replica starting ({cfg.fault_tolerance})", file=sys.stderr, flush=True)
     cfg = resolved(cfg)  # the algorithm's --lr and --momentum where not given (config.json holds them)
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
