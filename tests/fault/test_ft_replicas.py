@@ -179,13 +179,21 @@ def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path,
 def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
     """The Lighthouse stops for 2 s mid-run and a new one starts on its port: the replicas' quorum
     requests fail meanwhile and are asked again; the run finishes with every replica holding the
-    same parameters (a replica left out of the new Lighthouse's first quorum heals from a peer)."""
+    same parameters (a replica left out of the new Lighthouse's first quorums heals from a peer).
+
+    The new Lighthouse numbers its quorums from 1 again, and torchft names a gloo rendezvous's keys
+    in the primary replica's store by quorum number only, so a rebuild can read a peer's address
+    left there by the old Lighthouse's quorum of that number: it fails (gloo's connect retries took
+    50 s once on a loaded machine) and is retried under the next number. A replica stuck that long
+    can find the others done; so the last step waits for all three, as a user would to end a run
+    with every replica."""
     from gradwire.fault.harness import ReplicaSet
 
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--steps", str(STEPS), "--eval-every", str(STEPS),
             "--checkpoint-every", str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir),
             "--stragglers", "tail:p=0,compute_s=0.2"]  # paced, so that the restart falls mid-run
-    rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS)
+    rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
+                    env={"GRADWIRE_FT_FULL_AT": str(STEPS)})
     try:
         rs.start_all()
         rs.wait_for_step(0, KILL, WAIT_S)
