@@ -28,6 +28,7 @@ from torch.distributed import ReduceOp
 from torch.distributed.distributed_c10d import AllgatherOptions, AllreduceOptions
 
 from gradwire.report.timeline import COMM
+from gradwire.transports import ledger
 from gradwire.transports.base import Transport
 from gradwire.transports.ft_spec import FaultTolerance
 
@@ -85,7 +86,7 @@ class FtTransport(Transport):
             opts = AllreduceOptions()
             opts.reduceOp = ReduceOp.SUM
             self._run(lambda: self.pg.allreduce([acc], opts), "allreduce")
-            self.bytes_sent += 2 * (n - 1) * mine.numel() * mine.element_size()
+            self.bytes_sent += ledger.allreduce(mine.numel() * mine.element_size(), n)
         return acc.div_(n)
 
     def _allgather(self, mine: torch.Tensor, what: str) -> list[torch.Tensor]:
@@ -100,7 +101,7 @@ class FtTransport(Transport):
             return {self.rank: mine.clone()}
         if size is None:
             sizes = [int(s) for s in self._allgather(torch.tensor([mine.numel()], dtype=torch.int64), "size exchange")]
-            self.bytes_sent += (n - 1) * n * 8
+            self.bytes_sent += ledger.size_exchange(n)
         else:
             sizes = [size] * n
         if self.errored():  # a discarded step: the shapes only need to be right
@@ -109,7 +110,7 @@ class FtTransport(Transport):
         padded = torch.zeros(m, dtype=torch.uint8)
         padded[: mine.numel()] = mine
         out = self._allgather(padded, "allgather")
-        self.bytes_sent += (n - 1) * n * m
+        self.bytes_sent += ledger.padded_allgather(m, n)
         if self.errored():
             return {r: padded[: mine.numel()].clone() for r in self.participants}
         return {r: out[i][: sizes[i]] for i, r in enumerate(self.participants)}
