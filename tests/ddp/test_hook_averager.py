@@ -106,21 +106,23 @@ def test_settings_that_contradict_the_averager_are_refused_before_any_communicat
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 6])
-def test_the_division_checks_finiteness_and_equals_ddps_bit_for_bit(world):
+def test_the_division_checks_finiteness_and_equals_ddps_bit_for_bit(world, device):
     """The hook's one-pass division gives what plain DDP computes as it copies a gradient into its
     bucket, ``x * (1 / world)`` (and, where 1/world is exact, ``x / world``), subnormal and huge
-    values included, and flags exactly the shares with a NaN or an inf."""
-    state = SimpleNamespace(world_size=world, reciprocal=torch.full((1,), 1.0 / world))
-    x = torch.randn(5000, generator=torch.Generator().manual_seed(world)) * torch.logspace(-44, 38, 5000)
+    values included, and flags exactly the shares with a NaN or an inf; on each device (the CUDA
+    kernel of the fused op where a GPU is present)."""
+    state = SimpleNamespace(world_size=world, reciprocal=torch.full((1,), 1.0 / world, device=device))
+    x = (torch.randn(5000, generator=torch.Generator().manual_seed(world)) * torch.logspace(-44, 38, 5000)).to(device)
     got = x.clone()
     assert gwddp._divide_checking(state, got) is True
     assert torch.equal(got, torch.mul(x, 1.0 / world)) and bool((x.abs() < 1e-38).any() & (x.abs() > 1e37).any())
-    assert torch.equal(got, x / world) == (world & (world - 1) == 0)  # allreduce_hook's division differs
+    if device.type == "cpu":  # (CUDA's division by a scalar may itself multiply by the reciprocal)
+        assert torch.equal(got, x / world) == (world & (world - 1) == 0)  # allreduce_hook's division differs
     for bad in (float("nan"), float("inf"), -float("inf")):
         y = x.clone()
         y[1234] = bad
         assert gwddp._divide_checking(state, y) is False, bad
-    assert gwddp._divide_checking(state, torch.full((10,), 3e38)) is True  # finite, though their sum is not
+    assert gwddp._divide_checking(state, torch.full((10,), 3e38, device=device)) is True  # finite, not their sum
 
 
 @pytest.mark.multiprocess
