@@ -3,6 +3,7 @@ own, and a mistyped name or key is reported from it with the registries' words, 
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,8 +12,15 @@ from gradwire.registries import REGISTRIES, check_spec_names, written_names
 from gradwire.registry_names import NAMES
 
 
-def test_the_table_is_current():
+def test_the_table_is_current(tmp_path):
+    """The committed file is, byte for byte, what its generator writes now."""
+    import gradwire.registry_names
+    from gradwire.registries import write_names
+
     assert NAMES == written_names(), "regenerate it: python -m gradwire.registries"
+    write_names(tmp_path / "names.py")
+    committed = Path(gradwire.registry_names.__file__).read_text()
+    assert (tmp_path / "names.py").read_text() == committed, "regenerate it: python -m gradwire.registries"
 
 
 @pytest.mark.parametrize("key,spec", [("algorithm", "synk"), ("algorithm", "diloco:inner_step=3"),
