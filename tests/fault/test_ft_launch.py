@@ -26,6 +26,8 @@ def test_launch_starts_a_lighthouse_and_restarts_a_killed_replica(tmp_path, data
     assert p.returncode == 0, p.stderr[-3000:]
     assert "gradwire launch: Lighthouse at 127.0.0.1:" in p.stderr
     assert "replica 2 ended with -9; restarting it (1 of 1); it recovers from a peer" in p.stderr
+    # each replica process says it is up, its imports done (benchmarks/ft_recovery.py times from it)
+    assert p.stderr.count("gradwire run: replica starting (torchft:") == 4  # 3, and the restarted one
     records = {k: read_jsonl(tmp_path / "run" / f"replica-{k}" / "steps.jsonl") for k in range(3)}
     assert [r["step"] for r in records[0]] == list(range(1, 13))
     # the restarted replica's folder may still hold its records from before the kill (steps 1-4)
