@@ -57,7 +57,8 @@ def rates(args) -> None:
                   network=RING, seed=args.seed, data_dir=args.data_dir)
     variants = [("diloco", f"diloco:inner_steps={h}", h, "allreduce", args.lr)]
     if args.ddp:  # synchronous data-parallel SGD (DDP's algorithm): the quality target's reference
-        variants.append(("DDP (sync)", "sync", 1, "allreduce", args.ddp_lr))
+        variants.append(("DDP (sync, AdamW)", "sync --optimizer adamw:beta1=0.9,beta2=0.95,eps=1e-8", 1, "allreduce",
+                         args.ddp_lr))
     variants += [(f"sparseloco k={k}/4096 α={alpha:g}", f"sparseloco:inner_steps={h},k={k},outer_lr={alpha:g}", h,
                   "allgather", args.lr) for k in args.sparse_k for alpha in args.sparse_outer_lr]
     variants += [(f"demo k={k}/64", f"demo:chunk=64,k={k}", 1, "allgather", args.demo_lr) for k in args.demo_k]
@@ -65,10 +66,12 @@ def rates(args) -> None:
                   "allgather", args.lr) for c in args.muloco]
     rows, base, ddp = [], None, None
     for label, algorithm, steps_per_round, kind, lr in variants:
+        algorithm, _, optimizer = algorithm.partition(" --optimizer ")
         algorithm, _, compressor = algorithm.partition(" --compressor ")
         folder = label.replace(" ", "_").replace("/", "of").replace("=", "").replace(":", "_").replace(",", "_")
         recs = train(Path(args.out), folder, algorithm=algorithm, lr=lr,
-                     **(common | ({"compressor": compressor} if compressor else {})))
+                     **(common | ({"compressor": compressor} if compressor else {})
+                        | ({"optimizer": optimizer} if optimizer else {})))
         params = json.loads((Path(args.out) / folder / "config.json").read_text())["num_parameters"]
         rounds = args.steps // steps_per_round
         ledger = recs[-1]["bytes_sent"]
@@ -154,8 +157,8 @@ def stragglers_tune(args) -> None:
             best = (setting, q, recs[-1]["sim_time_s"])
     setting, target, t_diloco = best
     print(f"DiLoCo's pick: {setting}, quality {target:.4f} in {t_diloco:.2f} s")
-    variants = [(f"backup-diloco b={b}", f"backup-diloco:backups={b},late={args.late},inner_steps={h}", d_grid)
-                for b in args.backups]
+    variants = [(f"backup-diloco b={b}" + ("" if args.late == "drop" else f" late={args.late}"),
+                 f"backup-diloco:backups={b},late={args.late},inner_steps={h}", d_grid) for b in args.backups]
     if args.asynchronous:
         variants.append(("async-diloco", f"async-diloco:inner_steps={h}", a_grid))
     for label, spec, settings in variants:
@@ -225,8 +228,9 @@ def main() -> None:
     r.add_argument("--sparse-outer-lr", type=float, nargs="+", default=[1.0], help="SparseLoCo's α (each with each k)")
     r.add_argument("--muloco", nargs="*", default=[], help="MuLoCo runs: '' for its default compressor, or a "
                    "--compressor spec (error feedback stays on)")
-    r.add_argument("--ddp", action="store_true", help="also run synchronous SGD (DDP's algorithm) as the reference")
-    r.add_argument("--ddp-lr", type=float, default=0.05, help="its SGD rate")
+    r.add_argument("--ddp", action="store_true", help="also run synchronous data-parallel AdamW (DDP's algorithm, "
+                   "the inner optimizer's betas) as the reference")
+    r.add_argument("--ddp-lr", type=float, default=0.003, help="its AdamW rate")
     r.add_argument("--demo-lr", type=float, default=0.003, help="DeMo's η (its sign update moves each element by η)")
     for name in ("stragglers", "stragglers-tune"):
         s = sub.choices[name]
@@ -235,7 +239,8 @@ def main() -> None:
         add_run_flags(s, only=("stragglers", "network"),
                       defaults={"stragglers": "tail:p=0.05,slowdown=10,compute_s=0.05",
                                 "network": "ring:mbps=10000,latency_ms=0.1"})
-        s.add_argument("--late", default="drop", choices=("drop", "stale"), help="backup-diloco's rule for late ones")
+        s.add_argument("--late", default="drop", choices=("drop", "stale", "buffer"),
+                       help="backup-diloco's rule for late ones")
         s.add_argument("--asynchronous", action="store_true", help="also run async-diloco (delayed Nesterov)")
     s = sub.choices["stragglers"]
     for who in ("diloco", "backup", "async"):

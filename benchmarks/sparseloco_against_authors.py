@@ -40,12 +40,13 @@ from gradwire.tasks.evaluate import evaluate  # noqa: E402
 from gradwire.tasks.oracle import WorkerData  # noqa: E402
 
 BETAS, EPS, WEIGHT_DECAY = (0.9, 0.95), 1e-8, 0.1  # gradwire's sparseloco/diloco inner AdamW defaults
+RING = "ring:mbps=100,latency_ms=1"  # the ledger's ring all-gather: (n - 1) times the sum of the n messages
 
 
 def ours(args, algorithm: str, label: str) -> tuple[Run, dict, float]:
     """gradwire's run: the final evaluation and bits per parameter per round of one message (ledger)."""
     cfg = RunConfig(task=args.task, workers=args.workers, steps=args.rounds * args.inner_steps, batch_size=16,
-                    lr=args.lr, algorithm=algorithm, seed=args.seed, data_dir=args.data_dir,
+                    lr=args.lr, algorithm=algorithm, seed=args.seed, data_dir=args.data_dir, network=RING,
                     eval_every=args.rounds * args.inner_steps, out=str(Path(args.out) / label))
     r = Run(cfg)
     for _ in range(cfg.steps):
@@ -59,7 +60,7 @@ def ours(args, algorithm: str, label: str) -> tuple[Run, dict, float]:
     return r, ev, bits
 
 
-def theirs(args, r: Run, compress, *, topk: int | None, alpha: float, decay: float):
+def theirs(args, r: Run, compress, *, topk: int | None, alpha: float, decay: float, plain_mean: bool = False):
     """The DiLoCo loop on the same initial model and batches as ``r``; with ``topk`` their SparseLoCo
     round (see the module's docstring), without it dense outer gradients averaged (the check)."""
     task = r.task
@@ -111,6 +112,11 @@ def theirs(args, r: Run, compress, *, topk: int | None, alpha: float, decay: flo
                     continue
                 vals = compressor.maybe_dequantize_values([msg[n][1] for msg in messages],
                                                           [msg[n][4] for msg in messages], theta[n].device)
+                if plain_mean:  # not their code's rule: Algorithm 1's (1/R) Σ of each worker's decoded message
+                    theta[n] -= alpha * sum(
+                        transformer.decode(compressor.decompress(theta[n], msg[n][0], v, msg[n][2], msg[n][3]))
+                        for msg, v in zip(messages, vals)) / len(messages)
+                    continue
                 norms = torch.stack([torch.norm(v, p=2) for v in vals])
                 xshape, totalk = messages[0][n][2], messages[0][n][3]
                 agg = compressor.batch_decompress(theta[n], [msg[n][0] for msg in messages], vals, xshape, totalk,
@@ -166,6 +172,12 @@ def main() -> None:
     packed = nbytes - kept + kept * (max(1, (args.their_bins - 1).bit_length())) / 8  # values packed at their bits
     rows.append((f"tplr-ai templar compress.py topk={args.their_topk}/tile {args.their_chunk}, {args.their_bins} bins",
                  kept, 8 * nbytes / params, 8 * packed / params, ev["test_loss"], ev["test_acc"]))
+    # the same, but each worker's decoded message averaged over all R workers (Algorithm 1's mean), without their
+    # scatter-mean over the senders of an index and the median-norm clip: which of the two makes the difference
+    flat, _, _ = theirs(args, r, compress, topk=args.their_topk, alpha=args.alpha, decay=args.decay, plain_mean=True)
+    ev = evaluate(r.task, r.model, flat)
+    rows.append(("  the same, aggregated as (1/R) Σ of the decoded messages (not their code's rule)", kept,
+                 8 * nbytes / params, 8 * packed / params, ev["test_loss"], ev["test_acc"]))
     print(f"{args.task}, {args.workers} workers, {args.rounds} rounds of H={args.inner_steps}, batch 16, inner AdamW "
           f"lr {args.lr}, α {args.alpha}, β {args.decay}, seed {args.seed}")
     print("| method | kept values per worker per round | bits/param/round (as sent) | bits/param/round "
