@@ -224,7 +224,7 @@ def main() -> None:
     r = sub.choices["rates"]
     add_run_flags(r, only=("workers", "steps"), defaults={"workers": 4, "steps": 600})
     r.add_argument("--sparse-k", type=int, nargs="+", default=[16, 32, 64, 128])
-    r.add_argument("--demo-k", type=int, nargs="+", default=[1, 2, 4])
+    r.add_argument("--demo-k", type=int, nargs="*", default=[1, 2, 4])
     r.add_argument("--sparse-outer-lr", type=float, nargs="+", default=[1.0], help="SparseLoCo's α (each with each k)")
     r.add_argument("--muloco", nargs="*", default=[], help="MuLoCo runs: '' for its default compressor, or a "
                    "--compressor spec (error feedback stays on)")
