@@ -29,7 +29,9 @@ the rest dropped. Here the same protocol carries DiLoCo's pseudo-gradients:
   instead of discarding it, with the outer momentum applied once per round as DiLoCo's.
 
 Fully asynchronous outer rounds (Liu et al. 2024, "Asynchronous Local-SGD Training for Language
-Modeling", arXiv:2401.09135: delayed Nesterov momentum, dynamic local steps) are not built here.
+Modeling", arXiv:2401.09135: delayed Nesterov momentum) are ``async-diloco`` (async_diloco.py).
+Measured under ``tail`` at 16 workers (docs/low_communication.md): ``drop`` with a smaller outer
+momentum (0.8) is what settles the rounds; ``stale`` and ``buffer`` made the test loss jump more.
 
 The protocol runs on both backends' server-mode drivers (``gradwire/servers/``): the simulator
 charges a message the sum of its H inner steps' straggler draws (``compute_seconds``), and the
