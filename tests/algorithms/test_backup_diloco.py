@@ -95,6 +95,46 @@ def test_late_pseudo_gradients_applied_with_the_staleness_rule(make_config):
     assert applied >= 1 and all(i["dropped"] == 0 for i in infos) and any(i["late"] for i in infos)
 
 
+def test_late_pseudo_gradients_buffered_with_fedbuff_weights(make_config):
+    """late=buffer, written from FedBuff's server (Nguyen et al. 2022, Algorithm 1) as the round's
+    buffer: every message is replayed in the order the server handled it. A late Δ of staleness s
+    waits in the round in progress as Δ / sqrt(1 + s) and leaves θ alone; the round's N-th fresh Δ
+    closes it with torch.optim.SGD's Nesterov step on (Σ fresh + Σ buffered) / (N + L)."""
+    cfg = make_config(algorithm="backup-diloco:backups=1,late=buffer,inner_steps=2,outer_lr=0.7,outer_momentum=0.9,"
+                                "outer_warmup=0",
+                      dtype="float64", lr=0.01, workers=3, stragglers="slow:count=1,slowdown=4,compute_s=0.01")
+    r = Run(cfg)
+    alg = r.algorithm
+    theta = torch.nn.Parameter(alg.theta.clone())
+    outer = torch.optim.SGD([theta], lr=0.7, momentum=0.9, nesterov=True)
+    fresh, buffered, used = [], [], 0
+    on_message = alg.on_message
+
+    def replayed(msg, finished):
+        nonlocal fresh, buffered, used
+        current = alg.current
+        before = alg.theta.clone()
+        answer = on_message(msg, finished)
+        delta = msg.tensor(alg.theta).clone()
+        if msg.tag < current:
+            buffered.append(delta / (1 + (current - msg.tag)) ** 0.5)
+            assert torch.equal(alg.theta, before)  # a late Δ waits for the round's end
+        else:
+            fresh.append(delta)
+            if len(fresh) == 2:
+                theta.grad = (sum(fresh) + sum(buffered, torch.zeros_like(delta))) / (2 + len(buffered))
+                with torch.enable_grad():
+                    outer.step()
+                used += len(buffered)
+                fresh, buffered = [], []
+        torch.testing.assert_close(alg.theta, theta.detach(), rtol=0, atol=1e-13)
+        return answer
+
+    alg.on_message = replayed
+    infos = [r.train_step() for _ in range(8)]
+    assert used >= 1 and sum(i["buffered"] for i in infos) == used and all(i["dropped"] == 0 for i in infos)
+
+
 def test_a_message_costs_its_inner_steps_draws(make_config):
     """On the simulator a replica sends after the sum of its H inner steps' straggler draws."""
     cfg = make_config(algorithm="backup-diloco:backups=0,inner_steps=4", lr=0.01, workers=2,
@@ -105,7 +145,7 @@ def test_a_message_costs_its_inner_steps_draws(make_config):
     assert r.clock.now == pytest.approx(max(draws), rel=1e-6)
 
 
-@pytest.mark.parametrize("late", ["drop", "stale"])
+@pytest.mark.parametrize("late", ["drop", "stale", "buffer"])
 def test_real_driver_takes_the_first_n_of_each_round(make_config, late):
     cfg = make_config(algorithm=f"backup-diloco:backups=1,late={late},inner_steps=2", workers=3, steps=5, eval_every=5,
                       lr=0.01, backend="threads", timeout_s=30, stragglers="lognormal:sigma=0.5,compute_s=0.002")

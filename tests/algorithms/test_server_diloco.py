@@ -20,7 +20,9 @@ def test_simulator_and_real_driver_agree_with_one_replica(make_config, spec):
     assert [{k: x[k] for k in keys} for x in a] == [{k: x[k] for k in keys} for x in b]
 
 
-@pytest.mark.parametrize("spec", ["backup-diloco:backups=1,inner_steps=2", "async-diloco:inner_steps=2,period=2"])
+@pytest.mark.parametrize("spec", ["backup-diloco:backups=1,inner_steps=2",
+                                  "backup-diloco:backups=1,late=buffer,inner_steps=2",
+                                  "async-diloco:inner_steps=2,period=2"])
 def test_resume_is_bitwise_exact(make_config, tmp_path, spec):
     """Stopped at step 7 (a checkpoint at 6, with messages in flight under the tail stragglers) and
     resumed: the same state and metrics as the run that never stopped."""
@@ -37,7 +39,9 @@ def test_resume_is_bitwise_exact(make_config, tmp_path, spec):
 
     assert metrics(tmp_path / "whole") == metrics(tmp_path / "split")
     steps = read_jsonl(tmp_path / "whole" / "steps.jsonl")
-    if spec.startswith("backup"):  # the tail made someone late: dropped
+    if "buffer" in spec:  # the tail made someone late: buffered into a later round
+        assert any(s["buffered"] for s in steps)
+    elif spec.startswith("backup"):  # the tail made someone late: dropped
         assert any(s["dropped"] for s in steps)
     else:  # nobody is dropped; the tail shows as staleness
         assert max(s["staleness_max"] for s in steps) > max(s["staleness_mean"] for s in steps) > 0

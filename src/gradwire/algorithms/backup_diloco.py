@@ -19,10 +19,19 @@ the rest dropped. Here the same protocol carries DiLoCo's pseudo-gradients:
   Lian, Liu (2016), "Staleness-aware Async-SGD for Distributed Deep Learning", arXiv:1511.05950;
   plain SGD, the outer momentum untouched (momentum on stale updates is what Liu et al. 2024 found
   harmful). Either way its replica is answered at once with the current θ, so it skips the rounds
-  it missed (x_i <- θ) and keeps its inner optimizer.
+  it missed (x_i <- θ) and keeps its inner optimizer. ``late=buffer``: **buffered** into the round in
+  progress, weighted by FedBuff's staleness factor 1/√(1 + s) (Nguyen, Malik, Zhan, Yousefpour,
+  Rabbat, Malek, Huba 2022, "Federated Learning with Buffered Asynchronous Aggregation",
+  arXiv:2106.06639, Algorithm 1: the server's buffer holds K updates, each scaled by 1/√(1 + its
+  staleness), and steps on their sum / K): when the round's N-th fresh pseudo-gradient arrives, the
+  outer gradient is (Σ_fresh Δ_i + Σ_late Δ_j / √(1 + s_j)) / (N + L), L the late ones buffered in
+  the round, and DiLoCo's outer Nesterov step takes it. A round then uses the late replicas' work
+  instead of discarding it, with the outer momentum applied once per round as DiLoCo's.
 
 Fully asynchronous outer rounds (Liu et al. 2024, "Asynchronous Local-SGD Training for Language
-Modeling", arXiv:2401.09135: delayed Nesterov momentum, dynamic local steps) are not built here.
+Modeling", arXiv:2401.09135: delayed Nesterov momentum) are ``async-diloco`` (async_diloco.py).
+Measured under ``tail`` at 16 workers (docs/low_communication.md): ``drop`` with a smaller outer
+momentum (0.8) is what settles the rounds; ``stale`` and ``buffer`` made the test loss jump more.
 
 The protocol runs on both backends' server-mode drivers (``gradwire/servers/``): the simulator
 charges a message the sum of its H inner steps' straggler draws (``compute_seconds``), and the
@@ -41,10 +50,11 @@ from gradwire.algorithms.outer_replicas import ServerDiLoCo
 from gradwire.algorithms.protocol import Answer
 from gradwire.spec import require
 
-LATE_RULES = ("drop", "stale")
+LATE_RULES = ("drop", "stale", "buffer")
 BACKUP_DILOCO_PARAMS = {"backups": "b >= 0: replicas whose pseudo-gradients each round drops (the last to arrive)",
-                        "late": "a late pseudo-gradient: drop (Chen 2016) or stale (applied at rate α/(N s), "
-                                "s its staleness in rounds: Zhang 2016)"} | {
+                        "late": "a late pseudo-gradient: drop (Chen 2016), stale (applied at once at rate α/(N s), "
+                                "s its staleness in rounds: Zhang 2016) or buffer (in the round in progress's mean, "
+                                "weighted 1/sqrt(1+s): FedBuff, Nguyen 2022)"} | {
     key: DILOCO_PARAMS[key] for key in ("inner_steps", "outer_lr", "outer_momentum", "outer_warmup", "inner",
                                         "beta1", "beta2", "eps", "weight_decay")} | {
     "inner_steps": "H >= 1: inner steps a replica takes before it sends its pseudo-gradient"}
@@ -80,6 +90,7 @@ class BackupDiLoCo(ServerDiLoCo):
         self.current = 1
         self.arrived: dict[int, tuple[torch.Tensor, float, int]] = {}
         self.late: list[int] = []
+        self.buffered: list[tuple[torch.Tensor, int]] = []  # late=buffer: (Δ_j / sqrt(1 + s_j), s_j) of this round
 
     @property
     def tag(self) -> int:
@@ -95,6 +106,10 @@ class BackupDiLoCo(ServerDiLoCo):
             staleness = self.current - msg.tag
             if self.late_rule == "drop":  # Chen et al. 2016
                 return Answer([self.answer(msg.worker)], dropped=True, staleness=staleness)
+            if self.late_rule == "buffer":  # Nguyen et al. 2022 (FedBuff): into this round's mean, scaled 1/sqrt(1+s)
+                self.buffered.append((self.averager.decode(msg.body, self.theta) / (1 + staleness) ** 0.5,
+                                      staleness))
+                return Answer([self.answer(msg.worker)], staleness=staleness)
             # Zhang et al. 2016: the rate divided by the staleness; one of N contributions; no momentum
             self.theta.sub_(self.averager.decode(msg.body, self.theta), alpha=self.outer_lr / (self.need * staleness))
             return Answer([self.answer(msg.worker)], staleness=staleness)
@@ -103,20 +118,26 @@ class BackupDiLoCo(ServerDiLoCo):
             return Answer()
         winners = sorted(self.arrived)
         outer_gradient = self.averager.decode_mean({w: self.arrived[w][0] for w in winners}, self.theta)
+        if self.buffered:  # FedBuff: (Σ fresh + Σ scaled late) / (N + L); the fresh mean times N is their sum
+            total = outer_gradient * self.need
+            for delta, _ in self.buffered:
+                total += delta
+            outer_gradient = total / (self.need + len(self.buffered))
         outer_step(self.outer, outer_gradient, self.outer_momentum, self.outer_warmup)
         info = {"loss": sum(self.arrived[w][1] for w in winners) / self.need, "gradients": self.need * self.inner_steps,
                 "dropped": len(self.late) if self.late_rule == "drop" else 0, "winners": winners,
-                "late": sorted(self.late),
+                "late": sorted(self.late), "buffered": len(self.buffered),
                 "outer_gradient_norm": float(outer_gradient.norm())}
         self.current += 1
         replies = [self.answer(w) for w in self.arrived]  # in arrival order
-        self.arrived, self.late = {}, []
+        self.arrived, self.late, self.buffered = {}, [], []
         return Answer(replies, info)
 
     def state_dict(self):
         return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.averager.state_dict(),
                 **self.workers.state_dict(),
                 "server": {"current": self.current, "late": list(self.late),
+                           "buffered": [{"delta": d, "staleness": st} for d, st in self.buffered],
                            "arrived": [{"worker": w, "body": b, "loss": torch.tensor(loss, dtype=torch.float64),
                                         "count": c} for w, (b, loss, c) in self.arrived.items()]}}
 
@@ -127,4 +148,5 @@ class BackupDiLoCo(ServerDiLoCo):
         self.workers.load_state_dict(state)
         s = state["server"]
         self.current, self.late = int(s["current"]), [int(w) for w in s["late"]]
+        self.buffered = [(e["delta"].clone(), int(e["staleness"])) for e in s.get("buffered", [])]
         self.arrived = {int(e["worker"]): (e["body"].clone(), float(e["loss"]), int(e["count"])) for e in s["arrived"]}
