@@ -12,8 +12,11 @@ import pytest
 
 from gradwire.algorithms import ALGORITHMS
 from gradwire.config import RunConfig
+from gradwire.errors import ConfigError
 from gradwire.run.combination import resolved
 from gradwire.run.loop import run
+from gradwire.tasks import TASKS
+from gradwire.tasks.base import default_lr_scale
 
 # docs/defaults.md: sync SGD at its best learning rate of the sweep (1.6, momentum 0), mean final
 # test accuracy over seeds 0, 1, 2
@@ -36,14 +39,31 @@ def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
     assert cfg.lr is None and cfg.momentum is None
     for name in ALGORITHMS.names():
         algorithm = ALGORITHMS.build(name)
-        filled = resolved(RunConfig(algorithm=name))
+        filled = resolved(RunConfig(algorithm=name, task="mnist1d-cnn"))  # a task of scale 1
         assert (filled.lr, filled.momentum) == (algorithm.default_lr, algorithm.default_momentum), name
+        # the default task takes twice a gradient step; AdamW's and a sign's steps, and async's, are its own
+        scale = 2.0 if algorithm.lr_scales_with_task else 1.0
+        assert resolved(RunConfig(algorithm=name)).lr == algorithm.default_lr * scale, name
     assert resolved(RunConfig(lr=0.3, momentum=0.5)).lr == 0.3  # given: kept
     assert resolved(RunConfig(optimizer="adamw")).momentum == 0.0  # AdamW keeps its own moments
     out = tmp_path / "run"
     run(RunConfig(task="digits-logreg", workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
     written = json.loads((out / "config.json").read_text())
     assert (written["lr"], written["momentum"]) == (ALGORITHMS.build("sync").default_lr, 0.0)
+
+
+def test_the_task_scales_the_default_gradient_step_and_config_json_records_the_product(tmp_path, data_dir):
+    assert default_lr_scale("mnist1d-mlp") == 2.0
+    assert {default_lr_scale(t) for t in TASKS.names() if t != "mnist1d-mlp"} == {1.0}
+    sync = ALGORITHMS.build("sync").default_lr
+    assert resolved(RunConfig()).lr == 2 * sync and resolved(RunConfig(task="mnist1d-cnn")).lr == sync
+    assert resolved(RunConfig(optimizer="adamw")).lr == sync  # AdamW's step is not a gradient's
+    assert resolved(RunConfig(lr=0.3)).lr == 0.3  # given: as given, whatever the task
+    with pytest.raises(ConfigError, match=r"mnist1d-mlpp.*\(--task\)$"):
+        resolved(RunConfig(task="mnist1d-mlpp"))
+    out = tmp_path / "run"
+    run(RunConfig(workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
+    assert json.loads((out / "config.json").read_text())["lr"] == 2 * sync
 
 
 def test_floors_cover_every_algorithm():
