@@ -106,9 +106,9 @@ def mnist1d_logreg(*, _ctx: TaskContext) -> Task:
 
 
 @TASKS.register("mnist1d-mlp", help="MNIST-1D, MLP 40-100-100-10 ReLU; 500 steps on 8 workers: 0.70 test acc. "
-                "with sync's defaults (its best --lr, 1.6: this task's default steps are twice the usual), each "
-                "algorithm's defaults at least 0.63 of it or as docs/defaults.md says (the paper's 68% is after full "
-                "training)")
+                "with sync's defaults (--lr 1.6, its best: this task doubles a default gradient step); each "
+                "algorithm's on its defaults, against the bar 0.63: docs/defaults.md (the paper's 68% is after "
+                "full training)")
 def mnist1d_mlp(*, _ctx: TaskContext) -> Task:
     """MNIST-1D with the paper's MLP (two hidden layers of 100, ReLU); Greydanus (2020): 68%."""
     model_fn = partial(mlp, sizes=(40, 100, 100, 10), dtype=_ctx.dtype)
