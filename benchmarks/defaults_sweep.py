@@ -26,31 +26,33 @@ from pathlib import Path
 from gradwire.cli.flags import add_run_flags, parse_run_args
 
 
-def one(tmp: Path, **kw) -> float:
+def one(tmp: Path, **kw) -> tuple[float, float]:
+    """One run: (final test accuracy, megabytes sent)."""
     from gradwire.config import RunConfig
     from gradwire.run.loop import run
 
     started = time.process_time()
     summary = run(RunConfig(out=str(tmp / "run"), overwrite=True, **kw), progress=False, curves=False)
-    acc = summary["final"]["test_acc"]
-    print(f"{kw}: test_acc={acc:.3f}, {summary['bytes_sent'] / 1e6:.2f} MB sent "
-          f"({time.process_time() - started:.1f} s CPU)", flush=True)
-    return acc
+    acc, mb = summary["final"]["test_acc"], summary["bytes_sent"] / 1e6
+    print(f"{kw}: test_acc={acc:.3f}, {mb:.2f} MB sent ({time.process_time() - started:.1f} s CPU)", flush=True)
+    return acc, mb
 
 
-def table(tmp: Path, algorithms: list[str], seeds: list[int], reference: float) -> None:
+def table(tmp: Path, algorithms: list[str], seeds: list[int], reference: float, **extra) -> None:
     from gradwire.config import RunConfig
+    from gradwire.run.combination import resolved
 
     rows = []
     for a in algorithms:
-        accs = [one(tmp, algorithm=a, seed=seed) for seed in seeds]
+        runs = [one(tmp, algorithm=a, seed=seed, **extra) for seed in seeds]
+        accs = [acc for acc, _ in runs]
         mean = statistics.mean(accs)
-        lr = RunConfig(algorithm=a).resolved().lr
+        lr = resolved(RunConfig(algorithm=a, **extra)).lr
         rows.append(f"| {a} | {lr:g} | " + " | ".join(f"{x:.3f}" for x in accs)
-                    + f" | {mean:.3f} | {100 * mean / reference:.0f}% |")
+                    + f" | {mean:.3f} | {100 * mean / reference:.1f}% | {runs[0][1]:.1f} |")
     print("| algorithm | --lr | " + " | ".join(f"seed {s}" for s in seeds)
-          + f" | mean | of tuned sync ({reference:g}) |")
-    print("|---|---|" + "---|" * len(seeds) + "---|---|")
+          + f" | mean | of tuned sync ({reference:g}) | MB sent |")
+    print("|---|---|" + "---|" * len(seeds) + "---|---|---|")
     print("\n".join(rows))
 
 
@@ -61,9 +63,9 @@ def main() -> None:
     parser.add_argument("--spec", action="append", default=[], help="an algorithm spec with keys (repeatable)")
     parser.add_argument("--lrs", default="0.2,0.4,0.8,1.6", help="sweep: comma-separated --lr values; "
                         "'default': the algorithm's own")
-    add_run_flags(parser, only=("momentum", "seed", "task"), defaults={"seed": [0]}, sweep=("seed",),
-                  helps={"momentum": "sweep: --momentum (left out: the algorithm's own)",
-                         "task": "sweep: the task (another for the CNN check of docs/defaults.md)"})
+    add_run_flags(parser, only=("momentum", "seed", "task", "lr_schedule", "compressor"), defaults={"seed": [0]},
+                  sweep=("seed",), helps={"momentum": "sweep: --momentum (left out: the algorithm's own)",
+                                          "task": "the task (another for the CNN check of docs/defaults.md)"})
     parser.add_argument("--reference", type=float, default=0.707, help="tuned sync SGD's mean test accuracy")
     ns, _ = parse_run_args(parser)
     from gradwire.algorithms import ALGORITHMS
@@ -72,10 +74,10 @@ def main() -> None:
     algorithms = algorithms or ALGORITHMS.names()
     seeds = ns.seeds
     with tempfile.TemporaryDirectory() as tmp:
+        extra = {"task": ns.task, "lr_schedule": ns.lr_schedule, "compressor": ns.compressor}
         if ns.what == "table":
-            table(Path(tmp), algorithms, seeds, ns.reference)
+            table(Path(tmp), algorithms, seeds, ns.reference, **extra)
             return
-        extra = {"task": ns.task}
         if ns.momentum is not None:
             extra["momentum"] = float(ns.momentum)
         lrs = [None] if ns.lrs == "default" else [float(x) for x in ns.lrs.split(",")]

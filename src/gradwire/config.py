@@ -45,7 +45,7 @@ class RunConfig:
 
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
-    lr: float | None = None                   # step size γ (left out: the algorithm's own, docs/defaults.md)
+    lr: float | None = None                   # step size γ (left out: the algorithm's, task-scaled: docs/defaults.md)
     optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw:beta1=0.9,beta2=0.999,eps=1e-8
     lr_schedule: str = "constant"             # lr over the run: constant, cosine:warmup=W,min_ratio=R, linear:...
     momentum: float | None = None             # heavy-ball momentum β (left out: the algorithm's own)

@@ -1,8 +1,8 @@
-"""Defaults that learn: --lr and --momentum left out are the algorithm's own (RunConfig.resolved),
-and every algorithm on its defaults learns on the default task (mnist1d-mlp, 8 workers, 500
-steps): each within three points of what it reached on seed 0 in docs/defaults.md, and those that
-clear 90 % of learning-rate-tuned sync SGD there with a margin clear it here (one seed here, three in
-the doc's table)."""
+"""Defaults that learn: --lr and --momentum left out are the algorithm's own, the step times the
+task's scale where it is a gradient's (run.combination.resolved), and every algorithm on its defaults
+learns on the default task (mnist1d-mlp, 8 workers, 500 steps): each above a floor a few points under
+what it reached on seed 0 in docs/defaults.md, and those that clear 90 % of learning-rate-tuned sync
+SGD there by a wide margin clear it here (one seed here, three in the doc's table)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,31 @@ import pytest
 
 from gradwire.algorithms import ALGORITHMS
 from gradwire.config import RunConfig
+from gradwire.errors import ConfigError
 from gradwire.run.combination import resolved
 from gradwire.run.loop import run
+from gradwire.tasks import TASKS
+from gradwire.tasks.base import default_lr_scale
 
-# docs/defaults.md: sync SGD at its best learning rate of the sweep (1.6, momentum 0), mean final
-# test accuracy over seeds 0, 1, 2
-TUNED_SYNC = 0.707
-BAR = 0.9 * TUNED_SYNC  # the issue's bar: 90 % of tuned sync, 0.636
-# each algorithm's final test accuracy on its defaults must reach this fraction of TUNED_SYNC: what
-# its defaults reach on seed 0 here (the table of docs/defaults.md) less three points, for every
-# algorithm alike, so a default that stops learning fails. Chance is 0.10.
-FLOOR = {"sync": 0.87, "async": 0.96, "local": 0.88, "dasgd": 0.87, "diana": 0.87, "dqgd": 0.85, "dqsgd": 0.86,
-         "easgd": 0.85, "lsgd": 0.76, "dagc": 0.76, "signsgd": 0.78, "diloco": 0.87, "streaming-diloco": 0.86,
-         "backup-diloco": 0.87, "async-diloco": 0.87, "muloco": 0.77, "sparseloco": 0.8, "demo": 0.9}
-# those whose defaults clear BAR on seed 0 here by at least 5 of the 1,000 test samples must clear it
-# anywhere; the others that meet the bar on seed 0 (dasgd, diana, diloco, streaming-diloco: by 0-3
-# samples) are left to the floor, since another CPU's float32 rounding moves a run by a few samples
-MEETS_BAR = {"sync", "async", "local", "backup-diloco", "demo"}
+# docs/defaults.md: sync SGD at its best learning rate on the held-out seeds (1.6, momentum 0), mean
+# final test accuracy over seeds 0, 1, 2
+TUNED_SYNC = 0.697
+BAR = 0.9 * TUNED_SYNC  # the issue's bar: 90 % of tuned sync, 0.627
+# The same run on two CPUs ends a few test samples apart, more at high rates and where a stochastic
+# quantizer turns a last-bit difference into other random draws: between the machine of the earlier
+# table and this one (docs/defaults.md, "The tests") sync moved by up to 21 of the 1,000 test samples,
+# Leader SGD 23, DQ-GD 66. So each floor is its seed-0 accuracy in the doc's table less 5 points
+# (less 10 for the stochastically quantized DIANA, DQ-GD and DQ-SGD), rounded down: a default that stops
+# learning fails (chance is 0.10), another CPU's rounding does not.
+FLOOR = {"sync": 0.64, "async": 0.65, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.53, "dagc": 0.55,
+         "dqsgd": 0.57, "diana": 0.53, "dqgd": 0.52,
+         # not re-run in the last round: the earlier machine's seed 0 less 5 points
+         "async-diloco": 0.58, "signsgd": 0.52, "diloco": 0.58, "streaming-diloco": 0.58, "backup-diloco": 0.59,
+         "muloco": 0.52,
+         "sparseloco": 0.54, "demo": 0.6}
+# those whose defaults clear BAR on seed 0 by at least 30 test samples, quantizing nothing at random,
+# must clear it anywhere; the others are held to their floor
+MEETS_BAR = {"sync", "async", "local", "dasgd", "easgd"}
 
 
 def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
@@ -36,14 +44,31 @@ def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
     assert cfg.lr is None and cfg.momentum is None
     for name in ALGORITHMS.names():
         algorithm = ALGORITHMS.build(name)
-        filled = resolved(RunConfig(algorithm=name))
+        filled = resolved(RunConfig(algorithm=name, task="mnist1d-cnn"))  # a task of scale 1
         assert (filled.lr, filled.momentum) == (algorithm.default_lr, algorithm.default_momentum), name
+        # the default task takes twice a gradient step; AdamW's and a sign's steps, and async's, are its own
+        scale = 2.0 if algorithm.lr_scales_with_task else 1.0
+        assert resolved(RunConfig(algorithm=name)).lr == algorithm.default_lr * scale, name
     assert resolved(RunConfig(lr=0.3, momentum=0.5)).lr == 0.3  # given: kept
     assert resolved(RunConfig(optimizer="adamw")).momentum == 0.0  # AdamW keeps its own moments
     out = tmp_path / "run"
     run(RunConfig(task="digits-logreg", workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
     written = json.loads((out / "config.json").read_text())
     assert (written["lr"], written["momentum"]) == (ALGORITHMS.build("sync").default_lr, 0.0)
+
+
+def test_the_task_scales_the_default_gradient_step_and_config_json_records_the_product(tmp_path, data_dir):
+    assert default_lr_scale("mnist1d-mlp") == 2.0
+    assert {default_lr_scale(t) for t in TASKS.names() if t != "mnist1d-mlp"} == {1.0}
+    sync = ALGORITHMS.build("sync").default_lr
+    assert resolved(RunConfig()).lr == 2 * sync and resolved(RunConfig(task="mnist1d-cnn")).lr == sync
+    assert resolved(RunConfig(optimizer="adamw")).lr == sync  # AdamW's step is not a gradient's
+    assert resolved(RunConfig(lr=0.3)).lr == 0.3  # given: as given, whatever the task
+    with pytest.raises(ConfigError, match=r"mnist1d-mlpp.*\(--task\)$"):
+        resolved(RunConfig(task="mnist1d-mlpp"))
+    out = tmp_path / "run"
+    run(RunConfig(workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
+    assert json.loads((out / "config.json").read_text())["lr"] == 2 * sync
 
 
 def test_floors_cover_every_algorithm():
@@ -56,6 +81,6 @@ def test_every_algorithm_learns_on_its_defaults(name, tmp_path, data_dir):
     summary = run(RunConfig(algorithm=name, out=str(tmp_path / "run"), data_dir=str(data_dir)), progress=False,
                   curves=False)
     acc = summary["final"]["test_acc"]
-    assert acc >= FLOOR[name] * TUNED_SYNC, (name, acc, FLOOR[name] * TUNED_SYNC)
+    assert acc >= FLOOR[name], (name, acc, FLOOR[name])
     if name in MEETS_BAR:
         assert acc >= BAR, (name, acc, BAR)

@@ -226,7 +226,7 @@ def test_time_axis_is_named_by_backend(tmp_path, monkeypatch, backend, label):
     assert ("sim time (s)" if backend == "sim" else label) in header
 
 
-@pytest.mark.parametrize("args, resolved", [(["--algorithm", "diana"], "pquant:p=inf,block=512"),
+@pytest.mark.parametrize("args, resolved", [(["--algorithm", "diana"], "pquant:p=inf,block=64"),
                                             (["--compressor", "qsgd:levels=4"], "qsgd:levels=4,bucket=512,format=2"),
                                             (["--algorithm", "signsgd", "--lr", "0.01"], "sign:scaled=false"),
                                             ([], "none")])

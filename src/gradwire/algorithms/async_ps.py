@@ -32,6 +32,7 @@ from gradwire.spec import require
 class AsyncSGD(Algorithm):
     name = "async"
     default_lr = 0.2  # --lr when not given (docs/defaults.md); stale gradients want smaller steps
+    lr_scales_with_task = False  # its step is bounded by the gradients' staleness (docs/defaults.md)
     evaluates = "server"
 
     def __init__(self, *, max_staleness: int = -1):

@@ -149,6 +149,10 @@ class Algorithm(Specced, ABC):
     # each learns on the default task in the default steps (docs/defaults.md)
     default_lr: float = 0.05
     default_momentum: float = 0.0
+    # whether --lr left out is default_lr times the task's default_lr_scale (tasks/base.py): true where
+    # --lr scales a gradient step; false where it is a step in the parameters' own units (AdamW's,
+    # a sign's) or bounded by something other than the task (async's staleness); docs/defaults.md
+    lr_scales_with_task: bool = True
 
     def setup(self, ctx: Context, params: torch.Tensor, optim: OptimConfig, codec: CodecConfig) -> None:
         self.optim = optim

@@ -83,6 +83,7 @@ DEMO_PARAMS = {
 class DeMo(Algorithm):
     name = "demo"
     default_lr = 1e-2  # η when --lr is not given (docs/defaults.md): the sign update moves every element by η
+    lr_scales_with_task = False  # a sign's step is in the parameters' units, not the gradient's
 
     def __init__(self, *, decay: float = 0.999, chunk: int = 64, k: int = 4, sign: bool = True,
                  weight_decay: float = 0.0):

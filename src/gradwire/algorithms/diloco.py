@@ -140,6 +140,7 @@ class StreamingDiLoCo(Algorithm):
     evaluates = "global"
     default_compressor = "none"
     default_lr = 1e-2  # the inner AdamW's --lr when not given (docs/defaults.md; DiLoCo and its kin inherit it)
+    lr_scales_with_task = False  # AdamW's step is in the parameters' units, not the gradient's
 
     def __init__(self, *, inner_steps: int = 20, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,

@@ -78,6 +78,7 @@ class ServerDiLoCo(Algorithm):
     needs_server = True
     default_compressor = "none"  # pseudo-gradients travel as they are unless --compressor says otherwise
     default_lr = 1e-2  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
+    lr_scales_with_task = False  # AdamW's step is in the parameters' units, not the gradient's
     first_tag = 0      # the tag a replica computes for before any answer
 
     def inner_settings(self, *, inner_steps: int, inner: str, beta1: float, beta2: float, eps: float,

@@ -26,6 +26,7 @@ from gradwire.spec import require
 class SignSGD(Algorithm):
     name = "signsgd"
     default_lr = 1e-3  # --lr when not given (docs/defaults.md): a sign moves every coordinate by lr
+    lr_scales_with_task = False  # a sign's step is in the parameters' units, not the gradient's
 
     def __init__(self, *, momentum: float = 0.9):
         require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")

@@ -26,6 +26,8 @@ from gradwire.algorithms.optim import lr_schedule
 from gradwire.config import RunConfig, naming_flag, parse_layout
 from gradwire.errors import ConfigError
 from gradwire.parallel.layout import check_layout
+from gradwire.spec import parse_spec
+from gradwire.tasks.base import default_lr_scale
 from gradwire.tasks.language import transformer_sizes
 from gradwire.transports import ft_spec
 
@@ -46,7 +48,9 @@ class Combination:
 def resolved(cfg: RunConfig) -> RunConfig:
     """``cfg`` with --lr and --momentum filled in where they were not given: the algorithm's own
     defaults (``Algorithm.default_lr``, ``default_momentum``, class attributes chosen so that each
-    algorithm learns on the default task, docs/defaults.md); momentum only under --optimizer sgd.
+    algorithm learns on the default task, docs/defaults.md), the learning rate times the task's
+    ``default_lr_scale`` where the algorithm's --lr is a gradient step (``lr_scales_with_task``;
+    mnist1d-mlp takes twice the step of most tasks); momentum only under --optimizer sgd.
     The algorithm is built to ask it: some specs choose the class (``easgd:async=true``)."""
     if cfg.lr is not None and cfg.momentum is not None:
         return cfg
@@ -59,7 +63,11 @@ def _algorithm(cfg: RunConfig) -> Algorithm:
 
 
 def _with_defaults_of(algorithm: Algorithm, cfg: RunConfig) -> RunConfig:
-    return cfg.with_defaults(default_lr=algorithm.default_lr, default_momentum=algorithm.default_momentum)
+    lr = algorithm.default_lr
+    if cfg.lr is None and algorithm.lr_scales_with_task and parse_spec(cfg.optimizer)[0] == "sgd":
+        with naming_flag("task"):
+            lr *= default_lr_scale(cfg.task)  # the task's own scale of a gradient step (mnist1d-mlp: 2)
+    return cfg.with_defaults(default_lr=lr, default_momentum=algorithm.default_momentum)
 
 
 def check_combination(cfg: RunConfig) -> Combination:

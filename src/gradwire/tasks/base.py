@@ -110,6 +110,16 @@ def resolved_spec(spec: str) -> str:
     return render(entry.name, values, fmt=str)  # str(value): the task names of existing run records
 
 
+def default_lr_scale(spec: str) -> float:
+    """The step size the task ``spec`` takes, as a multiple of the usual: an algorithm whose --lr is
+    a gradient step (``Algorithm.lr_scales_with_task``) defaults to its ``default_lr`` times this
+    where --lr is not given (``gradwire.run.combination.resolved``; config.json records the
+    product). 1 unless the task's factory declares ``default_lr_scale`` (mnist1d-mlp: 2, measured
+    in docs/defaults.md)."""
+    entry, _ = TASKS.resolve(spec)
+    return float(getattr(entry.factory, "default_lr_scale", 1.0))
+
+
 def build_task(
     spec: str,
     *,
