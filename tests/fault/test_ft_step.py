@@ -67,14 +67,15 @@ def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgor
     algorithm = CountingAlgorithm()
     state = SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None)
     ctx = SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}, oracle=state)
-    transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None), participants=[0],
-                                state_dict=dict, load_state_dict=lambda s: None)
+    transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None, reconfigured=False),
+                                participants=[0], state_dict=dict, load_state_dict=lambda s: None,
+                                state_bytes=0, exchange_bytes=0)
     d = ReplicaDriver.__new__(ReplicaDriver)  # its state, without torchft's Manager and servers
     d.ctx, d.algorithm, d.transport, d.counters = ctx, algorithm, transport, SimpleNamespace(step=0)
     d.ft = FaultTolerance(**({"min_replicas": 2, "heartbeat_ms": 1, "quorum_timeout_s": 30.0} | ft))
     d.manager = ScriptedManager(transport.pg, quorums)
     d.samples, d.skipped_samples, d.events, d.healed = [8, 8, 8], 0, [], None
-    d.full_at, d.leave_at = set(), None
+    d.full_at, d.leave_at, d.hold_at, d.marks, d.received_bytes = set(), None, {}, None, 0
     return d, d.manager, algorithm
 
 
@@ -82,7 +83,7 @@ def test_a_quorum_too_small_for_the_first_step_is_asked_again_without_computing_
     d, manager, algorithm = driver([([0, 1], None), ([0, 1], None), ([0, 1, 2], None)])
     info = d.step()  # step 1 needs every replica (start_replicas=0)
     assert info["ft"] == {"participants": [0, 1, 2], "attempts": 3, "quorum_s": info["ft"]["quorum_s"],
-                          "skipped_samples": 0}
+                          "skipped_samples": 0, "state_bytes": 0, "exchange_bytes": 0}
     assert algorithm.steps == 1 and manager.votes == [True]  # no vote was cast against a small quorum
     d.manager.quorums = [([0, 1], None)]
     assert d.step()["ft"]["participants"] == [0, 1] and algorithm.steps == 2  # then min_replicas=2 suffices
