@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--kill-step", type=int, default=6)
     ap.add_argument("--compute-s", type=float, default=0.08)
     ap.add_argument("--extra", default="", help="more run flags, e.g. '--lr 0.001'")
+    ap.add_argument("--ft-timeout-s", type=float, default=10.0, help="the replicas' timeout_s")
     ap.add_argument("--lighthouse-restart", type=float, default=None, metavar="DOWN_S",
                     help="instead of a kill: stop the Lighthouse after --kill-step for DOWN_S s and start a new one")
     ns, _ = parse_run_args(ap)
@@ -158,14 +159,16 @@ def lighthouse_restart(ns, out: Path) -> None:
     the time from the new one's start to the first step committed after it, and what happened."""
     args = ["--task", ns.task, "--algorithm", ns.algorithm, "--steps", str(ns.steps), "--eval-every", str(ns.steps),
             "--batch-size", "8", "--stragglers", f"tail:p=0,compute_s={ns.compute_s}", *ns.extra.split()]
-    rs = ReplicaSet(out, args, replicas=3, min_replicas=2, env={"GRADWIRE_FT_FULL_AT": str(ns.steps)})
+    rs = ReplicaSet(out, args, replicas=3, min_replicas=2, timeout_s=ns.ft_timeout_s,
+                    env={"GRADWIRE_FT_FULL_AT": str(ns.steps)})
     steps0 = rs.folder(0) / "steps.jsonl"
     try:
         rs.start_all()
         rs.wait_for_step(0, ns.kill_step, 300)
-        done = steps0.read_text().count("\n")
+        stopped = time.time()
         rs.restart_lighthouse(down_s=ns.lighthouse_restart)
         up = time.time()
+        done = steps0.read_text().count("\n")  # (a step under way at the stop may still commit)
         first = None
         while first is None and time.time() - up < 300:
             if steps0.read_text().count("\n") > done:
@@ -177,9 +180,10 @@ def lighthouse_restart(ns, out: Path) -> None:
         rs.close()
     rec = [json.loads(x) for x in steps0.read_text().splitlines()]
     after = rec[done]
-    print(f"Lighthouse stopped after step {ns.kill_step}, a new one up {ns.lighthouse_restart:g} s later; "
-          f"first step committed after it: {after['step']}, {first - up:.2f} s after the new Lighthouse started "
-          f"({after['ft']['attempts']} attempt(s), participants {after['ft']['participants']})")
+    print(f"timeout_s={ns.ft_timeout_s:g}: Lighthouse stopped after step {ns.kill_step}, a new one up "
+          f"{up - stopped:.2f} s later; first step committed after that: {after['step']}, {first - up:.2f} s after "
+          f"the new Lighthouse started ({first - stopped:.2f} s after the stop; {after['ft']['attempts']} "
+          f"attempt(s), participants {after['ft']['participants']})")
     for e in after["ft"].get("failures", []):
         print(f"  failed attempt: {e}")
     retried = [r["step"] for r in rec if r["ft"].get("failures") and r is not after]

@@ -20,6 +20,7 @@ from gradwire.transports import ledger
 from tests.fault.test_ft_replicas import (
     BACK,
     BATCH,
+    HEARTBEAT_MS,
     JOIN_MS,
     KILL,
     STEPS,
@@ -59,6 +60,7 @@ def test_link_degraded_then_cut_survivors_go_on_replica_rejoins_and_equals_a_rep
     # every replica waits after steps 2 and KILL until the test has changed the link (fault/replica.py)
     throttled, cut = tmp_path / "throttled", tmp_path / "cut-done"
     rs = ReplicaSet(tmp_path / "cut", args, replicas=3, min_replicas=2, timeout_s=3, join_timeout_ms=JOIN_MS,
+                    heartbeat_timeout_ms=HEARTBEAT_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(BACK), "GRADWIRE_FT_HOLD_AT": f"2:{throttled},{KILL}:{cut}"},
                     link=link, sides={0: "a", 1: "a", 2: "b"})
     try:

@@ -24,6 +24,10 @@ WAIT_S = 300
 # which changes the sequence of quorums the tests assert; a dead or hung one stops heartbeating and
 # is left out after heartbeat_timeout_ms (1 s) whatever this is
 JOIN_MS = 10_000
+# and it leaves a replica out once it has not heard its heartbeat for this long (1 s by default): a
+# live replica starved of the CPU (the suite beside other work, imports taking a minute) was seen to
+# miss it for every quorum of 180 s while the others went on; a dead or cut-off one is still left out
+HEARTBEAT_MS = 3_000
 
 
 def final_state(folder):
@@ -48,7 +52,8 @@ def replicas_run(out, data_dir, args, away_env: dict):
 
     rs = ReplicaSet(out, [*args, "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every",
                           str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir)],
-                    replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+                    replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
+                    heartbeat_timeout_ms=HEARTBEAT_MS, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     try:
         rs.start_all({2: away_env})
         code = rs.wait(2, WAIT_S)
@@ -93,7 +98,7 @@ def check_ledger(records, transfers: dict[int, int], new_groups: set[int], colle
         assert state == transfers.get(r["step"], 0), r
         assert exchange == (ledger.allreduce(8, n) if r["step"] in new_groups else exchange), r
         assert exchange in (0, ledger.allreduce(8, n)), r  # (a retried step can be in a new group too)
-        assert sent - state - exchange == (collectives(n) if collectives else sent - state - exchange) > 0, r
+        assert sent - state - exchange == (collectives(n) if collectives else sent - state - exchange) >= 0, r
         prev = now
     assert records[-1]["ft"]["state_bytes"] == sum(transfers.values())
 
@@ -172,6 +177,7 @@ def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path,
             "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
             "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
     rs = ReplicaSet(tmp_path / "stop", args, replicas=3, min_replicas=2, timeout_s=3, join_timeout_ms=JOIN_MS,
+                    heartbeat_timeout_ms=HEARTBEAT_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     try:
         rs.start_all()
@@ -218,6 +224,7 @@ def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
             "--checkpoint-every", str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir),
             "--stragglers", "tail:p=0,compute_s=0.2"]  # paced, so that the restart falls mid-run
     rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
+                    heartbeat_timeout_ms=HEARTBEAT_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(STEPS)})
     try:
         rs.start_all()
@@ -249,6 +256,7 @@ def test_replica_added_mid_run_heals_and_takes_part(tmp_path, data_dir):
             "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
             "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
     rs = ReplicaSet(tmp_path / "added", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
+                    heartbeat_timeout_ms=HEARTBEAT_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     rs.spec += ",start_replicas=2"
     try:

@@ -75,7 +75,7 @@ def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgor
     d.ft = FaultTolerance(**({"min_replicas": 2, "heartbeat_ms": 1, "quorum_timeout_s": 30.0} | ft))
     d.manager = ScriptedManager(transport.pg, quorums)
     d.samples, d.skipped_samples, d.events, d.healed = [8, 8, 8], 0, [], None
-    d.full_at, d.leave_at, d.hold_at, d.marks, d.received_bytes = set(), None, {}, None, 0
+    d.full_at, d.leave_at, d.hold_at, d.marks, d.received_bytes, d.at_start = set(), None, {}, None, 0, None
     return d, d.manager, algorithm
 
 

@@ -66,7 +66,8 @@ class ReplicaSet:
         self.lighthouse_proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                                 env=dict(os.environ, RUST_LOG="warn"))
         log.close()
-        line = self._readline(self.lighthouse_proc, timeout=120)
+        # its imports (torch, torchft) were seen to take over a minute beside other work on 2 cores
+        line = self._readline(self.lighthouse_proc, timeout=600)
         if "listening on" not in line:
             self.lighthouse_proc.kill()
             raise RuntimeError(f"the Lighthouse did not start: {line!r} (see {self.out / 'lighthouse.log'})")
