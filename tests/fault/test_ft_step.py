@@ -117,3 +117,21 @@ def test_waiting_for_replicas_ends_after_quorum_timeout_s():
     with pytest.raises(CommunicationError, match=r"step 1 needs 3 replicas; the quorum had \[0, 1\]"):
         d.step()
     assert manager.votes == [] and algorithm.steps == 0
+
+
+def test_step_zeros_evaluation_waits_for_the_first_quorum_then_asks_again():
+    """At the job's start (the quorum's step is 0) step 0 is evaluated once, after the first quorum,
+    with the run at step 0, and the quorum is asked again; a replica that joins a job under way
+    (the quorum's step is past 0) skips it."""
+    d, manager, algorithm = driver([([0, 1, 2], None), ([0, 1, 2], None)])
+    seen = []
+    d.at_start = lambda: seen.append((d.counters.step, len(manager.quorums), algorithm.steps))
+    d.counters.step = 1  # (the run loop's train_step has moved it to the step under way)
+    info = d.step()
+    assert seen == [(0, 1, 0)]  # at step 0, after the first quorum, before any compute
+    assert info["ft"]["attempts"] == 2 and algorithm.steps == 1 and d.at_start is None
+    late, manager, algorithm = driver([([0, 1, 2], None)])
+    manager.step = 7  # the quorum's committed steps: this replica joins at step 8
+    late.at_start = lambda: seen.append("evaluated")
+    late.counters.step = 1
+    assert late.step()["ft"]["participants"] == [0, 1, 2] and len(seen) == 1 and late.at_start is None
