@@ -213,11 +213,11 @@ def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
     same parameters (a replica left out of the new Lighthouse's first quorums heals from a peer).
 
     The new Lighthouse numbers its quorums from 1 again, and torchft names a gloo rendezvous's keys
-    in the primary replica's store by quorum number only, so a rebuild can read a peer's address
-    left there by the old Lighthouse's quorum of that number: it fails (gloo's connect retries took
-    50 s once on a loaded machine) and is retried under the next number. A replica stuck that long
-    can find the others done; so the last step waits for all three, as a user would to end a run
-    with every replica."""
+    in the primary replica's store by quorum number only; gradwire adds the quorum's step and
+    members to that name (transports/ft.py, rendezvous_tag), so a rebuild no longer reads a peer's
+    address left there by the old Lighthouse's quorum of that number (it failed, and gloo's
+    connect retries took 50 s once on a loaded machine). The last step still waits for all three,
+    as a user would to end a run with every replica."""
     from gradwire.fault.harness import ReplicaSet
 
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--steps", str(STEPS), "--eval-every", str(STEPS),

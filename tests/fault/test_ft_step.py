@@ -119,17 +119,18 @@ def test_waiting_for_replicas_ends_after_quorum_timeout_s():
     assert manager.votes == [] and algorithm.steps == 0
 
 
-def test_step_zeros_evaluation_waits_for_the_first_quorum_then_asks_again():
+def test_step_zeros_evaluation_waits_for_the_first_quorum():
     """At the job's start (the quorum's step is 0) step 0 is evaluated once, after the first quorum,
-    with the run at step 0, and the quorum is asked again; a replica that joins a job under way
-    (the quorum's step is past 0) skips it."""
-    d, manager, algorithm = driver([([0, 1, 2], None), ([0, 1, 2], None)])
+    with the run at step 0, and the step goes on in that quorum; a replica that joins a job under
+    way (the quorum's step is past 0) skips it."""
+    d, manager, algorithm = driver([([0, 1, 2], None)])
     seen = []
     d.at_start = lambda: seen.append((d.counters.step, len(manager.quorums), algorithm.steps))
     d.counters.step = 1  # (the run loop's train_step has moved it to the step under way)
     info = d.step()
-    assert seen == [(0, 1, 0)]  # at step 0, after the first quorum, before any compute
-    assert info["ft"]["attempts"] == 2 and algorithm.steps == 1 and d.at_start is None
+    assert seen == [(0, 0, 0)]  # at step 0, after the first quorum, before any compute
+    assert info["ft"]["attempts"] == 1 and info["ft"]["participants"] == [0, 1, 2]
+    assert algorithm.steps == 1 and d.at_start is None and d.counters.step == 1
     late, manager, algorithm = driver([([0, 1, 2], None)])
     manager.step = 7  # the quorum's committed steps: this replica joins at step 8
     late.at_start = lambda: seen.append("evaluated")

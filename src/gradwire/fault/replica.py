@@ -205,13 +205,14 @@ class ReplicaDriver:
             if self.at_start is not None:
                 evaluate, self.at_start = self.at_start, None
                 if manager.current_step() == 0 and self.healed is None:
-                    # the job's start: step 0 is evaluated as in every run, then the quorum is asked
-                    # again, so that the others wait for this evaluation in the quorum, not in a
-                    # collective that timeout_s bounds; a replica joining later skips it (its state
-                    # is a peer's, and its first evaluation is the others' next)
+                    # the job's start: step 0 is evaluated as in every run, and the step goes on in
+                    # this quorum (the others wait in its first collective, for at most timeout_s:
+                    # past that the attempt fails and is retried). Asking for the quorum again
+                    # instead would leave the members that evaluated at an earlier quorum waiting
+                    # in a collective for one that waits in the quorum. A replica joining later
+                    # skips it (its state is a peer's; its first evaluation is the others' next)
                     counters.step = 0
                     evaluate()
-                    continue
             self._record_quorum(began, quorum_s)
             if self.healed is not None:
                 snap = self._snapshot()  # a retry starts from the transferred state
