@@ -58,14 +58,44 @@ def import_seconds() -> float:
     return time.perf_counter() - start
 
 
+PHASES = [  # (from, to, what): the restarted process's marks (fault/replica.py, ft.startup)
+    ("line", "driver", "run set-up (task, data, model, algorithm, transport)"),
+    ("driver", "manager", "torchft Manager (its server, the Lighthouse connection)"),
+    ("manager", "first_step", "run folder, timeline, step-0 evaluation"),
+    ("first_step", "first_quorum_call", "snapshot of the step's state"),
+    ("first_quorum_call", "quorum_call", "quorum calls before the one it joined (waiting for the others)"),
+    ("quorum_call", "quorum", "the quorum call it joined in: quorum, group rebuild, state transfer, install"),
+    ("quorum", "computed", "its first step's compute and collectives"),
+    ("computed", "committed", "the commit vote"),
+]
+
+
+def phases(line_at: float, ft: dict, committed_seen: float) -> None:
+    """The restarted replica's time from its start line to its first committed step, by phase."""
+    marks = dict(ft["startup"], line=line_at)
+    healed = ft["healed"]
+    print("from its start line to its first committed step, by phase:")
+    for a, b, what in PHASES:
+        if a in marks and b in marks:
+            print(f"  {marks[b] - marks[a]:7.3f} s  {what}")
+    print(f"  (in the joining quorum call: state transfer {healed['transfer_s']:.3f} s, install "
+          f"{healed['install_s']:.3f} s; total to the commit {marks['committed'] - line_at:.3f} s, "
+          f"seen in steps.jsonl {committed_seen - line_at:.3f} s after the line)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     add_run_flags(ap, only=("task", "algorithm", "steps"), defaults={"task": "synthetic-logreg", "steps": 150})
     ap.add_argument("--kill-step", type=int, default=6)
     ap.add_argument("--compute-s", type=float, default=0.08)
     ap.add_argument("--extra", default="", help="more run flags, e.g. '--lr 0.001'")
+    ap.add_argument("--ft-timeout-s", type=float, default=10.0, help="the replicas' timeout_s")
+    ap.add_argument("--lighthouse-restart", type=float, default=None, metavar="DOWN_S",
+                    help="instead of a kill: stop the Lighthouse after --kill-step for DOWN_S s and start a new one")
     ns, _ = parse_run_args(ap)
     out = Path(tempfile.mkdtemp(prefix="ft-recovery-"))
+    if ns.lighthouse_restart is not None:
+        return lighthouse_restart(ns, out)
     args = ["--task", ns.task, "--algorithm", ns.algorithm, "--steps", str(ns.steps), "--eval-every", str(ns.steps),
             "--batch-size", "8", "--stragglers", f"tail:p=0,compute_s={ns.compute_s}", *ns.extra.split()]
     # the last step waits for every replica: a restart slower than the survivors' run still rejoins
@@ -113,6 +143,7 @@ def main() -> None:
         t0, line = own[0]
         print(f"restarted replica's first gradwire log line {t0 - rs.started[2]:.2f} s after spawn ({line[:80]!r}); "
               f"from it to its first committed step (back in the quorum): {first - t0:.2f} s")
+        phases(t0, next(r for r in rec[2] if "healed" in r["ft"])["ft"], first)
     else:
         print(f"restarted replica logged no gradwire line before it was back ({len(lines)} other lines)")
     print(f"state transfer: {healed['bytes']} bytes in {healed['transfer_s'] * 1e3:.1f} ms "
@@ -120,6 +151,43 @@ def main() -> None:
           f"waiting for the source to serialise {healed['wait_source_s'] * 1e3:.1f} ms, on the wire "
           f"{healed['wire_s'] * 1e3:.1f} ms ({healed['bytes'] / max(healed['wire_s'], 1e-9) / 1e6:.1f} MB/s), "
           f"torch.load {healed['load_s'] * 1e3:.1f} ms; install {healed['install_s'] * 1e3:.1f} ms")
+    print(f"folders: {out}")
+
+
+def lighthouse_restart(ns, out: Path) -> None:
+    """The Lighthouse stopped after --kill-step and a new one started on its port DOWN_S s later:
+    the time from the new one's start to the first step committed after it, and what happened."""
+    args = ["--task", ns.task, "--algorithm", ns.algorithm, "--steps", str(ns.steps), "--eval-every", str(ns.steps),
+            "--batch-size", "8", "--stragglers", f"tail:p=0,compute_s={ns.compute_s}", *ns.extra.split()]
+    rs = ReplicaSet(out, args, replicas=3, min_replicas=2, timeout_s=ns.ft_timeout_s,
+                    env={"GRADWIRE_FT_FULL_AT": str(ns.steps)})
+    steps0 = rs.folder(0) / "steps.jsonl"
+    try:
+        rs.start_all()
+        rs.wait_for_step(0, ns.kill_step, 300)
+        stopped = time.time()
+        rs.restart_lighthouse(down_s=ns.lighthouse_restart)
+        up = time.time()
+        done = steps0.read_text().count("\n")  # (a step under way at the stop may still commit)
+        first = None
+        while first is None and time.time() - up < 300:
+            if steps0.read_text().count("\n") > done:
+                first = time.time()
+            time.sleep(0.01)
+        codes = [rs.wait(k, 300) for k in range(3)]
+        assert codes == [0, 0, 0], codes
+    finally:
+        rs.close()
+    rec = [json.loads(x) for x in steps0.read_text().splitlines()]
+    after = rec[done]
+    print(f"timeout_s={ns.ft_timeout_s:g}: Lighthouse stopped after step {ns.kill_step}, a new one up "
+          f"{up - stopped:.2f} s later; first step committed after that: {after['step']}, {first - up:.2f} s after "
+          f"the new Lighthouse started ({first - stopped:.2f} s after the stop; {after['ft']['attempts']} "
+          f"attempt(s), participants {after['ft']['participants']})")
+    for e in after["ft"].get("failures", []):
+        print(f"  failed attempt: {e}")
+    retried = [r["step"] for r in rec if r["ft"].get("failures") and r is not after]
+    print(f"other steps with failed attempts: {retried or 'none'}; every replica finished step {ns.steps}")
     print(f"folders: {out}")
 
 

@@ -98,3 +98,17 @@ def test_recovery_phases_are_read_back_from_the_step_records():
     assert phase_rows([rec(1, [0, 1, 2], 1.0, attempts=3)])[0]["change"] == "start"  # waited for the others
     assert report_blocks([{"step": 1, "loss": 0.5}]) == []
     assert len(report_blocks(steps)[-1].rows) == 2
+
+
+def test_a_quorums_rendezvous_is_named_by_its_members_and_step():
+    """torchft names a rebuilt group's rendezvous by quorum number; a restarted Lighthouse numbers
+    from 1 again, so gradwire adds the quorum's members (each with its process's uuid) and step:
+    the same name on every member, another for another step or other members."""
+    pytest.importorskip("torchft")
+    from gradwire.transports.ft import rendezvous_tag
+
+    a, b, c = "gradwire_0:u0", "gradwire_1:u1", "gradwire_2:u2"
+    assert rendezvous_tag([a, b, c], 7) == rendezvous_tag([c, a, b], 7)  # every member: the same name
+    assert rendezvous_tag([a, b, c], 7) != rendezvous_tag([a, b, c], 8)
+    assert rendezvous_tag([a, b, c], 7) != rendezvous_tag([a, b, "gradwire_2:u9"], 7)  # a restarted process
+    assert "/" not in rendezvous_tag([a, b], 0)  # one segment of torchft's store prefix

@@ -67,14 +67,15 @@ def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgor
     algorithm = CountingAlgorithm()
     state = SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None)
     ctx = SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}, oracle=state)
-    transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None), participants=[0],
-                                state_dict=dict, load_state_dict=lambda s: None)
+    transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None, reconfigured=False),
+                                participants=[0], state_dict=dict, load_state_dict=lambda s: None,
+                                state_bytes=0, exchange_bytes=0)
     d = ReplicaDriver.__new__(ReplicaDriver)  # its state, without torchft's Manager and servers
     d.ctx, d.algorithm, d.transport, d.counters = ctx, algorithm, transport, SimpleNamespace(step=0)
     d.ft = FaultTolerance(**({"min_replicas": 2, "heartbeat_ms": 1, "quorum_timeout_s": 30.0} | ft))
     d.manager = ScriptedManager(transport.pg, quorums)
     d.samples, d.skipped_samples, d.events, d.healed = [8, 8, 8], 0, [], None
-    d.full_at, d.leave_at = set(), None
+    d.full_at, d.leave_at, d.hold_at, d.marks, d.received_bytes, d.at_start = set(), None, {}, None, 0, None
     return d, d.manager, algorithm
 
 
@@ -82,7 +83,7 @@ def test_a_quorum_too_small_for_the_first_step_is_asked_again_without_computing_
     d, manager, algorithm = driver([([0, 1], None), ([0, 1], None), ([0, 1, 2], None)])
     info = d.step()  # step 1 needs every replica (start_replicas=0)
     assert info["ft"] == {"participants": [0, 1, 2], "attempts": 3, "quorum_s": info["ft"]["quorum_s"],
-                          "skipped_samples": 0}
+                          "skipped_samples": 0, "state_bytes": 0, "exchange_bytes": 0}
     assert algorithm.steps == 1 and manager.votes == [True]  # no vote was cast against a small quorum
     d.manager.quorums = [([0, 1], None)]
     assert d.step()["ft"]["participants"] == [0, 1] and algorithm.steps == 2  # then min_replicas=2 suffices
@@ -116,3 +117,22 @@ def test_waiting_for_replicas_ends_after_quorum_timeout_s():
     with pytest.raises(CommunicationError, match=r"step 1 needs 3 replicas; the quorum had \[0, 1\]"):
         d.step()
     assert manager.votes == [] and algorithm.steps == 0
+
+
+def test_step_zeros_evaluation_waits_for_the_first_quorum():
+    """At the job's start (the quorum's step is 0) step 0 is evaluated once, after the first quorum,
+    with the run at step 0, and the step goes on in that quorum; a replica that joins a job under
+    way (the quorum's step is past 0) skips it."""
+    d, manager, algorithm = driver([([0, 1, 2], None)])
+    seen = []
+    d.at_start = lambda: seen.append((d.counters.step, len(manager.quorums), algorithm.steps))
+    d.counters.step = 1  # (the run loop's train_step has moved it to the step under way)
+    info = d.step()
+    assert seen == [(0, 0, 0)]  # at step 0, after the first quorum, before any compute
+    assert info["ft"]["attempts"] == 1 and info["ft"]["participants"] == [0, 1, 2]
+    assert algorithm.steps == 1 and d.at_start is None and d.counters.step == 1
+    late, manager, algorithm = driver([([0, 1, 2], None)])
+    manager.step = 7  # the quorum's committed steps: this replica joins at step 8
+    late.at_start = lambda: seen.append("evaluated")
+    late.counters.step = 1
+    assert late.step()["ft"]["participants"] == [0, 1, 2] and len(seen) == 1 and late.at_start is None

@@ -93,3 +93,9 @@ def test_uncounted_restores_the_counters():
         assert t.bytes_sent > counted[0]
     assert (t.bytes_sent, t.comm_time_s) == counted
 
+
+
+def test_a_live_state_transfer_is_its_payload_once_per_recipient():
+    assert ledger.state_transfer([]) == 0
+    assert ledger.state_transfer([3774433]) == 3774433
+    assert ledger.state_transfer([100, 250]) == ledger.point_to_point(100) + ledger.point_to_point(250) == 350

@@ -28,7 +28,22 @@ from datetime import timedelta
 from gradwire.errors import CommunicationError
 from gradwire.fault.transfer import SafeHTTPTransport
 from gradwire.report.timeline import COMM, WAIT
-from gradwire.transports.ft import FtTransport
+from gradwire.transports.ft import FtTransport, rendezvous_tag
+
+
+class _QuorumSeen:
+    """torchft's ``ManagerClient``, keeping the last quorum it answered (its members and step name
+    the quorum's gloo rendezvous: transports/ft.py, ``rendezvous_tag``)."""
+
+    def __init__(self, client):
+        self._client, self.last = client, None
+
+    def _quorum(self, *args, **kwargs):
+        self.last = self._client._quorum(*args, **kwargs)
+        return self.last
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
 
 
 def merge_rank_keyed(peer, own, peer_key: str, own_key: str):
@@ -56,6 +71,9 @@ class ReplicaDriver:
     def __init__(self, ctx, algorithm, transport: FtTransport, *, state, counters, setup, samples: list[int]):
         from torchft import Manager
 
+        # when this process reached each point of its start (epoch seconds; the first committed
+        # step's record has them as ``ft.startup``: benchmarks/ft_recovery.py breaks a rejoin down)
+        self.marks: dict[str, float] | None = {"driver": time.time()}
         self.ctx, self.algorithm, self.transport, self.ft = ctx, algorithm, transport, transport.ft
         self.state, self.counters, self.setup, self.samples = state, counters, setup, samples
         ft = self.ft
@@ -73,12 +91,24 @@ class ReplicaDriver:
             heartbeat_interval=timedelta(milliseconds=ft.heartbeat_ms),
             checkpoint_transport=self.checkpoints, init_sync=False, max_retries=None)  # retries: step()
         transport.manager = self.manager
+        # torchft asks for a quorum, then configures the group with it: the group's rendezvous is
+        # named by that quorum's members and step as well as its number (Manager._client: private)
+        seen = self.manager._client = _QuorumSeen(self.manager._client)
+        transport.pg.tag = lambda: rendezvous_tag(seen.last.replica_ids, seen.last.max_step)
+        self.received_bytes = 0  # fetched from a peer, not yet in a committed step's ledger
+        self.at_start = None  # the run's step-0 evaluation, until the first quorum (run/drivers.py)
         # fault scripting for tests and benchmarks (fault/harness.py): GRADWIRE_FT_FULL_AT=S1,S2 makes
         # steps S1, S2 commit only with every replica (they wait for one that is away);
         # GRADWIRE_FT_LEAVE_AT=K:S makes replica K leave cleanly after committing step S
         self.full_at = {int(x) for x in os.environ.get("GRADWIRE_FT_FULL_AT", "").split(",") if x.strip()}
         leave = os.environ.get("GRADWIRE_FT_LEAVE_AT", "")
         self.leave_at = int(leave.split(":")[1]) if leave and int(leave.split(":")[0]) == ft.replica else None
+        # GRADWIRE_FT_HOLD_AT=S:FILE[,S:FILE] makes a replica that committed step S (and recorded it)
+        # wait before step S+1 until FILE exists (at most quorum_timeout_s): a test changes the
+        # network between two steps
+        holds = [h.split(":", 1) for h in os.environ.get("GRADWIRE_FT_HOLD_AT", "").split(",") if h.strip()]
+        self.hold_at = {int(step): path for step, path in holds}
+        self.marks["manager"] = time.time()
 
     # -- what a healthy replica sends, and what a recovering one makes of it ---------------------
     def state_dict(self) -> dict:
@@ -106,6 +136,7 @@ class ReplicaDriver:
         self.state.load_state_dict(merged)
         self.skipped_samples = int(state["skipped_samples"])
         received = self.checkpoints.last_received or {}
+        self.received_bytes += received.get("bytes", 0)
         self.healed = {"from": int(state["rank"]), "at_step": committed, "bytes": received.get("bytes", 0),
                        "transfer_s": received.get("seconds", 0.0), "install_s": time.perf_counter() - start}
         # the fetch's parts: waiting for the source to serialise, the bytes on the wire, torch.load
@@ -153,6 +184,10 @@ class ReplicaDriver:
     def step(self) -> dict:
         """One committed step (retried until committed); sets ``counters.step`` to its number."""
         manager, counters, ctx = self.manager, self.counters, self.ctx
+        if counters.step - 1 in self.hold_at:  # (counters.step: the step about to be taken)
+            self._hold(self.hold_at.pop(counters.step - 1))
+        if self.marks is not None and "first_step" not in self.marks:
+            self.marks["first_step"] = time.time()
         snap = self._snapshot()
         # how long this step may wait for the replicas it needs, and (from the last quorum) for the
         # Lighthouse to answer: quorum_timeout_s each
@@ -166,6 +201,18 @@ class ReplicaDriver:
                 continue
             quorum_deadline = time.monotonic() + self.ft.quorum_timeout_s
             quorum_s = time.perf_counter() - t0
+            self._mark("quorum", t0)
+            if self.at_start is not None:
+                evaluate, self.at_start = self.at_start, None
+                if manager.current_step() == 0 and self.healed is None:
+                    # the job's start: step 0 is evaluated as in every run, and the step goes on in
+                    # this quorum (the others wait in its first collective, for at most timeout_s:
+                    # past that the attempt fails and is retried). Asking for the quorum again
+                    # instead would leave the members that evaluated at an earlier quorum waiting
+                    # in a collective for one that waits in the quorum. A replica joining later
+                    # skips it (its state is a peer's; its first evaluation is the others' next)
+                    counters.step = 0
+                    evaluate()
             self._record_quorum(began, quorum_s)
             if self.healed is not None:
                 snap = self._snapshot()  # a retry starts from the transferred state
@@ -186,18 +233,27 @@ class ReplicaDriver:
                 time.sleep(self.ft.heartbeat_ms / 1000)  # let the others heartbeat and ask again
                 continue
             info = None
+            if manager.errored() is None and self.transport.pg.reconfigured:
+                # a new group: every member adds up the state its members fetched (the ledger)
+                self.transport.count_state_transfer(self.received_bytes)
             if manager.errored() is None:
                 try:
                     info = self.algorithm.step(ctx, counters.step)
                 except CommunicationError as e:
                     manager.report_error(e)
             failed = manager.errored()
+            self._mark("computed")
             if manager.should_commit(timeout=timedelta(seconds=self.ft.timeout_s)):
                 self.skipped_samples += sum(s for r, s in enumerate(self.samples) if r not in ranks)
+                self.transport.pg.reconfigured, self.received_bytes = False, 0
                 ft = {"participants": sorted(ranks), "attempts": attempt, "quorum_s": round(quorum_s, 6),
-                      "skipped_samples": self.skipped_samples}
+                      "skipped_samples": self.skipped_samples, "state_bytes": self.transport.state_bytes,
+                      "exchange_bytes": self.transport.exchange_bytes}
                 if self.healed is not None:
                     ft["healed"] = self.healed
+                if self.marks is not None:  # this process's first committed step
+                    self._mark("committed")
+                    ft["startup"], self.marks = {k: round(v, 4) for k, v in self.marks.items()}, None
                 if self.events:  # why earlier attempts of this step failed
                     ft["failures"], self.events = self.events, []
                 if self.leave_at == counters.step:
@@ -230,6 +286,21 @@ class ReplicaDriver:
             self.manager._quorum_future = None
             time.sleep(self.ft.heartbeat_ms / 1000)
             return False
+
+    def _mark(self, name: str, began: float | None = None) -> None:
+        """Note when this attempt reached ``name`` (and, for the quorum, when its call began: the
+        last attempt's counts) while the process has not committed a step yet."""
+        if self.marks is not None:
+            now = time.time()
+            if began is not None:
+                self.marks["quorum_call"] = now - (time.perf_counter() - began)
+                self.marks.setdefault("first_quorum_call", self.marks["quorum_call"])
+            self.marks[name] = now
+
+    def _hold(self, path: str) -> None:
+        deadline = time.monotonic() + self.ft.quorum_timeout_s
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def leave(self) -> None:
         """Leave the job cleanly (``GRADWIRE_FT_LEAVE_AT``): the Lighthouse stops hearing from this

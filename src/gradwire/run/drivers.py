@@ -28,6 +28,11 @@ class FaultTolerantDriver(Driver):
     def step(self, step: int) -> dict:
         return self.replica.step()
 
+    def start(self, evaluate) -> None:
+        """Step 0's evaluation waits for the first quorum: a replica that joins a job under way
+        (restarted, or added) has no step 0 of its own, and skips it (fault/replica.py)."""
+        self.replica.at_start = evaluate
+
 
 def build_driver(cfg: RunConfig, parts: DriverParts, *, process_zero: bool,
                  replica: Callable[[DriverParts], object] | None = None) -> Driver:

@@ -20,6 +20,7 @@ metrics rows), ``folder.py`` (config.json's extra entries, the summary).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -292,6 +293,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     ``transport``: this process's, for the threads backend (``run_threads``). ``curves=False``
     leaves out curves.png (``gradwire reproduce --quick``: a second of plotting per run)."""
     if cfg.fault_tolerance != "none":  # a replica is up, its imports done (recovery is timed from here)
+        if importlib.util.find_spec("torchft") is not None:  # (without it, the spec's check says how to install it)
+            import torchft  # noqa: F401 - the last of its imports, 0.1-1.4 s on this machine
         print(f"gradwire run: replica starting ({cfg.fault_tolerance})", file=sys.stderr, flush=True)
     cfg = resolved(cfg)  # the algorithm's --lr and --momentum where not given (config.json holds them)
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
@@ -362,8 +365,8 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
     bar = tqdm(total=cfg.steps, initial=r.step, desc=cfg.label(), disable=mode != "bar", leave=False,
                dynamic_ncols=True)
     lines = ProgressLines(cfg.label(), cfg.steps, interval, started) if mode == "lines" else None
-    if not resumed:
-        evaluator.record({})
+    if not resumed:  # step 0's evaluation (a --fault-tolerance replica's only at the job's start)
+        r.driver.start(lambda: evaluator.record({}))
     try:
         while r.step < cfg.steps:
             if signals is not None and signals.pending is not None:  # between steps: the state is whole

@@ -75,6 +75,10 @@ class Driver:
     def step(self, step: int) -> dict:
         raise NotImplementedError
 
+    def start(self, evaluate: Callable[[], None]) -> None:
+        """A run from step 0: ``evaluate`` records the step-0 evaluation (at once, by default)."""
+        evaluate()
+
     def before_evaluation(self) -> None:
         """Every process, at the same steps: the transport's counters agreed, then what the
         algorithm gathers for an evaluation (e.g. the workers' average)."""

@@ -38,8 +38,27 @@ def init_from(model: nn.Module, generator: torch.Generator) -> nn.Module:
     return model
 
 
+def on_cpu(model: nn.Module) -> nn.Module:
+    """``model`` (built on the meta device) with uninitialised CPU parameters and buffers: what
+    ``to_empty(device="cpu")`` does, without its ``empty_like`` of meta tensors, which goes through
+    torch's Python references and imports sympy at its first use (seconds of every process's start,
+    a restarted replica's included)."""
+    made: dict[int, torch.Tensor] = {}  # (a tensor two modules share stays shared)
+    for m in model.modules():
+        for table in (m._parameters, m._buffers):
+            for name, t in list(table.items()):
+                if t is None:
+                    continue
+                if id(t) not in made:
+                    new = torch.empty(tuple(t.shape), dtype=t.dtype)
+                    made[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
+                        else new
+                table[name] = made[id(t)]
+    return model
+
+
 def _materialise(model: nn.Module, generator: torch.Generator) -> nn.Module:
-    return init_from(model.to_empty(device="cpu"), generator)
+    return init_from(on_cpu(model), generator)
 
 
 def mlp(
@@ -122,7 +141,10 @@ class TransformerLM(nn.Module):
 
     def __init__(self, *, vocab: int, context: int, dim: int, layers: int, heads: int, dtype: torch.dtype):
         super().__init__()
-        self.embed = nn.Embedding(vocab, dim, device="meta", dtype=dtype)
+        # (given its weight, Embedding skips its own N(0, 1) draw: on the meta device that draw goes
+        # through torch's Python reference of normal_, whose first use imports torch._dynamo, seconds
+        # of a replica's start; transformer_lm draws the weight itself)
+        self.embed = nn.Embedding(vocab, dim, _weight=torch.empty(vocab, dim, device="meta", dtype=dtype))
         self.position = nn.Parameter(torch.empty(context, dim, device="meta", dtype=dtype))
         self.blocks = nn.Sequential(*(TransformerBlock(dim, heads, dtype) for _ in range(layers)))
         self.norm = nn.LayerNorm(dim, device="meta", dtype=dtype)
@@ -138,7 +160,8 @@ def transformer_lm(generator: torch.Generator, *, vocab: int, context: int, dim:
     """:class:`TransformerLM` drawn from ``generator``: Linear layers as :func:`init_from`, embeddings
     N(0, 0.02²) (GPT-2's), LayerNorms at weight 1 and bias 0."""
     model = TransformerLM(vocab=vocab, context=context, dim=dim, layers=layers, heads=heads,
-                          dtype=dtype).to_empty(device="cpu")
+                          dtype=dtype)
+    model = on_cpu(model)
     with torch.no_grad():
         model.embed.weight.normal_(0.0, 0.02, generator=generator)
         model.position.normal_(0.0, 0.02, generator=generator)

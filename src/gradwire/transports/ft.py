@@ -16,10 +16,20 @@ Manager, which then votes against committing the step, and later collectives of 
 this replica's own contribution without communicating (the step is discarded and retried).
 Point-to-point messages, gather and broadcast from a chosen worker are not offered: the server
 modes need a fixed process 0, which a quorum does not have.
+
+A live state transfer (a recovering replica fetching a peer's state, fault/transfer.py) is a
+point-to-point message that only its source and recipient see. So that every replica still holds
+the same global figure, the first computing attempt in a newly configured group (torchft
+reconfigures the group at every new quorum, and every member does so at the same quorum) starts
+with an allreduce of one int64: the bytes each member received by state transfer in it
+(``count_state_transfer``). Both that exchange (``ledger.allreduce(8, n)``) and the transferred
+payloads (``ledger.state_transfer``) are added to ``bytes_sent``; ``state_bytes`` and
+``exchange_bytes`` keep their running totals apart for the run's records.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from datetime import timedelta
 
@@ -33,17 +43,52 @@ from gradwire.transports.base import Transport
 from gradwire.transports.ft_spec import FaultTolerance
 
 
+def rendezvous_tag(replica_ids, max_step: int) -> str:
+    """A name for a quorum's gloo rendezvous that a restarted Lighthouse does not reuse.
+
+    torchft keys the rendezvous in the primary replica's store by quorum number only
+    (``torchft/<quorum_id>/<group_rank>``), and a restarted Lighthouse numbers its quorums from 1
+    again: a rebuild under a number the old Lighthouse used read the addresses that the old
+    quorum's members had left there, and failed. Every member of a quorum knows its members
+    (replica ids, each with its process's uuid) and the quorum's step, so they name it alike; a
+    later Lighthouse forms its quorum of the same number at a later step, or with other members."""
+    members = ",".join(sorted(replica_ids))
+    return f"gw{max_step}-{hashlib.sha1(members.encode()).hexdigest()[:12]}"
+
+
+def _gloo_group(timeout: timedelta):
+    """torchft's reconfigurable ``ProcessGroupGloo``, noting each reconfiguration
+    (``reconfigured``, cleared by the step driver once a step of the new group commits) and
+    appending ``tag()``, when set, to its rendezvous's key prefix (:func:`rendezvous_tag`)."""
+    from torchft.process_group import ProcessGroupGloo
+
+    class GlooGroup(ProcessGroupGloo):
+        reconfigured = False
+        tag = None  # () -> str, set by the step driver from the quorum torchft received
+
+        def configure(self, store_addr, replica_id, rank, world_size, quorum_id=None, group_rank=None,
+                      group_world_size=None, global_ranks=None) -> None:
+            self.reconfigured = True
+            if self.tag is not None:
+                store_addr = f"{store_addr}/{self.tag()}"
+            super().configure(store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size,
+                              global_ranks)
+
+    return GlooGroup(timeout=timeout)
+
+
 class FtTransport(Transport):
     def __init__(self, ft: FaultTolerance, workers: int):
         super().__init__()
         from torch.distributed import TCPStore
-        from torchft.process_group import ProcessGroupGloo
 
         self.ft = ft
         self.device = torch.device("cpu")
         self.rank, self.world_size, self.local_ranks = ft.replica, workers, (ft.replica,)
         self.timeout_s = ft.timeout_s
-        self.pg = ProcessGroupGloo(timeout=timedelta(seconds=ft.timeout_s))
+        self.pg = _gloo_group(timedelta(seconds=ft.timeout_s))
+        self.state_bytes = 0     # running totals (global): payloads of live state transfers,
+        self.exchange_bytes = 0  # and the allreduces that counted them (both also in bytes_sent)
         # the replica group's own store (a group of one process): torchft's Manager publishes its
         # server's address there, and the quorum's process groups rendezvous on the primary's
         self.store = TCPStore(ft.host, 0, is_master=True, wait_for_workers=False,
@@ -88,6 +133,33 @@ class FtTransport(Transport):
             self._run(lambda: self.pg.allreduce([acc], opts), "allreduce")
             self.bytes_sent += ledger.allreduce(mine.numel() * mine.element_size(), n)
         return acc.div_(n)
+
+    def count_state_transfer(self, received: int) -> int:
+        """Add the state transferred into this new group to the ledger, the same on every member:
+        ``received`` is what this replica fetched from a peer in it (0 if none); returns the sum
+        over the members (0 if the exchange failed: the step is then discarded)."""
+        total = torch.tensor([int(received)], dtype=torch.int64)
+        n = len(self.participants)
+        if n > 1:
+            opts = AllreduceOptions()
+            opts.reduceOp = ReduceOp.SUM
+            if not self._run(lambda: self.pg.allreduce([total], opts), "state-transfer count"):
+                return 0
+            exchange = ledger.allreduce(ledger.SIZE_BYTES, n)
+            self.exchange_bytes += exchange
+            self.bytes_sent += exchange
+        payload = ledger.state_transfer([int(total)])
+        self.state_bytes += payload
+        self.bytes_sent += payload
+        return payload
+
+    def state_dict(self) -> dict:
+        return super().state_dict() | {"state_bytes": self.state_bytes, "exchange_bytes": self.exchange_bytes}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.state_bytes = int(state.get("state_bytes", 0))
+        self.exchange_bytes = int(state.get("exchange_bytes", 0))
 
     def _allgather(self, mine: torch.Tensor, what: str) -> list[torch.Tensor]:
         out = [torch.empty_like(mine) for _ in self.participants]

@@ -16,6 +16,9 @@ all-reduce algorithms for clusters of workstations", J. Parallel Distrib. Comput
 * broadcast, reduce (pipelined along a chain): ``(n-1)·nbytes``
 * gather to a root: every non-root buffer once: ``Σ_{i≠root} n_i``
 * point-to-point: ``nbytes``
+* a live state transfer (a recovering replica fetches a healthy peer's serialised state,
+  gradwire/fault/transfer.py): the payload once per recipient, ``Σ nbytes_i`` (as point-to-point;
+  the HTTP headers around it are not counted, as no collective's framing is)
 
 A star through one server (the simulator's ``ps`` network) sends everything to the server and
 back: allreduce ``2·n·nbytes``, all-gather ``n·Σ n_i``; broadcast, gather and point-to-point as
@@ -73,6 +76,11 @@ def gather(sizes: Sequence[int], root_index: int) -> int:
 def point_to_point(nbytes: int) -> int:
     """One message."""
     return nbytes
+
+
+def state_transfer(payloads: Sequence[int]) -> int:
+    """Live state transfers, one serialised state of ``payloads[i]`` bytes to each recipient i."""
+    return sum(point_to_point(n) for n in payloads)
 
 
 def star_allreduce(nbytes: int, n: int) -> int:
