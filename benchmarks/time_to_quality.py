@@ -34,10 +34,11 @@ costly part, ``curves``, can be stopped and run again by the same command.
    only on the method and the number of workers, so one curve per (row, lr, seed, workers) serves
    every rate.
 2. *Compute* (``compute``): each row's CPU seconds per step, measured alone on one core
-   (``torch.set_num_threads(1)``, ``time.thread_time``: forward, backward, optimizer and codec of one
-   worker, median of ``COMPUTE_STEPS`` steps after a warm-up). CPU time, not wall time, because
-   the machine is shared: wall time there measures the neighbours. The backward pass's share is
-   measured too (the part a DDP-style overlap can hide communication behind).
+   (``torch.set_num_threads(1)``, ``time.process_time``: forward, backward, optimizer and codec of
+   one worker), in blocks that the rows take in turn, the fastest block's mean (``measure_compute``).
+   CPU time, not wall time, because the machine is shared: wall time there measures the
+   neighbours. The backward pass's share is measured too (the part a DDP-style overlap can hide
+   communication behind).
 3. *Time* (``report``): a step lasts its compute plus the communication that compute does not hide,
    from gradwire's ring model (``transports/network.py``): an allreduce of B bytes a worker among n
    costs 2(n-1)(latency + B/(n·bandwidth)), an allgather of B bytes a worker (n-1)(latency +

@@ -95,7 +95,7 @@ def targets(lines: list[dict], workers: int) -> str:
             gw["label"], f"{gw[f'x@{mbps}']:.2f}x", f"{gw[f'vs_ddp@{mbps}']:.2f}x")
         verdict = "—" if want is None else f"≤ {want}x: " + (
             "not reached" if gw is None else "met" if gw[f"x@{mbps}"] <= want else
-            f"missed by {gw[f'x@{mbps}'] / want - 1:.0%}")
+            f"missed, {gw[f'x@{mbps}'] / want:.1f}x the target")
         pt_text = ("—", "—") if pt is None else (pt["label"], f"{pt[f'x@{mbps}']:.2f}x")
         out.append(f"| {mbps:g} Mbit/s | {gw_text[0]} | {gw_text[1]} | {verdict} | {gw_text[2]} | {pt_text[0]} | "
                    f"{pt_text[1]} |\n")
