@@ -143,3 +143,23 @@ def test_table_gives_ratios_to_ddp_at_zero_cost_and_marks_what_did_not_run(ttq):
     assert "not reached in 1 seeds (best 2.7000)" in text and "| PyTorch PowerSGD hook r4 | not run |" in text
     ddp_at_10 = lines["ddp"]["t@10.0"][0]
     assert lines["diloco"]["vs_ddp@10.0"] == pytest.approx(ddp_at_10 / lines["diloco"]["t@10.0"][0])
+
+
+def test_pytorchs_run_follows_the_same_schedule_and_stays_at_its_floor_past_the_horizon():
+    """ddp_train.py --lr-horizon (PyTorch's PowerSGD hook row): torch's LambdaLR gives update k
+    the rate gradwire's ScheduledRate gives it, past the horizon too."""
+    import torch
+
+    from gradwire.algorithms.optim import ScheduledRate
+
+    ddp_train = load_script(BENCH.parent / "ddp_train.py", "ddp_train")
+    spec = "cosine:warmup=5,min_ratio=0.1"
+    args = ddp_train.parse(["--optimizer", "adamw", "--lr", "0.004", "--lr-schedule", spec, "--steps", "40",
+                            "--lr-horizon", "20"])
+    opt, schedule = ddp_train.make_optimizer(args, [torch.nn.Parameter(torch.zeros(3))])
+    rate = ScheduledRate(0.004, spec, 20)
+    for k in range(40):
+        assert opt.param_groups[0]["lr"] == pytest.approx(rate.at(k))
+        opt.step()
+        schedule.step()
+    assert rate.at(39) == pytest.approx(0.0004)
