@@ -85,7 +85,7 @@ RATES_MBPS = (10.0, 100.0, 1000.0)
 WORKERS = (4, 16, 64)
 LATENCY_MS = 1.0
 COMPUTE_STEPS = 10             # steps a block (measure_compute)
-COMPUTE_BLOCKS = 5
+COMPUTE_BLOCKS = 10
 ADAMW = dict(optimizer="adamw:beta2=0.95", weight_decay=0.1)  # DDP's AdamW (benchmarks/ddp_train.py)
 LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # the grid every row's trials walk (next_trial)
 FIRST_TRIALS = (2e-3, 4e-3)    # every row's first two trials

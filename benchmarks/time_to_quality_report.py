@@ -125,16 +125,21 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
             ax.plot([s * t for s in run["steps"]], run["losses"], label=row.label, color=colours(i), marker=".", ms=3)
         ax_b.plot([max(b, 1) / 1e6 for b in run["bytes"]], run["losses"], label=row.label, color=colours(i),
                   marker=".", ms=3)
+    from matplotlib.ticker import NullFormatter
+
     for ax, mbps in zip(axes, RATES_MBPS):
         ax.axhline(target, color="k", lw=0.8, ls="--")
         ax.set(xscale="log", title=f"{mbps:g} Mbit/s, {workers} workers", xlabel="modelled time (s)")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # (log axes label minor ticks over each other)
     axes[0].set_ylabel("validation loss")
     low = min(min(r[0]["losses"]) for r in results.values())
     axes[0].set_ylim(low * 0.99, target * 1.15)
-    axes[-1].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(out / f"quality_vs_time_w{workers}.png", dpi=110)
     ax_b.axhline(target, color="k", lw=0.8, ls="--")
+    ax_b.xaxis.set_minor_formatter(NullFormatter())
     ax_b.set(xscale="log", xlabel="MB sent, all workers (ledger)", ylabel="validation loss",
              ylim=(low * 0.99, target * 1.15), title=f"{workers} workers")
     ax_b.legend(fontsize=7)
