@@ -107,7 +107,7 @@ def make_optimizer(args, params) -> tuple[torch.optim.Optimizer, torch.optim.lr_
     else:
         opt = torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
                                 weight_decay=0.1 if args.weight_decay is None else args.weight_decay)
-    return opt, torch_lr_scheduler(opt, args.lr_schedule, args.steps)
+    return opt, torch_lr_scheduler(opt, args.lr_schedule, args.lr_horizon or args.steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beta1", type=float, default=0.9, help="adamw only")
     p.add_argument("--beta2", type=float, default=0.95, help="adamw only")
     p.add_argument("--eps", type=float, default=1e-8, help="adamw only")
+    p.add_argument("--lr-horizon", type=int, default=None,
+                   help="the updates --lr-schedule spans (default: --steps); past it the rate stays at its floor, so a "
+                        "run may go on beyond the schedule (benchmarks/time_to_quality.py: to 2N)")
     p.add_argument("--hook", default="allreduce",
                    help="allreduce (DDP's own), powersgd (PyTorch's powerSGD_hook) or gradwire:SPEC")
     p.add_argument("--powersgd-rank", type=int, default=4)
@@ -148,7 +151,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
-        lr_schedule(args.lr_schedule, args.steps)
+        lr_schedule(args.lr_schedule, args.lr_horizon or args.steps)
     except ConfigError as e:
         raise SystemExit(f"ddp_train.py: error: --lr-schedule: {e}") from None
     started = time.perf_counter()

@@ -1,41 +1,57 @@
 """Time to DDP's quality: how long each method needs to reach the validation loss that DDP with
 AdamW itself reaches, on networks of 10 Mbit/s, 100 Mbit/s and 1 Gbit/s, at 4, 16 and 64 workers.
 
-    .venv/bin/python benchmarks/time_to_quality.py all            # everything below, in order (hours)
-    .venv/bin/python benchmarks/time_to_quality.py curves --workers 4 --rows ddp,diloco --seeds 1
+    .venv/bin/python benchmarks/time_to_quality.py tune --rows ddp,diloco    # the lr trials, seed 0
+    .venv/bin/python benchmarks/time_to_quality.py curves --workers 4 --rows ddp,diloco --seeds 1,2,3
+    .venv/bin/python benchmarks/time_to_quality.py torch --seeds 1,2,3        # PyTorch's PowerSGD hook
     .venv/bin/python benchmarks/time_to_quality.py compute        # CPU seconds per step, one core
-    .venv/bin/python benchmarks/time_to_quality.py report         # table and plots from what ran
+    .venv/bin/python benchmarks/time_to_quality.py report --workers 4,16   # table and plots from what ran
 
 Every stage skips what its folder (``--out``, default runs/time-to-quality) already holds, so the
 costly part, ``curves``, can be stopped and run again by the same command.
 
+**The protocol** (docs/time_to_accuracy.md gives the measurements behind each choice).
+
+- Every row, DDP included, trains under the same learning-rate schedule: a linear warm-up over
+  ``WARMUP`` updates, then a cosine decay to ``MIN_RATIO`` of the peak at N (``SCHEDULE``; the
+  DiLoCo family's inner AdamW follows it, update by update, across rounds). Past N the rate stays
+  at the floor, so a row may run on to 2N. A row with accumulation over k micro-batches sees k
+  times the samples per update: its schedule spans N/k updates (warm-up ``WARMUP``/k), it runs up
+  to 2N/k and evaluates every ``EVAL_EVERY``/k updates: the same samples as DDP everywhere.
+- The target is DDP's own final quality: the mean over the table's seeds of the mean of its last
+  ``LAST`` evaluations at N (``target_quality``). DDP's curves run first (to 2N); every other
+  row's curve stops ``STOP_AFTER`` evaluations after its first at or below the target
+  (``reached``), or at 2N.
+- Fair tuning (``tune``): every row gets the same ``LRS`` trials (the peak rate; the DiLoCo
+  family's inner rate, outer settings at the row's values), each run to N steps (not 2N) on
+  ``TUNING_SEED``, which the table never reports; the lowest quality at N wins.
+
 **Where the numbers come from.**
 
-1. *Curves* (``curves``): each row trains on the simulator (``gradwire run`` in process, one
+1. *Curves* (``curves``): each row trains on the simulator (gradwire's ``Run``, in process, one
    thread) and records its validation loss every ``EVAL_EVERY`` steps and its bytes. The loss
    against steps does not depend on the network (no stragglers: every worker computes every step),
-   only on the method and the number of workers, so one run per (row, setting, seed, workers)
-   serves every rate. First ``tune`` runs every row's ``TRIALS`` (the same number for every row,
-   DDP included) on ``TUNING_SEED``; the table's seeds (``TABLE_SEEDS``) never include it.
+   only on the method and the number of workers, so one curve per (row, lr, seed, workers) serves
+   every rate.
 2. *Compute* (``compute``): each row's CPU seconds per step, measured alone on one core
-   (``torch.set_num_threads(1)``, ``time.thread_time``: forward, backward, optimizer and codec of one
-   worker, median of ``COMPUTE_STEPS`` steps after a warm-up). CPU time, not wall time, because
-   the machine is shared: wall time there measures the neighbours. The backward pass's share is
-   measured too (the part a DDP-style overlap can hide communication behind).
+   (``torch.set_num_threads(1)``, ``time.process_time``: forward, backward, optimizer and codec of
+   one worker), in blocks that the rows take in turn, the fastest block's mean (``measure_compute``).
+   CPU time, not wall time, because the machine is shared: wall time there measures the
+   neighbours. The backward pass's share is measured too (the part a DDP-style overlap can hide
+   communication behind).
 3. *Time* (``report``): a step lasts its compute plus the communication that compute does not hide,
-   from gradwire's ring model (``transports/network.py``: an allreduce of B bytes a worker among n
-   costs 2(n-1)(latency + B/(n·bandwidth)); ``step_seconds`` below), with B each row's measured
-   payload per step. The target is DDP's own final quality: the mean of its last ``LAST``
-   evaluations at N steps (``target_quality``); every row may run to 2N; its time to the target is
-   its first evaluation at or below it.
+   from gradwire's ring model (``transports/network.py``): an allreduce of B bytes a worker among n
+   costs 2(n-1)(latency + B/(n·bandwidth)), an allgather of B bytes a worker (n-1)(latency +
+   B/bandwidth) (``collective_seconds``), with B each row's measured payload per round. A row's
+   time to the target is its first evaluation at or below it, times its step time.
 
 Rows (``ROWS``): DDP (gradwire's sync AdamW, equal to PyTorch DDP with AdamW:
 tests/ddp/test_ddp_train_benchmark.py), DDP with a bf16 cast (PyTorch's bf16 hook's arithmetic but
 for the sum's precision: gradwire sums the bf16 payloads in float32), DDP with gradient
-accumulation over k = 2, 4, 8 micro-batches (one allreduce per k micro-batches of 8), gradwire sync
-with PowerSGD and with QSGD, local AdamW (parameters averaged every H steps), DiLoCo and Streaming
-DiLoCo. PyTorch's own PowerSGD hook needs real processes (benchmarks/ddp_train.py under torchrun);
-it is listed, marked "not run".
+accumulation over k = 2, 4, 8 micro-batches (one allreduce per k micro-batches of 8), PyTorch's
+own PowerSGD hook (benchmarks/ddp_train.py under torchrun, 4 gloo processes: ``torch``), gradwire
+sync with PowerSGD and with QSGD (an allgather), local AdamW (parameters averaged every H steps),
+DiLoCo and Streaming DiLoCo (two settings).
 """
 
 from __future__ import annotations
@@ -43,8 +59,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,16 +72,24 @@ from gradwire.cli.flags import add_run_flags, parse_run_args
 
 TASK = "stdlib-lm:dim=64,layers=2,heads=2,val_bytes=65536"
 BATCH = 8                      # sequences of 64 bytes per worker and micro-batch
+N_STEPS = 1000                 # N: DDP's steps, the schedule's horizon; every row may run 2N
 EVAL_EVERY = 50
+EARLY_EVERY = 200              # evaluations up to N/2 (eval_every)
 LAST = 5                       # evaluations averaged into a quality
+STOP_AFTER = 3                 # evaluations a row runs on after its first at or below the target
+WARMUP = 50                    # updates of linear warm-up
+MIN_RATIO = 0.1                # the rate at N and after, as a fraction of the peak
 TUNING_SEED = 0
 TABLE_SEEDS = (1, 2, 3)
 RATES_MBPS = (10.0, 100.0, 1000.0)
 WORKERS = (4, 16, 64)
 LATENCY_MS = 1.0
-COMPUTE_STEPS = 30
+COMPUTE_STEPS = 10             # steps a block (measure_compute)
+COMPUTE_BLOCKS = 10
 ADAMW = dict(optimizer="adamw:beta2=0.95", weight_decay=0.1)  # DDP's AdamW (benchmarks/ddp_train.py)
-LRS = (1e-3, 2e-3, 4e-3)       # every row's trials: the same three learning rates
+LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # the grid every row's trials walk (next_trial)
+FIRST_TRIALS = (2e-3, 4e-3)    # every row's first two trials
+TORCH_POWERSGD_RANK = 4        # PyTorch's hook: matrix_approximation_rank (ranks tried: docs)
 
 
 @dataclass(frozen=True)
@@ -72,10 +99,11 @@ class Row:
     algorithm: str
     run: dict = field(default_factory=dict)  # RunConfig fields besides the learning rate
     micro_batches: int = 1     # gradient accumulation: k micro-batches of BATCH per optimizer step
-    collectives: int = 1       # allreduces per communication round (latency terms)
+    collective: str = "allreduce"  # allreduce (summable payloads) or allgather (QSGD's)
+    collectives: int = 1       # collectives per communication round (latency terms)
     period: int = 1            # steps per communication round
     overlap: str = "backward"  # backward: hidden behind the backward pass (DDP); none; tau:K (K steps)
-    runs: bool = True          # False: needs real processes, not run by this script
+    runner: str = "sim"        # sim: gradwire's simulator here; torch: ddp_train.py under torchrun
 
 
 H = 20
@@ -84,23 +112,54 @@ ROWS = [
     Row("ddp-bf16", "DDP + bf16 cast", "sync", ADAMW | dict(compressor="bf16")),
     *[Row(f"ddp-accum{k}", f"DDP, accumulation k={k}", "sync", ADAMW | dict(batch_size=BATCH * k), micro_batches=k)
       for k in (2, 4, 8)],
-    Row("torch-powersgd", "PyTorch PowerSGD hook", "sync", ADAMW, collectives=2, runs=False),
+    # one bucket (ddp_train.py: PyTorch's hook on gloo needs it), so it starts after the backward pass;
+    # three allreduces: the uncompressed vectors, then P, then Q
+    Row("torch-powersgd", f"PyTorch PowerSGD hook r{TORCH_POWERSGD_RANK}", "sync", ADAMW, collectives=3,
+        overlap="none", runner="torch"),
     Row("gw-powersgd", "gradwire sync + PowerSGD r8 fp16", "sync",
         ADAMW | dict(compressor="powersgd:rank=8,dtype=fp16"), collectives=2),
     Row("gw-qsgd", "gradwire sync + QSGD 4-bit + EF", "sync",
-        ADAMW | dict(compressor="qsgd:levels=7,bucket=128", error_feedback=True), overlap="none",
-        runs=False),  # an allgather (not summable): the time model here prices allreduces only
+        ADAMW | dict(compressor="qsgd:levels=7,bucket=128", error_feedback=True), collective="allgather",
+        overlap="none"),  # not summable: an allgather of the whole gradient's payload (sync.py's docstring)
     Row("local-adamw", f"local AdamW, averaged every {H}", f"diloco:inner_steps={H},outer_lr=1,outer_momentum=0,"
         "outer_warmup=0", period=H, overlap="none"),
     Row("diloco", f"DiLoCo H={H}", f"diloco:inner_steps={H}", period=H, overlap="none"),
     Row("streaming", f"Streaming DiLoCo H={H} P=4 τ=2 fp16",
         f"streaming-diloco:inner_steps={H},fragments=4,overlap=2,alpha=0.5",
         dict(compressor="fp16"), period=H // 4, overlap="tau:2"),
+    Row("streaming-h40", "Streaming DiLoCo H=40 P=4 τ=10 fp16",
+        "streaming-diloco:inner_steps=40,fragments=4,overlap=10,alpha=0.5",
+        dict(compressor="fp16"), period=10, overlap="tau:10"),
 ]
 ROW = {r.key: r for r in ROWS}
 
 
 # -- the pure logic (tests/report/test_time_to_quality.py) ------------------------------------------
+
+def schedule(row: Row, n_steps: int) -> tuple[str, int]:
+    """The row's lr schedule and its horizon in updates: warm-up, cosine to MIN_RATIO at N samples'
+    worth of updates (N/k for accumulation over k), the floor after."""
+    k = row.micro_batches
+    return f"cosine:warmup={max(1, WARMUP // k)},min_ratio={MIN_RATIO:g}", n_steps // k
+
+
+def eval_every(step: int, horizon: int) -> int:
+    """Evaluations are sparse (every EARLY_EVERY) up to half the horizon, where no row is near the
+    target and the tuning's measurements do not look, and every EVAL_EVERY after."""
+    return EARLY_EVERY if step <= horizon // 2 else EVAL_EVERY
+
+
+def evaluates_here(row: Row, step: int, horizon: int, algorithm_says) -> bool:
+    """Whether update ``step`` is evaluated: where the algorithm says (``algorithm_says(step,
+    every, horizon)``: every ``every`` steps, DiLoCo's round ends after them), or, for accumulation
+    over k, where the samples seen cross a multiple of ``every`` micro-batches' worth (DDP's grid in
+    samples); and at the horizon."""
+    k = row.micro_batches
+    every = eval_every(step * k, horizon * k)
+    if k == 1:
+        return algorithm_says(step, every, horizon)
+    return (step * k) // every > ((step - 1) * k) // every or step == horizon
+
 
 def window_mean(values: list[float], end: int, n: int = LAST) -> float:
     """Mean of the ``n`` values up to and including index ``end``."""
@@ -132,19 +191,50 @@ def evaluation_noise(losses: list[float]) -> float:
     return statistics.pstdev(r) / math.sqrt(1.5) if len(r) > 1 else float("nan")
 
 
+def late_losses(steps: list[int], losses: list[float], n_steps: int) -> list[float]:
+    """The evaluations that ``evaluation_noise`` is measured on: those after N/2, up to N."""
+    return [v for s, v in zip(steps, losses) if n_steps // 2 < s <= n_steps]
+
+
 def steps_to_target(steps: list[int], losses: list[float], target: float) -> int | None:
     """The first evaluated step whose loss is at or below the target (None: never)."""
     return next((s for s, v in zip(steps, losses) if v <= target), None)
 
 
-def allreduce_seconds(payload_bytes: float, workers: int, mbps: float, latency_ms: float = LATENCY_MS,
-                      collectives: int = 1) -> float:
-    """gradwire's ring allreduce (transports/network.py, RingNetwork.allreduce; Patarasuk 2009):
-    2(n-1)(latency + B/(n·bw)) per collective; ``payload_bytes`` is B summed over the collectives."""
+def reached(losses: list[float], target: float | None, after: int = STOP_AFTER) -> bool:
+    """Whether a curve may stop: ``after`` evaluations have followed its first at or below the
+    target (the table needs only the first; the rest show it was no fluke)."""
+    if target is None:
+        return False
+    first = next((i for i, v in enumerate(losses) if v <= target), None)
+    return first is not None and len(losses) - 1 - first >= after
+
+
+def collective_seconds(kind: str, payload_bytes: float, workers: int, mbps: float,
+                       latency_ms: float = LATENCY_MS, collectives: int = 1) -> float:
+    """gradwire's ring model (transports/network.py, RingNetwork; Patarasuk & Yuan 2009), with B =
+    ``payload_bytes`` one worker's bytes summed over the round's ``collectives``:
+    allreduce 2(n-1)(latency + B/(n·bw)); allgather (n-1)(latency + B/bw)."""
     if workers <= 1:
         return 0.0
     bandwidth = mbps * 1e6 / 8
-    return 2 * (workers - 1) * (collectives * latency_ms / 1e3 + payload_bytes / (workers * bandwidth))
+    latency = collectives * latency_ms / 1e3
+    if kind == "allreduce":
+        return 2 * (workers - 1) * (latency + payload_bytes / (workers * bandwidth))
+    if kind == "allgather":
+        return (workers - 1) * (latency + payload_bytes / bandwidth)
+    raise ValueError(f"collective {kind!r}: allreduce or allgather")
+
+
+def allreduce_seconds(payload_bytes: float, workers: int, mbps: float, latency_ms: float = LATENCY_MS,
+                      collectives: int = 1) -> float:
+    return collective_seconds("allreduce", payload_bytes, workers, mbps, latency_ms, collectives)
+
+
+def ledger_divisor(kind: str, workers: int) -> int:
+    """The ledger counts a ring allreduce of B bytes a worker as 2(n-1)B and an allgather of B
+    each as (n-1)·n·B (transports/ledger.py): what to divide by for one worker's B."""
+    return 2 * (workers - 1) if kind == "allreduce" else (workers - 1) * workers
 
 
 def step_seconds(row: Row, compute_s: float, backward_s: float, payload_bytes: float, workers: int,
@@ -153,13 +243,29 @@ def step_seconds(row: Row, compute_s: float, backward_s: float, payload_bytes: f
     worker contributes per communication round; ``mbps`` None: a network of zero cost."""
     if mbps is None:
         return compute_s
-    comm = allreduce_seconds(payload_bytes, workers, mbps, collectives=row.collectives)
+    comm = collective_seconds(row.collective, payload_bytes, workers, mbps, collectives=row.collectives)
     if row.overlap == "backward":  # DDP: the buckets' allreduces run while the backward pass goes on
         return compute_s + max(0.0, comm - backward_s)
     if row.overlap.startswith("tau:"):  # Streaming DiLoCo: a fragment travels while τ steps compute
         tau = int(row.overlap.split(":")[1])
         return compute_s + max(0.0, comm - tau * compute_s) / row.period
     return compute_s + comm / row.period
+
+
+def next_trial(trials: dict[float, float], grid=LRS, first=FIRST_TRIALS) -> float | None:
+    """The same search for every row: the ``first`` trials, then the untried grid neighbour of the
+    best trial so far, until both neighbours of the best have been tried (a minimum on the grid)
+    or the grid ends. Diverged trials (NaN) count as worst."""
+    for lr in first:
+        if lr not in trials:
+            return lr
+    score = {lr: q if math.isfinite(q) else math.inf for lr, q in trials.items()}
+    best = min(score, key=lambda lr: (score[lr], lr))
+    i = grid.index(best)
+    for j in (i + 1, i - 1):
+        if 0 <= j < len(grid) and grid[j] not in trials:
+            return grid[j]
+    return None
 
 
 def check_seeds(tuning_seed: int, table_seeds) -> None:
@@ -187,32 +293,36 @@ def summarise(values: list[float | None]) -> tuple[float | None, float | None, f
 def table_rows(target: float, results: dict, compute: dict, workers: int) -> list[dict]:
     """One line per row: time to the target at each rate (mean and range over the seeds that
     reached it) and its ratio to DDP on a network of zero cost. ``results[key]`` = list of
-    per-seed dicts {steps, losses, payload_bytes}; ``compute[key]`` = {compute_s, backward_s}."""
+    per-seed dicts {steps, losses, params}; ``compute[key]`` = {compute_s, backward_s,
+    payload_bytes}."""
     zero = None
     lines = []
     for row in ROWS:
         line = {"key": row.key, "label": row.label}
         runs, cost = results.get(row.key), compute.get(row.key)
-        if not row.runs or not runs or cost is None:
+        if not runs or cost is None:
             line["status"] = "not run"
             lines.append(line)
             continue
-        reached = [steps_to_target(r["steps"], r["losses"], target) for r in runs]
+        hit = [steps_to_target(r["steps"], r["losses"], target) for r in runs]
+        line["seeds"] = len(runs)
         line["best"] = min(min(r["losses"]) for r in runs)
-        line["steps"] = summarise(reached)
-        payload = statistics.mean(r["payload_bytes"] for r in runs)
+        line["steps"] = summarise(hit)
+        payload = cost["payload_bytes"]
         line["bits_per_param_step"] = 8 * payload / runs[0]["params"] / row.period
         line["cpu_ms"] = 1e3 * cost["compute_s"]
         for mbps in (None, *RATES_MBPS):
             t = step_seconds(row, cost["compute_s"], cost["backward_s"], payload, workers, mbps)
-            line[f"t@{mbps}"] = summarise([None if s is None else s * t for s in reached])
+            line[f"t@{mbps}"] = summarise([None if s is None else s * t for s in hit])
         if row.key == "ddp":
             zero = line["t@None"][0]
         lines.append(line)
     for line in lines:
         for mbps in RATES_MBPS:
             mean = line.get(f"t@{mbps}", (None,))[0]
+            ddp = next((x.get(f"t@{mbps}", (None,))[0] for x in lines if x["key"] == "ddp"), None)
             line[f"x@{mbps}"] = None if mean is None or not zero else mean / zero
+            line[f"vs_ddp@{mbps}"] = None if mean is None or not ddp else ddp / mean
     return lines
 
 
@@ -226,7 +336,7 @@ def _fmt_range(s, unit="", digits=0, seeds=True) -> str:
 
 def markdown(lines: list[dict], workers: int, target: float) -> str:
     head = (f"\n### {workers} workers (target: validation loss {target:.4f})\n\n| row | steps to target | "
-            + " | ".join(f"time @ {m:g} Mbit/s (x DDP at zero cost)" for m in RATES_MBPS)
+            + " | ".join(f"time @ {m:g} Mbit/s (x DDP at zero cost; DDP's speed-up)" for m in RATES_MBPS)
             + " | bits/param/step | CPU ms/step |\n|---" + "|---" * (len(RATES_MBPS) + 3) + "|\n")
     out = []
     for line in lines:
@@ -234,11 +344,13 @@ def markdown(lines: list[dict], workers: int, target: float) -> str:
             out.append(f"| {line['label']} | not run |" + " |" * (len(RATES_MBPS) + 2))
             continue
         if line["steps"][0] is None:
-            out.append(f"| {line['label']} | not reached (best {line['best']:.4f}) |" + " — |" * len(RATES_MBPS)
-                       + f" {line['bits_per_param_step']:.2f} | {line['cpu_ms']:.1f} |")
+            out.append(f"| {line['label']} | not reached in {line['seeds']} seeds (best {line['best']:.4f}) |"
+                       + " — |" * len(RATES_MBPS) + f" {line['bits_per_param_step']:.2f} | {line['cpu_ms']:.1f} |")
             continue
-        cells = [f"{_fmt_range(line[f't@{m}'], ' s', 1, seeds=False)}, {line[f'x@{m}']:.2f}x" for m in RATES_MBPS]
-        out.append(f"| {line['label']} | {_fmt_range(line['steps'])} | " + " | ".join(cells)
+        cells = [f"{_fmt_range(line[f't@{m}'], ' s', 1, seeds=False)}, {line[f'x@{m}']:.2f}x; "
+                 f"{line[f'vs_ddp@{m}']:.2f}x" for m in RATES_MBPS]
+        of = "" if line["steps"][3] == line["seeds"] else f" of {line['seeds']}"
+        out.append(f"| {line['label']} | {_fmt_range(line['steps'])}{of} | " + " | ".join(cells)
                    + f" | {line['bits_per_param_step']:.2f} | {line['cpu_ms']:.1f} |")
     return head + "\n".join(out) + "\n"
 
@@ -249,82 +361,270 @@ def run_folder(out: Path, row: Row, lr: float, seed: int, workers: int) -> Path:
     return out / f"w{workers}" / row.key / f"lr{lr:g}-seed{seed}"
 
 
-def config(row: Row, lr: float, seed: int, workers: int, steps: int, folder: Path):
+def config(row: Row, lr: float, seed: int, workers: int, n_steps: int, folder: Path):
+    """The run's config; its ``steps`` is the schedule's horizon (N/k updates), which the curve
+    may run past (``train``)."""
     from gradwire.config import RunConfig
 
-    fields = dict(task=TASK, workers=workers, batch_size=BATCH, steps=steps, eval_every=EVAL_EVERY, threads=1,
+    spec, horizon = schedule(row, n_steps)
+    fields = dict(task=TASK, workers=workers, batch_size=BATCH, steps=horizon, eval_every=EVAL_EVERY, threads=1,
                   network=f"ring:mbps=100,latency_ms={LATENCY_MS:g}", seed=seed, lr=lr, algorithm=row.algorithm,
-                  out=str(folder), overwrite=True) | row.run
+                  lr_schedule=spec, out=str(folder), overwrite=True) | row.run
     return RunConfig(**fields)
 
 
-def train(row: Row, lr: float, seed: int, workers: int, steps: int, out: Path) -> Path:
-    """One curve, unless its folder already holds a finished one."""
-    from gradwire.errors import DivergenceError
-    from gradwire.run.loop import run
-
-    folder = run_folder(out, row, lr, seed, workers)
-    summary = folder / "summary.json"
-    if summary.exists() and json.loads(summary.read_text()).get("status") in ("finished", "diverged"):
-        return folder
-    print(f"[time_to_quality] {row.key} lr={lr:g} seed={seed} workers={workers} steps={steps}", flush=True)
-    try:
-        run(config(row, lr, seed, workers, steps, folder), progress=False)
-    except DivergenceError:
-        pass  # its summary says so; its quality is NaN
-    return folder
-
-
-def read_curve(folder: Path, row: Row) -> dict:
-    """Evaluations (steps > 0), bytes, and what one worker sends per communication round: a ring
-    allreduce of B bytes a worker is counted 2(n-1)B in the ledger."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["step"] > 0]
-    cfg = json.loads((folder / "config.json").read_text())
-    steps = [r["step"] for r in rows]
-    losses = [float("nan") if r.get("test_loss") is None else r["test_loss"] for r in rows]
-    per_step = rows[-1]["bytes_sent"] / max(1, 2 * (cfg["workers"] - 1)) / steps[-1] if rows else 0.0
-    return {"steps": steps, "losses": losses, "bytes": [r["bytes_sent"] for r in rows],
-            "payload_bytes": per_step * row.period, "params": cfg["num_parameters"], "workers": cfg["workers"]}
-
-
-def measure_compute(row: Row, lr: float) -> dict:
-    """CPU seconds of one worker's step on one core (thread time), median over COMPUTE_STEPS, and
-    the backward pass's share of a plain forward+backward at the same batch."""
-    import tempfile
-
+def validation_loss(r) -> float:
+    """The validation loss of the parameters the run's algorithm evaluates (the mean over rows
+    where it evaluates each worker's): the test pass of gradwire's ``evaluate`` without its
+    training-set pass, which the curves do not use."""
     import torch
 
+    r.driver.before_evaluation()
+    params = r.algorithm.eval_params()
+    rows = params if params.dim() == 2 else params[None]
+    x, y = r.task.x_test, r.task.y_test
+    total = 0.0
+    with torch.no_grad():
+        for p in rows:
+            for i in range(0, len(x), 4096):
+                total += float(r.task.loss_fn(r.model.forward(p, x[i:i + 4096]), y[i:i + 4096])) * len(y[i:i + 4096])
+    return total / len(x) / len(rows)
+
+
+def read_curve(folder: Path) -> dict | None:
+    path = folder / "curve.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+class Curve:
+    """One curve being trained (``advance``), then written (``save``: ``curve.json``, the evaluated
+    steps, validation losses, ledger bytes). Several can be held at once: DDP's seeds run to N
+    together, and on from there only until each reaches the target their qualities at N set."""
+
+    def __init__(self, row: Row, lr: float, seed: int, workers: int, n_steps: int, max_steps: int,
+                 evaluate_from: int = 0):
+        from gradwire.run.loop import Run
+
+        self.evaluate_from = evaluate_from  # no evaluation at or before this update (tuning: only the last ones)
+        self.row, self.lr, self.seed, self.workers, self.n_steps, self.max_steps = row, lr, seed, workers, n_steps, \
+            max_steps
+        self.horizon = schedule(row, n_steps)[1]
+        self._tmp = tempfile.TemporaryDirectory()
+        self.r = Run(config(row, lr, seed, workers, n_steps, Path(self._tmp.name) / "run"))
+        self.step, self.steps, self.losses, self.bytes, self.status = 0, [], [], [], "running"
+        self.target, self.cpu_s = None, 0.0
+
+    def advance(self, until: int, target: float | None = None, own_target: bool = False) -> None:
+        """Train to update ``until`` (at most ``max_steps``), stopping once ``reached``;
+        ``own_target``: DDP alone on one seed, whose target is its own quality at N."""
+        r, row = self.r, self.row
+        self.target = target if target is not None else self.target
+        print(f"[time_to_quality] {row.key} lr={self.lr:g} seed={self.seed} workers={self.workers} "
+              f"{self.step} to {min(until, self.max_steps)} (target {self.target})", flush=True)
+        cpu = time.thread_time()
+        while self.status == "running" and self.step < min(until, self.max_steps):
+            self.step = step = self.step + 1
+            info = r.train_step()
+            if not math.isfinite(info["loss"]):
+                self.status = "diverged"
+                break
+            if (step > self.evaluate_from and evaluates_here(row, step, self.horizon, r.algorithm.evaluates_at)) \
+                    or step == self.max_steps:
+                r.window.clear()
+                self.steps.append(step)
+                self.losses.append(validation_loss(r))
+                self.bytes.append(r.transport.bytes_sent)
+                if not math.isfinite(self.losses[-1]):
+                    self.status = "diverged"
+                elif own_target and self.target is None and step >= self.horizon:
+                    self.target = target_quality(self.steps, self.losses, self.horizon)
+                if self.status == "running" and reached(self.losses, self.target):
+                    self.status = "reached"
+        if self.status == "running" and self.step >= self.max_steps:
+            self.status = "finished"
+        self.cpu_s += time.thread_time() - cpu
+
+    def save(self, out: Path) -> dict:
+        self.r.algorithm.close()
+        self._tmp.cleanup()
+        curve = {"row": self.row.key, "lr": self.lr, "seed": self.seed, "workers": self.workers,
+                 "n_steps": self.n_steps, "horizon": self.horizon, "max_steps": self.max_steps, "target": self.target,
+                 "status": self.status if self.status != "running" else "stopped", "steps": self.steps,
+                 "losses": self.losses, "bytes": self.bytes, "params": int(self.r.model.flatten().numel()),
+                 "cpu_s": self.cpu_s}
+        folder = run_folder(out, self.row, self.lr, self.seed, self.workers)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "curve.json").write_text(json.dumps(curve) + "\n")
+        return curve
+
+
+def done(curve: dict | None, max_steps: int) -> bool:
+    return bool(curve) and (curve["status"] in ("diverged", "reached") or curve["steps"][-1] >= max_steps)
+
+
+def train(row: Row, lr: float, seed: int, workers: int, n_steps: int, max_steps: int, out: Path,
+          target: float | None = None, own_target: bool = False, evaluate_from: int = 0) -> dict:
+    """One curve to ``max_steps`` updates, or until it has ``reached`` the target; a finished
+    curve on disk is returned as it is."""
+    curve = read_curve(run_folder(out, row, lr, seed, workers))
+    if done(curve, max_steps):
+        return curve
+    c = Curve(row, lr, seed, workers, n_steps, max_steps, evaluate_from)
+    c.advance(max_steps, target, own_target)
+    return c.save(out)
+
+
+def train_ddp(lr: float, seeds, workers: int, n_steps: int, out: Path) -> float:
+    """DDP's table curves: every seed to N (held together), then the target (their mean quality
+    at N), then each seed on until it has reached it (or 2N). Returns the target."""
+    todo = [s for s in seeds if not done(read_curve(run_folder(out, ROW["ddp"], lr, s, workers)), 2 * n_steps)]
+    if len(seeds) == 1 and todo:
+        train(ROW["ddp"], lr, seeds[0], workers, n_steps, 2 * n_steps, out, own_target=True)
+    elif todo:
+        if len(todo) < len(seeds):
+            raise RuntimeError(f"DDP at {workers} workers: seeds {todo} unfinished, the others done: run them "
+                               "again together (delete their curves)")
+        curves = [Curve(ROW["ddp"], lr, s, workers, n_steps, 2 * n_steps) for s in seeds]
+        for c in curves:
+            c.advance(n_steps)
+        target = statistics.mean(target_quality(c.steps, c.losses, n_steps) for c in curves)
+        for c in curves:
+            c.advance(2 * n_steps, target)
+            c.save(out)
+    lrs = {"ddp": lr}
+    return ddp_target(out, lrs, workers, seeds, n_steps)
+
+
+def train_torch(row: Row, lr: float, seed: int, n_steps: int, max_steps: int, out: Path,
+                rank: int = TORCH_POWERSGD_RANK, procs: int = 4, tag: str = "") -> dict:
+    """PyTorch's PowerSGD hook: benchmarks/ddp_train.py under torchrun, ``procs`` gloo processes,
+    the same task, batches, initial model, AdamW and schedule; its metrics.jsonl becomes a curve."""
+    folder = run_folder(out, row, lr, seed, procs)
+    folder = folder.with_name(folder.name + tag)
+    curve = read_curve(folder)
+    if curve and curve["steps"][-1] >= max_steps:
+        return curve
+    spec, horizon = schedule(row, n_steps)
+    print(f"[time_to_quality] {row.key} r{rank} lr={lr:g} seed={seed} procs={procs} to {max_steps}", flush=True)
+    here = Path(__file__).resolve().parent
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
+           str(here / "ddp_train.py"), "--task", TASK, "--steps", str(max_steps), "--lr-horizon", str(horizon),
+           "--batch-size", str(BATCH), "--seed", str(seed), "--optimizer", "adamw", "--lr", f"{lr:g}",
+           "--lr-schedule", spec, "--eval-every", str(EVAL_EVERY), "--hook", "powersgd",
+           "--powersgd-rank", str(rank), "--out", str(folder / "run")]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    cpu = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    rows = [json.loads(x) for x in (folder / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [x for x in rows if x["step"] > 0]
+    cfg = json.loads((folder / "run" / "config.json").read_text())
+    curve = {"row": row.key, "lr": lr, "seed": seed, "workers": procs, "n_steps": n_steps, "horizon": horizon,
+             "max_steps": max_steps, "target": None, "status": "finished", "steps": [x["step"] for x in rows],
+             "losses": [x["test_loss"] for x in rows], "bytes": [x["bytes_sent"] for x in rows],
+             "params": cfg["num_parameters"], "powersgd_rank": rank, "wall_s": time.perf_counter() - cpu}
+    (folder / "curve.json").write_text(json.dumps(curve) + "\n")
+    return curve
+
+
+def _sim_stepper(row: Row, lr: float, n_steps: int, folder: Path):
     from gradwire.run.loop import Run
 
+    r = Run(config(row, lr, TUNING_SEED, 1, n_steps, folder))
+    return r.train_step
+
+
+def _torch_powersgd_stepper(lr: float, folder: Path):
+    """PyTorch DDP with the PowerSGD hook in one process (a 1-rank gloo group): forward, backward
+    with the hook (compression and decompression; the allreduces trivial), AdamW."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ddp_train import build
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{folder / 'store'}", rank=0, world_size=1)
+    task, model, data = build(TASK, world=1, rank=0, seed=TUNING_SEED, batch_size=BATCH)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=25)
+    state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=TORCH_POWERSGD_RANK,
+                               start_powerSGD_iter=2, random_seed=0)
+    ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    def step():
+        x, y = data.next_batch()
+        opt.zero_grad(set_to_none=False)
+        task.loss_fn(ddp(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def payload_bytes(row: Row, lr: float, n_steps: int, folder: Path) -> float:
+    """What one worker sends per communication round: from the ledger of 4 simulated workers, or,
+    for PyTorch's hook, from its shapes (ddp_train.py's ``powersgd_floats``, float32)."""
+    from gradwire.run.loop import Run
+
+    if row.runner == "torch":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from ddp_train import build, powersgd_floats
+
+        return 4.0 * powersgd_floats(build(TASK, world=1, rank=0, seed=0, batch_size=BATCH)[1], TORCH_POWERSGD_RANK)
+    rounds = 4
+    r = Run(config(row, lr, TUNING_SEED, 4, n_steps, folder))
+    for _ in range(rounds * row.period):
+        r.train_step()
+    return r.transport.bytes_sent / ledger_divisor(row.collective, 4) / rounds
+
+
+def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMPUTE_BLOCKS) -> dict:
+    """Each row's CPU seconds per step of one worker on one core (``time.process_time``: the
+    process's CPU, which includes any thread PyTorch's hook callbacks run on): ``blocks`` blocks of
+    COMPUTE_STEPS steps, the rows taking turns block by block, so that a neighbour's load falls on
+    every row alike; the row's time is its fastest block's mean (interference only adds time).
+    Also one micro-batch's backward pass (what a DDP-style overlap can hide communication behind),
+    the same way, and the payload per round (``payload_bytes``)."""
+    import torch
+
     torch.set_num_threads(1)
+    result = {}
     with tempfile.TemporaryDirectory() as tmp:
-        r = Run(config(row, lr, TUNING_SEED, 1, COMPUTE_STEPS + 5, Path(tmp) / "run"))
-        times = []
-        for i in range(COMPUTE_STEPS + 5):
-            start = time.thread_time()
-            r.train_step()
-            if i >= 5:
-                times.append(time.thread_time() - start)
+        steppers = {row.key: (_torch_powersgd_stepper(lrs.get(row.key, FIRST_TRIALS[0]), Path(tmp))
+                              if row.runner == "torch" else
+                              _sim_stepper(row, lrs.get(row.key, FIRST_TRIALS[0]), n_steps, Path(tmp) / row.key))
+                    for row in rows}
+        from gradwire.run.loop import Run
+
+        r = Run(config(ROW["ddp"], FIRST_TRIALS[0], TUNING_SEED, 1, n_steps, Path(tmp) / "bwd"))
         model, task = r.model.module, r.task
-        # one micro-batch's backward: all that the allreduce, issued after the last micro-batch, can hide
         x, y = task.x_train[:BATCH], task.y_train[:BATCH]
-        fwd, bwd = [], []
-        for _ in range(10):
-            start = time.thread_time()
+
+        def backward():
             loss = task.loss_fn(model(x), y)
-            mid = time.thread_time()
+            start = time.process_time()
             loss.backward()
-            fwd.append(mid - start)
-            bwd.append(time.thread_time() - mid)
-        # what one worker sends per communication round, from the ledger of 4 simulated workers
-        rounds = 4
-        r = Run(config(row, lr, TUNING_SEED, 4, rounds * row.period, Path(tmp) / "bytes"))
-        for _ in range(rounds * row.period):
-            r.train_step()
-        payload = r.transport.bytes_sent / (2 * 3) / rounds
-    return {"compute_s": statistics.median(times), "backward_s": statistics.median(bwd),
-            "forward_s": statistics.median(fwd), "steps": COMPUTE_STEPS, "payload_bytes": payload}
+            return time.process_time() - start
+
+        for step in steppers.values():  # warm-up (PowerSGD's first plain steps among them)
+            for _ in range(5):
+                step()
+        means = {key: [] for key in steppers}
+        backwards = []
+        for _ in range(blocks):
+            for key, step in steppers.items():
+                start = time.process_time()
+                for _ in range(COMPUTE_STEPS):
+                    step()
+                means[key].append((time.process_time() - start) / COMPUTE_STEPS)
+            backwards.append(statistics.mean(backward() for _ in range(COMPUTE_STEPS)))
+        for row in rows:
+            result[row.key] = {"compute_s": min(means[row.key]), "blocks_s": means[row.key],
+                               "backward_s": min(backwards), "steps": COMPUTE_STEPS, "blocks": blocks,
+                               "payload_bytes": payload_bytes(row, lrs.get(row.key, FIRST_TRIALS[0]), n_steps,
+                                                              Path(tmp) / f"{row.key}-bytes")}
+    return result
 
 
 def step_time_table(compute: dict) -> str:
@@ -335,7 +635,7 @@ def step_time_table(compute: dict) -> str:
     lines = [head, "|---" * (1 + len(WORKERS) * len(RATES_MBPS)) + "|\n"]
     for row in ROWS:
         cost = compute.get(row.key)
-        if not row.runs or cost is None or "payload_bytes" not in cost:
+        if cost is None:
             continue
         cells = [step_seconds(row, cost["compute_s"], cost["backward_s"], cost["payload_bytes"], w, m) / ddp
                  for w in WORKERS for m in RATES_MBPS]
@@ -343,68 +643,99 @@ def step_time_table(compute: dict) -> str:
     return "".join(lines)
 
 
-def load_results(out: Path, workers: int, seeds, lrs: dict) -> dict:
-    results = {}
-    for row in ROWS:
-        lr = lrs.get(row.key)
-        if lr is None:
-            continue
-        curves = [read_curve(run_folder(out, row, lr, s, workers), row) for s in seeds
-                  if (run_folder(out, row, lr, s, workers) / "summary.json").exists()]
-        if curves:
-            results[row.key] = curves
-    return results
+def load_tuning(out: Path) -> dict:
+    """Every row's trials (out/tuning/<row>.json) merged into out/tuning.json: {row: best lr,
+    row:trials: {lr: {quality, quarter_gain, evaluation_noise}}}."""
+    merged = {}
+    for path in sorted((out / "tuning").glob("*.json")):
+        merged |= json.loads(path.read_text())
+    if merged:
+        (out / "tuning.json").write_text(json.dumps(merged, indent=1) + "\n")
+    return merged
+
+
+def tune(row: Row, n_steps: int, workers: int, out: Path) -> dict:
+    """The row's trials on TUNING_SEED (``next_trial``), each to N; a trial's quality is the mean of
+    its last LAST evaluations at N (DDP evaluates from N/2 on, for the plateau and scatter
+    measurements; the others only those last evaluations). The best wins."""
+    trials, quality = {}, {}
+    horizon = schedule(row, n_steps)[1]
+    evaluate_from = 0 if row.key == "ddp" else (n_steps - LAST * EVAL_EVERY) // row.micro_batches
+    while (lr := next_trial(quality)) is not None:
+        if row.runner == "torch":
+            c = train_torch(row, lr, TUNING_SEED, n_steps, n_steps, out)
+        else:
+            c = train(row, lr, TUNING_SEED, workers, n_steps, horizon, out, evaluate_from=evaluate_from)
+        finite = c["status"] != "diverged" and all(math.isfinite(v) for v in c["losses"])
+        quality[lr] = target_quality(c["steps"], c["losses"], horizon) if finite else float("nan")
+        trials[f"{lr:g}"] = {"quality": quality[lr], "quarter_gain": quarter_gain(c["steps"], c["losses"], horizon),
+                             "evaluation_noise": evaluation_noise(late_losses(c["steps"], c["losses"], horizon)),
+                             "status": c["status"], "cpu_s": c.get("cpu_s")}
+    result = {row.key: best_trial(quality), f"{row.key}:trials": trials}
+    (out / "tuning").mkdir(parents=True, exist_ok=True)
+    (out / "tuning" / f"{row.key}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def ddp_target(out: Path, lrs: dict, workers: int, seeds, n_steps: int) -> float | None:
+    """The target at ``workers``: DDP's quality at N averaged over the seeds; None until every
+    seed's DDP curve has passed N."""
+    curves = [read_curve(run_folder(out, ROW["ddp"], lrs["ddp"], s, workers)) for s in seeds]
+    if not all(c and c["steps"][-1] >= n_steps for c in curves):
+        return None
+    return statistics.mean(target_quality(c["steps"], c["losses"], n_steps) for c in curves)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("stage", choices=["tune", "curves", "compute", "report", "all"])
-    p.add_argument("--rows", default=",".join(r.key for r in ROWS if r.runs))
-    p.add_argument("--n-steps", type=int, default=2000, help="N: DDP's steps; every row may run 2N")
-    add_run_flags(p, only=("out", "workers", "seed", "lr"), sweep=("workers", "seed"),
-                  defaults={"out": "runs/time-to-quality", "workers": list(WORKERS), "seed": list(TABLE_SEEDS)},
-                  helps={"lr": "skip the tuning: every row at this rate (marked)"})
+    p.add_argument("stage", choices=["tune", "curves", "torch", "compute", "report"])
+    p.add_argument("--rows", default=",".join(r.key for r in ROWS))
+    p.add_argument("--n-steps", type=int, default=N_STEPS, help="N: DDP's steps; every row may run 2N")
+    p.add_argument("--torch-rank", type=int, default=TORCH_POWERSGD_RANK, help="torch stage: PowerSGD rank")
+    p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0)")
+    add_run_flags(p, only=("out", "workers", "seed"), sweep=("workers", "seed"),
+                  defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS)})
     args, _ = parse_run_args(p, argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [ROW[k] for k in args.rows.split(",")]
-    workers, seeds = args.workers, args.seeds
-    check_seeds(TUNING_SEED, seeds)
-    stages = ["tune", "compute", "curves", "report"] if args.stage == "all" else [args.stage]
-    lrs_file = out / "tuning.json"
-    lrs = json.loads(lrs_file.read_text()) if lrs_file.exists() else {}
-    if "tune" in stages:
+    workers, seeds, n = args.workers, args.seeds, args.n_steps
+    if args.stage == "tune":
         for row in rows:
-            if not row.runs:
-                continue
-            trials = {}
-            for lr in LRS:
-                curve = read_curve(train(row, lr, TUNING_SEED, workers[0], 2 * args.n_steps, out), row)
-                trials[lr] = window_mean(curve["losses"], len(curve["losses"]) - 1)
-            lrs[row.key] = best_trial(trials)
-            lrs[f"{row.key}:trials"] = {f"{lr:g}": q for lr, q in trials.items()}
-            lrs_file.write_text(json.dumps(lrs, indent=1) + "\n")
-    if args.lr is not None:
-        lrs = lrs | {r.key: args.lr for r in rows} | {"untuned": args.lr}
-        lrs_file.write_text(json.dumps(lrs, indent=1) + "\n")
-    if "compute" in stages:
+            tune(row, n, workers[0], out)
+        load_tuning(out)
+        return 0
+    check_seeds(TUNING_SEED, seeds)
+    lrs = load_tuning(out)
+    if args.stage == "compute":
         path = out / "compute.json"
         compute = json.loads(path.read_text()) if path.exists() else {}
-        for row in rows:
-            if row.runs and "payload_bytes" not in compute.get(row.key, {}):
-                compute[row.key] = measure_compute(row, lrs.get(row.key, LRS[1]))
-                path.write_text(json.dumps(compute, indent=1) + "\n")
-    if "curves" in stages:
+        compute |= measure_compute(rows, lrs, n)  # every row asked for, measured together
+        path.write_text(json.dumps(compute, indent=1) + "\n")
+    if args.stage == "torch":
+        row = ROW["torch-powersgd"]
+        if args.lrs:  # rank trials on the tuning seed
+            for lr in (float(x) for x in args.lrs.split(",")):
+                train_torch(row, lr, TUNING_SEED, n, n, out, rank=args.torch_rank, tag=f"-r{args.torch_rank}")
+        else:
+            for s in seeds:
+                train_torch(row, lrs[row.key], s, n, 2 * n, out)
+    if args.stage == "curves":
         for w in workers:
+            if "ddp" in args.rows.split(","):
+                train_ddp(lrs["ddp"], seeds, w, n, out)
+            target = ddp_target(out, lrs, w, seeds, n)
+            if target is None:
+                print(f"[time_to_quality] {w} workers: DDP's curves for seeds {seeds} first", flush=True)
+                continue
             for row in rows:
-                if row.runs and row.key in lrs:
+                if row.key != "ddp" and row.runner == "sim":
                     for s in seeds:
-                        train(row, lrs[row.key], s, w, 2 * args.n_steps, out)
-    if "report" in stages:
+                        train(row, lrs[row.key], s, w, n, 2 * schedule(row, n)[1], out, target=target)
+    if args.stage == "report":
         from time_to_quality_report import write_report
 
-        write_report(out, workers, seeds, lrs, args.n_steps)
+        write_report(out, workers, seeds, lrs, n)
     return 0
 
 

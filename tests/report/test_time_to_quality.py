@@ -1,6 +1,7 @@
 """``benchmarks/time_to_quality.py``'s pure logic on constructed curves: DDP's target and the plateau
 test, one evaluation's scatter, the time model against gradwire's own network model, the seed
-that tunes never reported, and the table (ratios, rows not run, targets not reached)."""
+that tunes never reported, the shared lr schedule and its horizon, the early stop, and the table
+(ratios, rows not run, targets not reached)."""
 
 from __future__ import annotations
 
@@ -39,12 +40,23 @@ def test_evaluation_noise_recovers_the_scatter_about_a_trend(ttq):
     assert ttq.evaluation_noise([2.0 - 0.01 * i for i in range(50)]) < 1e-6  # a straight trend: no scatter
 
 
-def test_the_time_model_is_gradwires_ring_allreduce(ttq):
+def test_the_time_model_is_gradwires_ring_network(ttq):
+    from gradwire.transports import ledger
     from gradwire.transports.network import NETWORKS
 
     for workers, mbps, nbytes in [(4, 100.0, 5_783_296), (16, 10.0, 548_864), (64, 1000.0, 1000)]:
         ring = NETWORKS.build(f"ring:mbps={mbps:g},latency_ms=1")
         assert ttq.allreduce_seconds(nbytes, workers, mbps) == pytest.approx(ring.allreduce(nbytes, workers).time_s)
+        assert ttq.collective_seconds("allgather", nbytes, workers, mbps) == pytest.approx(
+            ring.allgather([nbytes] * workers).time_s)
+        # one worker's B from the ledger's count of the collective
+        assert ledger.allreduce(nbytes, workers) / ttq.ledger_divisor("allreduce", workers) == nbytes
+        assert ledger.allgather([nbytes] * workers) / ttq.ledger_divisor("allgather", workers) == nbytes
+    with pytest.raises(ValueError, match="allreduce or allgather"):
+        ttq.collective_seconds("broadcast", 1, 4, 10.0)
+    qsgd = ttq.ROW["gw-qsgd"]  # an allgather, not hidden: (n-1)(latency + B/bw) a step
+    gather = NETWORKS.build("ring:mbps=10,latency_ms=1").allgather([20_000] * 16).time_s
+    assert ttq.step_seconds(qsgd, 0.01, 0.006, 20_000, 16, 10.0) == pytest.approx(0.01 + gather)
     row = ttq.ROW["ddp"]
     # DDP hides up to its backward pass; a zero-cost network leaves the compute alone
     assert ttq.step_seconds(row, 0.1, 0.06, 0, 4, None) == 0.1
@@ -63,16 +75,62 @@ def test_tuning_seed_is_never_a_table_seed_and_the_best_finite_trial_wins(ttq):
     assert ttq.best_trial({1e-3: 2.0, 2e-3: 1.9, 4e-3: float("nan")}) == 2e-3
     with pytest.raises(ValueError, match="every trial diverged"):
         ttq.best_trial({1e-3: float("nan")})
-    assert len({len(ttq.LRS)}) == 1  # one list of trials for every row
+
+
+def test_every_row_walks_the_same_grid_until_its_best_trial_is_a_minimum(ttq):
+    nan = float("nan")
+    grid, first = (1e-3, 2e-3, 4e-3, 8e-3), (2e-3, 4e-3)
+    walk = lambda trials: ttq.next_trial(trials, grid, first)  # noqa: E731
+    assert walk({}) == 2e-3 and walk({2e-3: 2.0}) == 4e-3
+    assert walk({2e-3: 2.0, 4e-3: 1.9}) == 8e-3  # improving upwards: on up
+    assert walk({2e-3: 2.0, 4e-3: 1.9, 8e-3: 1.95}) is None  # 4e-3 is a minimum
+    assert walk({2e-3: 2.0, 4e-3: 1.9, 8e-3: 1.8}) is None  # the grid's end
+    assert walk({2e-3: 1.9, 4e-3: 2.0}) == 1e-3  # worse upwards: down
+    assert walk({2e-3: 1.9, 4e-3: nan}) == 1e-3  # a diverged trial counts as worst
+    assert walk({2e-3: 1.9, 4e-3: 2.0, 1e-3: 2.1}) is None
+
+
+def test_every_row_shares_one_schedule_whose_horizon_is_n_samples_and_whose_floor_holds_after(ttq):
+    from gradwire.algorithms.optim import ScheduledRate
+
+    n = 1000
+    spec, horizon = ttq.schedule(ttq.ROW["ddp"], n)
+    assert horizon == n and spec == f"cosine:warmup={ttq.WARMUP},min_ratio={ttq.MIN_RATIO:g}"
+    assert ttq.schedule(ttq.ROW["diloco"], n) == (spec, n)  # the inner AdamW's, update by update
+    rate = ScheduledRate(4e-3, spec, horizon)
+    assert rate.at(ttq.WARMUP - 1) == pytest.approx(4e-3)  # warm-up done: the peak
+    assert rate.at(n - 1) == pytest.approx(4e-3 * ttq.MIN_RATIO, rel=1e-4)  # decayed by N
+    assert rate.at(n) == rate.at(2 * n - 1) == pytest.approx(4e-3 * ttq.MIN_RATIO)  # the floor to 2N
+    # accumulation over k: N/k updates of k micro-batches, the same samples as DDP's N steps
+    spec8, horizon8 = ttq.schedule(ttq.ROW["ddp-accum8"], n)
+    assert horizon8 == n // 8 and f"warmup={ttq.WARMUP // 8}," in spec8
+    base = lambda step, every, h: step % every == 0 or step == h  # noqa: E731 - the base algorithm's rule
+    ddp_grid = [s for s in range(1, 2 * n + 1) if ttq.evaluates_here(ttq.ROW["ddp"], s, n, base)]
+    accum_grid = [s for s in range(1, 2 * horizon8 + 1) if ttq.evaluates_here(ttq.ROW["ddp-accum8"], s, horizon8, base)]
+    assert ddp_grid[-1] == 2 * n and n in ddp_grid and horizon8 in accum_grid
+    # from N/2 on both evaluate every EVAL_EVERY samples' worth (k = 8: to within one update)
+    start = n // 2 + 3 * ttq.EVAL_EVERY // 2
+    late, ddp_late = [s * 8 for s in accum_grid if s * 8 > start], [s for s in ddp_grid if s > start]
+    assert len(late) == len(ddp_late) and all(abs(a - b) < 8 for a, b in zip(late, ddp_late))
+
+
+def test_a_curve_stops_a_few_evaluations_after_it_first_reaches_the_target(ttq):
+    losses = [3.0, 2.5, 2.1, 2.04, 2.06, 2.03, 2.02]
+    assert not ttq.reached(losses, None)  # DDP: no target while its own curves run
+    assert not ttq.reached(losses[:5], 2.05, after=3)  # first at index 3, one evaluation after
+    assert ttq.reached(losses[:7], 2.05, after=3)
+    assert not ttq.reached(losses, 1.0)  # never reached: runs to 2N
+    assert ttq.steps_to_target([100, 200, 300, 400, 500, 600, 700], losses, 2.05) == 400
 
 
 def test_table_gives_ratios_to_ddp_at_zero_cost_and_marks_what_did_not_run(ttq):
     steps = [100, 200, 300, 400]
-    curve = dict(steps=steps, params=1000, payload_bytes=4000.0, bytes=[1, 2, 3, 4])
+    curve = dict(steps=steps, params=1000, bytes=[1, 2, 3, 4])
     results = {"ddp": [curve | dict(losses=[3.0, 2.5, 2.1, 2.0])],
-               "diloco": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9], payload_bytes=4000.0 * 20)],
+               "diloco": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9])],
                "local-adamw": [curve | dict(losses=[3.0, 2.9, 2.8, 2.7])]}
-    compute = {k: {"compute_s": 0.01, "backward_s": 0.006} for k in results}
+    compute = {k: {"compute_s": 0.01, "backward_s": 0.006, "payload_bytes": 4000.0} for k in results}
+    compute["diloco"]["payload_bytes"] = 4000.0 * 20  # the whole model, once a round
     lines = {line["key"]: line for line in ttq.table_rows(2.05, results, compute, 4)}
     assert lines["torch-powersgd"]["status"] == "not run" and lines["ddp-bf16"]["status"] == "not run"
     assert lines["ddp"]["steps"][0] == 400 and lines["diloco"]["steps"][0] == 300
@@ -82,4 +140,26 @@ def test_table_gives_ratios_to_ddp_at_zero_cost_and_marks_what_did_not_run(ttq):
     assert lines["diloco"]["bits_per_param_step"] == pytest.approx(8 * 80_000 / 1000 / 20)
     assert lines["local-adamw"]["steps"][0] is None and lines["local-adamw"]["best"] == 2.7
     text = ttq.markdown(list(lines.values()), 4, 2.05)
-    assert "not reached (best 2.7000)" in text and "| PyTorch PowerSGD hook | not run |" in text
+    assert "not reached in 1 seeds (best 2.7000)" in text and "| PyTorch PowerSGD hook r4 | not run |" in text
+    ddp_at_10 = lines["ddp"]["t@10.0"][0]
+    assert lines["diloco"]["vs_ddp@10.0"] == pytest.approx(ddp_at_10 / lines["diloco"]["t@10.0"][0])
+
+
+def test_pytorchs_run_follows_the_same_schedule_and_stays_at_its_floor_past_the_horizon():
+    """ddp_train.py --lr-horizon (PyTorch's PowerSGD hook row): torch's LambdaLR gives update k
+    the rate gradwire's ScheduledRate gives it, past the horizon too."""
+    import torch
+
+    from gradwire.algorithms.optim import ScheduledRate
+
+    ddp_train = load_script(BENCH.parent / "ddp_train.py", "ddp_train")
+    spec = "cosine:warmup=5,min_ratio=0.1"
+    args = ddp_train.parse(["--optimizer", "adamw", "--lr", "0.004", "--lr-schedule", spec, "--steps", "40",
+                            "--lr-horizon", "20"])
+    opt, schedule = ddp_train.make_optimizer(args, [torch.nn.Parameter(torch.zeros(3))])
+    rate = ScheduledRate(0.004, spec, 20)
+    for k in range(40):
+        assert opt.param_groups[0]["lr"] == pytest.approx(rate.at(k))
+        opt.step()
+        schedule.step()
+    assert rate.at(39) == pytest.approx(0.0004)
