@@ -34,6 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gradwire.cli.flags import add_run_flags, parse_run_args
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTBED = ROOT / "scripts" / "testbed.py"
 TASK = "stdlib-lm:dim=64,layers=2,heads=2"   # the time-to-quality task: a 548,864-byte float32 gradient
@@ -127,18 +129,18 @@ def main(argv=None) -> int:
     p.add_argument("--realtime", action="store_true", help="run the bed under chrt --rr 1 (see above)")
     p.add_argument("--queue-ms", type=float, default=50.0,
                    help="each tbf queue's depth in milliseconds of the rate (scripts/testbed.py; default 50)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--case-steps", type=int, default=None,
                    help=f"steps a case (default by rate: {', '.join(f'{k:g} Mbit/s {v}' for k, v in STEPS.items())})")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per case (default 600)")
-    p.add_argument("--out", default="runs/network-model", help="results folder (default runs/network-model)")
-    args = p.parse_args(argv)
+    add_run_flags(p, only=("out",), defaults={"out": "runs/network-model"}, helps={"out": "the results folder"})
+    args, _ = parse_run_args(p, argv)
     try:
         nodes = [int(x) for x in args.nodes.split(",")]
         rates = [float(x) for x in args.mbps.split(",")]
     except ValueError:
         p.error(f"--nodes and --mbps take comma-separated numbers, got {args.nodes!r} and {args.mbps!r}")
-    if args.steps is not None and args.steps <= SKIP:
-        p.error(f"--steps must be > {SKIP} (the first {SKIP} steps are left out), got {args.steps}")
+    if args.case_steps is not None and args.case_steps <= SKIP:
+        p.error(f"--case-steps must be > {SKIP} (the first {SKIP} steps are left out), got {args.case_steps}")
     if os.geteuid() != 0:
         print("network_model_check: the test bed needs root (network namespaces)", file=sys.stderr)
         return 2
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
     results = json.loads(path.read_text()) if path.exists() else []
     for n in nodes:
         for mbps in rates:
-            r = run_case(n, mbps, out, args.realtime, args.timeout_s, args.queue_ms, args.steps)
+            r = run_case(n, mbps, out, args.realtime, args.timeout_s, args.queue_ms, args.case_steps)
             key = (n, mbps, args.realtime, args.queue_ms)
             results = [x for x in results if (x["nodes"], x["mbps"], x["realtime"], x.get("queue_ms")) != key] + [r]
             path.write_text(json.dumps(results, indent=1) + "\n")

@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 from gradwire.config import RunConfig  # noqa: E402
 from gradwire.run.loop import Run  # noqa: E402
 from gradwire.seeding import hash_seed  # noqa: E402
@@ -130,12 +131,12 @@ def theirs(args, r: Run, compress, *, topk: int | None, alpha: float, decay: flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="holds their compress.py as tplr_compress.py, a tplr.py, einops")
-    parser.add_argument("--task", default="digits-mlp")
-    parser.add_argument("--workers", type=int, default=4)
+    add_run_flags(parser, only=("task", "workers", "lr", "seed", "data_dir", "out"),
+                  defaults={"task": "digits-mlp", "workers": 4, "lr": 0.003, "seed": 0,
+                            "out": "runs/sparseloco_against_authors"},
+                  helps={"lr": "the inner AdamW's rate (both)"})
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--inner-steps", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=0.003, help="the inner AdamW's rate (both)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--alpha", type=float, default=1.0, help="outer rate α (both; theirs: outer_learning_rate)")
     parser.add_argument("--decay", type=float, default=0.95, help="error-feedback decay β (theirs: momentum_decay)")
     parser.add_argument("--their-topk", type=int, default=64, help="their topk_compression (per tile)")
@@ -143,9 +144,7 @@ def main() -> None:
     parser.add_argument("--their-bins", type=int, default=4, help="their quantization_bins (4: 2-bit values)")
     parser.add_argument("--their-range", type=int, default=6, help="their quantization_range (sigmas)")
     parser.add_argument("--our-k", type=int, nargs="+", default=[64], help="our k of every chunk of 4096")
-    parser.add_argument("--data-dir", default="data-cache")
-    parser.add_argument("--out", default="runs/sparseloco_against_authors")
-    args = parser.parse_args()
+    args, _ = parse_run_args(parser)
     folder = os.path.abspath(args.folder)
     sys.path[:0] = [folder, os.path.join(folder, "site")]
     import tplr_compress as compress  # their file, from the user's folder

@@ -19,6 +19,7 @@ OWN_MEANING = {
     ("ddp_hook.py", "--dtype"): "the model's dtype, bfloat16 and float16 included (a run's is float32 | float64)",
     ("gpu_codecs.py", "--dtype"): "the codecs' input dtype, bfloat16 and float16 included",
     ("gpu_codecs.py", "--kernels"): "the kernel sets to compare, comma-separated (default: every one that runs)",
+    ("network_model_check.py", "--timeout-s"): "a whole test-bed case's wall-clock limit, not a wait on a peer",
     ("testbed_time_to_accuracy.py", "--timeout-s"): "a whole testbed run's wall-clock limit, not a wait on a peer",
     ("time_to_accuracy.py", "--timeout-s"): "a whole testbed run's wall-clock limit, not a wait on a peer",
 }

@@ -21,7 +21,7 @@ def test_reports_the_ledger_the_wire_and_the_ring_model(netns_ok, tmp_path):  # 
     from gradwire.transports.network import RingNetwork
 
     out = tmp_path / "nm"
-    p = subprocess.run([sys.executable, str(SCRIPT), "--nodes", "2", "--mbps", "200", "--steps", "6",
+    p = subprocess.run([sys.executable, str(SCRIPT), "--nodes", "2", "--mbps", "200", "--case-steps", "6",
                         "--timeout-s", "180", "--out", str(out)], capture_output=True, text=True, timeout=230)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     (r,) = json.loads((out / "results.json").read_text())
@@ -36,7 +36,7 @@ def test_reports_the_ledger_the_wire_and_the_ring_model(netns_ok, tmp_path):  # 
 
 
 def test_refuses_too_few_steps():
-    p = subprocess.run([sys.executable, str(SCRIPT), "--steps", "2"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, str(SCRIPT), "--case-steps", "2"], capture_output=True, text=True, timeout=60)
     last = p.stderr.strip().splitlines()[-1]
-    assert p.returncode == 2 and last == "network_model_check.py: error: --steps must be > 3 (the first 3 steps are " \
-        "left out), got 2"
+    assert p.returncode == 2 and last == ("network_model_check.py: error: --case-steps must be > 3 "
+                                          "(the first 3 steps are left out), got 2")
