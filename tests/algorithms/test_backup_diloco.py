@@ -57,17 +57,22 @@ def test_outer_steps_use_the_first_n_and_drop_the_late(make_config):
     assert late >= 1  # worker 0's pseudo-gradients did arrive, for rounds already over
 
 
+def replay_run(make_config, late: str):
+    """Three replicas, one of them 4x slow, with the late rule ``late``; and a reference θ with
+    torch.optim.SGD's Nesterov step (0.7, 0.9), both starting from the run's θ."""
+    cfg = make_config(algorithm=f"backup-diloco:backups=1,late={late},inner_steps=2,outer_lr=0.7,outer_momentum=0.9,"
+                                "outer_warmup=0",
+                      dtype="float64", lr=0.01, workers=3, stragglers="slow:count=1,slowdown=4,compute_s=0.01")
+    r = Run(cfg)
+    theta = torch.nn.Parameter(r.algorithm.theta.clone())
+    return r, r.algorithm, theta, torch.optim.SGD([theta], lr=0.7, momentum=0.9, nesterov=True)
+
+
 def test_late_pseudo_gradients_applied_with_the_staleness_rule(make_config):
     """late=stale: every message is replayed in the order the server handled it. A late Δ of
     staleness s moves θ by -α Δ / (N s) at once (plain SGD: the Nesterov buffer untouched); a
     round's N fresh ones take torch.optim.SGD's Nesterov step on their mean."""
-    cfg = make_config(algorithm="backup-diloco:backups=1,late=stale,inner_steps=2,outer_lr=0.7,outer_momentum=0.9,"
-                                "outer_warmup=0",
-                      dtype="float64", lr=0.01, workers=3, stragglers="slow:count=1,slowdown=4,compute_s=0.01")
-    r = Run(cfg)
-    alg = r.algorithm
-    theta = torch.nn.Parameter(alg.theta.clone())
-    outer = torch.optim.SGD([theta], lr=0.7, momentum=0.9, nesterov=True)
+    r, alg, theta, outer = replay_run(make_config, "stale")
     fresh, applied = [], 0
     on_message = alg.on_message
 
@@ -100,13 +105,7 @@ def test_late_pseudo_gradients_buffered_with_fedbuff_weights(make_config):
     buffer: every message is replayed in the order the server handled it. A late Δ of staleness s
     waits in the round in progress as Δ / sqrt(1 + s) and leaves θ alone; the round's N-th fresh Δ
     closes it with torch.optim.SGD's Nesterov step on (Σ fresh + Σ buffered) / (N + L)."""
-    cfg = make_config(algorithm="backup-diloco:backups=1,late=buffer,inner_steps=2,outer_lr=0.7,outer_momentum=0.9,"
-                                "outer_warmup=0",
-                      dtype="float64", lr=0.01, workers=3, stragglers="slow:count=1,slowdown=4,compute_s=0.01")
-    r = Run(cfg)
-    alg = r.algorithm
-    theta = torch.nn.Parameter(alg.theta.clone())
-    outer = torch.optim.SGD([theta], lr=0.7, momentum=0.9, nesterov=True)
+    r, alg, theta, outer = replay_run(make_config, "buffer")
     fresh, buffered, used = [], [], 0
     on_message = alg.on_message
 
