@@ -212,17 +212,18 @@ def reached(losses: list[float], target: float | None, after: int = STOP_AFTER) 
 
 def collective_seconds(kind: str, payload_bytes: float, workers: int, mbps: float,
                        latency_ms: float = LATENCY_MS, collectives: int = 1) -> float:
-    """gradwire's ring model (transports/network.py, RingNetwork; Patarasuk & Yuan 2009), with B =
-    ``payload_bytes`` one worker's bytes summed over the round's ``collectives``:
-    allreduce 2(n-1)(latency + B/(n·bw)); allgather (n-1)(latency + B/bw)."""
+    """gradwire's ring model itself (transports/network.py, RingNetwork; Patarasuk & Yuan 2009) for
+    ``collectives`` equal collectives that carry ``payload_bytes`` of one worker's between them:
+    allreduce 2(n-1)(latency + B/(n·bw)); allgather (n-1)(latency + B/bw), per collective."""
+    from gradwire.transports.network import RingNetwork
+
     if workers <= 1:
         return 0.0
-    bandwidth = mbps * 1e6 / 8
-    latency = collectives * latency_ms / 1e3
+    net, each = RingNetwork(mbps=mbps, latency_ms=latency_ms), payload_bytes / collectives
     if kind == "allreduce":
-        return 2 * (workers - 1) * (latency + payload_bytes / (workers * bandwidth))
+        return collectives * net.allreduce(each, workers).time_s
     if kind == "allgather":
-        return (workers - 1) * (latency + payload_bytes / bandwidth)
+        return collectives * net.allgather([each] * workers).time_s
     raise ValueError(f"collective {kind!r}: allreduce or allgather")
 
 

@@ -45,10 +45,14 @@ def test_the_time_model_is_gradwires_ring_network(ttq):
     from gradwire.transports.network import NETWORKS
 
     for workers, mbps, nbytes in [(4, 100.0, 5_783_296), (16, 10.0, 548_864), (64, 1000.0, 1000)]:
-        ring = NETWORKS.build(f"ring:mbps={mbps:g},latency_ms=1")
-        assert ttq.allreduce_seconds(nbytes, workers, mbps) == pytest.approx(ring.allreduce(nbytes, workers).time_s)
-        assert ttq.collective_seconds("allgather", nbytes, workers, mbps) == pytest.approx(
-            ring.allgather([nbytes] * workers).time_s)
+        # the ring model's closed forms (Patarasuk & Yuan 2009), k collectives sharing B bytes a worker:
+        # allreduce 2(n-1)(k·latency + B/(n·bw)); allgather (n-1)(k·latency + B/bw)
+        bw, lat = mbps * 1e6 / 8, 1e-3
+        for k in (1, 3):
+            assert ttq.allreduce_seconds(nbytes, workers, mbps, collectives=k) == pytest.approx(
+                2 * (workers - 1) * (k * lat + nbytes / (workers * bw)))
+            assert ttq.collective_seconds("allgather", nbytes, workers, mbps, collectives=k) == pytest.approx(
+                (workers - 1) * (k * lat + nbytes / bw))
         # one worker's B from the ledger's count of the collective
         assert ledger.allreduce(nbytes, workers) / ttq.ledger_divisor("allreduce", workers) == nbytes
         assert ledger.allgather([nbytes] * workers) / ttq.ledger_divisor("allgather", workers) == nbytes
