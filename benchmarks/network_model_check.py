@@ -35,17 +35,13 @@ import sys
 from pathlib import Path
 
 from gradwire.cli.flags import add_run_flags, parse_run_args
+from testbed_time_to_accuracy import this_checkout_env  # the nodes import this checkout's gradwire
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTBED = ROOT / "scripts" / "testbed.py"
 TASK = "stdlib-lm:dim=64,layers=2,heads=2"   # the time-to-quality task: a 548,864-byte float32 gradient
 STEPS = {10.0: 16, 100.0: 40, 1000.0: 80}     # enough steps for a median, a few seconds of wire each
 SKIP = 3                                      # first steps left out: gloo's pairs connect lazily
-
-
-def this_checkout_env() -> dict[str, str]:
-    path = os.environ.get("PYTHONPATH", "")
-    return dict(os.environ, PYTHONPATH=str(ROOT / "src") + (os.pathsep + path if path else ""))
 
 
 def loadavg() -> float:
