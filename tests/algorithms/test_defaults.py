@@ -27,16 +27,14 @@ BAR = 0.9 * TUNED_SYNC  # the issue's bar: 90 % of tuned sync, 0.627
 # table and this one (docs/defaults.md, "The tests") sync moved by up to 21 of the 1,000 test samples,
 # Leader SGD 23, DQ-GD 66. So each floor is its seed-0 accuracy in the doc's table less 5 points
 # (less 10 for the stochastically quantized DIANA, DQ-GD and DQ-SGD), rounded down: a default that stops
-# learning fails (chance is 0.10), another CPU's rounding does not.
-FLOOR = {"sync": 0.64, "async": 0.65, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.53, "dagc": 0.55,
-         "dqsgd": 0.57, "diana": 0.53, "dqgd": 0.52,
-         # not re-run in the last round: the earlier machine's seed 0 less 5 points
-         "async-diloco": 0.58, "signsgd": 0.52, "diloco": 0.58, "streaming-diloco": 0.58, "backup-diloco": 0.59,
-         "muloco": 0.52,
-         "sparseloco": 0.54, "demo": 0.6}
+# learning fails (chance is 0.10), another CPU's rounding does not. Async SGD too takes 10: PyTorch's avx2
+# kernels on the same machine moved its seed 0 by 52 samples (0.704 -> 0.652, docs/defaults.md).
+FLOOR = {"sync": 0.64, "async": 0.60, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.53, "dagc": 0.55,
+         "dqsgd": 0.57, "diana": 0.53, "dqgd": 0.56, "async-diloco": 0.61, "signsgd": 0.52, "diloco": 0.61,
+         "streaming-diloco": 0.58, "backup-diloco": 0.59, "muloco": 0.52, "sparseloco": 0.56, "demo": 0.58}
 # those whose defaults clear BAR on seed 0 by at least 30 test samples, quantizing nothing at random,
 # must clear it anywhere; the others are held to their floor
-MEETS_BAR = {"sync", "async", "local", "dasgd", "easgd"}
+MEETS_BAR = {"sync", "async", "local", "dasgd", "easgd", "diloco", "async-diloco"}
 
 
 def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):

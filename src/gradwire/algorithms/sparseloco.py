@@ -46,7 +46,7 @@ class SparseLoCo(DiLoCo):
     # step (α = 1, no momentum) does not amplify the inner change as DiLoCo's Nesterov step does
     default_lr = 2e-2
 
-    def __init__(self, *, inner_steps: int = 15, outer_lr: float = 1.0, decay: float = 0.95, chunk: int = 4096,
+    def __init__(self, *, inner_steps: int = 5, outer_lr: float = 1.0, decay: float = 0.95, chunk: int = 4096,
                  k: int = 128, values: str = "ternary", block: int = 64, inner: str = "adamw", beta1: float = 0.9,
                  beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1):
         super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=0.0, inner=inner, beta1=beta1,
