@@ -114,6 +114,11 @@ class ChunkedTopK(Compressor):
         return make_packet(torch.cat([values, encode_positions(xf.numel(), index)]), x)
 
     def decode(self, packet: Packet) -> torch.Tensor:
+        return self.decode_sent(packet)[0]
+
+    def decode_sent(self, packet: Packet) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoded tensor and a boolean mask of the positions the payload carries (a kept value that
+        quantised to 0 is still sent): what a mean over the senders of each position needs."""
         n, dtype = packet.numel, packet.dtype
         buf = raw(packet, self.name)
         count = self.count(n)
@@ -126,4 +131,6 @@ class ChunkedTopK(Compressor):
         else:
             values = read(buf[:size], dtype)
         index = decode_positions(buf[size:], n, count, self.name)
-        return scatter(n, index, values, dtype, self.name).reshape(packet.shape)
+        sent = index if index.dtype == torch.bool else torch.zeros(n, dtype=torch.bool, device=buf.device).index_fill_(
+            0, index, True)
+        return scatter(n, index, values, dtype, self.name).reshape(packet.shape), sent.reshape(packet.shape)
