@@ -57,7 +57,9 @@ def rates(args) -> None:
     h, workers = args.inner_steps, args.workers
     common = dict(task=args.task, workers=workers, steps=args.steps, batch_size=16, eval_every=args.steps // 10,
                   network=RING, seed=args.seed, data_dir=args.data_dir)
-    variants = [("diloco", f"diloco:inner_steps={h}", h, "allreduce", args.lr)]
+    variants = [("diloco" + (f" {args.diloco_keys}" if args.diloco_keys else ""),
+                 f"diloco:inner_steps={h}" + (f",{args.diloco_keys}" if args.diloco_keys else ""), h, "allreduce",
+                 args.lr)]
     if args.ddp:  # synchronous data-parallel SGD (DDP's algorithm): the quality target's reference
         variants.append(("DDP (sync, AdamW)", "sync --optimizer adamw:beta1=0.9,beta2=0.95,eps=1e-8", 1, "allreduce",
                          args.ddp_lr))
@@ -231,6 +233,8 @@ def main() -> None:
     add_run_flags(r, only=("workers", "steps"), defaults={"workers": 4, "steps": 600})
     r.add_argument("--sparse-k", type=int, nargs="*", default=[16, 32, 64, 128])
     r.add_argument("--demo-k", type=int, nargs="*", default=[1, 2, 4])
+    r.add_argument("--diloco-keys", default="", help="more spec keys of the reference DiLoCo, e.g. "
+                   "outer_lr=0.7,outer_momentum=0.5")
     r.add_argument("--demo-chunk", type=int, default=64, help="DeMo's DCT chunk s (k of every s coefficients sent)")
     r.add_argument("--sparse-rule", nargs="+", default=["mean"], choices=sorted(SPARSE_RULES),
                    help="SparseLoCo's aggregation: mean (Algorithm 1) or authors (senders_mean with median_norm clip)")
