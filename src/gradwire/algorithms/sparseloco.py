@@ -18,6 +18,11 @@ counts its exact bytes; the all-gather's bytes grow with the replicas. Everythin
 DiLoCo's (``diloco.py``): the replicas and their AdamW, the pace of workers under stragglers, the
 collective (``Averager.start_payloads``), the outer step (SGD at rate α without momentum, which is θ - αΔ),
 the checkpoint of θ and the replicas, to which the accumulators e_r are added.
+
+``aggregate=senders_mean`` and ``clip=median_norm`` replace the last line's (1/R) Σ with the rule of
+the authors' trainer (each position averaged over the workers that sent it, each message's norm per
+parameter tensor first cut to the workers' median: ``averaging/combine.py``); the messages, their
+bytes and the error feedback stay Algorithm 1's.
 """
 
 from __future__ import annotations
