@@ -29,6 +29,8 @@ from gradwire.config import RunConfig  # noqa: E402
 from gradwire.run.loop import run  # noqa: E402
 
 RING = "ring:mbps=100,latency_ms=1"
+# SparseLoCo's receiving-end rules: Algorithm 1's (1/R) Σ, or the authors' trainer's (docs/low_communication.md)
+SPARSE_RULES = {"mean": "", "authors": ",aggregate=senders_mean,clip=median_norm"}
 
 
 def records(folder: Path) -> list[dict]:
@@ -55,15 +57,21 @@ def rates(args) -> None:
     h, workers = args.inner_steps, args.workers
     common = dict(task=args.task, workers=workers, steps=args.steps, batch_size=16, eval_every=args.steps // 10,
                   network=RING, seed=args.seed, data_dir=args.data_dir)
-    variants = [("diloco", f"diloco:inner_steps={h}", h, "allreduce", args.lr)]
+    variants = [("diloco" + (f" {args.diloco_keys}" if args.diloco_keys else ""),
+                 f"diloco:inner_steps={h}" + (f",{args.diloco_keys}" if args.diloco_keys else ""), h, "allreduce",
+                 args.lr)]
     if args.ddp:  # synchronous data-parallel SGD (DDP's algorithm): the quality target's reference
         variants.append(("DDP (sync, AdamW)", "sync --optimizer adamw:beta1=0.9,beta2=0.95,eps=1e-8", 1, "allreduce",
                          args.ddp_lr))
-    variants += [(f"sparseloco k={k}/4096 α={alpha:g}", f"sparseloco:inner_steps={h},k={k},outer_lr={alpha:g}", h,
-                  "allgather", args.lr) for k in args.sparse_k for alpha in args.sparse_outer_lr]
-    variants += [(f"demo k={k}/64", f"demo:chunk=64,k={k}", 1, "allgather", args.demo_lr) for k in args.demo_k]
-    variants += [(f"muloco {c or 'default'}", f"muloco:inner_steps={h}" + (f" --compressor {c}" if c else ""), h,
-                  "allgather", args.lr) for c in args.muloco]
+    variants += [(f"sparseloco k={k}/4096 α={alpha:g}" + ("" if rule == "mean" else f" {rule}"),
+                  f"sparseloco:inner_steps={h},k={k},outer_lr={alpha:g}" + SPARSE_RULES[rule], h, "allgather", args.lr)
+                 for rule in args.sparse_rule for k in args.sparse_k for alpha in args.sparse_outer_lr]
+    variants += [(f"demo k={k}/{args.demo_chunk}" + (f" η={eta:g}" if eta != 0.003 else ""),  # 0.003: earlier names
+                  f"demo:chunk={args.demo_chunk},k={k}", 1, "allgather", eta)
+                 for k in args.demo_k for eta in args.demo_lr]
+    variants += [(f"muloco {c or 'default'}" + (f" {keys}" if keys else ""),
+                  f"muloco:inner_steps={h}" + (f",{keys}" if keys else "") + (f" --compressor {c}" if c else ""), h,
+                  "allgather", args.lr) for c in args.muloco for keys in args.muloco_keys]
     rows, base, ddp = [], None, None
     for label, algorithm, steps_per_round, kind, lr in variants:
         algorithm, _, optimizer = algorithm.partition(" --optimizer ")
@@ -83,7 +91,7 @@ def rates(args) -> None:
             ddp = quality
         rows.append((label, bits_round, bits_round / steps_per_round, quality, 100 * (quality / base - 1)))
     print(f"task {args.task}, {workers} workers, {args.steps} steps of batch 16, inner lr {args.lr} "
-          f"(DeMo's {args.demo_lr}, DDP's {args.ddp_lr}), H={h}, seed {args.seed}")
+          f"(DeMo's {', '.join(f'{e:g}' for e in args.demo_lr)}, DDP's {args.ddp_lr}), H={h}, seed {args.seed}")
     print("| variant | bits/param/round (message) | bits/param/step | test loss (last 3) | vs DiLoCo | vs DDP |")
     print("|---|---|---|---|---|---|")
     for label, bits, per_step, quality, delta in rows:
@@ -223,15 +231,23 @@ def main() -> None:
         p.add_argument("--inner-steps", type=int, default=10)
     r = sub.choices["rates"]
     add_run_flags(r, only=("workers", "steps"), defaults={"workers": 4, "steps": 600})
-    r.add_argument("--sparse-k", type=int, nargs="+", default=[16, 32, 64, 128])
+    r.add_argument("--sparse-k", type=int, nargs="*", default=[16, 32, 64, 128])
     r.add_argument("--demo-k", type=int, nargs="*", default=[1, 2, 4])
+    r.add_argument("--diloco-keys", default="", help="more spec keys of the reference DiLoCo, e.g. "
+                   "outer_lr=0.7,outer_momentum=0.5")
+    r.add_argument("--demo-chunk", type=int, default=64, help="DeMo's DCT chunk s (k of every s coefficients sent)")
+    r.add_argument("--sparse-rule", nargs="+", default=["mean"], choices=sorted(SPARSE_RULES),
+                   help="SparseLoCo's aggregation: mean (Algorithm 1) or authors (senders_mean with median_norm clip)")
     r.add_argument("--sparse-outer-lr", type=float, nargs="+", default=[1.0], help="SparseLoCo's α (each with each k)")
     r.add_argument("--muloco", nargs="*", default=[], help="MuLoCo runs: '' for its default compressor, or a "
                    "--compressor spec (error feedback stays on)")
     r.add_argument("--ddp", action="store_true", help="also run synchronous data-parallel AdamW (DDP's algorithm, "
                    "the inner optimizer's betas) as the reference")
     r.add_argument("--ddp-lr", type=float, default=0.003, help="its AdamW rate")
-    r.add_argument("--demo-lr", type=float, default=0.003, help="DeMo's η (its sign update moves each element by η)")
+    r.add_argument("--demo-lr", type=float, nargs="+", default=[0.003],
+                   help="DeMo's η, one run each (its sign update moves each element by η)")
+    r.add_argument("--muloco-keys", nargs="+", default=[""], help="more MuLoCo spec keys, one run each "
+                   "(e.g. outer_lr=1.0,outer_momentum=0)")
     for name in ("stragglers", "stragglers-tune"):
         s = sub.choices[name]
         s.add_argument("--rounds", type=int, default=40)

@@ -41,6 +41,8 @@ from gradwire.tasks.evaluate import evaluate  # noqa: E402
 from gradwire.tasks.oracle import WorkerData  # noqa: E402
 
 BETAS, EPS, WEIGHT_DECAY = (0.9, 0.95), 1e-8, 0.1  # gradwire's sparseloco/diloco inner AdamW defaults
+RULES = {"mean": "aggregate=mean,clip=none", "authors": "aggregate=senders_mean,clip=median_norm",
+         "senders_mean": "aggregate=senders_mean,clip=none", "median_norm": "aggregate=mean,clip=median_norm"}
 RING = "ring:mbps=100,latency_ms=1"  # the ledger's ring all-gather: (n - 1) times the sum of the n messages
 
 
@@ -144,6 +146,11 @@ def main() -> None:
     parser.add_argument("--their-bins", type=int, default=4, help="their quantization_bins (4: 2-bit values)")
     parser.add_argument("--their-range", type=int, default=6, help="their quantization_range (sigmas)")
     parser.add_argument("--our-k", type=int, nargs="+", default=[64], help="our k of every chunk of 4096")
+    parser.add_argument("--our-values", nargs="+", default=["ternary"], choices=("ternary", "raw"),
+                        help="our kept values: ternary (the default codec) or raw float32 (to isolate the quantiser)")
+    parser.add_argument("--our-rules", nargs="+", default=list(RULES),
+                        help=f"our sparseloco's receiving-end rules, of {', '.join(RULES)}: Algorithm 1's mean, the "
+                             "authors' per-position mean over the senders with the median-norm clip, each alone")
     args, _ = parse_run_args(parser)
     folder = os.path.abspath(args.folder)
     sys.path[:0] = [folder, os.path.join(folder, "site")]
@@ -157,14 +164,14 @@ def main() -> None:
     gap = float((flat - r.algorithm.eval_params()).abs().max())
     print(f"check: hand loop vs gradwire diloco (outer SGD rate 1, dense): max |Δθ| {gap:.2e}")
     rows = []
-    for k in args.our_k:
+    for k, values, rule in [(k, v, rule) for k in args.our_k for v in args.our_values for rule in args.our_rules]:
         spec = (f"sparseloco:inner_steps={args.inner_steps},k={k},chunk=4096,outer_lr={args.alpha},"
-                f"decay={args.decay}")
-        r_k, ev, bits = ours(args, spec, f"ours_k{k}")
+                f"decay={args.decay},values={values},{RULES[rule]}")
+        r_k, ev, bits = ours(args, spec, f"ours_k{k}_{values}_{rule}")
         kept = sum(min(n, -(-k * n // 4096)) for n in
                    [4096] * (r_k.model.flatten().numel() // 4096) + [r_k.model.flatten().numel() % 4096] if n)
-        rows.append((f"gradwire sparseloco k={k}/4096 (ternary, Golomb positions)", kept, bits, None, ev["test_loss"],
-                     ev["test_acc"]))
+        rows.append((f"gradwire sparseloco k={k}/4096 ({values}, Golomb positions), {RULES[rule]}", kept, bits,
+                     None, ev["test_loss"], ev["test_acc"]))
     flat, kept, nbytes = theirs(args, r, compress, topk=args.their_topk, alpha=args.alpha, decay=args.decay)
     ev = evaluate(r.task, r.model, flat)
     params = flat.numel()

@@ -53,6 +53,96 @@ def test_outer_loop_matches_algorithm_1(make_config, spec):
     assert rounds >= 4 and not torch.equal(theta, r.model.flatten().double())
 
 
+def reference_authors_aggregate(sent: list[torch.Tensor], support: list[torch.Tensor], sizes: list[int],
+                                aggregate: str, clip: str) -> torch.Tensor:
+    """The aggregation of the SparseLoCo authors' trainer (tplr-ai/templar, docs/low_communication.md),
+    written from its description with loops: per parameter tensor, each worker's message scaled by
+    min(1, median / (norm + 1e-8)) (median: the lower middle of the sorted norms); then per position
+    the sum over the workers that sent it divided by their count (senders_mean) or by R (mean)."""
+    R, out, start = len(sent), torch.zeros_like(sent[0]), 0
+    for size in sizes:
+        parts = [m[start: start + size].clone() for m in sent]
+        if clip == "median_norm":
+            norms = sorted(float(p.norm()) for p in parts)
+            median = norms[(R - 1) // 2]
+            parts = [p * min(1.0, median / (float(p.norm()) + 1e-8)) for p in parts]
+        for j in range(size):
+            senders = [w for w in range(R) if support[w][start + j]]
+            if aggregate == "mean":
+                out[start + j] = sum(float(p[j]) for p in parts) / R
+            elif senders:
+                out[start + j] = sum(float(parts[w][j]) for w in senders) / len(senders)
+        start += size
+    return out
+
+
+@pytest.mark.parametrize("workers, keys", [(3, "aggregate=senders_mean"), (4, "clip=median_norm"),
+                                           (4, "aggregate=senders_mean,clip=median_norm"),
+                                           (3, "aggregate=senders_mean,clip=median_norm")])
+def test_outer_loop_with_the_authors_aggregation_matches_a_reference(make_config, workers, keys):
+    """Algorithm 1's accumulators and messages, the outer step on the authors' aggregate instead of
+    the (1/R) Σ (digits-logreg: a 10x64 weight and a bias, so the clip takes two norms per worker)."""
+    r = Run(make_config(algorithm=f"sparseloco:inner_steps=3,chunk=64,k=4,values=raw,{keys}", dtype="float64",
+                        lr=0.01, workers=workers))
+    alg = r.algorithm
+    sizes = [s.numel() for s in r.model.shapes]
+    assert len(sizes) == 2
+    after_inner = record_inner_steps(alg)
+    theta = alg.theta.clone()
+    e = {k: torch.zeros_like(theta) for k in range(workers)}
+    aggregate = "senders_mean" if "senders_mean" in keys else "mean"
+    clip = "median_norm" if "median_norm" in keys else "none"
+    clipped = spread = 0
+    for step in range(1, 13):
+        r.train_step()
+        if step % alg.inner_steps == 0:
+            sent, support = [], []
+            for k, x in sorted(after_inner.items()):
+                e[k] = alg.decay * e[k] + (theta - x)
+                sent.append(reference_topk(e[k], 64, 4))
+                support.append(sent[-1] != 0)
+                e[k] = e[k] - sent[-1]
+            update = reference_authors_aggregate(sent, support, sizes, aggregate, clip)
+            plain = sum(sent) / workers
+            clipped += int(not torch.allclose(update, plain))
+            senders = sum(s.int() for s in support)
+            spread += int(((senders > 0) & (senders < workers)).any())  # a position some but not all sent
+            theta = theta - alg.outer_lr * update
+            for k in range(workers):
+                torch.testing.assert_close(alg.accumulators[k], e[k], rtol=0, atol=1e-13)
+        torch.testing.assert_close(alg.theta, theta, rtol=0, atol=1e-13, msg=lambda m, s=step: f"θ after {s}: {m}")
+    assert clipped == 4 and spread == 4  # the rule differed from Algorithm 1's mean every round
+
+
+def test_senders_mean_counts_a_kept_value_that_quantised_to_zero():
+    """With ternary values a kept element can round to 0: it is still sent (its position is on the
+    wire), so it counts among that position's senders; the mask is exactly each chunk's top-k."""
+    from gradwire.averaging.combine import MessageCombine
+
+    codec = ChunkedTopK(chunk=32, k=8, values="ternary", block=4)
+    x = torch.randn(100, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    packet = codec.encode(x, generator=torch.Generator().manual_seed(1))
+    decoded, sent = codec.decode_sent(packet)
+    kept = reference_topk(x, 32, 8) != 0
+    assert torch.equal(sent, kept) and torch.equal(decoded, codec.decode(packet))
+    zeros = sent & (decoded == 0)
+    assert zeros.any()  # this seed rounds some kept values to 0
+    other = torch.zeros_like(x)
+    other[zeros] = 1.0  # a second worker sends 1 at those positions
+    combined = MessageCombine(aggregate="senders_mean")([decoded, other], [sent, zeros])
+    assert torch.equal(combined[zeros], torch.full_like(combined[zeros], 0.5))  # (0 + 1) / 2 senders
+    assert torch.equal(combined[~sent], torch.zeros_like(combined[~sent]))
+    assert torch.equal(combined[sent & ~zeros], decoded[sent & ~zeros])  # one sender: its own value
+
+
+@pytest.mark.parametrize("bad, message", [("aggregate=median", "aggregate='median': valid choices are mean, "
+                                                               "senders_mean"),
+                                          ("clip=norm", "clip='norm': valid choices are none, median_norm")])
+def test_refuses_an_unknown_aggregation(make_config, bad, message):
+    with pytest.raises(ValueError, match=message):
+        Run(make_config(algorithm=f"sparseloco:{bad}"))
+
+
 def test_ternary_values_keep_the_error_feedback_identity_and_the_chunk_supports(make_config):
     """With quantised values Δ̂_r is random, so the reference cannot replay it; what Algorithm 1
     still fixes: e_before = Δ̂_r + e_after exactly where the accumulator kept its value (elsewhere
@@ -84,10 +174,12 @@ def test_ternary_values_keep_the_error_feedback_identity_and_the_chunk_supports(
             assert magnitudes.numel() and torch.equal(magnitudes, magnitudes[:1].expand_as(magnitudes))
 
 
-def test_message_bytes_are_the_values_and_the_gap_coded_positions(make_config):
+@pytest.mark.parametrize("keys", ["", ",aggregate=senders_mean,clip=median_norm"])
+def test_message_bytes_are_the_values_and_the_gap_coded_positions(make_config, keys):
     """Each replica's message is K float64 values then gapcode's section for its positions; the
-    ring all-gather of n messages counts (n - 1) times their sum (network.py)."""
-    cfg = make_config(algorithm="sparseloco:inner_steps=2,chunk=50,k=3,values=raw", dtype="float64", lr=0.01,
+    ring all-gather of n messages counts (n - 1) times their sum (network.py). The authors'
+    aggregation changes only the receiving end: the same message, the same bytes."""
+    cfg = make_config(algorithm=f"sparseloco:inner_steps=2,chunk=50,k=3,values=raw{keys}", dtype="float64", lr=0.01,
                       workers=3, network="ring:mbps=100,latency_ms=1")
     r = Run(cfg)
     alg = r.algorithm
@@ -115,6 +207,7 @@ def test_message_bytes_are_the_values_and_the_gap_coded_positions(make_config):
 
 
 SPECS = [("sparseloco:inner_steps=3,chunk=64,k=4", {}),
+         ("sparseloco:inner_steps=3,chunk=64,k=4,aggregate=senders_mean,clip=median_norm", {}),
          ("sparseloco:inner_steps=2,chunk=32,k=2,values=raw,inner=sgd", dict(momentum=0.9))]
 
 

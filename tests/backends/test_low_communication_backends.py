@@ -13,7 +13,8 @@ from tests.backends.processes import launch, sim_and_torch
 from tests.backends.threads import run_one_worker_per_thread
 from tests.helpers import read_jsonl
 
-SPECS = ["sparseloco:inner_steps=3,chunk=64,k=4", "demo:chunk=32,k=2", "muloco:inner_steps=3"]
+SPECS = ["sparseloco:inner_steps=3,chunk=64,k=4", "sparseloco:inner_steps=3,chunk=64,k=4,aggregate=senders_mean,"
+         "clip=median_norm", "demo:chunk=32,k=2", "muloco:inner_steps=3"]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -35,7 +36,8 @@ COMMON = ["--task", "digits-mlp", "--steps", "8", "--eval-every", "4", "--batch-
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("spec", ["sparseloco:inner_steps=2,chunk=256,k=8", "demo:chunk=64,k=2"])
+@pytest.mark.parametrize("spec", ["sparseloco:inner_steps=2,chunk=256,k=8", "demo:chunk=64,k=2",
+                                  "sparseloco:inner_steps=2,chunk=256,k=8,aggregate=senders_mean,clip=median_norm"])
 def test_sim_and_torch_backends_agree(tmp_path, data_dir, spec):
     real, sim = sim_and_torch(tmp_path, data_dir, 2, COMMON + ["--algorithm", spec])
     assert [r["step"] for r in real] == [r["step"] for r in sim] == [0, 4, 8]

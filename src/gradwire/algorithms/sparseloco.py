@@ -18,6 +18,11 @@ counts its exact bytes; the all-gather's bytes grow with the replicas. Everythin
 DiLoCo's (``diloco.py``): the replicas and their AdamW, the pace of workers under stragglers, the
 collective (``Averager.start_payloads``), the outer step (SGD at rate α without momentum, which is θ - αΔ),
 the checkpoint of θ and the replicas, to which the accumulators e_r are added.
+
+``aggregate=senders_mean`` and ``clip=median_norm`` replace the last line's (1/R) Σ with the rule of
+the authors' trainer (each position averaged over the workers that sent it, each message's norm per
+parameter tensor first cut to the workers' median: ``averaging/combine.py``); the messages, their
+bytes and the error feedback stay Algorithm 1's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS
 from gradwire.algorithms.diloco import DILOCO_PARAMS, DiLoCo
+from gradwire.averaging.combine import AGGREGATES, CLIPS, MessageCombine
 from gradwire.compress.chunked import VALUE_CODES
 from gradwire.spec import require
 
@@ -37,6 +43,10 @@ SPARSELOCO_PARAMS = {
     "k": "elements sent per chunk, 1..C (the paper: 1-3 % density; 128 of 4096 = 3.1 %; the default: docs/defaults.md)",
     "values": f"kept values: {' or '.join(VALUE_CODES)} (ternary: 1.6 bits each + a float32 scale per block)",
     "block": "with values=ternary: kept values per float32 scale",
+    "aggregate": f"{' or '.join(AGGREGATES)}: mean = (1/R) Σ of the messages (Algorithm 1); senders_mean = each "
+                 "position averaged over the workers that sent it (the authors' trainer; averaging/combine.py)",
+    "clip": f"{' or '.join(CLIPS)}: median_norm = each message's norm per parameter tensor cut to the workers' "
+            "median before aggregating (the authors' trainer); none = Algorithm 1",
 } | {key: DILOCO_PARAMS[key] for key in ("inner", "beta1", "beta2", "eps", "weight_decay")}
 
 
@@ -48,13 +58,17 @@ class SparseLoCo(DiLoCo):
 
     def __init__(self, *, inner_steps: int = 5, outer_lr: float = 1.0, decay: float = 0.95, chunk: int = 4096,
                  k: int = 128, values: str = "ternary", block: int = 64, inner: str = "adamw", beta1: float = 0.9,
-                 beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1):
+                 beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1, aggregate: str = "mean",
+                 clip: str = "none"):
         super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=0.0, inner=inner, beta1=beta1,
                          beta2=beta2, eps=eps, weight_decay=weight_decay)
         require(0 <= decay <= 1, f"decay must be in [0, 1] (the error-feedback decay β), got {decay}")
         require(chunk >= 1 and 1 <= k <= chunk, f"need chunk >= 1 and k in [1, chunk]; got chunk={chunk}, k={k}")
         require(values in VALUE_CODES, f"values={values!r}: valid choices are {', '.join(VALUE_CODES)}")
         self.decay = decay
+        require(aggregate in AGGREGATES, f"aggregate={aggregate!r}: valid choices are {', '.join(AGGREGATES)}")
+        require(clip in CLIPS, f"clip={clip!r}: valid choices are {', '.join(CLIPS)}")
+        self.aggregate, self.clip = aggregate, clip
         # the message's codec: make_averager(default=...) builds it when --compressor is none (setup refuses another)
         self.default_compressor = f"chunked-topk:chunk={chunk},k={k},values={values},block={block}"
 
@@ -63,6 +77,9 @@ class SparseLoCo(DiLoCo):
                 f"{self.name} compresses with its own chunked top-k and error feedback (spec keys chunk, k, "
                 f"values, decay): --compressor and --error-feedback do not apply")
         super().setup(ctx, params, optim, codec)
+        if (self.aggregate, self.clip) != ("mean", "none"):  # the receiving end's rule; the wire is unchanged
+            self.averager.combine_by(MessageCombine(aggregate=self.aggregate, clip=self.clip,
+                                                    segments=[s.numel() for s in ctx.param_shapes]))
         self.accumulators = {r: torch.zeros_like(params) for r in ctx.local_ranks}
 
     def _start(self, ctx, p: int, step: int) -> None:

@@ -8,7 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from gradwire.averaging.base import Averager, Finished
+from gradwire.averaging.combine import MessageCombine
 from gradwire.compress import Compressor, ErrorFeedback, Packet
+from gradwire.spec import require
 from gradwire.transports.base import Handle, Transport
 
 
@@ -27,6 +29,17 @@ class CompressedMean(Averager):
         self.identity = identity  # the spec asked for no compression ("none")
         self.ef = {r: ErrorFeedback(compressor) for r in generators} if error_feedback else None
         self.gen = generators
+        self.combine: MessageCombine | None = None  # None: the plain mean of the decoded payloads
+
+    def combine_by(self, rule: MessageCombine) -> None:
+        """Gathered payloads are combined by ``rule`` (averaging/combine.py) instead of the plain mean;
+        the payloads and their bytes are unchanged."""
+        require(not (self.plain() or self.compressor.summable),
+                f"aggregate/clip apply to gathered payloads; {self.compressor.spec()} is all-reduced")
+        require(not rule.needs_positions or hasattr(self.compressor, "decode_sent"),
+                f"aggregate={rule.aggregate} needs the positions each payload carries, which "
+                f"{self.compressor.spec()} does not expose (chunked-topk does)")
+        self.combine = rule
 
     def spec(self) -> str:
         return self.compressor.spec()
@@ -113,12 +126,21 @@ class CompressedMean(Averager):
 
     def decode_mean(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
         """Decode every payload and average them, summed in rank order (so every backend and the
-        parameter server add in the same order)."""
+        parameter server add in the same order); with a :class:`MessageCombine` set
+        (:meth:`combine_by`), combined by its rule instead."""
         order = sorted(buffers)
+        if self.combine is not None:
+            return self._combined([buffers[r] for r in order], like)
         total = self.decode(buffers[order[0]], like).clone()
         for r in order[1:]:
             total += self.decode(buffers[r], like)
         return total.div_(len(order))
+
+    def _combined(self, buffers: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        if not self.combine.needs_positions:
+            return self.combine([self.decode(b, like).reshape(-1) for b in buffers]).view(like.shape)
+        parts = [self.compressor.decode_sent(Packet(b, like.shape, like.dtype)) for b in buffers]
+        return self.combine([m.reshape(-1) for m, _ in parts], [s.reshape(-1) for _, s in parts]).view(like.shape)
 
     def state_dict(self) -> dict:
         out = {"generators": {str(r): g.get_state() for r, g in self.gen.items()}}

@@ -114,6 +114,20 @@ class ChunkedTopK(Compressor):
         return make_packet(torch.cat([values, encode_positions(xf.numel(), index)]), x)
 
     def decode(self, packet: Packet) -> torch.Tensor:
+        index, values = self._kept(packet)
+        return scatter(packet.numel, index, values, packet.dtype, self.name).reshape(packet.shape)
+
+    def decode_sent(self, packet: Packet) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoded tensor and a boolean mask of the positions the payload carries (a kept value that
+        quantised to 0 is still sent): what a mean over the senders of each position needs."""
+        index, values = self._kept(packet)
+        n = packet.numel
+        sent = index if index.dtype == torch.bool else \
+            torch.zeros(n, dtype=torch.bool, device=index.device).index_fill_(0, index, True)
+        return scatter(n, index, values, packet.dtype, self.name).reshape(packet.shape), sent.reshape(packet.shape)
+
+    def _kept(self, packet: Packet) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept positions (ascending indices, or a mask) and their decoded values."""
         n, dtype = packet.numel, packet.dtype
         buf = raw(packet, self.name)
         count = self.count(n)
@@ -125,5 +139,4 @@ class ChunkedTopK(Compressor):
             values = self.quantiser.decode(Packet(buf[:size], torch.Size([count]), dtype))
         else:
             values = read(buf[:size], dtype)
-        index = decode_positions(buf[size:], n, count, self.name)
-        return scatter(n, index, values, dtype, self.name).reshape(packet.shape)
+        return decode_positions(buf[size:], n, count, self.name), values
