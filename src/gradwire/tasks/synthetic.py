@@ -24,8 +24,6 @@ from functools import partial
 
 import numpy as np
 import torch
-from scipy.optimize import linprog
-from scipy.special import expit
 
 from gradwire.spec import require
 from gradwire.tasks.base import TASKS, Task, TaskContext, logistic
@@ -33,6 +31,14 @@ from gradwire.tasks.models import mlp
 
 TOL = 1e-12  # gradient / prox-gradient-mapping norm at the returned optimum
 W_TRUE_NORM = 2.0  # ||w_true||: Bayes error ~ 0.2, far from separable
+
+
+def expit(z: np.ndarray) -> np.ndarray:
+    """The logistic function, scipy's: imported here, not at the top, so that a process that builds no
+    synthetic task does not pay scipy's 0.3 s of import."""
+    from scipy.special import expit as logistic_function
+
+    return logistic_function(z)
 
 
 def _smooth(X: np.ndarray, s: np.ndarray, w: np.ndarray, l2: float, hess: bool = False):
@@ -108,6 +114,8 @@ def _fista(X, s, w, l2, l1, step, iters):
 def separable(X: np.ndarray, s: np.ndarray) -> bool:
     """Is there w with s_i <x_i, w> >= 1 for all i? Then the unregularised loss has infimum 0 and no
     minimiser (Albert & Anderson 1984); an LP feasibility problem."""
+    from scipy.optimize import linprog  # here, not at the top: it costs every process 0.6 s of import
+
     res = linprog(np.zeros(X.shape[1]), A_ub=-(s[:, None] * X), b_ub=-np.ones(len(s)), bounds=(None, None))
     return res.status == 0
 
