@@ -130,6 +130,15 @@ ROWS = [
     Row("streaming-h40", "Streaming DiLoCo H=40 P=4 τ=10 fp16",
         "streaming-diloco:inner_steps=40,fragments=4,overlap=10,alpha=0.5",
         dict(compressor="fp16"), period=10, overlap="tau:10"),
+    # the outer rate annealed with the inner one (outer_schedule=inner: η f(t-1) at the round after step t)
+    *[Row(f"diloco-h{h}-anneal", f"DiLoCo H={h}, outer rate annealed", f"diloco:inner_steps={h},outer_schedule=inner",
+          period=h, overlap="none") for h in (5, 10, 20)],
+    Row("streaming-h40-anneal", "Streaming DiLoCo H=40 P=4 τ=10 fp16, outer rate annealed",
+        "streaming-diloco:inner_steps=40,fragments=4,overlap=10,alpha=0.5,outer_schedule=inner",
+        dict(compressor="fp16"), period=10, overlap="tau:10"),
+    Row("streaming-h40-eager", "Streaming DiLoCo H=40 P=4 τ=10 fp16, eager, outer rate annealed",
+        "streaming-diloco:inner_steps=40,fragments=4,overlap=10,eager=true,outer_schedule=inner",
+        dict(compressor="fp16"), period=10, overlap="tau:10"),
 ]
 ROW = {r.key: r for r in ROWS}
 

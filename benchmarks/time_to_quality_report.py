@@ -25,7 +25,8 @@ from time_to_quality import (
     target_quality,
 )
 
-GRADWIRE_ROWS = ("gw-powersgd", "gw-qsgd", "local-adamw", "diloco", "streaming", "streaming-h40")
+GRADWIRE_ROWS = ("gw-powersgd", "gw-qsgd", "local-adamw", "diloco", "streaming", "streaming-h40", "diloco-h5-anneal",
+                 "diloco-h10-anneal", "diloco-h20-anneal", "streaming-h40-anneal", "streaming-h40-eager")
 TORCH_ROWS = ("ddp-bf16", "ddp-accum2", "ddp-accum4", "ddp-accum8", "torch-powersgd")
 
 
