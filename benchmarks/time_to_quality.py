@@ -139,8 +139,8 @@ ROWS = [
     Row("streaming-h40-eager", "Streaming DiLoCo H=40 P=4 τ=10 fp16, eager",
         "streaming-diloco:inner_steps=40,fragments=4,overlap=10,eager=true",
         dict(compressor="fp16"), period=10, overlap="tau:10"),
-    # shorter rounds: the steps gap against H (H=5, 10 not overlapped; H=20 P=2 τ=10 overlapped)
-    *[Row(f"diloco-h{h}", f"DiLoCo H={h}", f"diloco:inner_steps={h}", period=h, overlap="none") for h in (5, 10)],
+    # the steps gap against H (H=5, 10, 40 not overlapped; H=20 P=2 τ=10 overlapped)
+    *[Row(f"diloco-h{h}", f"DiLoCo H={h}", f"diloco:inner_steps={h}", period=h, overlap="none") for h in (5, 10, 40)],
     Row("streaming-h20-p2", "Streaming DiLoCo H=20 P=2 τ=10 fp16",
         "streaming-diloco:inner_steps=20,fragments=2,overlap=10,alpha=0.5",
         dict(compressor="fp16"), period=10, overlap="tau:10"),
