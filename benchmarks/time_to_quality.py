@@ -141,6 +141,9 @@ ROWS = [
         dict(compressor="fp16"), period=10, overlap="tau:10"),
     # the steps gap against H (H=5, 10, 40 not overlapped; H=20 P=2 τ=10 overlapped)
     *[Row(f"diloco-h{h}", f"DiLoCo H={h}", f"diloco:inner_steps={h}", period=h, overlap="none") for h in (5, 10, 40)],
+    # the outer momentum: η/(1-μ) = 3.5 at μ = 0.8, 2.3 at 0.7 (the papers' 0.9: 7)
+    *[Row(f"diloco-mu{mu:g}", f"DiLoCo H={H}, outer momentum {mu:g}", f"diloco:inner_steps={H},outer_momentum={mu:g}",
+          period=H, overlap="none") for mu in (0.7, 0.8)],
     Row("streaming-h20-p2", "Streaming DiLoCo H=20 P=2 τ=10 fp16",
         "streaming-diloco:inner_steps=20,fragments=2,overlap=10,alpha=0.5",
         dict(compressor="fp16"), period=10, overlap="tau:10"),
