@@ -28,7 +28,8 @@ from time_to_quality import (
 GRADWIRE_ROWS = ("gw-powersgd", "gw-qsgd", "local-adamw", "diloco", "streaming", "streaming-h40", "diloco-h5-anneal",
                  "diloco-h10-anneal", "diloco-h20-anneal", "streaming-h40-anneal", "streaming-h40-eager", "diloco-h5",
                  "diloco-h10", "diloco-h40", "streaming-h20-p2", "diloco-mu0.7",
-                 "diloco-mu0.8", "diloco-eta0.35", "diloco-eta0.5", "diloco-eta1")
+                 "diloco-mu0.8", "diloco-eta0.35", "diloco-eta0.5", "diloco-eta1",
+                 "streaming-mu0.8")
 TORCH_ROWS = ("ddp-bf16", "ddp-accum2", "ddp-accum4", "ddp-accum8", "torch-powersgd")
 
 

@@ -20,7 +20,9 @@ ramps μ from 0 over the first W rounds (default 10; docs/diloco.md, "From a ran
 Under a decaying --lr-schedule the inner steps shrink but a constant outer step still multiplies their
 average by about η/(1-μ); ``outer_schedule=inner`` gives the round sent after inner step t the outer
 rate η_t = η f(t-1), f the schedule's factor of that round's last inner update, so the outer step
-warms up and anneals with the inner one (docs/diloco.md, "Annealing the outer step").
+warms up and anneals with the inner one. The averaged change already shrinks with the inner rate,
+so this anneals θ's movement twice (∝ f²): on stdlib-lm it learned worse than the constant outer rate
+(docs/diloco.md, "Annealing the outer step"), hence the default ``constant``.
 θ changes only at round ends, so evaluations move onto them (``evaluates_at``). The outer gradients go
 through gradwire's averager: ``--compressor`` (with ``--error-feedback``, one residual per fragment)
 compresses them as it compresses gradients elsewhere.
