@@ -146,6 +146,12 @@ ROWS = [
           period=H, overlap="none") for eta in (0.35, 0.5, 1.0)],
     *[Row(f"diloco-mu{mu:g}", f"DiLoCo H={H}, outer momentum {mu:g}", f"diloco:inner_steps={H},outer_momentum={mu:g}",
           period=H, overlap="none") for mu in (0.7, 0.8)],
+    # at μ = 0.8: the outer lr's neighbours, and H = 40
+    *[Row(f"diloco-mu0.8-eta{eta:g}", f"DiLoCo H={H}, outer lr {eta:g}, momentum 0.8",
+          f"diloco:inner_steps={H},outer_lr={eta:g},outer_momentum=0.8", period=H, overlap="none")
+      for eta in (0.5, 1.0)],
+    Row("diloco-h40-mu0.8", "DiLoCo H=40, outer momentum 0.8", "diloco:inner_steps=40,outer_momentum=0.8", period=40,
+        overlap="none"),
     Row("streaming-mu0.8", f"Streaming DiLoCo H={H} P=4 τ=2 fp16, outer momentum 0.8",
         f"streaming-diloco:inner_steps={H},fragments=4,overlap=2,alpha=0.5,outer_momentum=0.8",
         dict(compressor="fp16"), period=H // 4, overlap="tau:2"),
