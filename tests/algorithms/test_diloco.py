@@ -246,6 +246,8 @@ SPECS = [
     ("streaming-diloco:inner_steps=3,fragments=3,overlap=3,alpha=0.5", dict(compressor="qsgd:levels=8,bucket=64",
                                                                     error_feedback=True)),
     ("streaming-diloco:inner_steps=4,fragments=2,overlap=1", dict(compressor="fp16")),
+    # the outer rate of a round in flight across the resume comes from its start step
+    ("streaming-diloco:inner_steps=4,fragments=2,overlap=2,outer_schedule=inner", dict(lr_schedule=COSINE)),
 ]
 
 
