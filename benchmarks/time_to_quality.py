@@ -130,6 +130,34 @@ ROWS = [
     Row("streaming-h40", "Streaming DiLoCo H=40 P=4 τ=10 fp16",
         "streaming-diloco:inner_steps=40,fragments=4,overlap=10,alpha=0.5",
         dict(compressor="fp16"), period=10, overlap="tau:10"),
+    # the outer rate annealed with the inner one (outer_schedule=inner: η f(t-1) at the round after step t)
+    *[Row(f"diloco-h{h}-anneal", f"DiLoCo H={h}, outer rate annealed", f"diloco:inner_steps={h},outer_schedule=inner",
+          period=h, overlap="none") for h in (5, 10, 20)],
+    Row("streaming-h40-anneal", "Streaming DiLoCo H=40 P=4 τ=10 fp16, outer rate annealed",
+        "streaming-diloco:inner_steps=40,fragments=4,overlap=10,alpha=0.5,outer_schedule=inner",
+        dict(compressor="fp16"), period=10, overlap="tau:10"),
+    Row("streaming-h40-eager", "Streaming DiLoCo H=40 P=4 τ=10 fp16, eager",
+        "streaming-diloco:inner_steps=40,fragments=4,overlap=10,eager=true",
+        dict(compressor="fp16"), period=10, overlap="tau:10"),
+    # the steps gap against H (H=5, 10, 40 not overlapped; H=20 P=2 τ=10 overlapped)
+    *[Row(f"diloco-h{h}", f"DiLoCo H={h}", f"diloco:inner_steps={h}", period=h, overlap="none") for h in (5, 10, 40)],
+    # the outer rate and momentum: η/(1-μ) = 3.5, 5, 10 at η = 0.35, 0.5, 1; 3.5 at μ = 0.8, 2.3 at 0.7 (papers': 7)
+    *[Row(f"diloco-eta{eta:g}", f"DiLoCo H={H}, outer lr {eta:g}", f"diloco:inner_steps={H},outer_lr={eta:g}",
+          period=H, overlap="none") for eta in (0.35, 0.5, 1.0)],
+    *[Row(f"diloco-mu{mu:g}", f"DiLoCo H={H}, outer momentum {mu:g}", f"diloco:inner_steps={H},outer_momentum={mu:g}",
+          period=H, overlap="none") for mu in (0.7, 0.8)],
+    # at μ = 0.8: the outer lr's neighbours, and H = 40
+    *[Row(f"diloco-mu0.8-eta{eta:g}", f"DiLoCo H={H}, outer lr {eta:g}, momentum 0.8",
+          f"diloco:inner_steps={H},outer_lr={eta:g},outer_momentum=0.8", period=H, overlap="none")
+      for eta in (0.5, 1.0)],
+    Row("diloco-h40-mu0.8", "DiLoCo H=40, outer momentum 0.8", "diloco:inner_steps=40,outer_momentum=0.8", period=40,
+        overlap="none"),
+    Row("streaming-mu0.8", f"Streaming DiLoCo H={H} P=4 τ=2 fp16, outer momentum 0.8",
+        f"streaming-diloco:inner_steps={H},fragments=4,overlap=2,alpha=0.5,outer_momentum=0.8",
+        dict(compressor="fp16"), period=H // 4, overlap="tau:2"),
+    Row("streaming-h20-p2", "Streaming DiLoCo H=20 P=2 τ=10 fp16",
+        "streaming-diloco:inner_steps=20,fragments=2,overlap=10,alpha=0.5",
+        dict(compressor="fp16"), period=10, overlap="tau:10"),
 ]
 ROW = {r.key: r for r in ROWS}
 
@@ -678,6 +706,23 @@ def tune(row: Row, n_steps: int, workers: int, out: Path) -> dict:
     return result
 
 
+def screen(row: Row, lrs: list[float], n_steps: int, workers: int, out: Path) -> dict:
+    """Trials of ``row`` at the given rates only, outside the walk (``tune``): the settings screened
+    at one inner rate. Recorded in out/screening/<row>.json, never as the row's chosen rate."""
+    horizon = schedule(row, n_steps)[1]
+    evaluate_from = (n_steps - LAST * EVAL_EVERY) // row.micro_batches
+    path = out / "screening" / f"{row.key}.json"
+    result = json.loads(path.read_text()) if path.exists() else {"row": row.key, "algorithm": row.algorithm,
+                                                                 "trials": {}}
+    for lr in lrs:
+        c = train(row, lr, TUNING_SEED, workers, n_steps, horizon, out, evaluate_from=evaluate_from)
+        finite = c["status"] != "diverged" and all(math.isfinite(v) for v in c["losses"])
+        result["trials"][f"{lr:g}"] = target_quality(c["steps"], c["losses"], horizon) if finite else float("nan")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def ddp_target(out: Path, lrs: dict, workers: int, seeds, n_steps: int) -> float | None:
     """The target at ``workers``: DDP's quality at N averaged over the seeds; None until every
     seed's DDP curve has passed N."""
@@ -693,7 +738,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default=",".join(r.key for r in ROWS))
     p.add_argument("--n-steps", type=int, default=N_STEPS, help="N: DDP's steps; every row may run 2N")
     p.add_argument("--torch-rank", type=int, default=TORCH_POWERSGD_RANK, help="torch stage: PowerSGD rank")
-    p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0)")
+    p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0); tune "
+                   "stage: only these trials, outside the walk (screening/<row>.json)")
     add_run_flags(p, only=("out", "workers", "seed"), sweep=("workers", "seed"),
                   defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS)})
     args, _ = parse_run_args(p, argv)
@@ -703,6 +749,9 @@ def main(argv=None) -> int:
     workers, seeds, n = args.workers, args.seeds, args.n_steps
     if args.stage == "tune":
         for row in rows:
+            if args.lrs:
+                print(json.dumps(screen(row, [float(x) for x in args.lrs.split(",")], n, workers[0], out)), flush=True)
+                continue
             tune(row, n, workers[0], out)
         load_tuning(out)
         return 0

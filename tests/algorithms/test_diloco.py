@@ -3,6 +3,7 @@ the reductions to synchronous SGD and to each other, the outer loop against a re
 the papers with torch.optim.SGD (Nesterov), the fragments' schedule, compressed outer
 gradients, and checkpoints that resume bitwise."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,23 @@ def test_streaming_diloco_with_one_fragment_and_no_overlap_is_diloco(make_config
     assert diloco.clock.now == streaming.clock.now and diloco.transport.bytes_sent == streaming.transport.bytes_sent
 
 
+COSINE = "cosine:warmup=3,min_ratio=0.1"  # over the 12-step horizon; the reference runs 24 steps, past it
+
+
+def cosine_factor(update: int, horizon: int = 12, warmup: int = 3, floor: float = 0.1) -> float:
+    """COSINE's factor of update ``update`` (0-based), written from its definition: linear warm-up
+    (update k < W at (k+1)/W), then floor + (1 - floor)(1 + cos(π p))/2, p = (k - W)/(T - W) capped at 1."""
+    if update < warmup:
+        return (update + 1) / warmup
+    progress = min(1.0, (update - warmup) / (horizon - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 @pytest.mark.parametrize("spec", [
     "diloco:inner_steps=3,inner=adamw",  # the outer Nesterov step, momentum 0.9, lr 0.7
+    f"diloco:inner_steps=3,inner=adamw,outer_schedule=inner|{COSINE}",  # η f(t-1): warm-up, cosine, floor
+    f"diloco:inner_steps=2,inner=sgd,outer_lr=0.5,outer_momentum=0.6,outer_warmup=2,outer_schedule=inner|{COSINE}",
+    f"streaming-diloco:inner_steps=4,fragments=2,overlap=1,alpha=0.5,outer_schedule=inner|{COSINE}",
     "diloco:inner_steps=2,inner=sgd,outer_lr=0.5,outer_momentum=0.6",
     "streaming-diloco:inner_steps=4,fragments=2,overlap=1,alpha=0.5,inner=sgd",
     "streaming-diloco:inner_steps=4,fragments=3,overlap=2,alpha=0.3,inner=adamw",  # α not 1/2: the merge's sides
@@ -136,8 +152,11 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
     average arrives τ steps later, θ_p takes a step of torch.optim.SGD with Nesterov momentum
     (Douillard et al. 2023: the outer optimizer) on Δ, and every replica merges x_{i,p} <- α x_{i,p}
     + (1 - α) θ_p (Douillard et al. 2025). The inner steps are gradwire's own (tested against
-    torch.optim.AdamW above): the reference takes the replicas after each inner step as given."""
-    r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3))
+    torch.optim.AdamW above): the reference takes the replicas after each inner step as given. With
+    ``outer_schedule=inner`` (after ``|``: the run's --lr-schedule) the round sent after step t steps at
+    outer rate η f(t - 1), f the schedule's factor of that round's last inner update."""
+    spec, _, schedule = spec.partition("|")
+    r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3, lr_schedule=schedule or "constant"))
     alg = r.algorithm
     h, fragments, tau, alpha = alg.inner_steps, alg.fragments, alg.overlap, alg.alpha
     bounds = [p * alg.theta.numel() // fragments for p in range(fragments + 1)]
@@ -159,7 +178,10 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
 
     def merge(p, x):
         a, b = ranges[p]
-        theta[p].grad = sent.pop(p)[0].clone()
+        delta, sent_at = sent.pop(p)
+        theta[p].grad = delta.clone()
+        if alg.outer_schedule == "inner":
+            outer[p].param_groups[0]["lr"] = alg.outer_lr * cosine_factor(sent_at - 1)
         if alg.outer_warmup:  # the ramp: round k's momentum is μ min(1, k / W)
             outer[p].param_groups[0]["momentum"] = alg.outer_momentum * min(1.0, rounds[p] / alg.outer_warmup)
         rounds[p] += 1
@@ -224,6 +246,8 @@ SPECS = [
     ("streaming-diloco:inner_steps=3,fragments=3,overlap=3,alpha=0.5", dict(compressor="qsgd:levels=8,bucket=64",
                                                                     error_feedback=True)),
     ("streaming-diloco:inner_steps=4,fragments=2,overlap=1", dict(compressor="fp16")),
+    # the outer rate of a round in flight across the resume comes from its start step
+    ("streaming-diloco:inner_steps=4,fragments=2,overlap=2,outer_schedule=inner", dict(lr_schedule=COSINE)),
 ]
 
 
@@ -285,3 +309,23 @@ def test_diloco_runs_on_the_device(make_config, device):
     for entry in resumed.algorithm.in_flight.values():
         assert all(t.device.type == device.type for t in entry["payloads"].values())
     resumed.train_step()
+
+
+def test_outer_schedule_follows_the_inner_rate_and_is_inert_under_a_constant_schedule(make_config):
+    """outer_schedule=inner: the outer rate of the round sent after step t is η f(t - 1) (COSINE's warm-up
+    and decay, then its floor past the horizon); under the constant schedule the outer steps are those
+    of outer_schedule=constant, bit for bit."""
+    alg = Run(make_config(algorithm="diloco:inner_steps=2,outer_schedule=inner", lr=0.01, lr_schedule=COSINE)).algorithm
+    assert [alg.outer_lr_at(t) for t in (1, 2, 3, 12, 20)] == pytest.approx(
+        [0.7 / 3, 0.7 * 2 / 3, 0.7, 0.7 * 0.1 + 0.7 * 0.9 * 0.5 * (1 + math.cos(math.pi * 8 / 9)), 0.07])
+    annealed = trajectory(make_config(algorithm="diloco:inner_steps=2,outer_schedule=inner", lr=0.01))
+    constant = trajectory(make_config(algorithm="diloco:inner_steps=2", lr=0.01))
+    assert all(torch.equal(a, b) for a, b in zip(annealed, constant))
+    scheduled = trajectory(make_config(algorithm="diloco:inner_steps=2", lr=0.01, lr_schedule=COSINE))
+    both = trajectory(make_config(algorithm="diloco:inner_steps=2,outer_schedule=inner", lr=0.01, lr_schedule=COSINE))
+    assert not torch.equal(scheduled[-1], both[-1])
+
+
+def test_outer_schedule_names_its_choices(make_config):
+    with pytest.raises(Exception, match="outer_schedule='cosine': valid choices are constant, inner"):
+        Run(make_config(algorithm="diloco:outer_schedule=cosine"))

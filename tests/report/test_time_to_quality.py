@@ -167,3 +167,19 @@ def test_pytorchs_run_follows_the_same_schedule_and_stays_at_its_floor_past_the_
         opt.step()
         schedule.step()
     assert rate.at(39) == pytest.approx(0.0004)
+
+
+def test_every_row_is_a_valid_spec_and_its_overlap_matches_its_algorithm(ttq):
+    """Each row's algorithm spec builds (a renamed parameter would otherwise surface only after
+    minutes of training), and a row modelled as hiding τ steps behind compute does overlap by τ."""
+    from gradwire.algorithms.base import ALGORITHMS
+    from gradwire.spec import parse_spec
+
+    for row in ttq.ROWS:
+        alg = ALGORITHMS.build(row.algorithm)
+        if row.overlap.startswith("tau:"):
+            assert alg.overlap == int(row.overlap.split(":")[1]), row.key
+            assert row.period == alg.inner_steps // alg.fragments, row.key
+        name, params = parse_spec(row.algorithm)
+        if "anneal" in row.key:
+            assert params.get("outer_schedule") == "inner", row.key

@@ -17,6 +17,12 @@ SGD; with also H = 1 and plain SGD inside it is synchronous SGD, and with one wo
 optimizer alone (both tested). From a random start the papers' outer step (η = 0.7, μ = 0.9: θ moves
 about η/(1-μ) = 7 times the averaged change) overshoots in the first rounds; ``outer_warmup=W``
 ramps μ from 0 over the first W rounds (default 10; docs/diloco.md, "From a random start").
+Under a decaying --lr-schedule the inner steps shrink but a constant outer step still multiplies their
+average by about η/(1-μ); ``outer_schedule=inner`` gives the round sent after inner step t the outer
+rate η_t = η f(t-1), f the schedule's factor of that round's last inner update, so the outer step
+warms up and anneals with the inner one. The averaged change already shrinks with the inner rate,
+so this anneals θ's movement twice (∝ f²): on stdlib-lm it learned worse than the constant outer rate
+(docs/diloco.md, "Annealing the outer step"), hence the default ``constant``.
 θ changes only at round ends, so evaluations move onto them (``evaluates_at``). The outer gradients go
 through gradwire's averager: ``--compressor`` (with ``--error-feedback``, one residual per fragment)
 compresses them as it compresses gradients elsewhere.
@@ -78,12 +84,13 @@ from dataclasses import replace
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
-from gradwire.algorithms.optim import AdamW, HeavyBall, require_sgd
+from gradwire.algorithms.optim import AdamW, HeavyBall, ScheduledRate, require_sgd
 from gradwire.algorithms.placement import on_device, outer_copy
 from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan
 from gradwire.spec import require
 
 INNER_CHOICES = ("adamw", "sgd")
+OUTER_SCHEDULES = ("constant", "inner")
 
 def outer_momentum_at(momentum: float, warmup: int, round_index: int) -> float:
     """μ of outer round ``round_index`` (0-based): ramped linearly from 0 over ``warmup`` rounds,
@@ -94,11 +101,14 @@ def outer_momentum_at(momentum: float, warmup: int, round_index: int) -> float:
     return momentum * min(1.0, round_index / warmup)
 
 
-def outer_step(outer: HeavyBall, outer_gradient, momentum: float, warmup: int) -> None:
+def outer_step(outer: HeavyBall, outer_gradient, momentum: float, warmup: int, lr: float | None = None) -> None:
     """One Nesterov SGD step of the outer optimizer ``outer``; its round count (in its state, so in
-    the checkpoint) decides the momentum of the warm-up ramp. Every DiLoCo-family outer loop steps here."""
+    the checkpoint) decides the momentum of the warm-up ramp; ``lr``, when given, is this round's outer
+    rate (``outer_schedule=inner``), else the constant η. Every DiLoCo-family outer loop steps here."""
     if warmup and momentum:
         outer.cfg = replace(outer.cfg, momentum=outer_momentum_at(momentum, warmup, outer.steps))
+    if lr is not None:
+        outer.rate.base = lr  # the outer optimizer's schedule is constant: its rate is this base
     outer.apply(outer_gradient)
 
 
@@ -111,6 +121,9 @@ DILOCO_PARAMS = {
     "outer_warmup": "W >= 0 outer rounds over which the outer momentum ramps linearly from 0 to outer_momentum "
                     "(round k uses μ·min(1, k/W); 0 = the papers' constant μ): the first rounds, whose changes are "
                     "the largest, are not amplified by η/(1-μ) (docs/diloco.md)",
+    "outer_schedule": "constant: every round at η; inner: η times the --lr-schedule factor of the round's last inner "
+                      "update, so the outer step anneals with the inner rate and η/(1-μ) times the averaged change "
+                      "shrinks with it (docs/diloco.md, \"Annealing the outer step\")",
     "inner": "inner optimizer: adamw (lr from --lr; paper) or sgd (--lr, --momentum, --nesterov, --weight-decay)",
     "beta1": "inner AdamW β1 (paper: 0.9)",
     "beta2": "inner AdamW β2 (paper: 0.95)",
@@ -145,12 +158,14 @@ class StreamingDiLoCo(Algorithm):
     def __init__(self, *, inner_steps: int = 20, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
                  eps: float = 1e-8, weight_decay: float = 0.1, fragments: int = 4, overlap: int = 1,
-                 alpha: float = 0.0, eager: bool = False):
+                 alpha: float = 0.0, eager: bool = False, outer_schedule: str = "constant"):
         require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
         require(math.isfinite(outer_lr) and outer_lr > 0, f"outer_lr must be a finite number > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
         require(outer_warmup >= 0, f"outer_warmup must be >= 0 (outer rounds of momentum ramp), got {outer_warmup}")
         require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
+        require(outer_schedule in OUTER_SCHEDULES,
+                f"outer_schedule={outer_schedule!r}: valid choices are {', '.join(OUTER_SCHEDULES)}")
         require(0 <= beta1 < 1, f"beta1 must be in [0, 1), got {beta1}")
         require(0 <= beta2 < 1, f"beta2 must be in [0, 1), got {beta2}")
         require(math.isfinite(eps) and eps > 0, f"eps must be a finite number > 0, got {eps}")
@@ -173,6 +188,7 @@ class StreamingDiLoCo(Algorithm):
         self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
         self.fragments, self.overlap, self.alpha = fragments, overlap, alpha
         self.eager = bool(eager)
+        self.outer_schedule = outer_schedule
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -195,6 +211,8 @@ class StreamingDiLoCo(Algorithm):
         self.ranges = [(bounds[p], bounds[p + 1]) for p in range(p_count)]
         self.offsets = [p * self.inner_steps // p_count for p in range(p_count)]
         outer = OptimConfig(lr=self.outer_lr, momentum=self.outer_momentum, nesterov=self.outer_momentum > 0)
+        # outer_schedule=inner: the inner --lr-schedule's factor by update (1 under the constant schedule)
+        self.schedule = ScheduledRate(1.0, optim.lr_schedule, optim.horizon) if self.outer_schedule == "inner" else None
         self.outer = [HeavyBall(self.theta[a:b], outer) for a, b in self.ranges]  # views into θ
         self.averager = make_averager(on_device(ctx, self.theta.device), codec, default=self.default_compressor)
         self.in_flight: dict[int, dict] = {}  # fragment -> {"started_at", "payloads", "handle"}
@@ -263,7 +281,7 @@ class StreamingDiLoCo(Algorithm):
         self.in_flight[p] = {"started_at": step, "payloads": self.averager.payloads(deltas, key=f"fragment{p}")}
         self._start_collective(ctx, p)
         for r, proxy in (proxies or {}).items():  # eager: the outer step at once, on the proxy
-            outer_step(self.eager_outer[r][p], proxy, self.outer_momentum, self.outer_warmup)
+            outer_step(self.eager_outer[r][p], proxy, self.outer_momentum, self.outer_warmup, self.outer_lr_at(step))
             self.replicas.x[r][a:b].copy_(self.thetas[r][a:b])
 
     def _start_collective(self, ctx, p: int) -> None:
@@ -284,7 +302,7 @@ class StreamingDiLoCo(Algorithm):
                 own = self.averager.decode_payload(entry["payloads"][r], outer_gradient)
                 self.others[r][a:b] = outer_gradient - own / ctx.world_size
             return
-        self._outer_step(p, outer_gradient)
+        self._outer_step(p, outer_gradient, entry["started_at"])
         theta = self.theta[a:b]
         for x in self.replicas.x.values():
             x[a:b].lerp_(theta.to(x.device), 1 - self.alpha)  # exact copy of θ_p at α = 0 (lerp: exact at 1)
@@ -292,8 +310,14 @@ class StreamingDiLoCo(Algorithm):
     def outer_momentum_at(self, round_index: int) -> float:
         return outer_momentum_at(self.outer_momentum, self.outer_warmup, round_index)
 
-    def _outer_step(self, p: int, outer_gradient) -> None:
-        outer_step(self.outer[p], outer_gradient, self.outer_momentum, self.outer_warmup)
+    def outer_lr_at(self, step: int) -> float | None:
+        """The outer rate of the round sent after inner step ``step`` (1-based): None (the constant η)
+        unless ``outer_schedule=inner``, then η f(step - 1), f the --lr-schedule's factor of that
+        round's last inner update (update ``step - 1``, 0-based), the rate its inner steps ended at."""
+        return None if self.schedule is None else self.outer_lr * self.schedule.at(step - 1)
+
+    def _outer_step(self, p: int, outer_gradient, step: int) -> None:
+        outer_step(self.outer[p], outer_gradient, self.outer_momentum, self.outer_warmup, self.outer_lr_at(step))
 
     def round_ends(self, step: int) -> bool:
         """Whether every fragment has merged the round that ends after inner step ``step``: the
@@ -348,10 +372,10 @@ class DiLoCo(StreamingDiLoCo):
 
     def __init__(self, *, inner_steps: int = 10, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
-                 eps: float = 1e-8, weight_decay: float = 0.1):
+                 eps: float = 1e-8, weight_decay: float = 0.1, outer_schedule: str = "constant"):
         super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                          outer_warmup=outer_warmup, inner=inner, beta1=beta1, beta2=beta2, eps=eps,
-                         weight_decay=weight_decay, fragments=1, overlap=0, alpha=0.0)
+                         weight_decay=weight_decay, fragments=1, overlap=0, alpha=0.0, outer_schedule=outer_schedule)
 
     def setup_info(self):
         return {}
