@@ -2,6 +2,8 @@
 
 import pickle
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -138,6 +140,37 @@ def test_digits_scaled_and_split_stratified(data_dir):
     assert torch.bincount(task.y_test, minlength=10).min() >= 35  # about 36 per class
     again = build_task("digits-logreg", num_workers=1, seed=0, data_dir=data_dir)
     assert torch.equal(task.x_test, again.x_test)  # fixed split, independent of the run seed
+
+
+def test_digits_split_is_built_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    first = datasets.load_digits_split(tmp_path)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 1 and files[0].startswith("digits-") and files[0].endswith(".npz")  # no temp file
+
+    fresh = datasets._split_digits()
+
+    def fail():
+        raise AssertionError("the cache should have been read")
+
+    monkeypatch.setattr(datasets, "_split_digits", fail)
+    again = datasets.load_digits_split(tmp_path)
+    for key in ("x", "y", "x_test", "y_test"):  # the cached arrays are the split, to the bit and dtype
+        assert again[key].dtype == fresh[key].dtype and np.array_equal(again[key], fresh[key])
+    assert first["x"].dtype == np.float64 and first["y"].dtype.kind == "i" and len(first["x"]) == 1437
+
+
+@pytest.mark.multiprocess
+def test_a_task_read_from_the_cache_imports_neither_its_data_package_nor_matplotlib(data_dir):
+    """mnist1d.data imports matplotlib and requests (1.3 s) and the digits loader all of scikit-learn
+    (1.1 s): every process of a run paid them before the caches were read without them."""
+    for name in ("mnist1d-mlp", "digits-logreg"):
+        build_task(name, num_workers=1, seed=0, data_dir=data_dir)  # the cache exists from here on
+    code = ("import sys; from gradwire.tasks import build_task; "
+            f"[build_task(n, num_workers=2, seed=0, data_dir={str(data_dir)!r}) "
+            "for n in ('mnist1d-mlp', 'digits-logreg')]; "
+            "print(sorted(m for m in ('mnist1d', 'sklearn', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_task_pickles(data_dir):

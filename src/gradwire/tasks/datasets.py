@@ -3,7 +3,12 @@
 MNIST-1D (Greydanus, 2020, "Scaling down deep learning", arXiv:2011.14439) is *generated* by the
 ``mnist1d`` package from its default arguments (seed 42 of its own), so it is the standard data set
 whatever the run seed; we never call its downloader. Generation takes about a second, so the arrays
-are cached as ``.npz`` under ``data_dir``, keyed on the generator arguments and package version.
+are cached as ``.npz`` under ``data_dir``, keyed on the package version (its default arguments are
+the package's own). The digits split is cached the same way, keyed on scikit-learn's version.
+
+Reading a cache imports neither package: ``mnist1d.data`` imports matplotlib and requests (1.3 s)
+and scikit-learn's digits loader all of scikit-learn (1.1 s), which every process of a run paid
+before, most of its start-up after torch itself.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch
 from gradwire.tasks.base import TASKS, Task, TaskContext, cross_entropy
 from gradwire.tasks.models import mlp, mnist1d_cnn
 
-_MNIST1D_KEYS = ("x", "y", "x_test", "y_test")
+_ARRAY_KEYS = ("x", "y", "x_test", "y_test")
 
 
 @contextlib.contextmanager
@@ -44,35 +49,37 @@ def _generate_mnist1d() -> dict[str, np.ndarray]:
 
     with _global_rng_untouched():
         data = make_dataset(get_dataset_args())
-    return {k: np.asarray(data[k]) for k in _MNIST1D_KEYS}
+    return {k: np.asarray(data[k]) for k in _ARRAY_KEYS}
+
+
+def cache_path(data_dir: str | Path, name: str, package: str, what: str) -> Path:
+    """Cache file of data set ``name`` built by ``package`` (``what``: how it is built from it);
+    another version of the package gets another file. Reads the version from the package's metadata,
+    without importing it."""
+    key = json.dumps({"package": package, "version": metadata.version(package), "what": what}, sort_keys=True)
+    return Path(data_dir) / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.npz"
 
 
 def mnist1d_cache_path(data_dir: str | Path) -> Path:
-    """Cache file for the default MNIST-1D arguments; a new mnist1d version gets a new file."""
-    from mnist1d.data import get_dataset_args
-
-    args = get_dataset_args(as_dict=True)
-    args.pop("url", None)  # where the pickle could be downloaded from: not part of the data
-    key = json.dumps({"args": args, "version": metadata.version("mnist1d")}, sort_keys=True)
-    return Path(data_dir) / f"mnist1d-{hashlib.sha256(key.encode()).hexdigest()[:12]}.npz"
+    """Cache file for MNIST-1D at the package's default arguments."""
+    return cache_path(data_dir, "mnist1d", "mnist1d", "make_dataset(get_dataset_args())")
 
 
-def load_mnist1d(data_dir: str | Path) -> dict[str, np.ndarray]:
-    """The MNIST-1D arrays (x, y, x_test, y_test), generated once and then read from the cache."""
-    path = mnist1d_cache_path(data_dir)
+def cached_arrays(path: Path, build) -> dict[str, np.ndarray]:
+    """The arrays x, y, x_test, y_test read from ``path``, or ``build()`` and written there first."""
     if path.exists():
         try:
             with np.load(path, allow_pickle=False) as f:
-                data = {k: f[k] for k in _MNIST1D_KEYS}
+                data = {k: f[k] for k in _ARRAY_KEYS}
             if len(data["x"]) == len(data["y"]) and len(data["x_test"]) == len(data["y_test"]):
                 return data
         except (OSError, KeyError, ValueError):
             pass  # unreadable cache: regenerate and overwrite it
-    data = _generate_mnist1d()
+    data = build()
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write a temporary file and rename it: concurrent builders (one per process under
     # torch.distributed) never see a half-written cache, and the last rename wins harmlessly.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".mnist1d-", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **data)
@@ -82,6 +89,11 @@ def load_mnist1d(data_dir: str | Path) -> dict[str, np.ndarray]:
             os.unlink(tmp)
         raise
     return data
+
+
+def load_mnist1d(data_dir: str | Path) -> dict[str, np.ndarray]:
+    """The MNIST-1D arrays (x, y, x_test, y_test), generated once and then read from the cache."""
+    return cached_arrays(mnist1d_cache_path(data_dir), _generate_mnist1d)
 
 
 def _classification_task(name: str, data: dict[str, np.ndarray], model_fn, dtype: torch.dtype) -> Task:
@@ -129,9 +141,15 @@ def mnist1d_cnn_task(*, _ctx: TaskContext) -> Task:
     return _classification_task("mnist1d-cnn", load_mnist1d(_ctx.data_dir), model_fn, _ctx.dtype)
 
 
-def load_digits_split() -> dict[str, np.ndarray]:
+def load_digits_split(data_dir: str | Path) -> dict[str, np.ndarray]:
     """scikit-learn's bundled 8x8 digits (1797 images, offline), pixels scaled from 0..16 to [0, 1],
-    split 80/20, stratified by label, with the fixed seed 0 (the same split for every run)."""
+    split 80/20, stratified by label, with the fixed seed 0 (the same split for every run); built
+    once, then read from the cache."""
+    path = cache_path(data_dir, "digits", "scikit-learn", "load_digits, /16, train_test_split 0.2 seed 0 stratified")
+    return cached_arrays(path, _split_digits)
+
+
+def _split_digits() -> dict[str, np.ndarray]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -145,10 +163,10 @@ def load_digits_split() -> dict[str, np.ndarray]:
 @TASKS.register("digits-logreg", help="sklearn 8x8 digits (64 features), logistic regression Linear(64,10)")
 def digits_logreg(*, _ctx: TaskContext) -> Task:
     model_fn = partial(mlp, sizes=(64, 10), dtype=_ctx.dtype)
-    return _classification_task("digits-logreg", load_digits_split(), model_fn, _ctx.dtype)
+    return _classification_task("digits-logreg", load_digits_split(_ctx.data_dir), model_fn, _ctx.dtype)
 
 
 @TASKS.register("digits-mlp", help="sklearn 8x8 digits (64 features), MLP 64-64-10 ReLU")
 def digits_mlp(*, _ctx: TaskContext) -> Task:
     model_fn = partial(mlp, sizes=(64, 64, 10), dtype=_ctx.dtype)
-    return _classification_task("digits-mlp", load_digits_split(), model_fn, _ctx.dtype)
+    return _classification_task("digits-mlp", load_digits_split(_ctx.data_dir), model_fn, _ctx.dtype)
