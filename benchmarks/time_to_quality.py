@@ -107,6 +107,17 @@ class Row:
 
 
 H = 20
+def diloco_row(key: str, label: str, keys: str, h: int) -> Row:
+    """A DiLoCo row of period H, not overlapped: ``keys`` are diloco's spec keys."""
+    return Row(key, label, f"diloco:{keys}", period=h, overlap="none")
+
+
+def streaming_row(key: str, label: str, keys: str, *, period: int, tau: int) -> Row:
+    """A Streaming DiLoCo row with fp16 fragments, a fragment's allreduce every ``period`` steps,
+    overlapped with τ inner steps: ``keys`` are streaming-diloco's spec keys."""
+    return Row(key, label, f"streaming-diloco:{keys}", dict(compressor="fp16"), period=period, overlap=f"tau:{tau}")
+
+
 ROWS = [
     Row("ddp", "DDP (AdamW)", "sync", ADAMW),
     Row("ddp-bf16", "DDP + bf16 cast", "sync", ADAMW | dict(compressor="bf16")),
@@ -124,40 +135,32 @@ ROWS = [
     Row("local-adamw", f"local AdamW, averaged every {H}", f"diloco:inner_steps={H},outer_lr=1,outer_momentum=0,"
         "outer_warmup=0", period=H, overlap="none"),
     Row("diloco", f"DiLoCo H={H}", f"diloco:inner_steps={H}", period=H, overlap="none"),
-    Row("streaming", f"Streaming DiLoCo H={H} P=4 τ=2 fp16",
-        f"streaming-diloco:inner_steps={H},fragments=4,overlap=2,alpha=0.5",
-        dict(compressor="fp16"), period=H // 4, overlap="tau:2"),
-    Row("streaming-h40", "Streaming DiLoCo H=40 P=4 τ=10 fp16",
-        "streaming-diloco:inner_steps=40,fragments=4,overlap=10,alpha=0.5",
-        dict(compressor="fp16"), period=10, overlap="tau:10"),
+    streaming_row("streaming", f"Streaming DiLoCo H={H} P=4 τ=2 fp16",
+                  f"inner_steps={H},fragments=4,overlap=2,alpha=0.5", period=H // 4, tau=2),
+    streaming_row("streaming-h40", "Streaming DiLoCo H=40 P=4 τ=10 fp16",
+                  "inner_steps=40,fragments=4,overlap=10,alpha=0.5", period=10, tau=10),
     # the outer rate annealed with the inner one (outer_schedule=inner: η f(t-1) at the round after step t)
-    *[Row(f"diloco-h{h}-anneal", f"DiLoCo H={h}, outer rate annealed", f"diloco:inner_steps={h},outer_schedule=inner",
-          period=h, overlap="none") for h in (5, 10, 20)],
-    Row("streaming-h40-anneal", "Streaming DiLoCo H=40 P=4 τ=10 fp16, outer rate annealed",
-        "streaming-diloco:inner_steps=40,fragments=4,overlap=10,alpha=0.5,outer_schedule=inner",
-        dict(compressor="fp16"), period=10, overlap="tau:10"),
-    Row("streaming-h40-eager", "Streaming DiLoCo H=40 P=4 τ=10 fp16, eager",
-        "streaming-diloco:inner_steps=40,fragments=4,overlap=10,eager=true",
-        dict(compressor="fp16"), period=10, overlap="tau:10"),
+    *[diloco_row(f"diloco-h{h}-anneal", f"DiLoCo H={h}, outer rate annealed", f"inner_steps={h},outer_schedule=inner",
+                 h) for h in (5, 10, 20)],
+    streaming_row("streaming-h40-anneal", "Streaming DiLoCo H=40 P=4 τ=10 fp16, outer rate annealed",
+                  "inner_steps=40,fragments=4,overlap=10,alpha=0.5,outer_schedule=inner", period=10, tau=10),
+    streaming_row("streaming-h40-eager", "Streaming DiLoCo H=40 P=4 τ=10 fp16, eager",
+                  "inner_steps=40,fragments=4,overlap=10,eager=true", period=10, tau=10),
     # the steps gap against H (H=5, 10, 40 not overlapped; H=20 P=2 τ=10 overlapped)
-    *[Row(f"diloco-h{h}", f"DiLoCo H={h}", f"diloco:inner_steps={h}", period=h, overlap="none") for h in (5, 10, 40)],
+    *[diloco_row(f"diloco-h{h}", f"DiLoCo H={h}", f"inner_steps={h}", h) for h in (5, 10, 40)],
     # the outer rate and momentum: η/(1-μ) = 3.5, 5, 10 at η = 0.35, 0.5, 1; 3.5 at μ = 0.8, 2.3 at 0.7 (papers': 7)
-    *[Row(f"diloco-eta{eta:g}", f"DiLoCo H={H}, outer lr {eta:g}", f"diloco:inner_steps={H},outer_lr={eta:g}",
-          period=H, overlap="none") for eta in (0.35, 0.5, 1.0)],
-    *[Row(f"diloco-mu{mu:g}", f"DiLoCo H={H}, outer momentum {mu:g}", f"diloco:inner_steps={H},outer_momentum={mu:g}",
-          period=H, overlap="none") for mu in (0.7, 0.8)],
+    *[diloco_row(f"diloco-eta{eta:g}", f"DiLoCo H={H}, outer lr {eta:g}", f"inner_steps={H},outer_lr={eta:g}", H)
+      for eta in (0.35, 0.5, 1.0)],
+    *[diloco_row(f"diloco-mu{mu:g}", f"DiLoCo H={H}, outer momentum {mu:g}", f"inner_steps={H},outer_momentum={mu:g}",
+                 H) for mu in (0.7, 0.8)],
     # at μ = 0.8: the outer lr's neighbours, and H = 40
-    *[Row(f"diloco-mu0.8-eta{eta:g}", f"DiLoCo H={H}, outer lr {eta:g}, momentum 0.8",
-          f"diloco:inner_steps={H},outer_lr={eta:g},outer_momentum=0.8", period=H, overlap="none")
-      for eta in (0.5, 1.0)],
-    Row("diloco-h40-mu0.8", "DiLoCo H=40, outer momentum 0.8", "diloco:inner_steps=40,outer_momentum=0.8", period=40,
-        overlap="none"),
-    Row("streaming-mu0.8", f"Streaming DiLoCo H={H} P=4 τ=2 fp16, outer momentum 0.8",
-        f"streaming-diloco:inner_steps={H},fragments=4,overlap=2,alpha=0.5,outer_momentum=0.8",
-        dict(compressor="fp16"), period=H // 4, overlap="tau:2"),
-    Row("streaming-h20-p2", "Streaming DiLoCo H=20 P=2 τ=10 fp16",
-        "streaming-diloco:inner_steps=20,fragments=2,overlap=10,alpha=0.5",
-        dict(compressor="fp16"), period=10, overlap="tau:10"),
+    *[diloco_row(f"diloco-mu0.8-eta{eta:g}", f"DiLoCo H={H}, outer lr {eta:g}, momentum 0.8",
+                 f"inner_steps={H},outer_lr={eta:g},outer_momentum=0.8", H) for eta in (0.5, 1.0)],
+    diloco_row("diloco-h40-mu0.8", "DiLoCo H=40, outer momentum 0.8", "inner_steps=40,outer_momentum=0.8", 40),
+    streaming_row("streaming-mu0.8", f"Streaming DiLoCo H={H} P=4 τ=2 fp16, outer momentum 0.8",
+                  f"inner_steps={H},fragments=4,overlap=2,alpha=0.5,outer_momentum=0.8", period=H // 4, tau=2),
+    streaming_row("streaming-h20-p2", "Streaming DiLoCo H=20 P=2 τ=10 fp16",
+                  "inner_steps=20,fragments=2,overlap=10,alpha=0.5", period=10, tau=10),
 ]
 ROW = {r.key: r for r in ROWS}
 
