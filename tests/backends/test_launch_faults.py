@@ -4,6 +4,7 @@ launcher leaves no process behind; the launcher counts the server however the al
 The supervisor (``gradwire/cli/supervise.py``) is tested with stand-in children first (no torch, fast),
 then through torchrun."""
 
+import contextlib
 import json
 import os
 import signal
@@ -109,8 +110,32 @@ def test_supervisor_forwards_sigterm_and_a_stop_is_no_loss():
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, RANK="2"))
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=30)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # seen once under load: say where each process was, for whoever debugs it
+        states = process_states(p.pid)
+        for pid in states:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        _, err = p.communicate(timeout=30)
+        raise AssertionError(f"no end 30 s after SIGTERM; processes (stat, wchan): {states}; "
+                             f"stderr: {err[-2000:]}") from None
     assert p.returncode == 7 and "lost" not in err  # the child's own answer to SIGTERM, not a lost worker
+
+
+def process_states(pid: int) -> dict[int, tuple[str, str]]:
+    """``pid`` and its children: each one's /proc stat line and the kernel function it waits in."""
+    found = {}
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for p in [pid, *map(int, children)]:
+        try:
+            found[p] = (Path(f"/proc/{p}/stat").read_text().strip(), Path(f"/proc/{p}/wchan").read_text())
+        except OSError as e:
+            found[p] = (f"unreadable: {e}", "")
+    return found
 
 
 @pytest.mark.timeout(60)
