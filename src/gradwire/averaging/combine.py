@@ -79,6 +79,3 @@ class MessageCombine:
                 m[start:stop].mul_(f)
             start = stop
         return out
-
-    def spec(self) -> dict:
-        return {"aggregate": self.aggregate, "clip": self.clip}
