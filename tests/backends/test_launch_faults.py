@@ -22,10 +22,15 @@ from tests.backends.processes import launch
 
 SUPERVISE = [sys.executable, "-m", "gradwire.cli.supervise"]
 SELF_KILL = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+# A stand-in child that handles SIGTERM sleeps in short slices: Python runs a handler between
+# bytecodes, so a signal landing just before one long sleep began would be handled only when the
+# sleep ended (the supervisor forwards SIGTERM just as the child passes from print to sleep; this was
+# the rare 30 s hang of test_supervisor_forwards_sigterm_and_a_stop_is_no_loss).
+SLEEP_HEARING_SIGNALS = "for _ in range(600): time.sleep(0.1)"
 WAIT_FOR_TERM = ("import signal, sys, time\n"
                  "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
                  "print('ready', flush=True)\n"
-                 "time.sleep(60)")
+                 + SLEEP_HEARING_SIGNALS)
 
 
 def supervised(code: str, *options: str, rank: int = 1, env: dict | None = None):
@@ -112,7 +117,7 @@ def test_supervisor_forwards_sigterm_and_a_stop_is_no_loss():
     p.send_signal(signal.SIGTERM)
     try:
         out, err = p.communicate(timeout=30)
-    except subprocess.TimeoutExpired:  # seen once under load: say where each process was, for whoever debugs it
+    except subprocess.TimeoutExpired:  # should it hang again: say where each process was
         states = process_states(p.pid)
         for pid in states:
             with contextlib.suppress(OSError):
@@ -178,7 +183,7 @@ def test_an_orphaned_child_deaf_to_sigterm_is_killed_after_the_grace(tmp_path):
     deaf = ("import os, signal, time\n"
             f"signal.signal(signal.SIGTERM, lambda *_: open({str(heard)!r}, 'w').write('SIGTERM'))\n"
             "print(os.getpid(), flush=True)\n"
-            "time.sleep(60)")
+            + SLEEP_HEARING_SIGNALS)
     started = time.monotonic()
     supervisor, child = orphan(deaf)
     wait_until(heard.exists, 5, "the child was told SIGTERM")

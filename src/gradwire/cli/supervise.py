@@ -41,7 +41,7 @@ import time
 PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 GRACE_S = 10  # seconds: once the launcher is gone, the child's time to stop on SIGTERM before SIGKILL
-POLL_S = 0.2  # without PR_SET_PDEATHSIG: how often to look for the launcher
+POLL_S = 0.2  # seconds: the longest a forwarded signal waits; how often to look for the launcher
 
 
 def _libc():
@@ -96,6 +96,7 @@ def supervise(cmd: list[str], *, server_algorithm: bool, resume_on_restart: bool
     me = os.getpid()
 
     def in_child() -> None:  # after fork, before exec
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # the child starts with no signal blocked
         os.setpgid(0, 0)  # torchrun signals our group; the child hears it from us, once
         set_parent_death_signal(libc, signal.SIGKILL)
         if os.getppid() != me:
@@ -109,21 +110,26 @@ def supervise(cmd: list[str], *, server_algorithm: bool, resume_on_restart: bool
         if os.getppid() != parent:  # orphaned: nobody else will ever SIGKILL the child
             signal.alarm(GRACE_S)
 
+    # A stop that arrives before the handlers are in place waits, blocked, and is then forwarded
+    # (unblocked, it would end the supervisor and with it, by PR_SET_PDEATHSIG, the child).
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     child = subprocess.Popen(cmd, preexec_fn=in_child)  # we start no threads: preexec_fn is safe
     signal.signal(signal.SIGALRM, lambda *_: child.kill())
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    if libc is not None:  # Linux: the launcher's death arrives as SIGTERM; wait without polling
-        code = child.wait()
-    else:  # elsewhere: look at our parent now and then
-        while True:
-            try:
-                code = child.wait(timeout=POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if not stop and os.getppid() != parent:
-                forward(signal.SIGTERM, None)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    # Wait in short slices, never in one blocking waitpid: a Python signal handler runs only between
+    # bytecodes, so a SIGTERM landing just before a blocking waitpid began would be forwarded only
+    # once the child ended by itself (the race that hung the tests' stand-in child about once in 600
+    # stops on a loaded machine: tests/backends/test_launch_faults.py).
+    while True:
+        try:
+            code = child.wait(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if not stop and os.getppid() != parent:  # the launcher is gone and no SIGTERM told us
+            forward(signal.SIGTERM, None)
     rank = int(os.environ.get("RANK", "0"))
     if code == 0 or not server_algorithm or rank == 0 or stop:
         return code
