@@ -27,8 +27,9 @@ docs/low_communication.md). μ ramps over the first ``outer_warmup`` momentum up
 
 The paper's second proposal, dynamic local updates (DyLU, ``dylu=true``), gives each worker a number
 of inner steps proportional to its speed, so that fast and slow workers send at about the same
-pace: H_i = ⌊H · v_i / max_j v_j⌋ (at least 1), the fastest worker taking H. The paper states the
-rule for known worker speeds; here the speed is measured. Each message carries, after the codec's
+pace: H_i = ⌊H · v_i / max_j v_j⌋ (at least 1), the fastest worker taking H (our reading of the
+paper's rule; its text could not be re-checked here). How the speed is measured is gradwire's
+choice: each message carries, after the codec's
 payload, the seconds its phase's inner steps took (8 bytes, float64: the straggler model's draws of
 those steps, which the simulator charges and the torch backend sleeps, so both backends measure the
 same numbers). The server keeps each worker's seconds and inner steps since the start, so
