@@ -25,8 +25,9 @@ from gradwire.cli.flags import add_run_flags, parse_run_args
 from gradwire.config import RunConfig
 from gradwire.run.loop import run
 
-# async steps per DiLoCo round needed to pass DiLoCo's end time T (16 arrivals a step; with DyLU the
-# slow workers' phases are shorter, so a step passes sooner); the margins are checked (``passes``)
+# async steps per DiLoCo round needed to pass DiLoCo's end time T under the default stragglers (16
+# arrivals a step; with DyLU the slow workers' phases are shorter, so a step passes sooner); a run
+# that ends before T says so in its row; --steps-per-round sets them for other straggler models
 STEPS_PER_ROUND = {"async": 2.5, "dylu": 4.0}
 
 
@@ -70,7 +71,7 @@ def method_runs(args, out: Path, setting: dict[str, str]) -> dict[str, list[dict
     for name, extra in (("async", ""), ("dylu", ",dylu=true")):
         runs[name] = train(out / (name + "_" + slug(setting[name])),
                            algorithm=f"async-diloco:inner_steps={h},{setting[name]}{extra}",
-                           steps=math.ceil(STEPS_PER_ROUND[name] * rounds), eval_every=1, **fields)
+                           steps=math.ceil(args.steps_per_round[name] * rounds), eval_every=1, **fields)
     return runs
 
 
@@ -124,7 +125,7 @@ def tune(args) -> None:
         print(HEADER)
         for s in grids[name]:
             recs = train(out / (name + "_" + slug(s)), algorithm=f"async-diloco:inner_steps={h},{s}{extra}",
-                         steps=math.ceil(STEPS_PER_ROUND[name] * rounds), eval_every=1, **fields)
+                         steps=math.ceil(args.steps_per_round[name] * rounds), eval_every=1, **fields)
             print(row(name, s, recs, t, target), flush=True)
 
 
@@ -138,7 +139,10 @@ def main() -> None:
                                 "stragglers": "slow:count=8,slowdown=3,compute_s=0.05",
                                 "network": "ring:mbps=10000,latency_ms=0.1"})
         p.add_argument("--inner-steps", type=int, default=10)
-        p.add_argument("--rounds", type=int, default=30, help="DiLoCo's rounds")
+        p.add_argument("--rounds", type=int, default=40, help="DiLoCo's rounds")
+        p.add_argument("--steps-per-round", type=float, nargs=2, default=[STEPS_PER_ROUND["async"],
+                       STEPS_PER_ROUND["dylu"]], metavar=("ASYNC", "DYLU"),
+                       help="steps of async-diloco without and with DyLU per DiLoCo round (to pass its end T)")
     t = sub.choices["tune"]
     t.add_argument("--lrs", type=float, nargs="+", default=[0.5, 0.7], help="DiLoCo's η")
     t.add_argument("--async-lrs", type=float, nargs="+", default=[0.2, 0.35], help="async-diloco's η (with and "
@@ -149,6 +153,7 @@ def main() -> None:
         c.add_argument(f"--{who}-outer", default="outer_lr=0.7,outer_momentum=0.9" if who == "diloco" else
                        "outer_lr=0.2,outer_momentum=0.9", help=f"{who}'s outer spec keys")
     args, _ = parse_run_args(parser)
+    args.steps_per_round = dict(zip(("async", "dylu"), args.steps_per_round))
     {"tune": tune, "compare": compare}[args.what](args)
 
 
