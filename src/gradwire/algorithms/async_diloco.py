@@ -29,12 +29,11 @@ The paper's second proposal, dynamic local updates (DyLU, ``dylu=true``), gives 
 of inner steps proportional to its speed, so that fast and slow workers send at about the same
 pace: H_i = ⌊H · v_i / max_j v_j⌋ (at least 1), the fastest worker taking H (our reading of the
 paper's rule; its text could not be re-checked here). How the speed is measured is gradwire's
-choice: each message carries, after the codec's
-payload, the seconds its phase's inner steps took (8 bytes, float64: the straggler model's draws of
-those steps, which the simulator charges and the torch backend sleeps, so both backends measure the
-same numbers). The server keeps each worker's seconds and inner steps since the start, so
-v_i = steps_i / seconds_i, and answers with the worker's next H_i (the answer's value; every worker
-takes H before its first answer). A worker not heard from yet has no speed and does not count in the
+choice: each message carries, after the codec's payload, the seconds its phase's inner steps took
+(8 bytes, float64: the straggler model's draws of those steps, which the simulator charges and the
+torch backend sleeps, so both backends measure the same numbers). The server keeps each worker's
+seconds and inner steps since the start, so v_i = steps_i / seconds_i, and answers with the
+worker's next H_i (the answer's value; every worker takes H before its first answer). A worker not heard from yet has no speed and does not count in the
 max. The factor v_i / max_j v_j is taken with 1e-9 added before the floor, so that workers of equal
 speed whose seconds were summed in different orders still take H. Each Δ is applied as it comes
 (its number of inner steps does not weight it), as without DyLU.
