@@ -33,10 +33,11 @@ choice: each message carries, after the codec's payload, the seconds its phase's
 (8 bytes, float64: the straggler model's draws of those steps, which the simulator charges and the
 torch backend sleeps, so both backends measure the same numbers). The server keeps each worker's
 seconds and inner steps since the start, so v_i = steps_i / seconds_i, and answers with the
-worker's next H_i (the answer's value; every worker takes H before its first answer). A worker not heard from yet has no speed and does not count in the
-max. The factor v_i / max_j v_j is taken with 1e-9 added before the floor, so that workers of equal
-speed whose seconds were summed in different orders still take H. Each Δ is applied as it comes
-(its number of inner steps does not weight it), as without DyLU.
+worker's next H_i (the answer's value; every worker takes H before its first answer). A worker not
+heard from yet has no speed and does not count in the max. The factor v_i / max_j v_j is taken with
+1e-9 added before the floor, so that workers of equal speed whose seconds were summed in different
+orders still take H. Each Δ is applied as it comes (its number of inner steps does not weight it),
+as without DyLU.
 
 The protocol runs on both server-mode drivers (``gradwire/servers/``); the simulator charges a
 message the sum of its H inner steps' straggler draws. One step of the run is ``world_size``
