@@ -5,7 +5,7 @@ checks it is current). See ``registries.check_spec_names``."""
 NAMES = {'algorithms': {'kind': 'algorithm',
                 'names': {'async': ['max_staleness'],
                           'async-diloco': ['inner_steps', 'period', 'outer_lr', 'outer_momentum', 'outer_warmup',
-                                           'inner', 'beta1', 'beta2', 'eps', 'weight_decay'],
+                                           'inner', 'beta1', 'beta2', 'eps', 'weight_decay', 'dylu'],
                           'backup-diloco': ['backups', 'late', 'inner_steps', 'outer_lr', 'outer_momentum',
                                             'outer_warmup', 'inner', 'beta1', 'beta2', 'eps', 'weight_decay'],
                           'dagc': ['budget', 'mode', 'local_steps', 'tau'],

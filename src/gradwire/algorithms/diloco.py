@@ -60,8 +60,10 @@ others' shares from the previous round's average, which has; zero before the fir
 restarts from it, x_{i,p} <- θ_{i,p} (α does not apply). The round's average, arriving τ <= H steps
 later, only supplies the next round's Σ_{j≠i} term: n Δ̄^k minus the worker's own payload as the
 others decoded it. Same collectives and bytes as plain overlapped rounds. We could not retrieve the
-paper's equation text; this rule is established from its summary ("a mixture of the current local
-outer gradient with the delayed mixture of all other replicas' outer gradients"): docs/low_communication.md.
+paper's equation text (four searches, the last reading a review page that reproduces its figures
+and tables but not its Algorithm 3); this rule is established from its summary ("a mixture of the
+current local outer gradient with the delayed mixture of all other replicas' outer gradients"):
+docs/low_communication.md, "Eager updates".
 The replicas' θ_i differ by their last local term; evaluation uses the lowest local rank's (rank 0's).
 
 One class does both: DiLoCo is Streaming DiLoCo with one fragment, no overlap and α = 0 (also

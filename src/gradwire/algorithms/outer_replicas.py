@@ -7,6 +7,13 @@ stays with the replica across rounds) and sends its outer gradient Δ_i = θ - x
 tagged with what the server's answer carried (a round, or a parameter version). The server's
 answer (PARAMS or JOIN) restarts it from the new θ. What the server does with the Δ_i is the
 algorithm's.
+
+A replica's inner steps are numbered across its phases (its gradients so far): phase k's seconds
+are the straggler model's draws of the gradients it takes in that phase, so a phase of any length
+(``steps_from_answer``: the server's answer sets the next phase's H_i, async-diloco's DyLU) is
+charged its own steps. With a constant H that is the draws (k-1)H+1 .. kH. With
+``report_seconds`` the message carries those seconds, the replica's measure of its own speed, as
+an 8-byte float64 after the codec's payload (``split_report`` on the server).
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ class OuterReplicas:
     from and the tag it computes for."""
 
     def __init__(self, ctx, params: torch.Tensor, optim, *, name: str, inner: str, inner_steps: int,
-                 betas: tuple[float, float], eps: float, weight_decay: float, first_tag: int):
+                 betas: tuple[float, float], eps: float, weight_decay: float, first_tag: int,
+                 steps_from_answer: bool = False, report_seconds: bool = False):
         if inner == "adamw":
             require(not optim.momentum and not optim.weight_decay,
                     f"{name} with inner=adamw: --momentum and --weight-decay apply to inner=sgd; AdamW's are "
@@ -37,35 +45,57 @@ class OuterReplicas:
         self.replicas = Replicas(ctx, params, optim, optimizer=adamw)
         self.held = {r: params.clone() for r in ctx.local_ranks}  # the θ each replica started from
         self.tag = {r: first_tag for r in ctx.local_ranks}         # what it computes for
+        self.steps = {r: inner_steps for r in ctx.local_ranks}     # H_i of its current phase
+        self.gradients = {r: 0 for r in ctx.local_ranks}           # inner steps taken so far
+        self.seconds = {r: 0.0 for r in ctx.local_ranks}           # its last phase's compute seconds
+        self.steps_from_answer = steps_from_answer
+        self.report_seconds = report_seconds
 
     def compute_seconds(self, ctx, rank: int, count: int) -> float:
-        """A message follows H inner steps: the straggler draws of gradients (count-1)H+1 .. count·H."""
-        first = (count - 1) * self.inner_steps
-        return sum(ctx.compute_time(rank, first + j) for j in range(1, self.inner_steps + 1))
+        """The seconds of the phase ``message`` just computed: the straggler draws of its H_i gradients."""
+        return self.seconds[rank]
 
     def message(self, ctx, rank: int, count: int, averager) -> Message:
-        """H inner steps, then Δ_i = θ - x_i through the averager's codec (key ``outer``)."""
-        losses = [self.replicas.sgd_step(ctx, rank) for _ in range(self.inner_steps)]
+        """H_i inner steps, then Δ_i = θ - x_i through the averager's codec (key ``outer``), and
+        (``report_seconds``) the phase's seconds after it."""
+        first, steps = self.gradients[rank], self.steps[rank]
+        losses = [self.replicas.sgd_step(ctx, rank) for _ in range(steps)]
+        self.gradients[rank] = first + steps
+        self.seconds[rank] = sum(ctx.compute_time(rank, first + j) for j in range(1, steps + 1))
         delta = self.held[rank] - self.replicas.x[rank]
-        return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=mean_or_nan(losses),
-                       body=averager.encode(rank, delta, key="outer").buffer)
+        body = averager.encode(rank, delta, key="outer").buffer
+        if self.report_seconds:
+            body = torch.cat([body, torch.tensor([self.seconds[rank]], dtype=torch.float64).view(torch.uint8)])
+        return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=mean_or_nan(losses), body=body)
 
     def apply(self, rank: int, reply: Message) -> None:
-        """PARAMS or JOIN: the next round starts from θ (x_i <- θ); the inner optimizer's state stays."""
+        """PARAMS or JOIN: the next round starts from θ (x_i <- θ); the inner optimizer's state stays;
+        (``steps_from_answer``) the answer's value is the next phase's H_i."""
         theta = reply.tensor(self.held[rank])
         self.held[rank].copy_(theta)
         self.replicas.x[rank].copy_(theta)
         self.tag[rank] = reply.tag
+        if self.steps_from_answer:
+            self.steps[rank] = int(reply.value)
 
     def state_dict(self) -> dict:
         return {"replicas": self.replicas.state_dict(), "held": {str(r): t for r, t in self.held.items()},
-                "tag": {str(r): t for r, t in self.tag.items()}}
+                "tag": {str(r): t for r, t in self.tag.items()},
+                "steps": {str(r): n for r, n in self.steps.items()},
+                "gradients": {str(r): n for r, n in self.gradients.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.replicas.load_state_dict(state["replicas"])
         for r in self.held:
             self.held[r].copy_(state["held"][str(r)])
             self.tag[r] = int(state["tag"][str(r)])
+            self.steps[r] = int(state["steps"][str(r)])
+            self.gradients[r] = int(state["gradients"][str(r)])
+
+
+def split_report(body: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """A message body sent with ``report_seconds``: the codec's payload and the phase's seconds."""
+    return body[:-8], float(body[-8:].view(torch.float64))
 
 
 class ServerDiLoCo(Algorithm):
@@ -80,6 +110,7 @@ class ServerDiLoCo(Algorithm):
     default_lr = 1e-2  # the inner AdamW's --lr when not given, as DiLoCo's (docs/defaults.md)
     lr_scales_with_task = False  # AdamW's step is in the parameters' units, not the gradient's
     first_tag = 0      # the tag a replica computes for before any answer
+    adapts_inner_steps = False  # True: replicas report their phase's seconds, the answers set their next H_i
 
     def inner_settings(self, *, inner_steps: int, inner: str, beta1: float, beta2: float, eps: float,
                        weight_decay: float) -> None:
@@ -95,7 +126,8 @@ class ServerDiLoCo(Algorithm):
         require_constant_lr(optim, f"{self.name} (replicas step at their own pace: no shared step count)")
         self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
                                      betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
-                                     first_tag=self.first_tag)
+                                     first_tag=self.first_tag, steps_from_answer=self.adapts_inner_steps,
+                                     report_seconds=self.adapts_inner_steps)
         self.theta = params.clone()  # the server's θ
         self.averager = make_averager(ctx, codec, default=self.default_compressor)
 
