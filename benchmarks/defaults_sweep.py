@@ -63,9 +63,10 @@ def main() -> None:
     parser.add_argument("--spec", action="append", default=[], help="an algorithm spec with keys (repeatable)")
     parser.add_argument("--lrs", default="0.2,0.4,0.8,1.6", help="sweep: comma-separated --lr values; "
                         "'default': the algorithm's own")
-    add_run_flags(parser, only=("momentum", "seed", "task", "lr_schedule", "compressor"), defaults={"seed": [0]},
-                  sweep=("seed",), helps={"momentum": "sweep: --momentum (left out: the algorithm's own)",
-                                          "task": "the task (another for the CNN check of docs/defaults.md)"})
+    add_run_flags(parser, only=("momentum", "seed", "task", "lr_schedule", "compressor", "weight_decay"),
+                  defaults={"seed": [0]}, sweep=("seed",),
+                  helps={"momentum": "sweep: --momentum (left out: the algorithm's own)",
+                         "task": "the task (another for the CNN check of docs/defaults.md)"})
     parser.add_argument("--reference", type=float, default=0.707, help="tuned sync SGD's mean test accuracy")
     ns, _ = parse_run_args(parser)
     from gradwire.algorithms import ALGORITHMS
@@ -74,7 +75,8 @@ def main() -> None:
     algorithms = algorithms or ALGORITHMS.names()
     seeds = ns.seeds
     with tempfile.TemporaryDirectory() as tmp:
-        extra = {"task": ns.task, "lr_schedule": ns.lr_schedule, "compressor": ns.compressor}
+        extra = {"task": ns.task, "lr_schedule": ns.lr_schedule, "compressor": ns.compressor,
+                 "weight_decay": ns.weight_decay}
         if ns.what == "table":
             table(Path(tmp), algorithms, seeds, ns.reference, **extra)
             return

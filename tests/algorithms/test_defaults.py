@@ -28,10 +28,11 @@ BAR = 0.9 * TUNED_SYNC  # the issue's bar: 90 % of tuned sync, 0.627
 # Leader SGD 23, DQ-GD 66. So each floor is its seed-0 accuracy in the doc's table less 5 points
 # (less 10 for the stochastically quantized DIANA, DQ-GD and DQ-SGD), rounded down: a default that stops
 # learning fails (chance is 0.10), another CPU's rounding does not. Async SGD too takes 10: PyTorch's avx2
-# kernels on the same machine moved its seed 0 by 52 samples (0.704 -> 0.652, docs/defaults.md).
-FLOOR = {"sync": 0.64, "async": 0.60, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.53, "dagc": 0.55,
+# kernels on the same machine moved its seed 0 by 52 samples (0.704 -> 0.652, docs/defaults.md), and Leader SGD
+# (at its CNN-safe rate, 1.2 here) takes 10 too: the avx2 kernels moved its seed 0 by 72 (0.550 -> 0.622).
+FLOOR = {"sync": 0.64, "async": 0.60, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.45, "dagc": 0.59,
          "dqsgd": 0.57, "diana": 0.53, "dqgd": 0.56, "async-diloco": 0.61, "signsgd": 0.52, "diloco": 0.61,
-         "streaming-diloco": 0.58, "backup-diloco": 0.59, "muloco": 0.52, "sparseloco": 0.56, "demo": 0.58}
+         "streaming-diloco": 0.58, "backup-diloco": 0.59, "muloco": 0.54, "sparseloco": 0.56, "demo": 0.58}
 # those whose defaults clear BAR on seed 0 by at least 30 test samples, quantizing nothing at random,
 # must clear it anywhere; the others are held to their floor
 MEETS_BAR = {"sync", "async", "local", "dasgd", "easgd", "diloco", "async-diloco"}

@@ -188,7 +188,6 @@ def test_resuming_with_other_steps_is_refused_under_a_schedule(make_config):
     (["--lr-schedule", "cosine:warmup=5"], "warms up over 5 steps, but the run has only --steps 5"),
     (["--lr-schedule", "cosine", "--algorithm", "diana"], "diana (its own update on the master) does not follow "
                                                            "--lr-schedule 'cosine'"),
-    (["--lr-schedule", "linear", "--algorithm", "signsgd"], "signsgd (its own update"),
     (["--lr-schedule", "cosine", "--algorithm", "async"], "async (its server applies every worker's gradient"),
     (["--lr-schedule", "cosine", "--algorithm", "dagc:local_steps=2"], "dagc with local_steps=2 (its workers' local "
                                                                        "steps use --lr as it is)"),

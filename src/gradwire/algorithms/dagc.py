@@ -60,9 +60,9 @@ MODES = ("relative", "absolute", "uniform")
             "tau": "absolute mode: threshold of a worker with share 1/N (0 = calibrate at set-up)"})
 class DAGC(Algorithm):
     name = "dagc"
-    default_lr = 0.8  # --lr when not given (docs/defaults.md, with the default budget 0.05)
+    default_lr = 0.8  # --lr when not given (docs/defaults.md, with the default budget 0.1)
 
-    def __init__(self, *, budget: float = 0.05, mode: str = "relative", local_steps: int = 1,
+    def __init__(self, *, budget: float = 0.1, mode: str = "relative", local_steps: int = 1,
                  tau: float = 0.0):
         require(0 < budget <= 1, f"budget must be in (0, 1] (the mean fraction of elements kept), "
                 f"got {budget}")

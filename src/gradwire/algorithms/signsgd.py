@@ -6,7 +6,9 @@ docs/defaults.md).
 Each worker sends the sign of its (momentum) gradient, 1 bit per element; rank 0, acting as the
 parameter server, takes the element-wise majority and broadcasts its sign, again 1 bit per
 element. Ties (possible with an even number of workers) vote +1, as the 1-bit wire format has no
-zero. Every worker applies x <- x - γ·vote.
+zero. Every worker applies x <- x - γ_k·vote, γ_k being --lr under --lr-schedule at update k (a
+decaying rate, e.g. ``--lr-schedule linear``; the default schedule stays constant, as every
+algorithm's: on the default task linear decay gained about one point, docs/defaults.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, soft_threshold_
-from gradwire.algorithms.optim import require_constant_lr, require_sgd
+from gradwire.algorithms.optim import ScheduledRate, require_sgd
 from gradwire.compress import Packet
 from gradwire.compress import build as build_compressor
 from gradwire.spec import require
@@ -35,7 +37,6 @@ class SignSGD(Algorithm):
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_sgd(optim, "signsgd (x <- x - γ·majority vote)")
-        require_constant_lr(optim, "signsgd (its own update x <- x - γ·majority vote)")
         require(not optim.nesterov, "signsgd takes its momentum from its own spec (signsgd:momentum=β): --nesterov "
                 "does not apply (leave it off)")
         require(codec.compressor in ("none", "sign") and not codec.error_feedback,
@@ -43,6 +44,8 @@ class SignSGD(Algorithm):
         self.sign = build_compressor("sign")
         self.x = params.clone()
         self.m = {r: torch.zeros_like(params) for r in ctx.local_ranks} if self.momentum else None
+        self.rate = ScheduledRate(optim.lr, optim.lr_schedule, optim.horizon)  # γ_k: --lr by --lr-schedule
+        self.updates = 0
 
     def step(self, ctx, step):
         ctx.compute_all(step)
@@ -62,10 +65,12 @@ class SignSGD(Algorithm):
             vote_buffer = self.sign.encode(votes.add_(0.5)).buffer  # +0.5 sends ties as +1
         vote_buffer = ctx.transport.broadcast(vote_buffer, src=0, size=size)
         vote = self.sign.decode(Packet(vote_buffer, self.x.shape, self.x.dtype))
+        lr = self.rate.at(self.updates)
+        self.updates += 1
         if self.optim.weight_decay:
             vote.add_(self.x, alpha=self.optim.weight_decay)
-        self.x.sub_(vote, alpha=self.optim.lr)
-        soft_threshold_(self.x, self.optim.lr * self.optim.l1)
+        self.x.sub_(vote, alpha=lr)
+        soft_threshold_(self.x, lr * self.optim.l1)
         return {"loss": sum(losses.values()) / len(losses), "gradients": ctx.world_size}
 
     def compressor_spec(self):
@@ -75,13 +80,14 @@ class SignSGD(Algorithm):
         return self.x
 
     def state_dict(self):
-        out = {"x": self.x}
+        out = {"x": self.x, "updates": self.updates}
         if self.m is not None:
             out["m"] = {str(r): t for r, t in self.m.items()}
         return out
 
     def load_state_dict(self, state):
         self.x.copy_(state["x"])
+        self.updates = int(state.get("updates", 0))  # a checkpoint from before --lr-schedule: constant
         if self.m is not None:
             for r, t in self.m.items():
                 t.copy_(state["m"][str(r)])
