@@ -382,6 +382,27 @@ def table_rows(target: float, results: dict, compute: dict, workers: int) -> lis
     return lines
 
 
+RATE_BITS = 0.25               # the bit-rate target: bits per parameter per communication round, every byte counted
+
+
+def quality_at_rate(lines: list[dict], max_bits: float = RATE_BITS) -> str:
+    """The bit-rate target's table: every row that ran and sends at most ``max_bits`` bits per
+    parameter per round (``table_rows``' lines), whether it reached DDP's quality (on how many
+    seeds, in how many steps) and, where not, the best loss it got to."""
+    head = (f"\n#### DDP's quality at ≤ {max_bits:g} bits/param/round\n\n| row | bits/param/round | "
+            "reached DDP's quality | steps to it |\n|---|---|---|---|\n")
+    out = []
+    for line in lines:
+        bits = line.get("bits_per_param_round")
+        if bits is None or bits > max_bits:
+            continue
+        n = line["steps"][3]
+        verdict = (f"yes, {n} of {line['seeds']} seeds" if n else f"no (best {line['best']:.4f})")
+        steps = _fmt_range(line["steps"], seeds=False) if n else "—"
+        out.append(f"| {line['label']} | {bits:.3f} | {verdict} | {steps} |")
+    return head + ("\n".join(out) if out else f"| none ran at ≤ {max_bits:g} bits | | | |") + "\n"
+
+
 def _fmt_range(s, unit="", digits=0, seeds=True) -> str:
     mean, lo, hi, n = s
     if mean is None:
@@ -408,7 +429,8 @@ def markdown(lines: list[dict], workers: int, target: float) -> str:
                  f"{line[f'vs_ddp@{m}']:.2f}x" for m in RATES_MBPS]
         of = "" if line["steps"][3] == line["seeds"] else f" of {line['seeds']}"
         out.append(f"| {line['label']} | {_fmt_range(line['steps'])}{of} | " + " | ".join(cells)
-                   + f" | {line['bits_per_param_step']:.3g} | {line['bits_per_param_round']:.3g} | {line['cpu_ms']:.1f} |")
+                   + f" | {line['bits_per_param_step']:.3g} | {line['bits_per_param_round']:.3g} | "
+                   f"{line['cpu_ms']:.1f} |")
     return head + "\n".join(out) + "\n"
 
 

@@ -16,6 +16,7 @@ from time_to_quality import (
     evaluation_noise,
     late_losses,
     markdown,
+    quality_at_rate,
     quarter_gain,
     read_curve,
     run_folder,
@@ -170,6 +171,7 @@ def write_report(out: Path, workers: list[int], seeds: list[int], lrs: dict, n_s
                     f"quarter before N improves {', '.join(f'{g:.2%}' for g in ref['quarter_gain'])} (per seed); one "
                     f"evaluation scatters {', '.join(f'{e:.2%}' for e in ref['evaluation_noise'])} (after N/2).\n")
         text.append(targets(lines, w))
+        text.append(quality_at_rate(lines))
         everything["workers"][str(w)] = {"reference": ref, "rows": lines,
                                          "seeds": {k: [c["seed"] for c in v] for k, v in results.items()}}
         plot(out, results, compute, w, ref["target"])

@@ -141,8 +141,8 @@ class MuLoCo(DiLoCo):
 
     def __init__(self, *, inner_steps: int = 20, outer_lr: float = 0.7, outer_momentum: float = 0.5,
                  outer_warmup: int = OUTER_WARMUP, muon_lr: float = 0.02, muon_lr_ratio: float = 0.0,
-                 muon_momentum: float = 0.95, nesterov: bool = True, beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+                 muon_momentum: float = 0.95, nesterov: bool = True, beta1: float = 0.9, beta2: float = 0.95,
+                 eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                          outer_warmup=outer_warmup, inner="adamw",
                          beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
