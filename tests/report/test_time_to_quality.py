@@ -217,3 +217,21 @@ def test_the_low_communication_rows_gather_their_messages_and_tie_muon_to_the_wa
     assert ttq.ROW["muloco-k96-h10"].period == 10 and ttq.ROW["demo-k1of64"].period == 1
     assert f"muon_lr_ratio={ttq.MUON_LR_RATIO}" in ttq.ROW["muloco-h3"].algorithm
     assert ttq.ROW["muloco-k96-h3"].run == {"compressor": ttq.MESSAGE_K96} and ttq.ROW["muloco-h3"].run == {}
+
+
+def test_tune_with_lrs_screens_those_rates_only_and_never_chooses_one(ttq, tmp_path):
+    """``tune --lrs``, end to end on a tiny run (N = 60 steps, 2 workers): the given rates are trained
+    on the tuning seed and recorded in screening/<row>.json, outside the walk: no tuning/<row>.json,
+    so no chosen rate."""
+    out = tmp_path / "ttq"
+    assert ttq.main(["tune", "--rows", "ddp", "--lrs", "0.002,0.004", "--n-steps", "60", "--workers", "2",
+                     "--out", str(out)]) == 0
+    import json
+
+    screened = json.loads((out / "screening" / "ddp.json").read_text())
+    assert screened["row"] == "ddp" and set(screened["trials"]) == {"0.002", "0.004"}
+    assert all(2.0 < q < 6.0 for q in screened["trials"].values())  # a byte-level loss after 60 steps: finite
+    assert screened["trials"]["0.002"] != screened["trials"]["0.004"]
+    assert not (out / "tuning").exists() and not (out / "tuning.json").exists()
+    curve = json.loads((out / "w2" / "ddp" / "lr0.002-seed0" / "curve.json").read_text())
+    assert curve["seed"] == ttq.TUNING_SEED and curve["steps"][-1] == 60
