@@ -51,7 +51,11 @@ for the sum's precision: gradwire sums the bf16 payloads in float32), DDP with g
 accumulation over k = 2, 4, 8 micro-batches (one allreduce per k micro-batches of 8), PyTorch's
 own PowerSGD hook (benchmarks/ddp_train.py under torchrun, 4 gloo processes: ``torch``), gradwire
 sync with PowerSGD and with QSGD (an allgather), local AdamW (parameters averaged every H steps),
-DiLoCo and Streaming DiLoCo (two settings).
+DiLoCo and Streaming DiLoCo (several settings), and the low-communication methods at
+docs/low_communication.md's best settings on this model: MuLoCo (``muloco_row``), SparseLoCo and
+DeMo, whose messages (sparse or quantised) travel by allgather. MuLoCo's trials walk one rate for
+both of its optimizers: the AdamW part at the trial's lr and Muon at MUON_LR_RATIO times it, both
+under the shared schedule (``muon_lr_ratio``).
 """
 
 from __future__ import annotations
