@@ -117,10 +117,9 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
     fig, axes = plt.subplots(1, len(RATES_MBPS), figsize=(5 * len(RATES_MBPS), 4), sharey=True)
     fig_b, ax_b = plt.subplots(figsize=(6, 4))
     colours = plt.get_cmap("tab20")  # a colour per row (tab10 repeats after ten rows)
-    for i, row in enumerate(ROWS):
-        runs, cost = results.get(row.key), compute.get(row.key)
-        if not runs or cost is None:
-            continue
+    drawn = [row for row in ROWS if results.get(row.key) and compute.get(row.key)]  # a colour per drawn row:
+    for i, row in enumerate(drawn):  # tab20 gives its last colour to every index past 19
+        runs, cost = results[row.key], compute[row.key]
         run = runs[0]  # the first seed's curve (the table gives the spread)
         if row.key == "ddp":  # the reference of the targets: DDP on a network of zero cost
             for ax in axes:
