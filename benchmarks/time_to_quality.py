@@ -51,7 +51,11 @@ for the sum's precision: gradwire sums the bf16 payloads in float32), DDP with g
 accumulation over k = 2, 4, 8 micro-batches (one allreduce per k micro-batches of 8), PyTorch's
 own PowerSGD hook (benchmarks/ddp_train.py under torchrun, 4 gloo processes: ``torch``), gradwire
 sync with PowerSGD and with QSGD (an allgather), local AdamW (parameters averaged every H steps),
-DiLoCo and Streaming DiLoCo (two settings).
+DiLoCo and Streaming DiLoCo (several settings), and the low-communication methods at
+docs/low_communication.md's best settings on this model: MuLoCo (``muloco_row``), SparseLoCo and
+DeMo, whose messages (sparse or quantised) travel by allgather. MuLoCo's trials walk one rate for
+both of its optimizers: the AdamW part at the trial's lr and Muon at MUON_LR_RATIO times it, both
+under the shared schedule (``muon_lr_ratio``).
 """
 
 from __future__ import annotations
@@ -107,9 +111,25 @@ class Row:
 
 
 H = 20
-def diloco_row(key: str, label: str, keys: str, h: int) -> Row:
-    """A DiLoCo row of period H, not overlapped: ``keys`` are diloco's spec keys."""
-    return Row(key, label, f"diloco:{keys}", period=h, overlap="none")
+MUON_LR_RATIO = 10             # MuLoCo's Muon η per unit of the walked lr (Muon's authors' 0.02 at lr 2e-3)
+MESSAGE_K96 = "chunked-topk:chunk=4096,k=96"  # docs/low_communication.md: 0.212 bits/param/round
+
+
+def diloco_row(key: str, label: str, keys: str, h: int, *, method: str = "diloco", compressor: str = "",
+               collective: str = "allreduce") -> Row:
+    """A row of the DiLoCo family (DiLoCo, MuLoCo, SparseLoCo) of period H, not overlapped: ``keys``
+    are ``method``'s spec keys; a non-summable message (``compressor``, or the method's own) travels
+    by allgather."""
+    return Row(key, label, f"{method}:{keys}", dict(compressor=compressor) if compressor else {},
+               collective=collective, period=h, overlap="none")
+
+
+def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "outer_lr=1,outer_momentum=0") -> Row:
+    """MuLoCo with Muon's η tied to the walked lr (``muon_lr_ratio``, MUON_LR_RATIO; scheduled as
+    every row's rate), the outer step η 1, μ 0 (docs/low_communication.md's pick at H = 3), and its
+    message (default: MuLoCo's 2-bit pquant) by allgather: quantised or sparse, not summable."""
+    return diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO}", h, method="muloco",
+                      compressor=compressor, collective="allgather")
 
 
 def streaming_row(key: str, label: str, keys: str, *, period: int, tau: int) -> Row:
@@ -161,6 +181,13 @@ ROWS = [
                   f"inner_steps={H},fragments=4,overlap=2,alpha=0.5,outer_momentum=0.8", period=H // 4, tau=2),
     streaming_row("streaming-h20-p2", "Streaming DiLoCo H=20 P=2 τ=10 fp16",
                   "inner_steps=20,fragments=2,overlap=10,alpha=0.5", period=10, tau=10),
+    # the low-communication methods at docs/low_communication.md's best settings on stdlib-lm (H = 3)
+    muloco_row("muloco-k96-h3", "MuLoCo H=3 top-k 96/4096 + EF", 3, MESSAGE_K96),
+    muloco_row("muloco-h3", "MuLoCo H=3 2-bit pquant + EF", 3),
+    muloco_row("muloco-k96-h10", "MuLoCo H=10 top-k 96/4096 + EF", 10, MESSAGE_K96),
+    diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
+               method="sparseloco", collective="allgather"),
+    Row("demo-k1of64", "DeMo top-1 of 64 DCT, sign", "demo:chunk=64,k=1", collective="allgather", overlap="none"),
 ]
 ROW = {r.key: r for r in ROWS}
 
@@ -341,7 +368,8 @@ def table_rows(target: float, results: dict, compute: dict, workers: int) -> lis
         line["best"] = min(min(r["losses"]) for r in runs)
         line["steps"] = summarise(hit)
         payload = cost["payload_bytes"]
-        line["bits_per_param_step"] = 8 * payload / runs[0]["params"] / row.period
+        line["bits_per_param_round"] = 8 * payload / runs[0]["params"]
+        line["bits_per_param_step"] = line["bits_per_param_round"] / row.period
         line["cpu_ms"] = 1e3 * cost["compute_s"]
         for mbps in (None, *RATES_MBPS):
             t = step_seconds(row, cost["compute_s"], cost["backward_s"], payload, workers, mbps)
@@ -358,6 +386,27 @@ def table_rows(target: float, results: dict, compute: dict, workers: int) -> lis
     return lines
 
 
+RATE_BITS = 0.25               # the bit-rate target: bits per parameter per communication round, every byte counted
+
+
+def quality_at_rate(lines: list[dict], max_bits: float = RATE_BITS) -> str:
+    """The bit-rate target's table: every row that ran and sends at most ``max_bits`` bits per
+    parameter per round (``table_rows``' lines), whether it reached DDP's quality (on how many
+    seeds, in how many steps) and, where not, the best loss it got to."""
+    head = (f"\n#### DDP's quality at ≤ {max_bits:g} bits/param/round\n\n| row | bits/param/round | "
+            "reached DDP's quality | steps to it |\n|---|---|---|---|\n")
+    out = []
+    for line in lines:
+        bits = line.get("bits_per_param_round")
+        if bits is None or bits > max_bits:
+            continue
+        n = line["steps"][3]
+        verdict = (f"yes, {n} of {line['seeds']} seeds" if n else f"no (best {line['best']:.4f})")
+        steps = _fmt_range(line["steps"], seeds=False) if n else "—"
+        out.append(f"| {line['label']} | {bits:.3f} | {verdict} | {steps} |")
+    return head + ("\n".join(out) if out else f"| none ran at ≤ {max_bits:g} bits | | | |") + "\n"
+
+
 def _fmt_range(s, unit="", digits=0, seeds=True) -> str:
     mean, lo, hi, n = s
     if mean is None:
@@ -369,21 +418,23 @@ def _fmt_range(s, unit="", digits=0, seeds=True) -> str:
 def markdown(lines: list[dict], workers: int, target: float) -> str:
     head = (f"\n### {workers} workers (target: validation loss {target:.4f})\n\n| row | steps to target | "
             + " | ".join(f"time @ {m:g} Mbit/s (x DDP at zero cost; DDP's speed-up)" for m in RATES_MBPS)
-            + " | bits/param/step | CPU ms/step |\n|---" + "|---" * (len(RATES_MBPS) + 3) + "|\n")
+            + " | bits/param/step | bits/param/round | CPU ms/step |\n|---" + "|---" * (len(RATES_MBPS) + 4) + "|\n")
     out = []
     for line in lines:
         if line.get("status") == "not run":
-            out.append(f"| {line['label']} | not run |" + " |" * (len(RATES_MBPS) + 2))
+            out.append(f"| {line['label']} | not run |" + " |" * (len(RATES_MBPS) + 3))
             continue
         if line["steps"][0] is None:
             out.append(f"| {line['label']} | not reached in {line['seeds']} seeds (best {line['best']:.4f}) |"
-                       + " — |" * len(RATES_MBPS) + f" {line['bits_per_param_step']:.2f} | {line['cpu_ms']:.1f} |")
+                       + " — |" * len(RATES_MBPS) + f" {line['bits_per_param_step']:.3g} | "
+                       f"{line['bits_per_param_round']:.3g} | {line['cpu_ms']:.1f} |")
             continue
         cells = [f"{_fmt_range(line[f't@{m}'], ' s', 1, seeds=False)}, {line[f'x@{m}']:.2f}x; "
                  f"{line[f'vs_ddp@{m}']:.2f}x" for m in RATES_MBPS]
         of = "" if line["steps"][3] == line["seeds"] else f" of {line['seeds']}"
         out.append(f"| {line['label']} | {_fmt_range(line['steps'])}{of} | " + " | ".join(cells)
-                   + f" | {line['bits_per_param_step']:.2f} | {line['cpu_ms']:.1f} |")
+                   + f" | {line['bits_per_param_step']:.3g} | {line['bits_per_param_round']:.3g} | "
+                   f"{line['cpu_ms']:.1f} |")
     return head + "\n".join(out) + "\n"
 
 

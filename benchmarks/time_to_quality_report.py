@@ -16,6 +16,7 @@ from time_to_quality import (
     evaluation_noise,
     late_losses,
     markdown,
+    quality_at_rate,
     quarter_gain,
     read_curve,
     run_folder,
@@ -29,7 +30,8 @@ GRADWIRE_ROWS = ("gw-powersgd", "gw-qsgd", "local-adamw", "diloco", "streaming",
                  "diloco-h10-anneal", "diloco-h20-anneal", "streaming-h40-anneal", "streaming-h40-eager", "diloco-h5",
                  "diloco-h10", "diloco-h40", "streaming-h20-p2", "diloco-mu0.7",
                  "diloco-mu0.8", "diloco-eta0.35", "diloco-eta0.5", "diloco-eta1",
-                 "streaming-mu0.8", "diloco-mu0.8-eta0.5", "diloco-mu0.8-eta1", "diloco-h40-mu0.8")
+                 "streaming-mu0.8", "diloco-mu0.8-eta0.5", "diloco-mu0.8-eta1", "diloco-h40-mu0.8",
+                 "muloco-k96-h3", "muloco-h3", "muloco-k96-h10", "sparseloco-k96-h3", "demo-k1of64")
 TORCH_ROWS = ("ddp-bf16", "ddp-accum2", "ddp-accum4", "ddp-accum8", "torch-powersgd")
 
 
@@ -115,10 +117,9 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
     fig, axes = plt.subplots(1, len(RATES_MBPS), figsize=(5 * len(RATES_MBPS), 4), sharey=True)
     fig_b, ax_b = plt.subplots(figsize=(6, 4))
     colours = plt.get_cmap("tab20")  # a colour per row (tab10 repeats after ten rows)
-    for i, row in enumerate(ROWS):
-        runs, cost = results.get(row.key), compute.get(row.key)
-        if not runs or cost is None:
-            continue
+    drawn = [row for row in ROWS if results.get(row.key) and compute.get(row.key)]  # a colour per drawn row:
+    for i, row in enumerate(drawn):  # tab20 gives its last colour to every index past 19
+        runs, cost = results[row.key], compute[row.key]
         run = runs[0]  # the first seed's curve (the table gives the spread)
         if row.key == "ddp":  # the reference of the targets: DDP on a network of zero cost
             for ax in axes:
@@ -169,6 +170,7 @@ def write_report(out: Path, workers: list[int], seeds: list[int], lrs: dict, n_s
                     f"quarter before N improves {', '.join(f'{g:.2%}' for g in ref['quarter_gain'])} (per seed); one "
                     f"evaluation scatters {', '.join(f'{e:.2%}' for e in ref['evaluation_noise'])} (after N/2).\n")
         text.append(targets(lines, w))
+        text.append(quality_at_rate(lines))
         everything["workers"][str(w)] = {"reference": ref, "rows": lines,
                                          "seeds": {k: [c["seed"] for c in v] for k, v in results.items()}}
         plot(out, results, compute, w, ref["target"])

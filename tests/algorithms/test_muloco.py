@@ -86,3 +86,51 @@ def test_muloco_spec_has_diloco_s_outer_warmup(make_config):
             run.train_step()
     assert not torch.equal(ramped.algorithm.theta, constant.algorithm.theta)
     assert ramped.algorithm.outer[0].steps == 3
+
+
+def test_scheduled_muon_steps_at_the_schedule_s_rate_and_resumes():
+    """A scheduled Muon (cosine, warm-up 2, floor 0.1, over 6 updates) moves update k by η·f(k):
+    the reference is the constant-η rule of the first test with η·f(k) written out; its update
+    count is in the state, so a copy resumed at update 3 continues the schedule."""
+    from gradwire.algorithms.optim import CosineLR
+
+    g = torch.Generator().manual_seed(1)
+    w0 = torch.randn(5, 8, generator=g, dtype=torch.float64)
+    grads = [torch.randn(5, 8, generator=g, dtype=torch.float64) for _ in range(6)]
+    spec = dict(lr_schedule="cosine:warmup=2,min_ratio=0.1", horizon=6)
+    ours = Muon(w0.clone(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, **spec)
+    f = CosineLR(warmup=2, min_ratio=0.1)
+    w, buffer = w0.clone(), torch.zeros_like(w0)
+    for k, gk in enumerate(grads):
+        ours.apply(gk)
+        lr = 0.05 * f.factor(k, 6)
+        buffer = 0.9 * buffer + gk
+        w = w * (1 - lr * 0.1) - lr * reference_orthogonalise(gk + 0.9 * buffer)
+        if k == 2:
+            resumed = Muon(ours.w.clone(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.1, **spec)
+            resumed.load_state_dict({key: v.clone() if torch.is_tensor(v) else v
+                                     for key, v in ours.state_dict().items()})
+        elif k > 2:
+            resumed.apply(gk)
+    assert f.factor(0, 6) == 0.5 and f.factor(5, 6) < 0.3  # the rates differ: a constant η would not match
+    torch.testing.assert_close(ours.w, w, rtol=0, atol=1e-12)
+    assert torch.equal(resumed.w, ours.w)
+
+
+def test_muon_lr_ratio_ties_muon_s_rate_to_lr_and_its_schedule(make_config):
+    """``muon_lr_ratio=R``: every Muon part starts at R·--lr under --lr-schedule; the default keeps
+    muon_lr constant; a negative ratio is refused with its value."""
+    from gradwire.algorithms.muloco import MuLoCo
+    from gradwire.errors import ConfigError
+
+    cfg = make_config(algorithm="muloco:inner_steps=3,muon_lr_ratio=5", task="digits-mlp", lr=0.004, steps=12,
+                      lr_schedule="cosine:warmup=2,min_ratio=0.1")
+    muons = [rule for *_, rule in Run(cfg).algorithm.replicas.opt[0].parts if isinstance(rule, Muon)]
+    assert muons and all(m.rate.base == pytest.approx(0.02) and not m.rate.constant and m.rate.horizon == 12
+                         for m in muons)
+    default = Run(make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.004, steps=12,
+                              lr_schedule="cosine:warmup=2,min_ratio=0.1"))
+    assert all(r.rate.constant and r.rate.base == 0.02 for *_, r in default.algorithm.replicas.opt[0].parts
+               if isinstance(r, Muon))
+    with pytest.raises((ConfigError, ValueError), match="muon_lr_ratio.*-1"):
+        MuLoCo(muon_lr_ratio=-1)

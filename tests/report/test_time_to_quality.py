@@ -183,3 +183,55 @@ def test_every_row_is_a_valid_spec_and_its_overlap_matches_its_algorithm(ttq):
         name, params = parse_spec(row.algorithm)
         if "anneal" in row.key:
             assert params.get("outer_schedule") == "inner", row.key
+
+
+def test_the_bit_rate_table_keeps_rows_at_or_under_the_rate_and_says_which_reached(ttq):
+    """Bits per parameter per round from the payload (8·B/params), per step that over the period;
+    the ≤ 0.25-bit table lists the rows at or under it, reached or not, and none above."""
+    steps = [100, 200, 300, 400]
+    curve = dict(steps=steps, params=1000, bytes=[1, 2, 3, 4])
+    results = {"ddp": [curve | dict(losses=[3.0, 2.5, 2.1, 2.0])],
+               "muloco-k96-h3": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9]), curve | dict(losses=[2.9, 2.6, 2.2, 2.1])],
+               "sparseloco-k96-h3": [curve | dict(losses=[3.0, 2.9, 2.8, 2.7])],
+               "muloco-h3": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9])]}
+    compute = {k: {"compute_s": 0.01, "backward_s": 0.006, "payload_bytes": 4000.0} for k in results}
+    compute["muloco-k96-h3"]["payload_bytes"] = 30.0    # 0.24 bits a parameter a round
+    compute["sparseloco-k96-h3"]["payload_bytes"] = 31.25  # 0.25: at the rate, counted
+    compute["muloco-h3"]["payload_bytes"] = 32.0        # 0.256: above it
+    lines = ttq.table_rows(2.05, results, compute, 4)
+    by = {line["key"]: line for line in lines}
+    assert by["muloco-k96-h3"]["bits_per_param_round"] == pytest.approx(0.24)
+    assert by["muloco-k96-h3"]["bits_per_param_step"] == pytest.approx(0.08)  # H = 3
+    text = ttq.quality_at_rate(lines)
+    assert "| MuLoCo H=3 top-k 96/4096 + EF | 0.240 | yes, 1 of 2 seeds | 300 |" in text
+    assert "| SparseLoCo H=3 top-k 96/4096 α=1 | 0.250 | no (best 2.7000) | — |" in text
+    assert "2-bit" not in text and "DDP (AdamW)" not in text
+    assert "none ran" in ttq.quality_at_rate(lines, max_bits=0.1)
+
+
+def test_the_low_communication_rows_gather_their_messages_and_tie_muon_to_the_walked_rate(ttq):
+    """MuLoCo, SparseLoCo and DeMo send messages that cannot be summed on the way: allgather; the
+    MuLoCo rows scale Muon's η with the trial's lr (one walked rate for both of its optimizers)."""
+    for key in ("muloco-k96-h3", "muloco-h3", "muloco-k96-h10", "sparseloco-k96-h3", "demo-k1of64"):
+        assert ttq.ROW[key].collective == "allgather" and ttq.ROW[key].overlap == "none"
+    assert ttq.ROW["muloco-k96-h10"].period == 10 and ttq.ROW["demo-k1of64"].period == 1
+    assert f"muon_lr_ratio={ttq.MUON_LR_RATIO}" in ttq.ROW["muloco-h3"].algorithm
+    assert ttq.ROW["muloco-k96-h3"].run == {"compressor": ttq.MESSAGE_K96} and ttq.ROW["muloco-h3"].run == {}
+
+
+def test_tune_with_lrs_screens_those_rates_only_and_never_chooses_one(ttq, tmp_path):
+    """``tune --lrs``, end to end on a tiny run (N = 60 steps, 2 workers): the given rates are trained
+    on the tuning seed and recorded in screening/<row>.json, outside the walk: no tuning/<row>.json,
+    so no chosen rate."""
+    out = tmp_path / "ttq"
+    assert ttq.main(["tune", "--rows", "ddp", "--lrs", "0.002,0.004", "--n-steps", "60", "--workers", "2",
+                     "--out", str(out)]) == 0
+    import json
+
+    screened = json.loads((out / "screening" / "ddp.json").read_text())
+    assert screened["row"] == "ddp" and set(screened["trials"]) == {"0.002", "0.004"}
+    assert all(2.0 < q < 6.0 for q in screened["trials"].values())  # a byte-level loss after 60 steps: finite
+    assert screened["trials"]["0.002"] != screened["trials"]["0.004"]
+    assert not (out / "tuning").exists() and not (out / "tuning.json").exists()
+    curve = json.loads((out / "w2" / "ddp" / "lr0.002-seed0" / "curve.json").read_text())
+    assert curve["seed"] == ttq.TUNING_SEED and curve["steps"][-1] == 60

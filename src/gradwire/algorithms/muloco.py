@@ -27,7 +27,9 @@ Defaults: Muon's η 0.02 and μ 0.95 (Nesterov) as its authors give them; the ou
 DiLoCo's Nesterov SGD at 0.7 but with momentum 0.5, not 0.9: on digits-mlp (4 workers, H = 10)
 momentum 0.9 with the ternary deltas' error feedback diverged (train loss 8.8 after 600 steps),
 0.5 trained (0.037 after 300), and 0.9 with fp16 deltas (no residual) trained too (0.041).
-Muon's η is constant (``--lr-schedule`` schedules the AdamW part only). H = 20 inner steps and the
+Muon's η is constant by default (``--lr-schedule`` schedules the AdamW part only); with
+``muon_lr_ratio=R`` it is R times --lr and follows --lr-schedule update by update, as the AdamW
+part does, so that one rate (a learning-rate search's) sets and schedules both. H = 20 inner steps and the
 AdamW part's --lr 0.01 (DiLoCo's) are the defaults that learned best on the default task
 (docs/defaults.md).
 """
@@ -41,7 +43,7 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS
 from gradwire.algorithms.diloco import DILOCO_PARAMS, OUTER_WARMUP, DiLoCo
-from gradwire.algorithms.optim import AdamW
+from gradwire.algorithms.optim import AdamW, ScheduledRate
 from gradwire.spec import require
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al. 2024
@@ -60,25 +62,32 @@ def newton_schulz(u: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 
 class Muon:
-    """Muon on one matrix view of the flat parameters (state: the momentum buffer)."""
+    """Muon on one matrix view of the flat parameters (state: the momentum buffer and the update
+    count, which a scheduled η (``lr_schedule``, as ``ScheduledRate``) is indexed by)."""
 
-    def __init__(self, w: torch.Tensor, *, lr: float, momentum: float, nesterov: bool, weight_decay: float):
+    def __init__(self, w: torch.Tensor, *, lr: float, momentum: float, nesterov: bool, weight_decay: float,
+                 lr_schedule: str = "constant", horizon: int = 0):
         self.w, self.lr, self.momentum, self.nesterov, self.weight_decay = w, lr, momentum, nesterov, weight_decay
+        self.rate = ScheduledRate(lr, lr_schedule, horizon)
         self.buffer = torch.zeros_like(w)
         self.scale = math.sqrt(max(1.0, w.shape[0] / w.shape[1]))
+        self.steps = 0
 
     def apply(self, grad: torch.Tensor) -> None:
+        lr = self.rate.at(self.steps)
+        self.steps += 1
         self.buffer.mul_(self.momentum).add_(grad)
         update = grad.add(self.buffer, alpha=self.momentum) if self.nesterov else self.buffer
         if self.weight_decay:
-            self.w.mul_(1 - self.lr * self.weight_decay)
-        self.w.add_(newton_schulz(update), alpha=-self.lr * self.scale)
+            self.w.mul_(1 - lr * self.weight_decay)
+        self.w.add_(newton_schulz(update), alpha=-lr * self.scale)
 
     def state_dict(self) -> dict:
-        return {"buffer": self.buffer}
+        return {"buffer": self.buffer, "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.copy_(state["buffer"])
+        self.steps = int(state.get("steps", 0))  # checkpoints from before the count: a constant η needs none
 
 
 class MuonAdamW:
@@ -113,7 +122,9 @@ MULOCO_PARAMS = {
     "outer_lr": DILOCO_PARAMS["outer_lr"],
     "outer_momentum": DILOCO_PARAMS["outer_momentum"],
     "outer_warmup": DILOCO_PARAMS["outer_warmup"],
-    "muon_lr": "η of Muon on the weight matrices (Muon's authors: 0.02); other tensors: AdamW at --lr",
+    "muon_lr": "η of Muon on the weight matrices (Muon's authors: 0.02), constant; other tensors: AdamW at --lr",
+    "muon_lr_ratio": "R > 0: Muon's η is R·--lr instead of muon_lr, scheduled by --lr-schedule as the AdamW part "
+                     "(0: muon_lr, constant)",
     "muon_momentum": "Muon's momentum μ (Muon's authors: 0.95)",
     "nesterov": "Muon's Nesterov form U = G + μ B (Muon's authors: true)",
     "beta1": "AdamW β1 of the non-matrix tensors",
@@ -130,15 +141,18 @@ class MuLoCo(DiLoCo):
     default_compressor = "pquant:p=inf,block=32"
 
     def __init__(self, *, inner_steps: int = 20, outer_lr: float = 0.7, outer_momentum: float = 0.5,
-                 outer_warmup: int = OUTER_WARMUP, muon_lr: float = 0.02, muon_momentum: float = 0.95,
-                 nesterov: bool = True, beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+                 outer_warmup: int = OUTER_WARMUP, muon_lr: float = 0.02, muon_lr_ratio: float = 0.0,
+                 muon_momentum: float = 0.95, nesterov: bool = True, beta1: float = 0.9, beta2: float = 0.95,
+                 eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                          outer_warmup=outer_warmup, inner="adamw",
                          beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
         require(math.isfinite(muon_lr) and muon_lr > 0, f"muon_lr must be a finite number > 0, got {muon_lr}")
+        require(math.isfinite(muon_lr_ratio) and muon_lr_ratio >= 0,
+                f"muon_lr_ratio must be a finite number >= 0 (0: muon_lr, constant), got {muon_lr_ratio}")
         require(0 <= muon_momentum < 1, f"muon_momentum must be in [0, 1), got {muon_momentum}")
-        self.muon_lr, self.muon_momentum, self.nesterov = muon_lr, muon_momentum, nesterov
+        self.muon_lr, self.muon_lr_ratio, self.muon_momentum, self.nesterov = muon_lr, muon_lr_ratio, muon_momentum, \
+            nesterov
 
     def setup(self, ctx, params, optim, codec):
         require(bool(ctx.param_shapes), f"{self.name} needs the model's tensor shapes (Muon works on matrices)")
@@ -146,9 +160,13 @@ class MuLoCo(DiLoCo):
         super().setup(ctx, params, optim, dataclasses.replace(codec, error_feedback=True))
 
     def _inner_optimizer(self, optim):
+        scheduled = self.muon_lr_ratio > 0
+        rate = dict(lr=self.muon_lr_ratio * optim.lr, lr_schedule=optim.lr_schedule, horizon=optim.horizon) \
+            if scheduled else dict(lr=self.muon_lr)
+
         def muon(w):
-            return Muon(w, lr=self.muon_lr, momentum=self.muon_momentum, nesterov=self.nesterov,
-                        weight_decay=self.weight_decay)
+            return Muon(w, momentum=self.muon_momentum, nesterov=self.nesterov, weight_decay=self.weight_decay,
+                        **rate)
 
         def adamw(x):
             return AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
