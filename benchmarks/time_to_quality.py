@@ -183,7 +183,8 @@ ROWS = [
                   "inner_steps=20,fragments=2,overlap=10,alpha=0.5", period=10, tau=10),
     # the low-communication methods at docs/low_communication.md's best settings on stdlib-lm (H = 3)
     muloco_row("muloco-k96-h3", "MuLoCo H=3 top-k 96/4096 + EF", 3, MESSAGE_K96),
-    muloco_row("muloco-h3", "MuLoCo H=3 2-bit pquant + EF", 3),
+    # the blocks of 64 it was measured with (MuLoCo's default became 32 afterwards: docs/defaults.md)
+    muloco_row("muloco-h3", "MuLoCo H=3 2-bit pquant + EF", 3, "pquant:p=inf,block=64"),
     muloco_row("muloco-k96-h10", "MuLoCo H=10 top-k 96/4096 + EF", 10, MESSAGE_K96),
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
                method="sparseloco", collective="allgather"),

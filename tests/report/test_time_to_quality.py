@@ -216,7 +216,8 @@ def test_the_low_communication_rows_gather_their_messages_and_tie_muon_to_the_wa
         assert ttq.ROW[key].collective == "allgather" and ttq.ROW[key].overlap == "none"
     assert ttq.ROW["muloco-k96-h10"].period == 10 and ttq.ROW["demo-k1of64"].period == 1
     assert f"muon_lr_ratio={ttq.MUON_LR_RATIO}" in ttq.ROW["muloco-h3"].algorithm
-    assert ttq.ROW["muloco-k96-h3"].run == {"compressor": ttq.MESSAGE_K96} and ttq.ROW["muloco-h3"].run == {}
+    assert ttq.ROW["muloco-k96-h3"].run == {"compressor": ttq.MESSAGE_K96}
+    assert ttq.ROW["muloco-h3"].run == {"compressor": "pquant:p=inf,block=64"}
 
 
 def test_tune_with_lrs_screens_those_rates_only_and_never_chooses_one(ttq, tmp_path):
