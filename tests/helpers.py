@@ -130,3 +130,16 @@ def record_inner_steps(alg) -> dict:
 
     alg.replicas.sgd_step = recorded
     return after_inner
+
+
+def record_gradients(r) -> dict:
+    """Each worker's latest minibatch gradient, as ``r.ctx.gradient`` returns it to the algorithm."""
+    grads, gradient = {}, r.ctx.gradient
+
+    def recorded(rank, params, on_ready=None):
+        loss, g = gradient(rank, params)
+        grads[rank] = g.clone()
+        return loss, g
+
+    r.ctx.gradient = recorded
+    return grads

@@ -11,11 +11,10 @@ import torch
 
 from gradwire.algorithms.outer_replicas import split_report
 from gradwire.algorithms.protocol import GRADIENT
-from gradwire.cli import main
 from gradwire.errors import ConfigError
 from gradwire.run.loop import Run, run
 from tests.algorithms.test_async_diloco import delayed_nesterov_reference
-from tests.backends.processes import launch
+from tests.algorithms.test_server_diloco import assert_simulator_equals_threads
 from tests.helpers import final_checkpoint, read_jsonl, states_equal
 
 
@@ -141,12 +140,7 @@ def test_resume_is_bitwise_exact(make_config, tmp_path):
 def test_simulator_and_real_driver_agree_with_one_replica(make_config):
     base = make_config(algorithm="async-diloco:inner_steps=2,dylu=true", workers=1, steps=6, eval_every=3, lr=0.01,
                        stragglers="none:compute_s=0.001")
-    sim = run(base.replace(out=base.out + "-sim"), progress=False)
-    real = run(base.replace(out=base.out + "-threads", backend="threads", timeout_s=30), progress=False)
-    assert sim["status"] == real["status"] == "finished"
-    keys = ("step", "bytes_sent", "train_loss", "test_loss", "test_acc")
-    a, b = read_jsonl(base.out + "-sim/metrics.jsonl"), read_jsonl(base.out + "-threads/metrics.jsonl")
-    assert [{k: x[k] for k in keys} for x in a] == [{k: x[k] for k in keys} for x in b]
+    assert_simulator_equals_threads(base)
 
 
 def test_real_driver_gives_a_slow_replica_fewer_steps(make_config):
@@ -163,20 +157,3 @@ def test_real_driver_gives_a_slow_replica_fewer_steps(make_config):
 def test_bad_setting_is_refused_with_its_value(make_config):
     with pytest.raises(ConfigError, match="dylu"):
         Run(make_config(algorithm="async-diloco:dylu=sometimes"))
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(300)
-def test_dylu_runs_its_protocol_on_gloo_processes(tmp_path, data_dir):
-    """A server process and one replica over torch.distributed: the simulator's figures, the 8-byte
-    reports included in the bytes."""
-    args = ["--task", "digits-mlp", "--steps", "4", "--eval-every", "2", "--batch-size", "16", "--lr", "0.01",
-            "--network", "ring:mbps=100,latency_ms=1", "--seed", "3", "--algorithm",
-            "async-diloco:inner_steps=2,dylu=true"]
-    p = launch(2, args, tmp_path / "torch", data_dir)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert main(["run", *args, "--workers", "1", "--out", str(tmp_path / "sim"), "--data-dir", str(data_dir)]) == 0
-    real, sim = read_jsonl(tmp_path / "torch" / "metrics.jsonl"), read_jsonl(tmp_path / "sim" / "metrics.jsonl")
-    assert [r["step"] for r in real] == [r["step"] for r in sim] == [0, 2, 4]
-    torch.testing.assert_close([r["train_loss"] for r in real], [r["train_loss"] for r in sim], rtol=1e-6, atol=1e-7)
-    assert [r["bytes_sent"] for r in real] == [r["bytes_sent"] for r in sim] and sim[-1]["bytes_sent"] > 0

@@ -13,7 +13,7 @@ from gradwire.algorithms.demo import ChunkDCT
 from gradwire.compress import gapcode
 from gradwire.run.loop import Run
 from tests.algorithms.test_local_updates_checkpoint import only_tensors_and_ints
-from tests.helpers import through_bytes
+from tests.helpers import record_gradients, through_bytes
 
 
 def extract_fast_components(m: np.ndarray, s: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,15 +46,7 @@ def test_steps_match_algorithm_1(make_config, spec):
     x <- (1 - ηλ) x - η sign(Q) (or - η Q), on the workers' own minibatch gradients at x."""
     r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3))
     alg = r.algorithm
-    grads = {}
-    gradient = r.ctx.gradient
-
-    def recorded(rank, params, on_ready=None):
-        loss, g = gradient(rank, params)
-        grads[rank] = g.clone()
-        return loss, g
-
-    r.ctx.gradient = recorded
+    grads = record_gradients(r)
     x = alg.x.numpy().copy()
     m = {k: np.zeros_like(x) for k in range(3)}
     for step in range(1, 9):

@@ -12,6 +12,11 @@ SPECS = ["backup-diloco:backups=0,inner_steps=2", "async-diloco:inner_steps=2"]
 @pytest.mark.parametrize("spec", SPECS)
 def test_simulator_and_real_driver_agree_with_one_replica(make_config, spec):
     base = make_config(algorithm=spec, workers=1, steps=6, eval_every=3, lr=0.01, stragglers="none:compute_s=0.001")
+    assert_simulator_equals_threads(base)
+
+
+def assert_simulator_equals_threads(base) -> None:
+    """``base`` on the simulator and on the threads backend's real driver: the same metrics."""
     sim = run(base.replace(out=base.out + "-sim"), progress=False)
     real = run(base.replace(out=base.out + "-threads", backend="threads", timeout_s=30), progress=False)
     assert sim["status"] == real["status"] == "finished"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gradwire.run.loop import Run
-from tests.helpers import resume_matches
+from tests.helpers import record_gradients, resume_matches
 
 
 @pytest.mark.parametrize(("spec", "schedule", "weight_decay"), [
@@ -24,15 +24,7 @@ def test_steps_match_the_papers_update(make_config, spec, schedule, weight_decay
     r = Run(make_config(algorithm=spec, dtype="float64", lr=lr, workers=4, steps=steps, lr_schedule=schedule,
                         weight_decay=weight_decay))
     alg = r.algorithm
-    grads = {}
-    gradient = r.ctx.gradient
-
-    def recorded(rank, params, on_ready=None):
-        loss, g = gradient(rank, params)
-        grads[rank] = g.clone()
-        return loss, g
-
-    r.ctx.gradient = recorded
+    grads = record_gradients(r)
     beta = alg.momentum
     x = alg.x.numpy().copy()
     m = {k: np.zeros_like(x) for k in range(4)}

@@ -49,7 +49,8 @@ def test_sim_and_torch_backends_agree(tmp_path, data_dir, spec):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("spec", ["backup-diloco:backups=0,inner_steps=2", "async-diloco:inner_steps=2"])
+@pytest.mark.parametrize("spec", ["backup-diloco:backups=0,inner_steps=2", "async-diloco:inner_steps=2",
+                                  "async-diloco:inner_steps=2,dylu=true"])  # DyLU: its 8-byte reports in the bytes
 def test_server_mode_diloco_runs_its_protocol_on_gloo_processes(tmp_path, data_dir, spec):
     """The server-mode protocol over torch.distributed: a server process and one replica, whose
     messages come in one order only, so every figure is the simulator's (bytes: headers and bodies)."""
