@@ -40,7 +40,7 @@ orders still take H. Each Δ is applied as it comes (its number of inner steps d
 as without DyLU.
 
 The protocol runs on both server-mode drivers (``gradwire/servers/``); the simulator charges a
-message the sum of its H inner steps' straggler draws. One step of the run is ``world_size``
+message the sum of its H (with DyLU, H_i) inner steps' straggler draws. One step of the run is ``world_size``
 arrivals (as ``async``), so step k has consumed as many inner steps as k rounds of DiLoCo.
 Evaluation uses the server's θ.
 """

@@ -67,8 +67,8 @@ class Muon:
 
     def __init__(self, w: torch.Tensor, *, lr: float, momentum: float, nesterov: bool, weight_decay: float,
                  lr_schedule: str = "constant", horizon: int = 0):
-        self.w, self.lr, self.momentum, self.nesterov, self.weight_decay = w, lr, momentum, nesterov, weight_decay
-        self.rate = ScheduledRate(lr, lr_schedule, horizon)
+        self.w, self.momentum, self.nesterov, self.weight_decay = w, momentum, nesterov, weight_decay
+        self.rate = ScheduledRate(lr, lr_schedule, horizon)  # η of each update
         self.buffer = torch.zeros_like(w)
         self.scale = math.sqrt(max(1.0, w.shape[0] / w.shape[1]))
         self.steps = 0
