@@ -65,7 +65,12 @@ class Checkpointer:
             self.transport.load_state_dict(state["transport"])
             self.driver.load_state_dict(state, stepdir)
         except (KeyError, TypeError, RuntimeError) as e:
-            raise ConfigError(f"checkpoint does not fit this run ({type(e).__name__}: {e})") from None
+            where = f"checkpoint {stepdir}" if stepdir is not None else "checkpoint"
+            missing = isinstance(e, KeyError) and e.args
+            what = f"its state has no {e.args[0]!r}" if missing else f"{type(e).__name__}: {e}"
+            raise ConfigError(f"{where} does not fit this run ({what}): it was written by another gradwire version or "
+                              "configuration; resume with the gradwire that wrote it, or start afresh with another "
+                              "--out") from None
 
     # -- files ----------------------------------------------------------------------------------------
     def save(self, step: int, extra: dict | None = None, *, part_of_cut: bool = False) -> None:
