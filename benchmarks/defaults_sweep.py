@@ -32,7 +32,7 @@ def one(tmp: Path, **kw) -> tuple[float, float]:
     from gradwire.run.loop import run
 
     started = time.process_time()
-    summary = run(RunConfig(out=str(tmp / "run"), overwrite=True, **kw), progress=False, curves=False)
+    summary = run(RunConfig(out=str(tmp / "run"), overwrite=True, curves=False, **kw), progress=False)
     acc, mb = summary["final"]["test_acc"], summary["bytes_sent"] / 1e6
     print(f"{kw}: test_acc={acc:.3f}, {mb:.2f} MB sent ({time.process_time() - started:.1f} s CPU)", flush=True)
     return acc, mb

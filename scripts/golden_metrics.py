@@ -83,13 +83,13 @@ def record_algorithms(folder: Path) -> int:
     server_modes = ["sync:backups=1", "easgd:async=true", "lsgd:async=true"]  # the defaults' server-mode variants
     for spec in ALGORITHMS.names() + server_modes:
         name = spec.replace(":", "-").replace("=", "-")
-        cfg = RunConfig(algorithm=spec, out=str(runs / f"sim-{name}"), **base)
-        run(cfg, progress=False, curves=False)
-        run(cfg.replace(steps=9, resume=True), progress=False, curves=False)  # from step 6's checkpoint
+        cfg = RunConfig(algorithm=spec, out=str(runs / f"sim-{name}"), curves=False, **base)
+        run(cfg, progress=False)
+        run(cfg.replace(steps=9, resume=True), progress=False)  # from step 6's checkpoint
         if ALGORITHMS.build(spec).needs_server or spec == "sync":
             threads = cfg.replace(backend="threads", workers=1, out=str(runs / f"threads-{name}"), timeout_s=30.0)
             try:
-                run(threads, progress=False, curves=False)
+                run(threads, progress=False)
             except ConfigError as e:  # e.g. backups that one worker cannot have
                 print(f"{spec}: threads backend left out: {e}")
         print(f"{spec}: ok", flush=True)

@@ -40,6 +40,17 @@ def _seed_global_generators(request):
     random.seed(seed)
 
 
+@pytest.fixture(autouse=True)
+def _runs_draw_no_curves(request, monkeypatch):
+    """A run's own curves.png costs 0.6 s of matplotlib per in-process run: 143 of the 330 CPU seconds
+    of tests/algorithms and tests/cli's fast tier (249 runs). Only tests marked ``curves`` draw it;
+    the processes a test starts are given ``--no-curves`` by tests/backends/processes.py."""
+    if request.node.get_closest_marker("curves") is None:
+        from gradwire.report.run_folder import RunFolder
+
+        monkeypatch.setattr(RunFolder, "draw_curves", lambda self, label: None)
+
+
 def pytest_collection_modifyitems(config, items):
     tiers.mark_multiprocess(items)
 

@@ -64,6 +64,7 @@ class RunConfig:
     resume_or_start: bool = False             # continue from OUT/checkpoint/latest, or start at step 0 without one
     overwrite: bool = False                   # replace the run already in OUT (its files and checkpoint/)
     tensorboard: bool = False                 # also write the scalars to OUT/tensorboard (needs tensorboard)
+    curves: bool = True                       # draw OUT/curves.png at the end (--no-curves: gradwire report can, later)
     fault_tolerance: str = "none"             # torch: torchft:min_replicas=N,timeout_s=S,lighthouse=HOST:PORT,replica=K
 
     def label(self) -> str:

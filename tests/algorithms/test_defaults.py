@@ -77,8 +77,8 @@ def test_floors_cover_every_algorithm():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FLOOR))
 def test_every_algorithm_learns_on_its_defaults(name, tmp_path, data_dir):
-    summary = run(RunConfig(algorithm=name, out=str(tmp_path / "run"), data_dir=str(data_dir)), progress=False,
-                  curves=False)
+    summary = run(RunConfig(algorithm=name, out=str(tmp_path / "run"), data_dir=str(data_dir), curves=False),
+                  progress=False)
     acc = summary["final"]["test_acc"]
     assert acc >= FLOOR[name], (name, acc, FLOOR[name])
     if name in MEETS_BAR:

@@ -31,6 +31,7 @@ def test_bad_config_key_in_file(tmp_path):
     assert p.returncode == 2 and "unknown config key 'learning_rate'" in p.stderr and "valid keys:" in p.stderr
 
 
+@pytest.mark.curves
 def test_run_writes_folder_and_flags_override_file(tmp_path, data_dir):
     (tmp_path / "c.toml").write_text('task = "digits-logreg"\nsteps = 999\nworkers = 3\n')
     out = tmp_path / "run"
@@ -51,6 +52,21 @@ def test_run_writes_folder_and_flags_override_file(tmp_path, data_dir):
     assert training == sorted(training) and recs[2]["eval_time_s"] < recs[2]["wall_time_s"]
     assert json.loads((out / "summary.json").read_text())["status"] == "finished"
     assert (out / "curves.png").stat().st_size > 10_000
+
+
+@pytest.mark.curves
+def test_no_curves_leaves_out_curves_png_and_nothing_else(tmp_path, data_dir):
+    from gradwire.cli import main
+
+    small = ["run", "--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2",
+             "--data-dir", str(data_dir)]
+    assert main([*small, "--out", str(tmp_path / "drawn")]) == 0
+    assert main([*small, "--no-curves", "--out", str(tmp_path / "left")]) == 0
+    assert (tmp_path / "drawn" / "curves.png").stat().st_size > 10_000
+    assert not (tmp_path / "left" / "curves.png").exists()
+    drawn = sorted(p.name for p in (tmp_path / "drawn").iterdir())
+    assert sorted(p.name for p in (tmp_path / "left").iterdir()) == [n for n in drawn if n != "curves.png"]
+    assert json.loads((tmp_path / "left" / "config.json").read_text())["curves"] is False
 
 
 def test_a_failure_mid_run_is_recorded_as_failed(tmp_path, data_dir, monkeypatch):

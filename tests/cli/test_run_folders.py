@@ -199,6 +199,7 @@ def test_version():
     assert p.returncode == 0 and p.stdout.strip() == f"gradwire {version()}"
 
 
+@pytest.mark.curves
 @pytest.mark.parametrize("backend, label", [("sim", "simulated time (s)"),
                                             ("torch", "elapsed time (s)")])
 def test_time_axis_is_named_by_backend(tmp_path, monkeypatch, backend, label):

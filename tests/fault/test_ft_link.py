@@ -55,7 +55,7 @@ def test_link_degraded_then_cut_survivors_go_on_replica_rejoins_and_equals_a_rep
 
     algorithm = ["--task", "synthetic-logreg", "--algorithm", "sync"]  # dense: each step's bytes are a formula
     args = [*algorithm, "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
-            "--batch-size", str(BATCH), "--data-dir", str(data_dir)]  # as replicas_run has them
+            "--batch-size", str(BATCH), "--data-dir", str(data_dir), "--no-curves"]  # as replicas_run has them
     # timeout_s=3: a collective in flight when the link goes down fails after 3 s, not the default 10
     # every replica waits after steps 2 and KILL until the test has changed the link (fault/replica.py)
     throttled, cut = tmp_path / "throttled", tmp_path / "cut-done"

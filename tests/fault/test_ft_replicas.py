@@ -51,7 +51,7 @@ def replicas_run(out, data_dir, args, away_env: dict):
     from gradwire.fault.harness import ReplicaSet
 
     rs = ReplicaSet(out, [*args, "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every",
-                          str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir)],
+                          str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir), "--no-curves"],
                     replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
                     heartbeat_timeout_ms=HEARTBEAT_MS, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
     try:
@@ -175,7 +175,7 @@ def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path,
 
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--compressor", "topk:ratio=0.25",
             "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
-            "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
+            "--batch-size", str(BATCH), "--data-dir", str(data_dir), "--no-curves"]
     rs = ReplicaSet(tmp_path / "stop", args, replicas=3, min_replicas=2, timeout_s=3, join_timeout_ms=JOIN_MS,
                     heartbeat_timeout_ms=HEARTBEAT_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(BACK)})
@@ -222,7 +222,7 @@ def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
 
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--steps", str(STEPS), "--eval-every", str(STEPS),
             "--checkpoint-every", str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir),
-            "--stragglers", "tail:p=0,compute_s=0.2"]  # paced, so that the restart falls mid-run
+            "--stragglers", "tail:p=0,compute_s=0.2", "--no-curves"]  # paced, so that the restart falls mid-run
     rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
                     heartbeat_timeout_ms=HEARTBEAT_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(STEPS)})
@@ -254,7 +254,7 @@ def test_replica_added_mid_run_heals_and_takes_part(tmp_path, data_dir):
 
     args = ["--task", "synthetic-logreg", "--algorithm", "sync", "--compressor", "topk:ratio=0.25",
             "--error-feedback", "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
-            "--batch-size", str(BATCH), "--data-dir", str(data_dir)]
+            "--batch-size", str(BATCH), "--data-dir", str(data_dir), "--no-curves"]
     rs = ReplicaSet(tmp_path / "added", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
                     heartbeat_timeout_ms=HEARTBEAT_MS,
                     env={"GRADWIRE_FT_FULL_AT": str(BACK)})

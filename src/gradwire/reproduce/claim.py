@@ -130,9 +130,9 @@ def variants(folder: Path, common: RunConfig, specs: dict[str, dict], title: str
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
     for name, overrides in specs.items():
-        cfg = common.replace(name=name, out=str(folder / slug(name)), overwrite=True, **overrides)
+        cfg = common.replace(name=name, out=str(folder / slug(name)), overwrite=True, curves=report, **overrides)
         try:
-            summary = run(cfg, progress=False, curves=report)
+            summary = run(cfg, progress=False)
         except DivergenceError:
             summary = json.loads((Path(cfg.out) / "summary.json").read_text())
         results[name] = Result(summary, read_jsonl(Path(cfg.out) / "metrics.jsonl"), Path(cfg.out))

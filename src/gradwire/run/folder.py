@@ -8,10 +8,10 @@ import torch
 from gradwire.report.run_folder import RunFolder
 
 
-def open_run_folder(run, resumed: bool, curves: bool) -> RunFolder:
+def open_run_folder(run, resumed: bool) -> RunFolder:
     """The folder of ``run``, opened (written only by the writing process); a resumed run keeps its
     rows up to the checkpoint's step."""
-    folder = RunFolder(run.cfg.out, enabled=run.is_writer, curves=curves)
+    folder = RunFolder(run.cfg.out, enabled=run.is_writer, curves=run.cfg.curves)
     algorithm = run.algorithm
     folder.open(run.cfg.to_dict() | {"algorithm_resolved": algorithm.spec(),
                                      "compressor_resolved": algorithm.compressor_spec() or "none",

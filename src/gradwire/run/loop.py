@@ -284,21 +284,19 @@ def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     return results[0]
 
 
-def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | None = None,
-        curves: bool = True) -> dict:
+def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | None = None) -> dict:
     """Train as configured and write the run folder; returns the summary. Raises DivergenceError
     (after writing the metrics so far and a summary saying so) when training blows up, Stopped on
     SIGTERM or SIGINT (after writing a summary with status "stopped"), ConfigError when the folder
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
-    ``transport``: this process's, for the threads backend (``run_threads``). ``curves=False``
-    leaves out curves.png (``gradwire reproduce --quick``: a second of plotting per run)."""
+    ``transport``: this process's, for the threads backend (``run_threads``)."""
     if cfg.fault_tolerance != "none":  # a replica is up, its imports done (recovery is timed from here)
         if importlib.util.find_spec("torchft") is not None:  # (without it, the spec's check says how to install it)
             import torchft  # noqa: F401 - the last of its imports, 0.1-1.4 s on this machine
         print(f"gradwire run: replica starting ({cfg.fault_tolerance})", file=sys.stderr, flush=True)
     cfg = resolved(cfg)  # the algorithm's --lr and --momentum where not given (config.json holds them)
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
-        return _run(cfg, progress, transport, None, curves)
+        return _run(cfg, progress, transport, None)
     check_combination(cfg)  # before the folder is claimed (and made)
     _refuse_one_process_backend_under_torchrun(cfg)
     check_resume(cfg)  # every process: they all see the folder
@@ -309,7 +307,7 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
         if cfg.backend == "threads":
             return run_threads(cfg, progress=progress)
         signals.install()
-        return _run(cfg, progress, None, signals, curves)
+        return _run(cfg, progress, None, signals)
     finally:
         signals.restore()
         if lock is not None:
@@ -338,25 +336,24 @@ def check_resume(cfg: RunConfig) -> None:
                       "--resume-or-start to start from step 0 when there is no checkpoint (--resume)")
 
 
-def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None,
-         curves: bool = True) -> dict:
+def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None) -> dict:
     """Build the run, resume it if asked, and hand it to its driver, which runs the loop below
     (every process but a server-mode worker's, which runs its own: servers/real.py)."""
     started = time.perf_counter()
     r = Run(cfg, transport)
     resumed = cfg.resuming and r.resume()
     timeline = r.record_timeline(Path(cfg.out), resumed)
-    return r.driver.train(lambda: _train(r, resumed, timeline, progress, signals, curves, started))
+    return r.driver.train(lambda: _train(r, resumed, timeline, progress, signals, started))
 
 
 def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, signals: StopSignals | None,
-           curves: bool, started: float) -> dict:
+           started: float) -> dict:
     """The run loop: steps, evaluations, checkpoints, progress, and the summary at the end."""
     cfg = r.cfg
     mode, interval = progress_mode(progress)
     if not r.is_writer:
         mode = None
-    folder = open_run_folder(r, resumed, curves)
+    folder = open_run_folder(r, resumed)
     evaluator = Evaluator(r, folder)
     records = folder.records
     status, error, stopped = "finished", None, None
