@@ -9,6 +9,7 @@ from gradwire.run.loop import Run, run
 from tests.helpers import final_checkpoint, states_equal, torch_on_mean_gradient
 
 ADAMW = dict(optimizer="adamw:beta2=0.95", lr=0.01, weight_decay=0.1)
+MUON = dict(optimizer="muon:lr_ratio=5", lr=0.004, weight_decay=0.1)
 
 
 def _torch_adamw_on_mean_gradient(r: Run, steps: int) -> torch.Tensor:
@@ -45,6 +46,51 @@ def test_adamw_state_resumes_bitwise(make_config, tmp_path, kw):
     assert _holds_key(final_checkpoint(tmp_path / "whole")["state"], "exp_avg_sq")  # AdamW's moments were compared
 
 
+class _ReferenceMuon:
+    """Muon (Jordan et al. 2024) on the 2-D tensors, written from the blog post's update (momentum
+    buffer B <- μB + G, Nesterov U = G + μB, decoupled decay, W <- W - η·sqrt(max(1, rows/cols))·NS5(U)),
+    torch.optim.AdamW (β 0.9/0.95) on the rest: the reference for ``--optimizer muon``."""
+
+    def __init__(self, params, *, lr, ratio, decay, mu=0.95):
+        params = list(params)
+        self.matrices = [p for p in params if p.dim() == 2]
+        self.buffers = [torch.zeros_like(p) for p in self.matrices]
+        self.eta, self.decay, self.mu = ratio * lr, decay, mu
+        self.adamw = torch.optim.AdamW([p for p in params if p.dim() != 2], lr=lr, betas=(0.9, 0.95), eps=1e-8,
+                                       weight_decay=decay)
+
+    def step(self):
+        from tests.algorithms.test_muloco import reference_orthogonalise
+
+        with torch.no_grad():
+            for w, b in zip(self.matrices, self.buffers):
+                b.mul_(self.mu).add_(w.grad)
+                w.mul_(1 - self.eta * self.decay)
+                scale = self.eta * max(1, w.shape[0] / w.shape[1]) ** 0.5
+                w.sub_(scale * reference_orthogonalise(w.grad + self.mu * b))
+        self.adamw.step()
+
+
+@pytest.mark.parametrize("algorithm", ["sync", "local:period=1"])
+def test_muon_on_the_mean_gradient_equals_the_reference(make_config, algorithm):
+    # digits-mlp: two weight matrices (Muon) and two biases (AdamW)
+    workers = 3 if algorithm == "sync" else 1
+    r = Run(make_config(MUON, task="digits-mlp", algorithm=algorithm, workers=workers, steps=6))
+    reference = torch_on_mean_gradient(r, 6, lambda p: _ReferenceMuon(p, lr=0.004, ratio=5, decay=0.1))
+    for _ in range(6):
+        r.train_step()
+    torch.testing.assert_close(r.algorithm.eval_params(), reference, rtol=1e-4, atol=1e-5)
+
+
+def test_muon_state_resumes_bitwise(make_config, tmp_path):
+    cfg = dict(MUON, task="digits-mlp", steps=8, checkpoint_every=4, workers=3)
+    run(make_config(cfg, out="whole"), progress=False)
+    run(make_config(cfg, out="split", steps=6), progress=False)
+    assert run(make_config(cfg, out="split", resume=True), progress=False)["resumed"]
+    assert states_equal(final_checkpoint(tmp_path / "whole")["state"], final_checkpoint(tmp_path / "split")["state"])
+    assert _holds_key(final_checkpoint(tmp_path / "whole")["state"], "buffer")  # Muon's momentum was compared
+
+
 def _holds_key(state, key: str) -> bool:
     if isinstance(state, dict):
         return key in state or any(_holds_key(v, key) for v in state.values())
@@ -59,7 +105,9 @@ def test_checkpoint_names_a_changed_optimizer(make_config):
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--optimizer", "adam"], "unknown optimizer 'adam'; valid optimizers: adamw, sgd"),
+    (["--optimizer", "adam"], "unknown optimizer 'adam'; valid optimizers: adamw, muon, sgd"),
+    (["--optimizer", "muon", "--momentum", "0.9"], "momentum=0.9 applies to --optimizer sgd"),
+    (["--optimizer", "muon:lr_ratio=0"], "lr_ratio=0.0 must be a finite number > 0"),
     (["--optimizer", "adamw:beta2=1.5"], "beta2=1.5 must be in [0, 1)"),
     (["--optimizer", "adamw", "--momentum", "0.9"], "momentum=0.9 applies to --optimizer sgd"),
     (["--optimizer", "adamw", "--algorithm", "diana"], "diana (heavy-ball momentum of its own on the master) "

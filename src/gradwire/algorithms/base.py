@@ -46,6 +46,7 @@ class OptimConfig:
     optimizer: str = "sgd"       # update rule spec (algorithms/optim.py OPTIMIZERS): sgd or adamw:beta2=...
     lr_schedule: str = "constant"  # how lr changes over the updates (optim.py LR_SCHEDULES): constant, cosine, linear
     horizon: int = 0             # the updates a schedule spans (the run's --steps); unused by constant
+    shapes: tuple = ()           # the model's tensors in the flat vector's order (muon finds the matrices)
 
 
 @dataclass(frozen=True)

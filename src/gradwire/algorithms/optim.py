@@ -209,6 +209,36 @@ class AdamWRule:
                      lr_schedule=optim.lr_schedule, horizon=optim.horizon)
 
 
+@OPTIMIZERS.register("muon", help="Muon (Jordan et al. 2024) on every weight matrix, AdamW on the other tensors, on "
+                     "the averaged gradient: MuLoCo's inner rule (algorithms/muloco.py) as a data-parallel optimizer. "
+                     "--lr is AdamW's and Muon's η is lr_ratio·--lr, both following --lr-schedule; --weight-decay "
+                     "decays both; --momentum must stay 0 (Muon's is its own)",
+                     params={"lr_ratio": "R > 0: Muon's η = R·--lr (R = 10 puts Muon's authors' η 0.02 at --lr 2e-3)",
+                             "momentum": "Muon's momentum μ (Muon's authors: 0.95)",
+                             "nesterov": "Muon's Nesterov form U = G + μ B (Muon's authors: true)",
+                             "beta1": "AdamW β1 of the non-matrix tensors", "beta2": "AdamW β2 of the non-matrix "
+                             "tensors", "eps": "AdamW ε"})
+class MuonRule:
+    def __init__(self, *, lr_ratio: float = 10.0, momentum: float = 0.95, nesterov: bool = True, beta1: float = 0.9,
+                 beta2: float = 0.95, eps: float = 1e-8):
+        require(math.isfinite(lr_ratio) and lr_ratio > 0, f"lr_ratio={lr_ratio} must be a finite number > 0")
+        require(0 <= momentum < 1, f"momentum={momentum} must be in [0, 1)")
+        AdamWRule(beta1=beta1, beta2=beta2, eps=eps)  # the same checks
+        self.lr_ratio, self.momentum, self.nesterov = lr_ratio, momentum, nesterov
+        self.betas, self.eps = (beta1, beta2), eps
+
+    def make(self, x: torch.Tensor, optim: OptimConfig):
+        from gradwire.algorithms.muloco import Muon, MuonAdamW  # (muloco builds on this module)
+
+        require(bool(optim.shapes), "--optimizer muon needs the model's tensor shapes (Muon works on its matrices)")
+        schedule = dict(lr_schedule=optim.lr_schedule, horizon=optim.horizon)
+        return MuonAdamW(x, optim.shapes,
+                         muon=lambda w: Muon(w, lr=self.lr_ratio * optim.lr, momentum=self.momentum,
+                                             nesterov=self.nesterov, weight_decay=optim.weight_decay, **schedule),
+                         adamw=lambda v: AdamW(v, lr=optim.lr, betas=self.betas, eps=self.eps,
+                                               weight_decay=optim.weight_decay, l1=optim.l1, **schedule))
+
+
 def make_optimizer(x: torch.Tensor, optim: OptimConfig) -> HeavyBall | AdamW:
     """The update rule ``optim.optimizer`` names, updating the flat vector ``x`` in place."""
     return OPTIMIZERS.build(optim.optimizer).make(x, optim)

@@ -153,7 +153,8 @@ class Run:
                            param_shapes=tuple(self.model.shapes), outer_state=cfg.outer_state,
                            backward_collectives=bool(self.tensor_parallel))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
-                            l1=self.task.l1, optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, horizon=cfg.steps)
+                            l1=self.task.l1, optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, horizon=cfg.steps,
+                            shapes=tuple(self.model.shapes))
         self.optim_config = optim
         self.codec_config = CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback)
         try:
