@@ -56,6 +56,28 @@ def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
     assert (written["lr"], written["momentum"]) == (ALGORITHMS.build("sync").default_lr, 0.0)
 
 
+def test_a_left_out_lr_schedule_is_the_algorithms_own_and_config_json_records_it(tmp_path, data_dir, monkeypatch):
+    assert RunConfig().lr_schedule is None
+    for name in ALGORITHMS.names():
+        assert resolved(RunConfig(algorithm=name)).lr_schedule == ALGORITHMS.build(name).default_lr_schedule, name
+        assert resolved(RunConfig(algorithm=name, lr_schedule="cosine")).lr_schedule == "cosine", name  # given: kept
+    # a class whose default is a decay runs exactly as the same decay given on the command line
+    monkeypatch.setattr(type(ALGORITHMS.build("sync")), "default_lr_schedule", "linear")
+    common = dict(task="digits-logreg", workers=2, steps=4, eval_every=1, data_dir=str(data_dir))
+    assert resolved(RunConfig(**common, lr=0.1, momentum=0.0)).lr_schedule == "linear"  # lr given: still filled in
+    left_out, given = tmp_path / "left-out", tmp_path / "given"
+    run(RunConfig(**common, out=str(left_out)), progress=False, curves=False)
+    run(RunConfig(**common, out=str(given), lr_schedule="linear"), progress=False, curves=False)
+    assert json.loads((left_out / "config.json").read_text())["lr_schedule"] == "linear"
+    lines = [(folder / "metrics.jsonl").read_text().splitlines() for folder in (left_out, given)]
+    strip = [[{k: v for k, v in json.loads(line).items() if "time" not in k} for line in ls] for ls in lines]
+    assert strip[0] == strip[1] and len(strip[0]) >= 4
+    constant = tmp_path / "constant"  # and differs from the constant rate
+    run(RunConfig(**common, out=str(constant), lr_schedule="constant"), progress=False, curves=False)
+    last = [json.loads((f / "metrics.jsonl").read_text().splitlines()[-1])["train_loss"] for f in (left_out, constant)]
+    assert last[0] != last[1]
+
+
 def test_the_task_scales_the_default_gradient_step_and_config_json_records_the_product(tmp_path, data_dir):
     assert default_lr_scale("mnist1d-mlp") == 2.0
     assert {default_lr_scale(t) for t in TASKS.names() if t != "mnist1d-mlp"} == {1.0}

@@ -145,10 +145,11 @@ class Algorithm(Specced, ABC):
     # the compressor its averager uses when --compressor is "none" ("none": gradients travel as they
     # are); None: the algorithm has no averager (it sends parameters, or chooses its compressors itself)
     default_compressor: str | None = None  # which parameters evaluation uses (recorded in the metrics)
-    # --lr and --momentum when they are not given (gradwire.run.combination.resolved): chosen per algorithm so that
-    # each learns on the default task in the default steps (docs/defaults.md)
+    # --lr, --momentum and --lr-schedule when they are not given (gradwire.run.combination.resolved): chosen per
+    # algorithm so that each learns on the default task in the default steps (docs/defaults.md)
     default_lr: float = 0.05
     default_momentum: float = 0.0
+    default_lr_schedule: str = "constant"
     # whether --lr left out is default_lr times the task's default_lr_scale (tasks/base.py): true where
     # --lr scales a gradient step; false where it is a step in the parameters' own units (AdamW's,
     # a sign's) or bounded by something other than the task (async's staleness); docs/defaults.md
