@@ -50,8 +50,9 @@ def resolved(cfg: RunConfig) -> RunConfig:
     algorithm's own defaults (``Algorithm.default_lr``, ``default_momentum``, ``default_lr_schedule``,
     class attributes chosen so that each algorithm learns on the default task, docs/defaults.md), the
     learning rate times the task's ``default_lr_scale`` where the algorithm's --lr is a gradient step
-    (``lr_scales_with_task``; mnist1d-mlp takes twice the step of most tasks); momentum only under
-    --optimizer sgd. The algorithm is built to ask it: some specs choose the class (``easgd:async=true``)."""
+    (``lr_scales_with_task``; mnist1d-mlp takes twice the step of most tasks), or the algorithm's own
+    rate on a task it names (``default_lr_on_task``: Leader SGD's on mnist1d-mlp); learning rate and
+    momentum only under --optimizer sgd. The algorithm is built to ask it: some specs choose the class (``easgd:async=true``)."""
     if cfg.lr is not None and cfg.momentum is not None and cfg.lr_schedule is not None:
         return cfg
     return _with_defaults_of(_algorithm(cfg), cfg)
@@ -64,9 +65,13 @@ def _algorithm(cfg: RunConfig) -> Algorithm:
 
 def _with_defaults_of(algorithm: Algorithm, cfg: RunConfig) -> RunConfig:
     lr = algorithm.default_lr
-    if cfg.lr is None and algorithm.lr_scales_with_task and parse_spec(cfg.optimizer)[0] == "sgd":
-        with naming_flag("task"):
-            lr *= default_lr_scale(cfg.task)  # the task's own scale of a gradient step (mnist1d-mlp: 2)
+    if cfg.lr is None and parse_spec(cfg.optimizer)[0] == "sgd":
+        own = algorithm.default_lr_on_task.get(parse_spec(cfg.task)[0])  # the algorithm's own on a named task
+        if own is not None:
+            lr = own
+        elif algorithm.lr_scales_with_task:
+            with naming_flag("task"):
+                lr *= default_lr_scale(cfg.task)  # the task's own scale of a gradient step (mnist1d-mlp: 2)
     return cfg.with_defaults(default_lr=lr, default_momentum=algorithm.default_momentum,
                              default_lr_schedule=algorithm.default_lr_schedule)
 
