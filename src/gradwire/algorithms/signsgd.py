@@ -10,7 +10,7 @@ zero. Every worker applies x <- x - γ_k·vote, γ_k being --lr under --lr-sched
 defaults decay the rate: --lr 0.003 falling linearly to 0 at the last step (``default_lr_schedule``;
 a sign moves every coordinate by the full rate whatever its gradient, so a constant rate large enough
 to learn in 500 steps keeps the parameters jumping at the end). On the default task that learned 2.7
-points more than the constant 0.001 on the table's seeds, on the CNN 9 (docs/defaults.md, sixth round).
+points more than the constant 0.001 on the table's seeds, on the CNN 10 (docs/defaults.md, sixth round).
 """
 
 from __future__ import annotations
