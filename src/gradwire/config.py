@@ -47,7 +47,8 @@ class RunConfig:
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float | None = None                   # step size γ (left out: the algorithm's, task-scaled: docs/defaults.md)
     optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw:beta1=0.9,beta2=0.999,eps=1e-8
-    lr_schedule: str | None = None            # lr over the run: constant, cosine:warmup=W,min_ratio=R, linear:... (left out: the algorithm's)
+    lr_schedule: str | None = None            # lr over the run: constant, cosine:warmup=W,min_ratio=R, linear:...
+    #                                           (left out: the algorithm's, constant for most: docs/defaults.md)
     momentum: float | None = None             # heavy-ball momentum β (left out: the algorithm's own)
     nesterov: bool = False                    # Nesterov momentum (as torch.optim.SGD's); needs momentum > 0
     weight_decay: float = 0.0                 # weight decay: added to the gradient (sgd), decoupled (adamw)

@@ -5,10 +5,10 @@ The first stage, ``RunConfig.validate`` (gradwire/config.py), checks every value
 on its own and imports no layer above the config. :func:`check_combination` takes a config through
 it, then asks the components what they support, each answer declared on its class: the algorithm
 (``needs_server``, ``carries_rounds``, ``averages_during_backward``, ``default_compressor``, and its
-``default_lr``, ``default_momentum`` and ``default_lr_schedule`` for :func:`resolved`), the learning-rate schedule (a warm-up
-that fits in the steps), the kernel sets (whether Triton can run here), the task (the transformer
-that tensor parallelism splits, and the layout's fit: ``gradwire.parallel.layout``) and the
-fault-tolerance spec (``transports/ft_spec.py``).
+``default_lr``, ``default_momentum``, ``default_lr_schedule`` and ``default_lr_on_task`` for
+:func:`resolved`), the learning-rate schedule (a warm-up that fits in the steps), the kernel sets
+(whether Triton can run here), the task (the transformer that tensor parallelism splits, and the
+layout's fit: ``gradwire.parallel.layout``) and the fault-tolerance spec (``transports/ft_spec.py``).
 
 It lives in run/ because run/ is the layer that builds all of these; the run, ``run_threads``,
 ``gradwire launch``, ``gradwire plan`` and ``gradwire compare`` sit at or above it and call it,
@@ -52,7 +52,8 @@ def resolved(cfg: RunConfig) -> RunConfig:
     learning rate times the task's ``default_lr_scale`` where the algorithm's --lr is a gradient step
     (``lr_scales_with_task``; mnist1d-mlp takes twice the step of most tasks), or the algorithm's own
     rate on a task it names (``default_lr_on_task``: Leader SGD's on mnist1d-mlp); learning rate and
-    momentum only under --optimizer sgd. The algorithm is built to ask it: some specs choose the class (``easgd:async=true``)."""
+    momentum only under --optimizer sgd. The algorithm is built to ask it: some specs choose the class
+    (``easgd:async=true``)."""
     if cfg.lr is not None and cfg.momentum is not None and cfg.lr_schedule is not None:
         return cfg
     return _with_defaults_of(_algorithm(cfg), cfg)
