@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_flags(p, only=("task", "steps", "batch_size", "seed", "optimizer", "lr", "momentum", "weight_decay",
                            "lr_schedule", "error_feedback", "eval_every", "out", "name", "data_dir", "timeout_s"),
                   defaults={"task": "stdlib-lm", "steps": 200, "batch_size": 8, "lr": 0.05, "momentum": None,
+                            "lr_schedule": "constant",
                             "weight_decay": None, "out": "runs/ddp", "name": None, "timeout_s": 600.0},
                   helps={"batch_size": "per rank", "optimizer": "sgd or adamw (AdamW's settings: --beta1, --beta2, "
                          "--eps)", "momentum": "sgd only; left out: 0.9",

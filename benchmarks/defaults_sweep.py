@@ -18,6 +18,7 @@ sync SGD, ``--reference``).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -27,12 +28,18 @@ from gradwire.cli.flags import add_run_flags, parse_run_args
 
 
 def one(tmp: Path, **kw) -> tuple[float, float]:
-    """One run: (final test accuracy, megabytes sent)."""
+    """One run: (final test accuracy, megabytes sent); a run that diverges is recorded, as accuracy
+    NaN and its step, and the sweep goes on (every trial is reported, failures included)."""
     from gradwire.config import RunConfig
+    from gradwire.errors import DivergenceError
     from gradwire.run.loop import run
 
     started = time.process_time()
-    summary = run(RunConfig(out=str(tmp / "run"), overwrite=True, curves=False, **kw), progress=False)
+    try:
+        summary = run(RunConfig(out=str(tmp / "run"), overwrite=True, curves=False, **kw), progress=False)
+    except DivergenceError as e:
+        print(f"{kw}: diverged at step {e.step} ({e}) ({time.process_time() - started:.1f} s CPU)", flush=True)
+        return math.nan, math.nan
     acc, mb = summary["final"]["test_acc"], summary["bytes_sent"] / 1e6
     print(f"{kw}: test_acc={acc:.3f}, {mb:.2f} MB sent ({time.process_time() - started:.1f} s CPU)", flush=True)
     return acc, mb

@@ -419,7 +419,7 @@ def main() -> int:
     ap.add_argument("--rates", default="100,1000", help="link rates in Mbit/s, comma-separated (default 100,1000)")
     add_run_flags(ap, only=("steps", "workers", "task", "eval_every", "seed", "lr_schedule", "out"),
                   defaults={"steps": 200, "workers": WORKERS, "task": TASK, "eval_every": 20,
-                            "out": "runs/time-to-accuracy"},
+                            "lr_schedule": "constant", "out": "runs/time-to-accuracy"},
                   helps={"steps": "steps per run", "workers": "nodes of the test bed",
                          "task": "gradwire task spec (smaller for a smoke run)",
                          "eval_every": "evaluate the validation loss every E steps",

@@ -92,7 +92,10 @@ def test_resolved_takes_the_defaults_from_the_class_and_keeps_what_was_given():
 
     filled = resolved(RunConfig(algorithm="sync:backups=1", task="mnist1d-cnn"))  # a task of lr scale 1
     assert (filled.lr, filled.momentum) == (SyncSGD.default_lr, SyncSGD.default_momentum)
-    assert resolved(RunConfig(lr=0.3, momentum=0.5)) == RunConfig(lr=0.3, momentum=0.5)
+    assert filled.lr_schedule == SyncSGD.default_lr_schedule
+    given = RunConfig(lr=0.3, momentum=0.5, lr_schedule="cosine")
+    assert resolved(given) == given
+    assert resolved(RunConfig(lr=0.3, momentum=0.5)) == RunConfig(lr=0.3, momentum=0.5, lr_schedule="constant")
     assert resolved(RunConfig(optimizer="adamw")).momentum == 0.0
 
 

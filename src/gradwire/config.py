@@ -47,7 +47,8 @@ class RunConfig:
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float | None = None                   # step size γ (left out: the algorithm's, task-scaled: docs/defaults.md)
     optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw:beta1=0.9,beta2=0.999,eps=1e-8
-    lr_schedule: str = "constant"             # lr over the run: constant, cosine:warmup=W,min_ratio=R, linear:...
+    lr_schedule: str | None = None            # lr over the run: constant, cosine:warmup=W,min_ratio=R, linear:...
+    #                                           (left out: the algorithm's, constant for most: docs/defaults.md)
     momentum: float | None = None             # heavy-ball momentum β (left out: the algorithm's own)
     nesterov: bool = False                    # Nesterov momentum (as torch.optim.SGD's); needs momentum > 0
     weight_decay: float = 0.0                 # weight decay: added to the gradient (sgd), decoupled (adamw)
@@ -75,13 +76,14 @@ class RunConfig:
             text += f" + {self.compressor}" + (" + EF" if self.error_feedback else "")
         return text
 
-    def with_defaults(self, *, default_lr: float, default_momentum: float) -> RunConfig:
-        """This config with --lr and --momentum filled in where they were not given, from the
-        algorithm's own defaults (``gradwire.run.combination.resolved`` asks the algorithm's class);
+    def with_defaults(self, *, default_lr: float, default_momentum: float, default_lr_schedule: str) -> RunConfig:
+        """This config with --lr, --momentum and --lr-schedule filled in where they were not given, from
+        the algorithm's own defaults (``gradwire.run.combination.resolved`` asks the algorithm's class);
         momentum only under --optimizer sgd."""
         sgd = parse_spec(self.optimizer)[0] == "sgd"
         return self.replace(lr=default_lr if self.lr is None else self.lr,
-                            momentum=(default_momentum if sgd else 0.0) if self.momentum is None else self.momentum)
+                            momentum=(default_momentum if sgd else 0.0) if self.momentum is None else self.momentum,
+                            lr_schedule=default_lr_schedule if self.lr_schedule is None else self.lr_schedule)
 
     def tensor_parallel_size(self) -> int:
         """P, the processes that hold one worker's model (1 without --tensor-parallel)."""
@@ -127,6 +129,8 @@ class RunConfig:
         # share (compressor) is checked against the one that holds its name
         chosen = []
         for key in dict.fromkeys(ref.key for ref in REGISTRIES):
+            if getattr(self, key) is None:  # the algorithm's (lr_schedule), checked once resolved
+                continue
             with naming_flag(key):
                 chosen.append(ref := registry_for(key, getattr(self, key)))
                 ref.registry.resolve(getattr(self, key))
@@ -181,6 +185,8 @@ class RunConfig:
             raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 {_flag('timeout_s')}")
         check_out_folder(self.out)
         for key in dict.fromkeys(ref.key for ref in REGISTRIES):  # names and keys, from the torch-free table
+            if getattr(self, key) is None:  # the algorithm's (lr_schedule), checked once resolved
+                continue
             with naming_flag(key):
                 check_spec_names(key, getattr(self, key))
         return self
@@ -218,8 +224,8 @@ def coerce(key: str, value: Any) -> Any:
     if key not in KEYS:
         raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(KEYS)} (each also a flag: --key-name)")
     default = KEYS[key].default
-    if default is None:  # given when left out by the algorithm (lr, momentum): a float when given
-        default = 0.0
+    if default is None:  # given when left out by the algorithm (lr, momentum: a float; lr_schedule: a spec)
+        default = "" if key == "lr_schedule" else 0.0
     try:
         if key == "batch_size":
             return "full" if str(value) == "full" else _int(value)

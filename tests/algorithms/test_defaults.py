@@ -1,5 +1,6 @@
-"""Defaults that learn: --lr and --momentum left out are the algorithm's own, the step times the
-task's scale where it is a gradient's (run.combination.resolved), and every algorithm on its defaults
+"""Defaults that learn: --lr, --momentum and --lr-schedule left out are the algorithm's own, the step
+times the task's scale where it is a gradient's, or the algorithm's own rate on a task it names
+(run.combination.resolved), and every algorithm on its defaults
 learns on the default task (mnist1d-mlp, 8 workers, 500 steps): each above a floor a few points under
 what it reached on seed 0 in docs/defaults.md, and those that clear 90 % of learning-rate-tuned sync
 SGD there by a wide margin clear it here (one seed here, three in the doc's table)."""
@@ -29,9 +30,11 @@ BAR = 0.9 * TUNED_SYNC  # the issue's bar: 90 % of tuned sync, 0.627
 # (less 10 for the stochastically quantized DIANA, DQ-GD and DQ-SGD), rounded down: a default that stops
 # learning fails (chance is 0.10), another CPU's rounding does not. Async SGD too takes 10: PyTorch's avx2
 # kernels on the same machine moved its seed 0 by 52 samples (0.704 -> 0.652, docs/defaults.md), and Leader SGD
-# (at its CNN-safe rate, 1.2 here) takes 10 too: the avx2 kernels moved its seed 0 by 72 (0.550 -> 0.622).
-FLOOR = {"sync": 0.64, "async": 0.60, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.45, "dagc": 0.59,
-         "dqsgd": 0.57, "diana": 0.53, "dqgd": 0.56, "async-diloco": 0.61, "signsgd": 0.52, "diloco": 0.61,
+# takes 10 too (its seed 0 at its rate of the sixth round, 1.6: 0.585 on the Xeon of the earlier rounds, 0.615
+# on the AMD EPYC of the sixth; the lower less 10). signSGD (since the sixth round --lr 0.003 decayed linearly):
+# its seed 0 0.599, less 5.
+FLOOR = {"sync": 0.64, "async": 0.60, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.48, "dagc": 0.59,
+         "dqsgd": 0.57, "diana": 0.53, "dqgd": 0.56, "async-diloco": 0.61, "signsgd": 0.54, "diloco": 0.61,
          "streaming-diloco": 0.58, "backup-diloco": 0.59, "muloco": 0.54, "sparseloco": 0.56, "demo": 0.58}
 # those whose defaults clear BAR on seed 0 by at least 30 test samples, quantizing nothing at random,
 # must clear it anywhere; the others are held to their floor
@@ -45,15 +48,39 @@ def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
         algorithm = ALGORITHMS.build(name)
         filled = resolved(RunConfig(algorithm=name, task="mnist1d-cnn"))  # a task of scale 1
         assert (filled.lr, filled.momentum) == (algorithm.default_lr, algorithm.default_momentum), name
-        # the default task takes twice a gradient step; AdamW's and a sign's steps, and async's, are its own
+        # the default task takes twice a gradient step; AdamW's and a sign's steps, and async's, are its own;
+        # an algorithm's own rate on a task it names replaces both (Leader SGD's)
         scale = 2.0 if algorithm.lr_scales_with_task else 1.0
-        assert resolved(RunConfig(algorithm=name)).lr == algorithm.default_lr * scale, name
+        own = algorithm.default_lr_on_task.get("mnist1d-mlp", algorithm.default_lr * scale)
+        assert resolved(RunConfig(algorithm=name)).lr == own, name
     assert resolved(RunConfig(lr=0.3, momentum=0.5)).lr == 0.3  # given: kept
     assert resolved(RunConfig(optimizer="adamw")).momentum == 0.0  # AdamW keeps its own moments
     out = tmp_path / "run"
     run(RunConfig(task="digits-logreg", workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
     written = json.loads((out / "config.json").read_text())
     assert (written["lr"], written["momentum"]) == (ALGORITHMS.build("sync").default_lr, 0.0)
+
+
+def test_a_left_out_lr_schedule_is_the_algorithms_own_and_config_json_records_it(tmp_path, data_dir, monkeypatch):
+    assert RunConfig().lr_schedule is None
+    for name in ALGORITHMS.names():
+        assert resolved(RunConfig(algorithm=name)).lr_schedule == ALGORITHMS.build(name).default_lr_schedule, name
+        assert resolved(RunConfig(algorithm=name, lr_schedule="cosine")).lr_schedule == "cosine", name  # given: kept
+    # a class whose default is a decay runs exactly as the same decay given on the command line
+    monkeypatch.setattr(type(ALGORITHMS.build("sync")), "default_lr_schedule", "linear")
+    common = dict(task="digits-logreg", workers=2, steps=4, eval_every=1, data_dir=str(data_dir))
+    assert resolved(RunConfig(**common, lr=0.1, momentum=0.0)).lr_schedule == "linear"  # lr given: still filled in
+    left_out, given = tmp_path / "left-out", tmp_path / "given"
+    run(RunConfig(**common, out=str(left_out)), progress=False)
+    run(RunConfig(**common, out=str(given), lr_schedule="linear"), progress=False)
+    assert json.loads((left_out / "config.json").read_text())["lr_schedule"] == "linear"
+    lines = [(folder / "metrics.jsonl").read_text().splitlines() for folder in (left_out, given)]
+    strip = [[{k: v for k, v in json.loads(line).items() if "time" not in k} for line in ls] for ls in lines]
+    assert strip[0] == strip[1] and len(strip[0]) >= 4
+    constant = tmp_path / "constant"  # and differs from the constant rate
+    run(RunConfig(**common, out=str(constant), lr_schedule="constant"), progress=False)
+    last = [json.loads((f / "metrics.jsonl").read_text().splitlines()[-1])["train_loss"] for f in (left_out, constant)]
+    assert last[0] != last[1]
 
 
 def test_the_task_scales_the_default_gradient_step_and_config_json_records_the_product(tmp_path, data_dir):
@@ -68,6 +95,20 @@ def test_the_task_scales_the_default_gradient_step_and_config_json_records_the_p
     out = tmp_path / "run"
     run(RunConfig(workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
     assert json.loads((out / "config.json").read_text())["lr"] == 2 * sync
+
+
+def test_an_algorithms_own_rate_on_a_task_replaces_the_tasks_scale_there_only(tmp_path, data_dir):
+    lsgd = ALGORITHMS.build("lsgd")
+    assert dict(lsgd.default_lr_on_task) == {"mnist1d-mlp": 1.6}  # docs/defaults.md, sixth round
+    assert resolved(RunConfig(algorithm="lsgd")).lr == 1.6  # not 0.6 x the task's 2
+    assert resolved(RunConfig(algorithm="lsgd:pull=0.2")).lr == 1.6  # whatever its keys
+    assert resolved(RunConfig(algorithm="lsgd", task="mnist1d-cnn")).lr == lsgd.default_lr  # elsewhere: its own
+    assert resolved(RunConfig(algorithm="lsgd", lr=0.3)).lr == 0.3  # given: as given
+    assert resolved(RunConfig(algorithm="lsgd", optimizer="adamw")).lr == lsgd.default_lr  # an SGD rate only
+    assert {name for name in ALGORITHMS.names() if ALGORITHMS.build(name).default_lr_on_task} == {"lsgd"}
+    out = tmp_path / "run"
+    run(RunConfig(algorithm="lsgd", workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
+    assert json.loads((out / "config.json").read_text())["lr"] == 1.6
 
 
 def test_floors_cover_every_algorithm():

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -146,14 +148,19 @@ class Algorithm(Specced, ABC):
     # the compressor its averager uses when --compressor is "none" ("none": gradients travel as they
     # are); None: the algorithm has no averager (it sends parameters, or chooses its compressors itself)
     default_compressor: str | None = None  # which parameters evaluation uses (recorded in the metrics)
-    # --lr and --momentum when they are not given (gradwire.run.combination.resolved): chosen per algorithm so that
-    # each learns on the default task in the default steps (docs/defaults.md)
+    # --lr, --momentum and --lr-schedule when they are not given (gradwire.run.combination.resolved): chosen per
+    # algorithm so that each learns on the default task in the default steps (docs/defaults.md)
     default_lr: float = 0.05
     default_momentum: float = 0.0
+    default_lr_schedule: str = "constant"
     # whether --lr left out is default_lr times the task's default_lr_scale (tasks/base.py): true where
     # --lr scales a gradient step; false where it is a step in the parameters' own units (AdamW's,
     # a sign's) or bounded by something other than the task (async's staleness); docs/defaults.md
     lr_scales_with_task: bool = True
+    # --lr left out on the tasks named here (under --optimizer sgd), instead of default_lr times the task's scale:
+    # for an algorithm whose safe step differs between tasks more than the tasks' scales say (measured,
+    # docs/defaults.md; Leader SGD: 1.6 on mnist1d-mlp, where its CNN-safe 0.6 x 2 learns 5 points less)
+    default_lr_on_task: Mapping[str, float] = MappingProxyType({})
 
     def setup(self, ctx: Context, params: torch.Tensor, optim: OptimConfig, codec: CodecConfig) -> None:
         self.optim = optim

@@ -5,10 +5,10 @@ The first stage, ``RunConfig.validate`` (gradwire/config.py), checks every value
 on its own and imports no layer above the config. :func:`check_combination` takes a config through
 it, then asks the components what they support, each answer declared on its class: the algorithm
 (``needs_server``, ``carries_rounds``, ``averages_during_backward``, ``default_compressor``, and its
-``default_lr`` and ``default_momentum`` for :func:`resolved`), the learning-rate schedule (a warm-up
-that fits in the steps), the kernel sets (whether Triton can run here), the task (the transformer
-that tensor parallelism splits, and the layout's fit: ``gradwire.parallel.layout``) and the
-fault-tolerance spec (``transports/ft_spec.py``).
+``default_lr``, ``default_momentum``, ``default_lr_schedule`` and ``default_lr_on_task`` for
+:func:`resolved`), the learning-rate schedule (a warm-up that fits in the steps), the kernel sets
+(whether Triton can run here), the task (the transformer that tensor parallelism splits, and the
+layout's fit: ``gradwire.parallel.layout``) and the fault-tolerance spec (``transports/ft_spec.py``).
 
 It lives in run/ because run/ is the layer that builds all of these; the run, ``run_threads``,
 ``gradwire launch``, ``gradwire plan`` and ``gradwire compare`` sit at or above it and call it,
@@ -36,7 +36,7 @@ from gradwire.transports import ft_spec
 class Combination:
     """A config that passed both stages, and what its algorithm told the check."""
 
-    cfg: RunConfig      # --lr and --momentum filled in (the algorithm's defaults where not given)
+    cfg: RunConfig      # --lr, --momentum, --lr-schedule filled in (the algorithm's defaults where not given)
     needs_server: bool  # a server takes part: a process of its own on a real backend
 
     @property
@@ -46,13 +46,15 @@ class Combination:
 
 
 def resolved(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with --lr and --momentum filled in where they were not given: the algorithm's own
-    defaults (``Algorithm.default_lr``, ``default_momentum``, class attributes chosen so that each
-    algorithm learns on the default task, docs/defaults.md), the learning rate times the task's
-    ``default_lr_scale`` where the algorithm's --lr is a gradient step (``lr_scales_with_task``;
-    mnist1d-mlp takes twice the step of most tasks); momentum only under --optimizer sgd.
-    The algorithm is built to ask it: some specs choose the class (``easgd:async=true``)."""
-    if cfg.lr is not None and cfg.momentum is not None:
+    """``cfg`` with --lr, --momentum and --lr-schedule filled in where they were not given: the
+    algorithm's own defaults (``Algorithm.default_lr``, ``default_momentum``, ``default_lr_schedule``,
+    class attributes chosen so that each algorithm learns on the default task, docs/defaults.md), the
+    learning rate times the task's ``default_lr_scale`` where the algorithm's --lr is a gradient step
+    (``lr_scales_with_task``; mnist1d-mlp takes twice the step of most tasks), or the algorithm's own
+    rate on a task it names (``default_lr_on_task``: Leader SGD's on mnist1d-mlp); learning rate and
+    momentum only under --optimizer sgd. The algorithm is built to ask it: some specs choose the class
+    (``easgd:async=true``)."""
+    if cfg.lr is not None and cfg.momentum is not None and cfg.lr_schedule is not None:
         return cfg
     return _with_defaults_of(_algorithm(cfg), cfg)
 
@@ -64,10 +66,15 @@ def _algorithm(cfg: RunConfig) -> Algorithm:
 
 def _with_defaults_of(algorithm: Algorithm, cfg: RunConfig) -> RunConfig:
     lr = algorithm.default_lr
-    if cfg.lr is None and algorithm.lr_scales_with_task and parse_spec(cfg.optimizer)[0] == "sgd":
-        with naming_flag("task"):
-            lr *= default_lr_scale(cfg.task)  # the task's own scale of a gradient step (mnist1d-mlp: 2)
-    return cfg.with_defaults(default_lr=lr, default_momentum=algorithm.default_momentum)
+    if cfg.lr is None and parse_spec(cfg.optimizer)[0] == "sgd":
+        own = algorithm.default_lr_on_task.get(parse_spec(cfg.task)[0])  # the algorithm's own on a named task
+        if own is not None:
+            lr = own
+        elif algorithm.lr_scales_with_task:
+            with naming_flag("task"):
+                lr *= default_lr_scale(cfg.task)  # the task's own scale of a gradient step (mnist1d-mlp: 2)
+    return cfg.with_defaults(default_lr=lr, default_momentum=algorithm.default_momentum,
+                             default_lr_schedule=algorithm.default_lr_schedule)
 
 
 def check_combination(cfg: RunConfig) -> Combination:
@@ -84,7 +91,7 @@ def check_combination(cfg: RunConfig) -> Combination:
                           "--compressor topk:ratio=0.01 --error-feedback)")
     with naming_flag("lr_schedule"):
         lr_schedule(cfg.lr_schedule, cfg.steps)  # a warm-up that fits in the run
-    cfg.check_values()  # the algorithm's defaults of --lr and --momentum with the rest
+    cfg.check_values()  # the algorithm's defaults of --lr, --momentum and --lr-schedule with the rest
     if cfg.tensor_parallel:
         with naming_flag("tensor_parallel"):
             _check_tensor_parallel(cfg, algorithm)
