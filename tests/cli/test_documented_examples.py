@@ -60,7 +60,7 @@ EXAMPLES = [("help", e) for e in _help_examples()] + [("readme", e) for e in _re
 def test_the_examples_are_found():
     assert len(_help_examples()) == 4
     assert any("--error-feedback" in e for e in _help_examples())
-    assert len(_readme_run_examples()) == 4
+    assert len(_readme_run_examples()) == 5
 
 
 @pytest.mark.parametrize("where,example", EXAMPLES, ids=[f"{w}{i}" for i, (w, _) in enumerate(EXAMPLES)])
