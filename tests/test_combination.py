@@ -90,7 +90,7 @@ def test_what_passes_comes_back_resolved_with_the_algorithms_answers(tmp_path):
 def test_resolved_takes_the_defaults_from_the_class_and_keeps_what_was_given():
     from gradwire.algorithms.sync import SyncSGD
 
-    filled = resolved(RunConfig(algorithm="sync:backups=1", task="mnist1d-cnn"))  # a task of lr scale 1
+    filled = resolved(RunConfig(algorithm="sync:backups=1", task="digits-mlp"))  # a task of lr scale 1
     assert (filled.lr, filled.momentum) == (SyncSGD.default_lr, SyncSGD.default_momentum)
     assert filled.lr_schedule == SyncSGD.default_lr_schedule
     given = RunConfig(lr=0.3, momentum=0.5, lr_schedule="cosine")

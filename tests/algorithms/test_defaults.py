@@ -46,7 +46,7 @@ def test_left_out_lr_and_momentum_are_the_algorithms_own(tmp_path, data_dir):
     assert cfg.lr is None and cfg.momentum is None
     for name in ALGORITHMS.names():
         algorithm = ALGORITHMS.build(name)
-        filled = resolved(RunConfig(algorithm=name, task="mnist1d-cnn"))  # a task of scale 1
+        filled = resolved(RunConfig(algorithm=name, task="digits-mlp"))  # a task of scale 1
         assert (filled.lr, filled.momentum) == (algorithm.default_lr, algorithm.default_momentum), name
         # the default task takes twice a gradient step; AdamW's and a sign's steps, and async's, are its own;
         # an algorithm's own rate on a task it names replaces both (Leader SGD's)
@@ -85,9 +85,10 @@ def test_a_left_out_lr_schedule_is_the_algorithms_own_and_config_json_records_it
 
 def test_the_task_scales_the_default_gradient_step_and_config_json_records_the_product(tmp_path, data_dir):
     assert default_lr_scale("mnist1d-mlp") == 2.0
-    assert {default_lr_scale(t) for t in TASKS.names() if t != "mnist1d-mlp"} == {1.0}
+    assert default_lr_scale("mnist1d-cnn") == 0.75
+    assert {default_lr_scale(t) for t in TASKS.names() if t not in ("mnist1d-mlp", "mnist1d-cnn")} == {1.0}
     sync = ALGORITHMS.build("sync").default_lr
-    assert resolved(RunConfig()).lr == 2 * sync and resolved(RunConfig(task="mnist1d-cnn")).lr == sync
+    assert resolved(RunConfig()).lr == 2 * sync and resolved(RunConfig(task="mnist1d-cnn")).lr == 0.75 * sync
     assert resolved(RunConfig(optimizer="adamw")).lr == sync  # AdamW's step is not a gradient's
     assert resolved(RunConfig(lr=0.3)).lr == 0.3  # given: as given, whatever the task
     with pytest.raises(ConfigError, match=r"mnist1d-mlpp.*\(--task\)$"):
@@ -102,7 +103,7 @@ def test_an_algorithms_own_rate_on_a_task_replaces_the_tasks_scale_there_only(tm
     assert dict(lsgd.default_lr_on_task) == {"mnist1d-mlp": 1.6}  # docs/defaults.md, sixth round
     assert resolved(RunConfig(algorithm="lsgd")).lr == 1.6  # not 0.6 x the task's 2
     assert resolved(RunConfig(algorithm="lsgd:pull=0.2")).lr == 1.6  # whatever its keys
-    assert resolved(RunConfig(algorithm="lsgd", task="mnist1d-cnn")).lr == lsgd.default_lr  # elsewhere: its own
+    assert resolved(RunConfig(algorithm="lsgd", task="mnist1d-cnn")).lr == 0.75 * lsgd.default_lr  # elsewhere: scaled
     assert resolved(RunConfig(algorithm="lsgd", lr=0.3)).lr == 0.3  # given: as given
     assert resolved(RunConfig(algorithm="lsgd", optimizer="adamw")).lr == lsgd.default_lr  # an SGD rate only
     assert {name for name in ALGORITHMS.names() if ALGORITHMS.build(name).default_lr_on_task} == {"lsgd"}
