@@ -113,6 +113,7 @@ class Row:
 H = 20
 MUON_LR_RATIO = 10             # MuLoCo's Muon η per unit of the walked lr (Muon's authors' 0.02 at lr 2e-3)
 MESSAGE_K96 = "chunked-topk:chunk=4096,k=96"  # docs/low_communication.md: 0.212 bits/param/round
+MUON = dict(optimizer=f"muon:lr_ratio={MUON_LR_RATIO}", weight_decay=0.0)  # MuLoCo's inner rule as DDP's
 
 
 def diloco_row(key: str, label: str, keys: str, h: int, *, method: str = "diloco", compressor: str = "",
@@ -189,6 +190,14 @@ ROWS = [
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
                method="sparseloco", collective="allgather"),
     Row("demo-k1of64", "DeMo top-1 of 64 DCT, sign", "demo:chunk=64,k=1", collective="allgather", overlap="none"),
+    # the control for MuLoCo: its inner rule (Muon on the matrices, AdamW on the rest, η = 10·lr, no weight
+    # decay) as DDP's optimizer, every step's gradient averaged
+    Row("ddp-muon", "DDP with Muon (MuLoCo's inner rule)", "sync", MUON),
+    # and gradwire's compressors under it: MuLoCo's 0.21-bit message every step, PowerSGD's
+    Row("gw-muon-topk96", "gradwire sync + Muon + top-k 96/4096 + EF", "sync",
+        MUON | dict(compressor=MESSAGE_K96, error_feedback=True), collective="allgather", overlap="none"),
+    Row("gw-muon-powersgd", "gradwire sync + Muon + PowerSGD r8 fp16", "sync",
+        MUON | dict(compressor="powersgd:rank=8,dtype=fp16"), collectives=2),
 ]
 ROW = {r.key: r for r in ROWS}
 
