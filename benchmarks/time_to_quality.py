@@ -186,6 +186,11 @@ ROWS = [
     # the blocks of 64 it was measured with (MuLoCo's default became 32 afterwards: docs/defaults.md)
     muloco_row("muloco-h3", "MuLoCo H=3 2-bit pquant + EF", 3, "pquant:p=inf,block=64"),
     muloco_row("muloco-k96-h10", "MuLoCo H=10 top-k 96/4096 + EF", 10, MESSAGE_K96),
+    # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
+    *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
+                 f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],
+    *[muloco_row(f"muloco-k96-h3-pe{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} Polar Express steps", 3, MESSAGE_K96,
+                 f"outer_lr=1,outer_momentum=0,ns_steps={k},ns_coefficients=polar-express") for k in (2, 3)],
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
                method="sparseloco", collective="allgather"),
     Row("demo-k1of64", "DeMo top-1 of 64 DCT, sign", "demo:chunk=64,k=1", collective="allgather", overlap="none"),
@@ -663,6 +668,27 @@ def payload_bytes(row: Row, lr: float, n_steps: int, folder: Path) -> float:
     return r.transport.bytes_sent / ledger_divisor(row.collective, 4) / rounds
 
 
+def time_blocks(steppers: dict, blocks: int, steps: int = COMPUTE_STEPS, warmup: int = 5, also=None):
+    """CPU seconds per call of each of ``steppers`` ({key: callable}) on this process
+    (``time.process_time``): after ``warmup`` calls each, ``blocks`` blocks of ``steps`` calls, the
+    steppers taking turns block by block, so that a neighbour's load falls on every one alike (the
+    caller takes each one's fastest block: interference only adds time). ``also``, if given, runs after
+    every round and its values are returned beside: ({key: [block means]}, [also's values])."""
+    for step in steppers.values():
+        for _ in range(warmup):
+            step()
+    means, extra = {key: [] for key in steppers}, []
+    for _ in range(blocks):
+        for key, step in steppers.items():
+            start = time.process_time()
+            for _ in range(steps):
+                step()
+            means[key].append((time.process_time() - start) / steps)
+        if also is not None:
+            extra.append(also())
+    return means, extra
+
+
 def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMPUTE_BLOCKS) -> dict:
     """Each row's CPU seconds per step of one worker on one core (``time.process_time``: the
     process's CPU, which includes any thread PyTorch's hook callbacks run on): ``blocks`` blocks of
@@ -691,18 +717,8 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
             loss.backward()
             return time.process_time() - start
 
-        for step in steppers.values():  # warm-up (PowerSGD's first plain steps among them)
-            for _ in range(5):
-                step()
-        means = {key: [] for key in steppers}
-        backwards = []
-        for _ in range(blocks):
-            for key, step in steppers.items():
-                start = time.process_time()
-                for _ in range(COMPUTE_STEPS):
-                    step()
-                means[key].append((time.process_time() - start) / COMPUTE_STEPS)
-            backwards.append(statistics.mean(backward() for _ in range(COMPUTE_STEPS)))
+        means, backwards = time_blocks(steppers, blocks, also=lambda: statistics.mean(
+            backward() for _ in range(COMPUTE_STEPS)))
         for row in rows:
             result[row.key] = {"compute_s": min(means[row.key]), "blocks_s": means[row.key],
                                "backward_s": min(backwards), "steps": COMPUTE_STEPS, "blocks": blocks,
