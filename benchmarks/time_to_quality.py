@@ -75,7 +75,8 @@ from pathlib import Path
 from gradwire.cli.flags import add_run_flags, parse_run_args
 
 TASK = "stdlib-lm:dim=64,layers=2,heads=2,val_bytes=65536"
-BATCH = 8                      # sequences of 64 bytes per worker and micro-batch
+DEFAULT_BATCH = 8              # sequences of 64 bytes per worker and micro-batch
+BATCH = DEFAULT_BATCH          # this invocation's (--batch-size)
 N_STEPS = 1000                 # N: DDP's steps, the schedule's horizon; every row may run 2N
 EVAL_EVERY = 50
 EARLY_EVERY = 200              # evaluations up to N/2 (eval_every)
@@ -141,8 +142,8 @@ def streaming_row(key: str, label: str, keys: str, *, period: int, tau: int) -> 
 ROWS = [
     Row("ddp", "DDP (AdamW)", "sync", ADAMW),
     Row("ddp-bf16", "DDP + bf16 cast", "sync", ADAMW | dict(compressor="bf16")),
-    *[Row(f"ddp-accum{k}", f"DDP, accumulation k={k}", "sync", ADAMW | dict(batch_size=BATCH * k), micro_batches=k)
-      for k in (2, 4, 8)],
+    *[Row(f"ddp-accum{k}", f"DDP, accumulation k={k}", "sync", ADAMW | dict(batch_size=DEFAULT_BATCH * k),
+          micro_batches=k) for k in (2, 4, 8)],
     # one bucket (ddp_train.py: PyTorch's hook on gloo needs it), so it starts after the backward pass;
     # three allreduces: the uncompressed vectors, then P, then Q
     Row("torch-powersgd", f"PyTorch PowerSGD hook r{TORCH_POWERSGD_RANK}", "sync", ADAMW, collectives=3,
@@ -794,6 +795,17 @@ def screen(row: Row, lrs: list[float], n_steps: int, workers: int, out: Path) ->
     return result
 
 
+def screened_rates(out: Path) -> dict:
+    """{row: rate} for the rows screened at one rate only (out/screening/<row>.json, ``screen``): a
+    variant of a walked row, screened at that row's chosen rate, whose table curves then run at it."""
+    rates = {}
+    for path in sorted((out / "screening").glob("*.json")):
+        trials = json.loads(path.read_text())["trials"]
+        if len(trials) == 1:
+            rates[path.stem] = float(next(iter(trials)))
+    return rates
+
+
 def ddp_target(out: Path, lrs: dict, workers: int, seeds, n_steps: int) -> float | None:
     """The target at ``workers``: DDP's quality at N averaged over the seeds; None until every
     seed's DDP curve has passed N."""
@@ -810,13 +822,20 @@ def main(argv=None) -> int:
     p.add_argument("--n-steps", type=int, default=N_STEPS, help="N: DDP's steps; every row may run 2N")
     p.add_argument("--torch-rank", type=int, default=TORCH_POWERSGD_RANK, help="torch stage: PowerSGD rank")
     p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0); tune "
-                   "stage: only these trials, outside the walk (screening/<row>.json)")
-    add_run_flags(p, only=("out", "workers", "seed"), sweep=("workers", "seed"),
-                  defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS)})
+                   "stage: only these trials, outside the walk (screening/<row>.json; a row screened at one rate "
+                   "takes it in the other stages)")
+    add_run_flags(p, only=("out", "workers", "seed", "batch_size"), sweep=("workers", "seed"),
+                  defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS),
+                            "batch_size": DEFAULT_BATCH},
+                  helps={"batch_size": "sequences per worker and micro-batch (another batch: use another --out)"})
     args, _ = parse_run_args(p, argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [ROW[k] for k in args.rows.split(",")]
+    global BATCH
+    BATCH = args.batch_size  # every stage reads it when it builds a run
+    if BATCH != DEFAULT_BATCH and any(r.micro_batches > 1 for r in rows):
+        raise SystemExit("the accumulation rows are defined at --batch-size 8 only")
     workers, seeds, n = args.workers, args.seeds, args.n_steps
     if args.stage == "tune":
         for row in rows:
@@ -827,7 +846,7 @@ def main(argv=None) -> int:
         load_tuning(out)
         return 0
     check_seeds(TUNING_SEED, seeds)
-    lrs = load_tuning(out)
+    lrs = screened_rates(out) | load_tuning(out)  # a walked row's own rate wins
     if args.stage == "compute":
         path = out / "compute.json"
         compute = json.loads(path.read_text()) if path.exists() else {}
