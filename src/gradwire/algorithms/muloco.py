@@ -12,6 +12,10 @@ optimizer for hidden layers in neural networks", blog post) on a matrix W with g
                                           orthogonalisation U ≈ O S of the update's singular values)
     W <- (1 - ηλ) W - η max(1, rows/cols)^½ O
 
+The iteration is most of Muon's cost (docs/time_to_accuracy.md, fourth pass): ``ns_steps`` sets how
+many (default 5; three kept MuLoCo's quality on the time-to-quality benchmark), ``ns_coefficients``
+whether each uses Jordan's (a, b, c) or the per-iteration ones of Polar Express (Amsel et al. 2025).
+
 The other tensors (biases, 1-D parameters) take AdamW at ``--lr``. Deviation: Muon's authors keep
 embeddings and the output layer on AdamW too; here every 2-D tensor takes Muon (the flat model
 does not say which matrix is an embedding). The
