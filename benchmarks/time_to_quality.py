@@ -834,7 +834,7 @@ def main(argv=None) -> int:
     rows = [ROW[k] for k in args.rows.split(",")]
     global BATCH
     BATCH = args.batch_size  # every stage reads it when it builds a run
-    if BATCH != DEFAULT_BATCH and any(r.micro_batches > 1 for r in rows):
+    if BATCH != DEFAULT_BATCH and args.stage != "report" and any(r.micro_batches > 1 for r in rows):
         raise SystemExit("the accumulation rows are defined at --batch-size 8 only")
     workers, seeds, n = args.workers, args.seeds, args.n_steps
     if args.stage == "tune":
