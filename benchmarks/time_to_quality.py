@@ -75,7 +75,8 @@ from pathlib import Path
 from gradwire.cli.flags import add_run_flags, parse_run_args
 
 TASK = "stdlib-lm:dim=64,layers=2,heads=2,val_bytes=65536"
-BATCH = 8                      # sequences of 64 bytes per worker and micro-batch
+DEFAULT_BATCH = 8              # sequences of 64 bytes per worker and micro-batch
+BATCH = DEFAULT_BATCH          # this invocation's (--batch-size)
 N_STEPS = 1000                 # N: DDP's steps, the schedule's horizon; every row may run 2N
 EVAL_EVERY = 50
 EARLY_EVERY = 200              # evaluations up to N/2 (eval_every)
@@ -142,8 +143,8 @@ def streaming_row(key: str, label: str, keys: str, *, period: int, tau: int) -> 
 ROWS = [
     Row("ddp", "DDP (AdamW)", "sync", ADAMW),
     Row("ddp-bf16", "DDP + bf16 cast", "sync", ADAMW | dict(compressor="bf16")),
-    *[Row(f"ddp-accum{k}", f"DDP, accumulation k={k}", "sync", ADAMW | dict(batch_size=BATCH * k), micro_batches=k)
-      for k in (2, 4, 8)],
+    *[Row(f"ddp-accum{k}", f"DDP, accumulation k={k}", "sync", ADAMW | dict(batch_size=DEFAULT_BATCH * k),
+          micro_batches=k) for k in (2, 4, 8)],
     # one bucket (ddp_train.py: PyTorch's hook on gloo needs it), so it starts after the backward pass;
     # three allreduces: the uncompressed vectors, then P, then Q
     Row("torch-powersgd", f"PyTorch PowerSGD hook r{TORCH_POWERSGD_RANK}", "sync", ADAMW, collectives=3,
@@ -187,6 +188,11 @@ ROWS = [
     # the blocks of 64 it was measured with (MuLoCo's default became 32 afterwards: docs/defaults.md)
     muloco_row("muloco-h3", "MuLoCo H=3 2-bit pquant + EF", 3, "pquant:p=inf,block=64"),
     muloco_row("muloco-k96-h10", "MuLoCo H=10 top-k 96/4096 + EF", 10, MESSAGE_K96),
+    # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
+    *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
+                 f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],
+    *[muloco_row(f"muloco-k96-h3-pe{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} Polar Express steps", 3, MESSAGE_K96,
+                 f"outer_lr=1,outer_momentum=0,ns_steps={k},ns_coefficients=polar-express") for k in (2, 3)],
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
                method="sparseloco", collective="allgather"),
     Row("demo-k1of64", "DeMo top-1 of 64 DCT, sign", "demo:chunk=64,k=1", collective="allgather", overlap="none"),
@@ -672,6 +678,27 @@ def payload_bytes(row: Row, lr: float, n_steps: int, folder: Path) -> float:
     return r.transport.bytes_sent / ledger_divisor(row.collective, 4) / rounds
 
 
+def time_blocks(steppers: dict, blocks: int, steps: int = COMPUTE_STEPS, warmup: int = 5, also=None):
+    """CPU seconds per call of each of ``steppers`` ({key: callable}) on this process
+    (``time.process_time``): after ``warmup`` calls each, ``blocks`` blocks of ``steps`` calls, the
+    steppers taking turns block by block, so that a neighbour's load falls on every one alike (the
+    caller takes each one's fastest block: interference only adds time). ``also``, if given, runs after
+    every round and its values are returned beside: ({key: [block means]}, [also's values])."""
+    for step in steppers.values():
+        for _ in range(warmup):
+            step()
+    means, extra = {key: [] for key in steppers}, []
+    for _ in range(blocks):
+        for key, step in steppers.items():
+            start = time.process_time()
+            for _ in range(steps):
+                step()
+            means[key].append((time.process_time() - start) / steps)
+        if also is not None:
+            extra.append(also())
+    return means, extra
+
+
 def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMPUTE_BLOCKS) -> dict:
     """Each row's CPU seconds per step of one worker on one core (``time.process_time``: the
     process's CPU, which includes any thread PyTorch's hook callbacks run on): ``blocks`` blocks of
@@ -700,18 +727,8 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
             loss.backward()
             return time.process_time() - start
 
-        for step in steppers.values():  # warm-up (PowerSGD's first plain steps among them)
-            for _ in range(5):
-                step()
-        means = {key: [] for key in steppers}
-        backwards = []
-        for _ in range(blocks):
-            for key, step in steppers.items():
-                start = time.process_time()
-                for _ in range(COMPUTE_STEPS):
-                    step()
-                means[key].append((time.process_time() - start) / COMPUTE_STEPS)
-            backwards.append(statistics.mean(backward() for _ in range(COMPUTE_STEPS)))
+        means, backwards = time_blocks(steppers, blocks, also=lambda: statistics.mean(
+            backward() for _ in range(COMPUTE_STEPS)))
         for row in rows:
             result[row.key] = {"compute_s": min(means[row.key]), "blocks_s": means[row.key],
                                "backward_s": min(backwards), "steps": COMPUTE_STEPS, "blocks": blocks,
@@ -787,6 +804,17 @@ def screen(row: Row, lrs: list[float], n_steps: int, workers: int, out: Path) ->
     return result
 
 
+def screened_rates(out: Path) -> dict:
+    """{row: rate} for the rows screened at one rate only (out/screening/<row>.json, ``screen``): a
+    variant of a walked row, screened at that row's chosen rate, whose table curves then run at it."""
+    rates = {}
+    for path in sorted((out / "screening").glob("*.json")):
+        trials = json.loads(path.read_text())["trials"]
+        if len(trials) == 1:
+            rates[path.stem] = float(next(iter(trials)))
+    return rates
+
+
 def ddp_target(out: Path, lrs: dict, workers: int, seeds, n_steps: int) -> float | None:
     """The target at ``workers``: DDP's quality at N averaged over the seeds; None until every
     seed's DDP curve has passed N."""
@@ -803,13 +831,20 @@ def main(argv=None) -> int:
     p.add_argument("--n-steps", type=int, default=N_STEPS, help="N: DDP's steps; every row may run 2N")
     p.add_argument("--torch-rank", type=int, default=TORCH_POWERSGD_RANK, help="torch stage: PowerSGD rank")
     p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0); tune "
-                   "stage: only these trials, outside the walk (screening/<row>.json)")
-    add_run_flags(p, only=("out", "workers", "seed"), sweep=("workers", "seed"),
-                  defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS)})
+                   "stage: only these trials, outside the walk (screening/<row>.json; a row screened at one rate "
+                   "takes it in the other stages)")
+    add_run_flags(p, only=("out", "workers", "seed", "batch_size"), sweep=("workers", "seed"),
+                  defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS),
+                            "batch_size": DEFAULT_BATCH},
+                  helps={"batch_size": "sequences per worker and micro-batch (another batch: use another --out)"})
     args, _ = parse_run_args(p, argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [ROW[k] for k in args.rows.split(",")]
+    global BATCH
+    BATCH = args.batch_size  # every stage reads it when it builds a run
+    if BATCH != DEFAULT_BATCH and args.stage != "report" and any(r.micro_batches > 1 for r in rows):
+        raise SystemExit("the accumulation rows are defined at --batch-size 8 only")
     workers, seeds, n = args.workers, args.seeds, args.n_steps
     if args.stage == "tune":
         for row in rows:
@@ -820,7 +855,7 @@ def main(argv=None) -> int:
         load_tuning(out)
         return 0
     check_seeds(TUNING_SEED, seeds)
-    lrs = load_tuning(out)
+    lrs = screened_rates(out) | load_tuning(out)  # a walked row's own rate wins
     if args.stage == "compute":
         path = out / "compute.json"
         compute = json.loads(path.read_text()) if path.exists() else {}

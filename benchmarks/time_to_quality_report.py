@@ -31,7 +31,9 @@ GRADWIRE_ROWS = ("gw-powersgd", "gw-qsgd", "local-adamw", "diloco", "streaming",
                  "diloco-h10", "diloco-h40", "streaming-h20-p2", "diloco-mu0.7",
                  "diloco-mu0.8", "diloco-eta0.35", "diloco-eta0.5", "diloco-eta1",
                  "streaming-mu0.8", "diloco-mu0.8-eta0.5", "diloco-mu0.8-eta1", "diloco-h40-mu0.8",
-                 "muloco-k96-h3", "muloco-h3", "muloco-k96-h10", "sparseloco-k96-h3", "demo-k1of64")
+                 "muloco-k96-h3", "muloco-h3", "muloco-k96-h10", "sparseloco-k96-h3", "demo-k1of64",
+                 "muloco-k96-h3-ns2", "muloco-k96-h3-ns3", "muloco-k96-h3-ns4", "muloco-k96-h3-pe2",
+                 "muloco-k96-h3-pe3")
 TORCH_ROWS = ("ddp-bf16", "ddp-accum2", "ddp-accum4", "ddp-accum8", "torch-powersgd")
 
 

@@ -134,3 +134,75 @@ def test_muon_lr_ratio_ties_muon_s_rate_to_lr_and_its_schedule(make_config):
                if isinstance(r, Muon))
     with pytest.raises((ConfigError, ValueError), match="muon_lr_ratio.*-1"):
         MuLoCo(muon_lr_ratio=-1)
+
+
+JORDAN_ABC = (3.4445, -4.7750, 2.0315)
+
+
+def plain_newton_schulz(u: torch.Tensor, coefficients, scale: float = 1.0) -> torch.Tensor:
+    """X <- a X + b (X Xᵀ) X + c (X Xᵀ)² X, one (a, b, c) per iteration, from X = U / (scale ||U||_F + 1e-7),
+    written out on the matrix as given (no transposition, no fused products)."""
+    x = u / (scale * u.norm() + 1e-7)
+    for a, b, c in coefficients:
+        gram = x @ x.T
+        x = a * x + b * gram @ x + c * gram @ gram @ x
+    return x
+
+
+@pytest.mark.parametrize("coefficients,steps", [("jordan", 5), ("jordan", 3), ("polar-express", 5),
+                                                ("polar-express", 3)])
+def test_newton_schulz_equals_the_plain_formula_on_matrices_and_batches(coefficients, steps):
+    """The optimised iteration (short-side Gram matrix, fused baddbmm, batches, ping-pong buffers) against
+    the formula written out, float64, on tall, wide and square matrices and a batch of tall ones."""
+    from gradwire.algorithms.muloco import POLAR_EXPRESS, newton_schulz
+
+    abc, scale = ((JORDAN_ABC,) * steps, 1.0) if coefficients == "jordan" else (POLAR_EXPRESS[:steps], 1.02)
+    g = torch.Generator().manual_seed(3)
+    for shape in [(5, 9), (9, 5), (7, 7), (3, 11, 6)]:
+        u = torch.randn(*shape, generator=g, dtype=torch.float64)
+        ours = newton_schulz(u, steps, coefficients=coefficients)
+        expected = torch.stack([plain_newton_schulz(m, abc, scale) for m in u.reshape(-1, *shape[-2:])])
+        torch.testing.assert_close(ours, expected.reshape(shape), rtol=0, atol=1e-12)
+    assert newton_schulz(u, steps, coefficients=coefficients).dtype == torch.float64
+
+
+def test_muon_adamw_orthogonalises_same_shaped_matrices_as_one_batch_with_the_same_result():
+    """MuonAdamW batches the Newton-Schulz step of its same-shaped matrices (two 6x4, one 4x6 here):
+    three updates equal per-matrix Muon.apply on copies, float64; ns_steps and the coefficients reach it."""
+    shapes = [torch.Size([6, 4]), torch.Size([4]), torch.Size([6, 4]), torch.Size([4, 6])]
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(sum(math.prod(s) for s in shapes), generator=g, dtype=torch.float64)
+    settings = dict(lr=0.03, momentum=0.9, nesterov=True, weight_decay=0.1, ns_steps=3, ns_coefficients="polar-express")
+    ours = MuonAdamW(x, shapes, muon=lambda w: Muon(w, **settings),
+                     adamw=lambda v: AdamW(v, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1))
+    assert [len(members) for members, *_ in ours.batches] == [2, 1]
+    copies = [Muon(t.clone().view(s), **settings) for t, s in zip(x.split([math.prod(s) for s in shapes]), shapes)
+              if len(s) == 2]
+    for _ in range(3):
+        grad = torch.randn(x.numel(), generator=g, dtype=torch.float64)
+        ours.apply(grad)
+        parts = [p.view(s) for p, s in zip(grad.split([math.prod(s) for s in shapes]), shapes) if len(s) == 2]
+        for m, gm in zip(copies, parts):
+            m.apply(gm)
+    matrices = [p.view(s) for p, s in zip(x.split([math.prod(s) for s in shapes]), shapes) if len(s) == 2]
+    for mine, copy in zip(matrices, copies):
+        torch.testing.assert_close(mine, copy.w, rtol=0, atol=1e-12)
+
+
+def test_muloco_ns_steps_and_coefficients_reach_every_muon_and_are_validated(make_config):
+    """``ns_steps`` / ``ns_coefficients`` (defaults 5, jordan: today's Muon) reach every Muon part; Polar
+    Express has five iterations published, so a sixth is refused, as is an unknown name."""
+    from gradwire.algorithms.muloco import MuLoCo
+    from gradwire.errors import ConfigError
+
+    def muons(spec):
+        run = Run(make_config(algorithm=spec, task="digits-mlp", lr=0.004, steps=6))
+        return [rule for *_, rule in run.algorithm.replicas.opt[0].parts if isinstance(rule, Muon)]
+
+    assert {m.ns for m in muons("muloco:inner_steps=3")} == {(5, "jordan")}
+    assert {m.ns for m in muons("muloco:inner_steps=3,ns_steps=3,ns_coefficients=polar-express")} == \
+        {(3, "polar-express")}
+    with pytest.raises((ConfigError, ValueError), match="polar-express has 5 iterations"):
+        MuLoCo(ns_steps=6, ns_coefficients="polar-express")
+    with pytest.raises((ConfigError, ValueError), match="ns_coefficients.*'newton'"):
+        MuLoCo(ns_coefficients="newton")

@@ -236,3 +236,20 @@ def test_tune_with_lrs_screens_those_rates_only_and_never_chooses_one(ttq, tmp_p
     assert not (out / "tuning").exists() and not (out / "tuning.json").exists()
     curve = json.loads((out / "w2" / "ddp" / "lr0.002-seed0" / "curve.json").read_text())
     assert curve["seed"] == ttq.TUNING_SEED and curve["steps"][-1] == 60
+
+
+def test_a_row_screened_at_one_rate_takes_it_and_the_newton_schulz_rows_differ_only_there(ttq, tmp_path):
+    """``screened_rates``: a row screened at exactly one rate (a variant tried at its parent's chosen
+    rate) is reported and trained at it; one screened at several is not (only a walk chooses). The
+    fewer-iteration MuLoCo rows are muloco-k96-h3 with ns_steps (and Polar Express's coefficients) only."""
+    import json
+
+    (tmp_path / "screening").mkdir()
+    for key, trials in (("muloco-k96-h3-ns3", {"0.002": 1.67}), ("diloco-mu0.8", {"0.002": 1.8, "0.008": 1.9})):
+        (tmp_path / "screening" / f"{key}.json").write_text(json.dumps({"row": key, "trials": trials}))
+    assert ttq.screened_rates(tmp_path) == {"muloco-k96-h3-ns3": 0.002}
+    base = ttq.ROW["muloco-k96-h3"].algorithm
+    assert ttq.ROW["muloco-k96-h3-ns3"].algorithm == base.replace("outer_momentum=0,", "outer_momentum=0,ns_steps=3,")
+    assert ttq.ROW["muloco-k96-h3-pe3"].algorithm == base.replace(
+        "outer_momentum=0,", "outer_momentum=0,ns_steps=3,ns_coefficients=polar-express,")
+    assert ttq.ROW["muloco-k96-h3-ns3"].run == ttq.ROW["muloco-k96-h3"].run

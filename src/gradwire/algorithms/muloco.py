@@ -12,6 +12,10 @@ optimizer for hidden layers in neural networks", blog post) on a matrix W with g
                                           orthogonalisation U ≈ O S of the update's singular values)
     W <- (1 - ηλ) W - η max(1, rows/cols)^½ O
 
+The iteration is most of Muon's cost (docs/time_to_accuracy.md, fourth pass): ``ns_steps`` sets how
+many (default 5; three kept MuLoCo's quality on the time-to-quality benchmark), ``ns_coefficients``
+whether each uses Jordan's (a, b, c) or the per-iteration ones of Polar Express (Amsel et al. 2025).
+
 The other tensors (biases, 1-D parameters) take AdamW at ``--lr``. Deviation: Muon's authors keep
 embeddings and the output layer on AdamW too; here every 2-D tensor takes Muon (the flat model
 does not say which matrix is an embedding). The
@@ -46,41 +50,93 @@ from gradwire.algorithms.diloco import DILOCO_PARAMS, OUTER_WARMUP, DiLoCo
 from gradwire.algorithms.optim import AdamW, ScheduledRate
 from gradwire.spec import require
 
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al. 2024
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al. 2024, the same at every iteration
+# Amsel, Persson, Musco, Gower 2025, "The Polar Express" (arXiv:2505.16932): a different quintic per
+# iteration, each the minimax-optimal odd polynomial on the interval the previous one leaves, so the first
+# K are (up to the safety margins) the best K-step composition. These five are the ones computed for 5 iterations with a safety factor
+# of 2e-2 and cushion 2 (as KellerJordan/modded-nanogpt's train_gpt.py publishes them); the safety factor
+# is the input's scale 1/(1.02 ||X||_F).
+POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                 (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                 (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                 (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                 (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+NS_SCHEDULES = {"jordan": 1.0, "polar-express": 1.02}  # name -> the input's extra scale (safety factor)
 
 
-def newton_schulz(u: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """The quintic Newton-Schulz iteration of Muon on a matrix (in its own dtype)."""
-    a, b, c = NS_COEFFICIENTS
-    tall = u.shape[0] > u.shape[1]
-    x = u.T if tall else u
-    x = x / (x.norm() + eps)
-    for _ in range(steps):
-        s = x @ x.T
-        x = a * x + (b * s + c * s @ s) @ x
-    return x.T if tall else x
+def ns_coefficients_of(name: str, steps: int) -> tuple[tuple[float, float, float], ...]:
+    """The (a, b, c) of each of ``steps`` iterations: Jordan's at every one, or Polar Express's first
+    ``steps``."""
+    require(name in NS_SCHEDULES, f"ns_coefficients must be one of {sorted(NS_SCHEDULES)}, got {name!r}")
+    require(steps >= 1, f"ns_steps must be >= 1, got {steps}")
+    if name == "jordan":
+        return (NS_COEFFICIENTS,) * steps
+    require(steps <= len(POLAR_EXPRESS), f"polar-express has {len(POLAR_EXPRESS)} iterations, got ns_steps={steps}")
+    return POLAR_EXPRESS[:steps]
+
+
+def newton_schulz(u: torch.Tensor, steps: int = 5, eps: float = 1e-7, coefficients: str = "jordan") -> torch.Tensor:
+    """Muon's quintic Newton-Schulz iteration X <- a X + (b A + c A²) X, A = X Xᵀ, on a matrix (m, n) or
+    a batch (k, m, n) of same-shaped matrices, each scaled by its own Frobenius norm, in the input's dtype.
+
+    The cost is in the matrix products, so they are arranged for it: A is the Gram matrix of the short
+    side (a tall matrix is iterated as its transpose: m ≤ n, A is m x m); b A + c A² and a X + (·) X are
+    one fused ``baddbmm`` each; a batch of matrices goes through each product in one call; the iterates
+    ping-pong between two buffers. The result equals the plain formula up to float rounding (tested
+    against it in float64)."""
+    abc = ns_coefficients_of(coefficients, steps)
+    x = u if u.dim() == 3 else u[None]
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = x.mT
+    x = x / (torch.linalg.matrix_norm(x, keepdim=True) * NS_SCHEDULES[coefficients] + eps)
+    k, m, n = x.shape
+    y, gram, poly = x.new_empty(k, m, n), x.new_empty(k, m, m), x.new_empty(k, m, m)
+    for a, b, c in abc:
+        torch.bmm(x, x.mT, out=gram)
+        torch.baddbmm(gram, gram, gram, beta=b, alpha=c, out=poly)
+        torch.baddbmm(x, poly, x, beta=a, out=y)
+        x, y = y, x
+    x = x.mT if tall else x
+    return x if u.dim() == 3 else x[0]
 
 
 class Muon:
     """Muon on one matrix view of the flat parameters (state: the momentum buffer and the update
-    count, which a scheduled η (``lr_schedule``, as ``ScheduledRate``) is indexed by)."""
+    count, which a scheduled η (``lr_schedule``, as ``ScheduledRate``) is indexed by). An update is
+    ``momentum`` (the matrix to orthogonalise), ``newton_schulz``, then ``step``; ``MuonAdamW`` runs the
+    middle part for all its same-shaped matrices at once."""
 
     def __init__(self, w: torch.Tensor, *, lr: float, momentum: float, nesterov: bool, weight_decay: float,
-                 lr_schedule: str = "constant", horizon: int = 0):
+                 lr_schedule: str = "constant", horizon: int = 0, ns_steps: int = 5,
+                 ns_coefficients: str = "jordan"):
         self.w, self.momentum, self.nesterov, self.weight_decay = w, momentum, nesterov, weight_decay
         self.rate = ScheduledRate(lr, lr_schedule, horizon)  # η of each update
+        ns_coefficients_of(ns_coefficients, ns_steps)  # validates
+        self.ns = (ns_steps, ns_coefficients)  # Newton-Schulz: iterations, coefficients
         self.buffer = torch.zeros_like(w)
         self.scale = math.sqrt(max(1.0, w.shape[0] / w.shape[1]))
         self.steps = 0
 
-    def apply(self, grad: torch.Tensor) -> None:
+    def momentum_update(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """B <- μ B + G; the matrix to orthogonalise, G + μ B (Nesterov) or B, written into ``out``
+        if given."""
+        self.buffer.mul_(self.momentum).add_(grad)
+        if self.nesterov:
+            return torch.add(grad, self.buffer, alpha=self.momentum, out=out)
+        return self.buffer if out is None else out.copy_(self.buffer)
+
+    def step(self, orthogonal: torch.Tensor) -> None:
+        """W <- (1 - ηλ) W - η max(1, rows/cols)^½ O, at this update's η."""
         lr = self.rate.at(self.steps)
         self.steps += 1
-        self.buffer.mul_(self.momentum).add_(grad)
-        update = grad.add(self.buffer, alpha=self.momentum) if self.nesterov else self.buffer
         if self.weight_decay:
             self.w.mul_(1 - lr * self.weight_decay)
-        self.w.add_(newton_schulz(update), alpha=-lr * self.scale)
+        self.w.add_(orthogonal, alpha=-lr * self.scale)
+
+    def apply(self, grad: torch.Tensor) -> None:
+        steps, coefficients = self.ns
+        self.step(newton_schulz(self.momentum_update(grad), steps, coefficients=coefficients))
 
     def state_dict(self) -> dict:
         return {"buffer": self.buffer, "steps": self.steps}
@@ -91,7 +147,9 @@ class Muon:
 
 
 class MuonAdamW:
-    """Muon on every 2-D tensor of a flat vector, AdamW on the others; ``apply`` takes the flat gradient."""
+    """Muon on every 2-D tensor of a flat vector, AdamW on the others; ``apply`` takes the flat gradient.
+    The Muon matrices of one shape (and Newton-Schulz setting) are orthogonalised as one batch, into a
+    workspace allocated once: on a small model the iteration's cost is mostly per call, not per flop."""
 
     def __init__(self, x: torch.Tensor, shapes, *, muon, adamw):
         self.parts = []
@@ -103,11 +161,22 @@ class MuonAdamW:
             self.parts.append((start, size, tuple(shape), rule))
             start += size
         require(start == x.numel(), f"the model's tensor shapes cover {start} of its {x.numel()} parameters")
+        groups = {}
+        for start, size, shape, rule in self.parts:
+            if isinstance(rule, Muon):
+                groups.setdefault((shape, rule.ns), []).append((start, size, rule))
+        self.batches = [(members, ns, x.new_empty(len(members), *shape)) for (shape, ns), members in groups.items()]
 
     def apply(self, grad: torch.Tensor) -> None:
         for start, size, shape, rule in self.parts:
-            g = grad[start: start + size]
-            rule.apply(g.view(shape) if isinstance(rule, Muon) else g)
+            if not isinstance(rule, Muon):
+                rule.apply(grad[start: start + size])
+        for members, (steps, coefficients), work in self.batches:
+            for i, (start, size, rule) in enumerate(members):
+                rule.momentum_update(grad[start: start + size].view(rule.w.shape), out=work[i])
+            orthogonal = newton_schulz(work, steps, coefficients=coefficients)
+            for i, (_, _, rule) in enumerate(members):
+                rule.step(orthogonal[i])
 
     def state_dict(self) -> dict:
         return {str(i): rule.state_dict() for i, (_, _, _, rule) in enumerate(self.parts)}
@@ -127,6 +196,10 @@ MULOCO_PARAMS = {
                      "(0: muon_lr, constant)",
     "muon_momentum": "Muon's momentum μ (Muon's authors: 0.95)",
     "nesterov": "Muon's Nesterov form U = G + μ B (Muon's authors: true)",
+    "ns_steps": "K >= 1: Newton-Schulz iterations per Muon update (Muon's authors: 5); the iteration is most of "
+                "Muon's cost",
+    "ns_coefficients": "jordan: Muon's authors' (3.4445, -4.7750, 2.0315) at every iteration; polar-express: "
+                       "Amsel et al. 2025's (arXiv:2505.16932) first ns_steps (<= 5) per-iteration quintics",
     "beta1": "AdamW β1 of the non-matrix tensors",
     "beta2": "AdamW β2 of the non-matrix tensors",
     "eps": DILOCO_PARAMS["eps"],
@@ -142,8 +215,9 @@ class MuLoCo(DiLoCo):
 
     def __init__(self, *, inner_steps: int = 20, outer_lr: float = 0.7, outer_momentum: float = 0.5,
                  outer_warmup: int = OUTER_WARMUP, muon_lr: float = 0.02, muon_lr_ratio: float = 0.0,
-                 muon_momentum: float = 0.95, nesterov: bool = True, beta1: float = 0.9, beta2: float = 0.95,
-                 eps: float = 1e-8, weight_decay: float = 0.0):
+                 muon_momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
+                 ns_coefficients: str = "jordan", beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
+                 weight_decay: float = 0.0):
         super().__init__(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                          outer_warmup=outer_warmup, inner="adamw",
                          beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
@@ -153,6 +227,8 @@ class MuLoCo(DiLoCo):
         require(0 <= muon_momentum < 1, f"muon_momentum must be in [0, 1), got {muon_momentum}")
         self.muon_lr, self.muon_lr_ratio, self.muon_momentum, self.nesterov = muon_lr, muon_lr_ratio, muon_momentum, \
             nesterov
+        ns_coefficients_of(ns_coefficients, ns_steps)  # validates
+        self.ns_steps, self.ns_coefficients = ns_steps, ns_coefficients
 
     def setup(self, ctx, params, optim, codec):
         require(bool(ctx.param_shapes), f"{self.name} needs the model's tensor shapes (Muon works on matrices)")
@@ -166,7 +242,7 @@ class MuLoCo(DiLoCo):
 
         def muon(w):
             return Muon(w, momentum=self.muon_momentum, nesterov=self.nesterov, weight_decay=self.weight_decay,
-                        **rate)
+                        ns_steps=self.ns_steps, ns_coefficients=self.ns_coefficients, **rate)
 
         def adamw(x):
             return AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
