@@ -33,7 +33,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import time_to_quality as ttq  # noqa: E402
-
 from gradwire.cli.flags import add_run_flags, parse_run_args  # noqa: E402
 
 BASELINE = "f6a1096"           # main before the batched Newton-Schulz

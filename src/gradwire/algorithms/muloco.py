@@ -53,9 +53,9 @@ from gradwire.spec import require
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al. 2024, the same at every iteration
 # Amsel, Persson, Musco, Gower 2025, "The Polar Express" (arXiv:2505.16932): a different quintic per
 # iteration, each the minimax-optimal odd polynomial on the interval the previous one leaves, so the first
-# K are (up to the safety margins) the best K-step composition. These five are the ones computed for 5 iterations with a safety factor
-# of 2e-2 and cushion 2 (as KellerJordan/modded-nanogpt's train_gpt.py publishes them); the safety factor
-# is the input's scale 1/(1.02 ||X||_F).
+# K are (up to the safety margins) the best K-step composition. These five are the ones computed for
+# 5 iterations with a safety factor of 2e-2 and cushion 2 (as KellerJordan/modded-nanogpt's train_gpt.py
+# publishes them); the safety factor is the input's scale 1/(1.02 ||X||_F).
 POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
                  (4.042929935166739, -2.808917465908714, 0.5000178451051316),
                  (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
@@ -168,7 +168,7 @@ class MuonAdamW:
         self.batches = [(members, ns, x.new_empty(len(members), *shape)) for (shape, ns), members in groups.items()]
 
     def apply(self, grad: torch.Tensor) -> None:
-        for start, size, shape, rule in self.parts:
+        for start, size, _shape, rule in self.parts:
             if not isinstance(rule, Muon):
                 rule.apply(grad[start: start + size])
         for members, (steps, coefficients), work in self.batches:
