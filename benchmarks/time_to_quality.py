@@ -191,6 +191,9 @@ ROWS = [
     # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
     *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],
+    # a larger message at 3 Newton-Schulz steps: the time targets allow any bit rate (k = 256, 512 of 4096)
+    *[muloco_row(f"muloco-k{k}-h3-ns3", f"MuLoCo H=3 top-k {k}/4096 + EF, 3 Newton-Schulz steps", 3,
+                 f"chunked-topk:chunk=4096,k={k}", "outer_lr=1,outer_momentum=0,ns_steps=3") for k in (256, 512)],
     *[muloco_row(f"muloco-k96-h3-pe{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} Polar Express steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k},ns_coefficients=polar-express") for k in (2, 3)],
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,

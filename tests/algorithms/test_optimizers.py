@@ -82,6 +82,15 @@ def test_muon_on_the_mean_gradient_equals_the_reference(make_config, algorithm):
     torch.testing.assert_close(r.algorithm.eval_params(), reference, rtol=1e-4, atol=1e-5)
 
 
+def test_muon_options_reach_every_matrix(make_config):
+    from gradwire.algorithms.muloco import Muon
+
+    r = Run(make_config(MUON, task="digits-mlp", optimizer="muon:lr_ratio=5,ns_steps=3,ns_coefficients=polar-express"))
+    rules = [rule for *_, rule in r.algorithm.opt.parts]
+    assert [isinstance(rule, Muon) for rule in rules] == [True, False, True, False]  # two weights, two biases
+    assert all(rule.ns == (3, "polar-express") for rule in rules if isinstance(rule, Muon))
+
+
 def test_muon_state_resumes_bitwise(make_config, tmp_path):
     cfg = dict(MUON, task="digits-mlp", steps=8, checkpoint_every=4, workers=3)
     run(make_config(cfg, out="whole"), progress=False)
@@ -108,6 +117,7 @@ def test_checkpoint_names_a_changed_optimizer(make_config):
     (["--optimizer", "adam"], "unknown optimizer 'adam'; valid optimizers: adamw, muon, sgd"),
     (["--optimizer", "muon", "--momentum", "0.9"], "momentum=0.9 applies to --optimizer sgd"),
     (["--optimizer", "muon:lr_ratio=0"], "lr_ratio=0.0 must be a finite number > 0"),
+    (["--optimizer", "muon:ns_steps=0"], "ns_steps must be >= 1, got 0"),
     (["--optimizer", "adamw:beta2=1.5"], "beta2=1.5 must be in [0, 1)"),
     (["--optimizer", "adamw", "--momentum", "0.9"], "momentum=0.9 applies to --optimizer sgd"),
     (["--optimizer", "adamw", "--algorithm", "diana"], "diana (heavy-ball momentum of its own on the master) "

@@ -216,15 +216,21 @@ class AdamWRule:
                      params={"lr_ratio": "R > 0: Muon's η = R·--lr (R = 10 puts Muon's authors' η 0.02 at --lr 2e-3)",
                              "momentum": "Muon's momentum μ (Muon's authors: 0.95)",
                              "nesterov": "Muon's Nesterov form U = G + μ B (Muon's authors: true)",
+                             "ns_steps": "K >= 1: Newton-Schulz iterations per update (Muon's authors: 5)",
+                             "ns_coefficients": "jordan or polar-express (muloco's ns_coefficients)",
                              "beta1": "AdamW β1 of the non-matrix tensors", "beta2": "AdamW β2 of the non-matrix "
                              "tensors", "eps": "AdamW ε"})
 class MuonRule:
-    def __init__(self, *, lr_ratio: float = 10.0, momentum: float = 0.95, nesterov: bool = True, beta1: float = 0.9,
-                 beta2: float = 0.95, eps: float = 1e-8):
+    def __init__(self, *, lr_ratio: float = 10.0, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
+                 ns_coefficients: str = "jordan", beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8):
+        from gradwire.algorithms.muloco import ns_coefficients_of
+
         require(math.isfinite(lr_ratio) and lr_ratio > 0, f"lr_ratio={lr_ratio} must be a finite number > 0")
         require(0 <= momentum < 1, f"momentum={momentum} must be in [0, 1)")
+        ns_coefficients_of(ns_coefficients, ns_steps)  # validates
         AdamWRule(beta1=beta1, beta2=beta2, eps=eps)  # the same checks
         self.lr_ratio, self.momentum, self.nesterov = lr_ratio, momentum, nesterov
+        self.ns = dict(ns_steps=ns_steps, ns_coefficients=ns_coefficients)
         self.betas, self.eps = (beta1, beta2), eps
 
     def make(self, x: torch.Tensor, optim: OptimConfig):
@@ -234,7 +240,8 @@ class MuonRule:
         schedule = dict(lr_schedule=optim.lr_schedule, horizon=optim.horizon)
         return MuonAdamW(x, optim.shapes,
                          muon=lambda w: Muon(w, lr=self.lr_ratio * optim.lr, momentum=self.momentum,
-                                             nesterov=self.nesterov, weight_decay=optim.weight_decay, **schedule),
+                                             nesterov=self.nesterov, weight_decay=optim.weight_decay, **schedule,
+                                             **self.ns),
                          adamw=lambda v: AdamW(v, lr=optim.lr, betas=self.betas, eps=self.eps,
                                                weight_decay=optim.weight_decay, l1=optim.l1, **schedule))
 
