@@ -70,6 +70,33 @@ def test_muloco_learns_and_resumes_bitwise(make_config):
     assert torch.equal(resumed.algorithm.theta, straight.algorithm.theta)
 
 
+@pytest.mark.parametrize("keys", ["overlap=2,alpha=0.5", "overlap=3,eager=true"])
+def test_muloco_with_overlap_is_streaming_diloco_with_muon_inside(make_config, monkeypatch, keys):
+    """``overlap`` (and ``alpha``, ``eager``) give MuLoCo Streaming DiLoCo's travelling round with one
+    fragment: it equals streaming-diloco with the same keys whose inner optimizer is MuLoCo's, bitwise;
+    and the round is resumed mid-flight."""
+    from gradwire.algorithms.diloco import StreamingDiLoCo
+    from gradwire.algorithms.muloco import MuLoCo
+
+    common = dict(task="digits-mlp", lr=0.003, steps=12, compressor="pquant:p=inf,block=32", error_feedback=True)
+    outer = f"inner_steps=3,outer_lr=1,outer_momentum=0.5,{keys}"
+    ours = Run(make_config(common, algorithm=f"muloco:{outer},muon_lr_ratio=10"))
+    rule = ours.algorithm
+    monkeypatch.setattr(StreamingDiLoCo, "_inner_optimizer", lambda self, optim: MuLoCo._inner_optimizer(rule, optim))
+    streaming = Run(make_config(common, algorithm=f"streaming-diloco:{outer},fragments=1", out="streaming"))
+    losses = [(ours.train_step(), streaming.train_step()) for _ in range(12)]
+    assert all(a == b for a, b in losses) and torch.equal(ours.algorithm.theta, streaming.algorithm.theta)
+    assert ours.algorithm.carries_rounds
+    monkeypatch.undo()
+    first = Run(make_config(common, algorithm=f"muloco:{outer},muon_lr_ratio=10", out="first"))
+    for _ in range(4):  # step 4: a round in flight (rounds start at 3, 6, ...)
+        first.train_step()
+    resumed = Run(make_config(common, algorithm=f"muloco:{outer},muon_lr_ratio=10", out="resumed"))
+    resumed.load_state_dict(through_bytes(first.state_dict()))
+    [resumed.train_step() for _ in range(8)]
+    assert torch.equal(resumed.algorithm.theta, ours.algorithm.theta)
+
+
 def test_muloco_spec_has_diloco_s_outer_warmup(make_config):
     """``outer_warmup`` is MuLoCo's own key (DiLoCo's ramp, default 10 rounds), and it ramps its μ."""
     from gradwire.algorithms.base import ALGORITHMS
