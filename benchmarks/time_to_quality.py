@@ -61,6 +61,7 @@ under the shared schedule (``muon_lr_ratio``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -194,6 +195,20 @@ ROWS = [
     # a larger message at 3 Newton-Schulz steps: the time targets allow any bit rate (k = 256, 512 of 4096)
     *[muloco_row(f"muloco-k{k}-h3-ns3", f"MuLoCo H=3 top-k {k}/4096 + EF, 3 Newton-Schulz steps", 3,
                  f"chunked-topk:chunk=4096,k={k}", "outer_lr=1,outer_momentum=0,ns_steps=3") for k in (256, 512)],
+    # its round travelling while the next inner steps compute (Streaming DiLoCo's τ with one fragment)
+    dataclasses.replace(muloco_row("muloco-k512-h3-ns3-tau1", "MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, τ=1 α=0.5",
+                                   3, "chunked-topk:chunk=4096,k=512",
+                                   "outer_lr=1,outer_momentum=0,ns_steps=3,overlap=1,alpha=0.5"), overlap="tau:1"),
+    dataclasses.replace(muloco_row("muloco-k512-h3-ns3-eager", "MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, eager τ=3",
+                                   3, "chunked-topk:chunk=4096,k=512",
+                                   "outer_lr=1,outer_momentum=0,ns_steps=3,overlap=3,eager=true"), overlap="tau:3"),
+    *[dataclasses.replace(muloco_row(f"muloco-k512-h3-ns3-{name}-eta0.5",
+                                     f"MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, {label}, outer lr 0.5", 3,
+                                     "chunked-topk:chunk=4096,k=512",
+                                     f"outer_lr=0.5,outer_momentum=0,ns_steps=3,{keys}"),
+                          overlap=f"tau:{tau}")
+      for name, label, keys, tau in (("tau1", "τ=1 α=0.5", "overlap=1,alpha=0.5", 1),
+                                     ("eager", "eager τ=3", "overlap=3,eager=true", 3))],
     *[muloco_row(f"muloco-k96-h3-pe{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} Polar Express steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k},ns_coefficients=polar-express") for k in (2, 3)],
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
