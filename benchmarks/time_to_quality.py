@@ -209,6 +209,10 @@ ROWS = [
                           overlap=f"tau:{tau}")
       for name, label, keys, tau in (("tau1", "τ=1 α=0.5", "overlap=1,alpha=0.5", 1),
                                      ("eager", "eager τ=3", "overlap=3,eager=true", 3))],
+    dataclasses.replace(muloco_row("muloco-k96-h3-ns3-tau1-eta0.5",
+                                   "MuLoCo H=3 top-k 96/4096 + EF, 3 NS steps, τ=1 α=0.5, outer lr 0.5", 3,
+                                   MESSAGE_K96, "outer_lr=0.5,outer_momentum=0,ns_steps=3,overlap=1,alpha=0.5"),
+                        overlap="tau:1"),
     *[muloco_row(f"muloco-k96-h3-pe{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} Polar Express steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k},ns_coefficients=polar-express") for k in (2, 3)],
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
