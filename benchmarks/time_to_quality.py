@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gradwire.cli.flags import add_run_flags, parse_run_args
+from gradwire.spec import parse_spec
 
 TASK = "stdlib-lm:dim=64,layers=2,heads=2,val_bytes=65536"
 DEFAULT_BATCH = 8              # sequences of 64 bytes per worker and micro-batch
@@ -130,9 +131,12 @@ def diloco_row(key: str, label: str, keys: str, h: int, *, method: str = "diloco
 def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "outer_lr=1,outer_momentum=0") -> Row:
     """MuLoCo with Muon's η tied to the walked lr (``muon_lr_ratio``, MUON_LR_RATIO; scheduled as
     every row's rate), the outer step η 1, μ 0 (docs/low_communication.md's pick at H = 3), and its
-    message (default: MuLoCo's 2-bit pquant) by allgather: quantised or sparse, not summable."""
-    return diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO}", h, method="muloco",
-                      compressor=compressor, collective="allgather")
+    message (default: MuLoCo's 2-bit pquant) by allgather: quantised or sparse, not summable. A round
+    that travels (``overlap=τ`` in ``keys``) is priced as hidden behind τ inner steps."""
+    row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO}", h, method="muloco",
+                     compressor=compressor, collective="allgather")
+    tau = int(parse_spec(row.algorithm)[1].get("overlap", 0))
+    return dataclasses.replace(row, overlap=f"tau:{tau}") if tau else row
 
 
 def streaming_row(key: str, label: str, keys: str, *, period: int, tau: int) -> Row:
@@ -196,23 +200,17 @@ ROWS = [
     *[muloco_row(f"muloco-k{k}-h3-ns3", f"MuLoCo H=3 top-k {k}/4096 + EF, 3 Newton-Schulz steps", 3,
                  f"chunked-topk:chunk=4096,k={k}", "outer_lr=1,outer_momentum=0,ns_steps=3") for k in (256, 512)],
     # its round travelling while the next inner steps compute (Streaming DiLoCo's τ with one fragment)
-    dataclasses.replace(muloco_row("muloco-k512-h3-ns3-tau1", "MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, τ=1 α=0.5",
-                                   3, "chunked-topk:chunk=4096,k=512",
-                                   "outer_lr=1,outer_momentum=0,ns_steps=3,overlap=1,alpha=0.5"), overlap="tau:1"),
-    dataclasses.replace(muloco_row("muloco-k512-h3-ns3-eager", "MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, eager τ=3",
-                                   3, "chunked-topk:chunk=4096,k=512",
-                                   "outer_lr=1,outer_momentum=0,ns_steps=3,overlap=3,eager=true"), overlap="tau:3"),
-    *[dataclasses.replace(muloco_row(f"muloco-k512-h3-ns3-{name}-eta0.5",
-                                     f"MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, {label}, outer lr 0.5", 3,
-                                     "chunked-topk:chunk=4096,k=512",
-                                     f"outer_lr=0.5,outer_momentum=0,ns_steps=3,{keys}"),
-                          overlap=f"tau:{tau}")
-      for name, label, keys, tau in (("tau1", "τ=1 α=0.5", "overlap=1,alpha=0.5", 1),
-                                     ("eager", "eager τ=3", "overlap=3,eager=true", 3))],
-    dataclasses.replace(muloco_row("muloco-k96-h3-ns3-tau1-eta0.5",
-                                   "MuLoCo H=3 top-k 96/4096 + EF, 3 NS steps, τ=1 α=0.5, outer lr 0.5", 3,
-                                   MESSAGE_K96, "outer_lr=0.5,outer_momentum=0,ns_steps=3,overlap=1,alpha=0.5"),
-                        overlap="tau:1"),
+    muloco_row("muloco-k512-h3-ns3-tau1", "MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, τ=1 α=0.5", 3,
+               "chunked-topk:chunk=4096,k=512", "outer_lr=1,outer_momentum=0,ns_steps=3,overlap=1,alpha=0.5"),
+    muloco_row("muloco-k512-h3-ns3-eager", "MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, eager τ=3", 3,
+               "chunked-topk:chunk=4096,k=512", "outer_lr=1,outer_momentum=0,ns_steps=3,overlap=3,eager=true"),
+    *[muloco_row(f"muloco-k512-h3-ns3-{name}-eta0.5",
+                 f"MuLoCo H=3 top-k 512/4096 + EF, 3 NS steps, {label}, outer lr 0.5", 3,
+                 "chunked-topk:chunk=4096,k=512", f"outer_lr=0.5,outer_momentum=0,ns_steps=3,{keys}")
+      for name, label, keys in (("tau1", "τ=1 α=0.5", "overlap=1,alpha=0.5"),
+                                ("eager", "eager τ=3", "overlap=3,eager=true"))],
+    muloco_row("muloco-k96-h3-ns3-tau1-eta0.5", "MuLoCo H=3 top-k 96/4096 + EF, 3 NS steps, τ=1 α=0.5, outer lr 0.5",
+               3, MESSAGE_K96, "outer_lr=0.5,outer_momentum=0,ns_steps=3,overlap=1,alpha=0.5"),
     *[muloco_row(f"muloco-k96-h3-pe{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} Polar Express steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k},ns_coefficients=polar-express") for k in (2, 3)],
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
