@@ -186,6 +186,23 @@ class MuonAdamW:
             rule.load_state_dict(state[str(i)])
 
 
+def muon_adamw(shapes, optim, *, muon_rate: dict, momentum: float, nesterov: bool, ns_steps: int,
+               ns_coefficients: str, betas: tuple[float, float], eps: float, weight_decay: float):
+    """The builder of a flat vector's ``MuonAdamW``: Muon at ``muon_rate`` (its ``lr`` and, where
+    scheduled, ``lr_schedule`` and ``horizon``) on the matrices, AdamW at ``optim``'s --lr and schedule
+    on the rest, both decayed by ``weight_decay``. MuLoCo's inner optimizer and ``--optimizer muon``."""
+
+    def muon(w):
+        return Muon(w, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps,
+                    ns_coefficients=ns_coefficients, **muon_rate)
+
+    def adamw(v):
+        return AdamW(v, lr=optim.lr, betas=betas, eps=eps, weight_decay=weight_decay, l1=optim.l1,
+                     lr_schedule=optim.lr_schedule, horizon=optim.horizon)
+
+    return lambda x: MuonAdamW(x, shapes, muon=muon, adamw=adamw)
+
+
 MULOCO_PARAMS = {
     "inner_steps": "H >= 1: inner steps (Muon on the matrices, AdamW on the rest) per outer round",
     "outer_lr": DILOCO_PARAMS["outer_lr"],
@@ -244,13 +261,6 @@ class MuLoCo(DiLoCo):
         scheduled = self.muon_lr_ratio > 0
         rate = dict(lr=self.muon_lr_ratio * optim.lr, lr_schedule=optim.lr_schedule, horizon=optim.horizon) \
             if scheduled else dict(lr=self.muon_lr)
-
-        def muon(w):
-            return Muon(w, momentum=self.muon_momentum, nesterov=self.nesterov, weight_decay=self.weight_decay,
-                        ns_steps=self.ns_steps, ns_coefficients=self.ns_coefficients, **rate)
-
-        def adamw(x):
-            return AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
-                         l1=optim.l1, lr_schedule=optim.lr_schedule, horizon=optim.horizon)
-
-        return lambda x: MuonAdamW(x, self.shapes, muon=muon, adamw=adamw)
+        return muon_adamw(self.shapes, optim, muon_rate=rate, momentum=self.muon_momentum, nesterov=self.nesterov,
+                          ns_steps=self.ns_steps, ns_coefficients=self.ns_coefficients, betas=self.betas, eps=self.eps,
+                          weight_decay=self.weight_decay)

@@ -229,21 +229,16 @@ class MuonRule:
         require(0 <= momentum < 1, f"momentum={momentum} must be in [0, 1)")
         ns_coefficients_of(ns_coefficients, ns_steps)  # validates
         AdamWRule(beta1=beta1, beta2=beta2, eps=eps)  # the same checks
-        self.lr_ratio, self.momentum, self.nesterov = lr_ratio, momentum, nesterov
-        self.ns = dict(ns_steps=ns_steps, ns_coefficients=ns_coefficients)
-        self.betas, self.eps = (beta1, beta2), eps
+        self.lr_ratio = lr_ratio
+        self.settings = dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_coefficients=ns_coefficients,
+                             betas=(beta1, beta2), eps=eps)
 
     def make(self, x: torch.Tensor, optim: OptimConfig):
-        from gradwire.algorithms.muloco import Muon, MuonAdamW  # (muloco builds on this module)
+        from gradwire.algorithms.muloco import muon_adamw  # (muloco builds on this module)
 
         require(bool(optim.shapes), "--optimizer muon needs the model's tensor shapes (Muon works on its matrices)")
-        schedule = dict(lr_schedule=optim.lr_schedule, horizon=optim.horizon)
-        return MuonAdamW(x, optim.shapes,
-                         muon=lambda w: Muon(w, lr=self.lr_ratio * optim.lr, momentum=self.momentum,
-                                             nesterov=self.nesterov, weight_decay=optim.weight_decay, **schedule,
-                                             **self.ns),
-                         adamw=lambda v: AdamW(v, lr=optim.lr, betas=self.betas, eps=self.eps,
-                                               weight_decay=optim.weight_decay, l1=optim.l1, **schedule))
+        rate = dict(lr=self.lr_ratio * optim.lr, lr_schedule=optim.lr_schedule, horizon=optim.horizon)
+        return muon_adamw(optim.shapes, optim, muon_rate=rate, weight_decay=optim.weight_decay, **self.settings)(x)
 
 
 def make_optimizer(x: torch.Tensor, optim: OptimConfig) -> HeavyBall | AdamW:
