@@ -22,6 +22,11 @@ def test_a_step_or_a_send_kills_at_that_step_only_the_process_hosting_the_worker
     assert kills("1:2", events, local_ranks=(0,)) == []
 
 
+def test_unacked_kills_right_after_saving_that_checkpoints_part():
+    assert kills("1:10:unacked", [(5, "saved"), (10, "step"), (10, "sent")]) == []
+    assert kills("1:10:unacked", [(5, "saved"), (10, "step"), (10, "saved"), (15, "saved")]) == [(10, "saved")]
+
+
 def test_saved_kills_at_the_first_step_at_or_past_after_a_part_was_saved():
     assert kills("1:2:saved", [(1, "step"), (2, "step"), (3, "step")]) == []  # nothing saved yet
     assert kills("1:2:saved", [(1, "step"), (4, "saved"), (2, "sent"), (5, "step")]) == [(5, "step")]

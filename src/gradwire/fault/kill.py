@@ -6,7 +6,9 @@ restarted group runs through. ``WORKER:STEP:sent`` kills a server-mode worker ri
 that step's message, before the answer. ``WORKER:STEP:saved`` kills a server-mode worker after the
 first step at or past STEP that follows a committed checkpoint (it has saved its part, and the
 server, which answers only once ``latest`` has moved, has answered since), so that a restart
-resumes whatever the processes' relative speeds. Only the torch backend's processes are killed
+resumes whatever the processes' relative speeds. ``WORKER:STEP:unacked`` kills a server-mode
+worker right after it saved its part of the checkpoint of step STEP, before it acknowledges it (the
+server must then leave that cut uncommitted). Only the torch backend's processes are killed
 (on the simulator or threads one process is the whole cluster).
 """
 
@@ -18,7 +20,7 @@ from collections.abc import Mapping
 
 from gradwire.errors import ConfigError
 
-PHASES = ("step", "sent", "saved")
+PHASES = ("step", "sent", "saved", "unacked")
 
 
 class KillAt:
@@ -36,8 +38,12 @@ class KillAt:
         self.kill = lambda: os.kill(os.getpid(), signal.SIGKILL)  # (a test replaces it to watch)
 
     def __call__(self, step: int, phase: str) -> None:
-        if phase == "saved":  # a part saved: what a "saved" kill waits for
+        if phase == "saved":  # a part saved: what a "saved" kill waits for, and where "unacked" strikes
             self.saved += 1
+            if self.phase == "unacked" and step == self.at and self.hosted:
+                self.kill()
+            return
+        if self.phase == "unacked":
             return
         if self.phase == "saved":
             hit = phase == "step" and step >= self.at and self.saved > 0

@@ -26,7 +26,9 @@ def summary(run, folder: RunFolder, status: str, error: str | None, resumed: boo
     """summary.json's content: ``extra`` (a stop's or the driver's entries) and the run's totals."""
     records = folder.records
     return extra | {"label": run.cfg.label(), "status": status, "error": error, "steps": run.step,
-                    "resumed": bool(resumed), "final": records[-1] if records else None,
+                    "resumed": bool(resumed),
+                    "resumed_from_step": run.resumed_from if resumed else None,
+                    "final": records[-1] if records else None,
                     "best_test_acc": max((x["test_acc"] for x in records), default=None),
                     "bytes_sent": run.transport.bytes_sent, "comm_time_s": run.transport.comm_time_s,
                     "sim_time_s": run.clock.now, "wall_time_s": run.wall_time()}

@@ -102,6 +102,7 @@ class Run:
     def __init__(self, cfg: RunConfig, transport: Transport | None = None):
         self.started = time.perf_counter()
         self.wall_before = 0.0  # wall seconds of the attempts before, up to the checkpoint resumed from
+        self.resumed_from: int | None = None  # the checkpoint's step, once resumed
         self.eval_s = 0.0       # wall seconds spent in evaluations (theirs included)
         self.cfg = cfg = check_combination(cfg).cfg  # the algorithm's --lr and --momentum where not given
         torch.set_num_threads(cfg.threads)
@@ -257,6 +258,10 @@ class Run:
             return False
         self.wall_before = float(elapsed.get("wall_time_s", 0.0))
         self.eval_s = float(elapsed.get("eval_time_s", 0.0))
+        self.resumed_from = self.step
+        if self.is_writer:
+            print(f"gradwire: resuming {self.cfg.out} from its checkpoint at step {self.step}",
+                  file=sys.stderr, flush=True)
         return True
 
 

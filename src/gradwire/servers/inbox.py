@@ -77,9 +77,10 @@ class Inbox:
             if msg.kind == bye:
                 return
 
-    def next_message(self, deadline: float, on_lost) -> Message | None:
+    def next_message(self, deadline: float, on_lost, done=None) -> Message | None:
         """The next message in arrival order, or None once ``deadline`` (``time.perf_counter``) has
-        passed; a loss met on the way goes to ``on_lost(worker, reason)``."""
+        passed; a loss met on the way goes to ``on_lost(worker, reason)``, and if ``done()`` then
+        holds (the loss was what the caller still waited for) the wait ends there, with None."""
         while True:
             try:
                 kind, worker, data = self.events.get(timeout=max(0.05, deadline - time.perf_counter()))
@@ -87,6 +88,8 @@ class Inbox:
                 return None
             if kind == "lost":
                 on_lost(worker, data)
+                if done is not None and done():
+                    return None
                 continue
             msg, self.last_arrival = data
             return msg

@@ -16,6 +16,7 @@ for the same events. The driver adds its own messages around it:
   answers each holder SAVE, and each worker saves its state as it stands, still waiting for the
   answer to its held message, and acknowledges (ACK); then the server saves its own state with
   the held messages, ``latest`` moves to K, and the held messages are handled as if just arrived.
+  A cut with a member lost before its ACK is not committed (``latest`` stays where it was).
   A resumed server handles the saved held messages first, and a resumed worker starts by waiting
   for their answers. A worker that has not sent within half the timeout is left out of the cut;
 - rejoin: a worker with no state in the checkpoint says HELLO and is answered with the algorithm's
@@ -27,6 +28,7 @@ Bytes count every header and body the server received or sent (the transport cou
 from __future__ import annotations
 
 import collections
+import sys
 import time
 from pathlib import Path
 
@@ -68,6 +70,7 @@ class RealServer(Driver):
         # every worker lost in this run, also before the checkpoint it resumed from and those that
         # rejoined since (``lost`` forgets a worker when it rejoins): what the summary names
         self.lost_in_run: dict[int, str] = {}
+        self.rejoined: set[int] = set()  # workers that said HELLO in this run (resumed with no state of their own)
         self.said_bye: set[int] = set()
         self.finished = False
         self.received = {w: 0 for w in range(self.n)}    # computations taken from each worker
@@ -80,15 +83,18 @@ class RealServer(Driver):
 
     # -- messages -------------------------------------------------------------------------------------
 
-    def _receive(self, what: str, deadline: float | None = None) -> Message:
-        """The next message (held ones first); raises CommunicationError past the deadline."""
+    def _receive(self, what: str, deadline: float | None = None, done=None) -> Message | None:
+        """The next message (held ones first); raises CommunicationError past the deadline. With
+        ``done``, a wait that a loss has made pointless (``done()`` holds after it) returns None."""
         while self.replay:
             msg = self.replay.popleft()
             if msg.worker not in self.lost:
                 self.arrived = self.clock.now  # held over a checkpoint: its wait is not on the timeline
                 return msg
         start = time.perf_counter()
-        got = self.inbox.next_message(deadline or start + self.timeout_s, self._lose)
+        got = self.inbox.next_message(deadline or start + self.timeout_s, self._lose, done)
+        if got is None and done is not None and done():
+            return None
         if got is None:
             alive = self.n - len(self.lost)
             raise CommunicationError(f"server: no message arrived for {what} within {self.timeout_s:g} s "
@@ -127,6 +133,7 @@ class RealServer(Driver):
         w = msg.worker
         if msg.kind == HELLO:  # a worker with no state in the checkpoint rejoins
             self.lost.pop(w, None)
+            self.rejoined.add(w)
             self._reply(self.algo.join_reply(w))
             return None
         if msg.kind == BYE:
@@ -169,10 +176,15 @@ class RealServer(Driver):
         try:
             deadline = time.perf_counter() + self.timeout_s / 2
             holders: set[int] = set()
-            while set(range(self.n)) - set(self.lost) - holders:
+            def everyone_holds() -> bool:
+                return not set(range(self.n)) - set(self.lost) - holders
+
+            while not everyone_holds():
                 try:
-                    msg = self._receive(f"the checkpoint of step {step}", deadline)
+                    msg = self._receive(f"the checkpoint of step {step}", deadline, everyone_holds)
                 except CommunicationError:
+                    break
+                if msg is None:
                     break
                 if msg.kind == HELLO:
                     self._handle(msg)
@@ -184,12 +196,27 @@ class RealServer(Driver):
             for w in sorted(cut):
                 self._reply(Message(SAVE, w, checkpoint=step))
             acked: set[int] = set()
-            while cut - set(self.lost) - acked:
-                msg = self._receive(f"the acknowledgements of checkpoint {step}")
+
+            def everyone_acked() -> bool:
+                return not cut - set(self.lost) - acked
+
+            while not everyone_acked():
+                msg = self._receive(f"the acknowledgements of checkpoint {step}", done=everyone_acked)
+                if msg is None:
+                    break
                 if msg.kind == ACK and msg.worker in cut:
                     acked.add(msg.worker)
                 else:  # from a worker outside the cut: handled after the held messages
                     held.append(msg)
+            unacknowledged = sorted(cut - acked)
+            if unacknowledged:
+                # a member died between its SAVE and its ACK: its state file may or may not be whole,
+                # and the algorithm has already forgotten it (on_lost); committing would resume it as
+                # lost with its own state present. The cut is abandoned; ``latest`` stays where it was.
+                print(f"gradwire: checkpoint of step {step} not committed: worker(s) "
+                      f"{', '.join(map(str, unacknowledged))} lost before acknowledging it",
+                      file=sys.stderr, flush=True)
+                return
             self.parts.checkpoints.save(step, {"server": self._cut_state(held)}, part_of_cut=True)
             self.parts.checkpoints.mark_latest(step)
         finally:
@@ -200,7 +227,8 @@ class RealServer(Driver):
         return {"held": [m.state_dict() for m in held],
                 "received": {str(w): n for w, n in self.received.items()},
                 "counts": {str(w): n for w, n in self.counts.items()},
-                "lost": {str(w): why for w, why in self.lost_in_run.items()}}
+                "lost": {str(w): why for w, why in self.lost_in_run.items()},
+                "rejoined": sorted(self.rejoined)}
 
     def load_state_dict(self, state: dict, stepdir: Path | None = None) -> None:
         """A worker with no state file in ``stepdir`` will rejoin with HELLO: its held message is
@@ -213,6 +241,7 @@ class RealServer(Driver):
         self.received = {w: int(state["received"][str(w)]) for w in range(self.n)}
         self.counts = {w: int(state["counts"][str(w)]) for w in range(self.n)}
         self.lost_in_run = {int(w): str(why) for w, why in state.get("lost", {}).items()}  # older: none kept
+        self.rejoined = {int(w) for w in state.get("rejoined", [])}
         for w in sorted(missing):
             self.algo.on_lost(w)
 
@@ -223,11 +252,17 @@ class RealServer(Driver):
         bounded by the timeout (a worker that never answers is lost)."""
         deadline = time.perf_counter() + self.timeout_s
         self.finished = True
-        while len(self.said_bye | set(self.lost)) < self.n:
+        def everyone_left() -> bool:
+            return len(self.said_bye | set(self.lost)) >= self.n
+
+        while not everyone_left():
             try:
-                self._handle(self._receive("the last messages", deadline))
+                msg = self._receive("the last messages", deadline, everyone_left)
             except CommunicationError:
                 break
+            if msg is None:
+                break
+            self._handle(msg)
         for w in range(self.n):
             if w not in self.said_bye and w not in self.lost:
                 self.lost[w] = "did not finish"
@@ -245,6 +280,7 @@ class RealServer(Driver):
                 pass
         lost = self.lost_in_run | self.lost
         return {"lost_workers": sorted(lost), "lost_reasons": {str(k): v for k, v in sorted(lost.items())},
+                "rejoined_workers": sorted(self.rejoined),
                 "gradients_received": {str(w): n for w, n in self.received.items()},
                 "local_steps": {str(w): n for w, n in self.counts.items()},
                 "answers_refused_bytes": self.refused_bytes} | self.algo.server_summary()

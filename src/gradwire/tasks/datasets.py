@@ -19,6 +19,7 @@ import json
 import os
 import random
 import tempfile
+import threading
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -65,8 +66,21 @@ def mnist1d_cache_path(data_dir: str | Path) -> Path:
     return cache_path(data_dir, "mnist1d", "mnist1d", "make_dataset(get_dataset_args())")
 
 
+# One reader or builder at a time in a process: ``np.load`` parses each array's header with
+# ``ast.literal_eval``, which is not thread-safe on CPython 3.11: two threads parsing at once
+# sometimes fail with "SystemError: AST constructor recursion depth mismatch" (seen in CI under
+# ``--backend threads``, which loads the task in every process-thread; python/cpython gh-106905).
+# Building MNIST-1D also swaps the global random state, which only one thread may do at a time.
+_CACHE_LOCK = threading.Lock()
+
+
 def cached_arrays(path: Path, build) -> dict[str, np.ndarray]:
     """The arrays x, y, x_test, y_test read from ``path``, or ``build()`` and written there first."""
+    with _CACHE_LOCK:
+        return _cached_arrays(path, build)
+
+
+def _cached_arrays(path: Path, build) -> dict[str, np.ndarray]:
     if path.exists():
         try:
             with np.load(path, allow_pickle=False) as f:
