@@ -76,14 +76,18 @@ def test_compare_resume_keeps_finished_variants_and_starts_the_rest(tmp_path, da
     assert "nothing to resume: compare folder" in capsys.readouterr().err
 
 
-def test_wall_time_continues_across_a_resume(make_config, tmp_path):
-    """The resumed run's wall_time_s and eval_time_s go on from the checkpoint's (they restarted at 0)."""
-    run(make_config(out="split", steps=8, checkpoint_every=8, eval_every=4), progress=False)
+def test_wall_time_continues_across_a_resume(make_config, tmp_path, capsys):
+    """The resumed run's wall_time_s and eval_time_s go on from the checkpoint's (they restarted at 0);
+    it says which step it continues from, on stderr and in the summary."""
+    first_summary = run(make_config(out="split", steps=8, checkpoint_every=8, eval_every=4), progress=False)
+    assert not first_summary["resumed"] and first_summary["resumed_from_step"] is None
     first = read_jsonl(tmp_path / "split" / "metrics.jsonl")
+    assert "resuming" not in capsys.readouterr().err
     time.sleep(0.05)
     summary = run(make_config(out="split", steps=12, checkpoint_every=8, eval_every=4, resume=True), progress=False)
+    assert f"gradwire: resuming {tmp_path / 'split'} from its checkpoint at step 8" in capsys.readouterr().err
     rows = read_jsonl(tmp_path / "split" / "metrics.jsonl")
-    assert summary["resumed"] and [r["step"] for r in rows] == [0, 4, 8, 12]
+    assert summary["resumed"] and summary["resumed_from_step"] == 8 and [r["step"] for r in rows] == [0, 4, 8, 12]
     assert rows[:3] == first
     assert rows[3]["wall_time_s"] > first[-1]["wall_time_s"] and rows[3]["eval_time_s"] >= first[-1]["eval_time_s"]
     assert summary["wall_time_s"] >= rows[3]["wall_time_s"]
@@ -118,7 +122,7 @@ def _server(n: int):
     server = object.__new__(RealServer)  # the state and the summary only: no process group
     server.n, server.algo, server.transport, server.timeout_s = n, _Algorithm(), _Transport(), 1.0
     server.lost, server.lost_in_run, server.in_flight, server.orphans = {}, {}, {}, []
-    server.said_bye, server.finished, server.refused_bytes = set(), False, 0
+    server.said_bye, server.finished, server.refused_bytes, server.rejoined = set(), False, 0, set()
     server.received, server.counts = {w: 0 for w in range(n)}, {w: 0 for w in range(n)}
     server.ctx = types.SimpleNamespace(device=torch.device("cpu"))
     return server
@@ -137,6 +141,7 @@ def test_a_resumed_server_still_names_the_workers_lost_before_its_checkpoint(tmp
     after.said_bye = {0, 1, 2}  # ... and did, and finished
     summary = after.finish()
     assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "SIGKILL (signal 9)"}
+    assert summary["rejoined_workers"] == []  # (no HELLO handled here)
     older = {"server": dict(state["server"])}
     older["server"].pop("lost")  # a checkpoint written before losses were kept: none named
     again = _server(3)
