@@ -132,9 +132,14 @@ def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "
     """MuLoCo with Muon's η tied to the walked lr (``muon_lr_ratio``, MUON_LR_RATIO; scheduled as
     every row's rate), the outer step η 1, μ 0 (docs/low_communication.md's pick at H = 3), and its
     message (default: MuLoCo's 2-bit pquant) by allgather: quantised or sparse, not summable. A round
-    that travels (``overlap=τ`` in ``keys``) is priced as hidden behind τ inner steps."""
+    that travels (``overlap=τ`` in ``keys``) is priced as hidden behind τ inner steps. A cast (fp16) is summed by
+    allreduce instead."""
+    from gradwire.compress import build as build_compressor
+
+    # a summable message (a cast: fp16, bf16) is averaged by allreduce (averaging/compressed.py), the rest by allgather
+    summable = bool(compressor) and build_compressor(compressor).summable
     row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO}", h, method="muloco",
-                     compressor=compressor, collective="allgather")
+                     compressor=compressor, collective="allreduce" if summable else "allgather")
     tau = int(parse_spec(row.algorithm)[1].get("overlap", 0))
     return dataclasses.replace(row, overlap=f"tau:{tau}") if tau else row
 
@@ -213,6 +218,15 @@ ROWS = [
                3, MESSAGE_K96, "outer_lr=0.5,outer_momentum=0,ns_steps=3,overlap=1,alpha=0.5"),
     *[muloco_row(f"muloco-k96-h3-pe{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} Polar Express steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k},ns_coefficients=polar-express") for k in (2, 3)],
+    # where MuLoCo's quality goes at 16 workers (screening): its rounds with a near-lossless fp16 message, at
+    # H = 3 and at H = 1 (Muon on each worker's own gradient, the updates averaged every step: DDP with Muon
+    # but for orthogonalising each worker's batch instead of their mean)
+    *[muloco_row(f"muloco-fp16-h{h}-ns3", f"MuLoCo H={h} fp16, 3 NS steps", h, "fp16",
+                 "outer_lr=1,outer_momentum=0,ns_steps=3") for h in (1, 3)],
+    # ... and the fp16 round hidden whole (eager, τ = H = 6: a 16-worker allreduce of 274 KB at 100 Mbit/s
+    # takes about 71 ms, six steps about 76)
+    *[muloco_row(f"muloco-fp16-h6-ns3-eager-eta{eta:g}", f"MuLoCo H=6 fp16, 3 NS steps, eager τ=6, outer lr {eta:g}",
+                 6, "fp16", f"outer_lr={eta:g},outer_momentum=0,ns_steps=3,overlap=6,eager=true") for eta in (1, 0.5)],
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
                method="sparseloco", collective="allgather"),
     Row("demo-k1of64", "DeMo top-1 of 64 DCT, sign", "demo:chunk=64,k=1", collective="allgather", overlap="none"),

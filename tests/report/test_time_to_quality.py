@@ -218,6 +218,10 @@ def test_the_low_communication_rows_gather_their_messages_and_tie_muon_to_the_wa
     assert f"muon_lr_ratio={ttq.MUON_LR_RATIO}" in ttq.ROW["muloco-h3"].algorithm
     assert ttq.ROW["muloco-k96-h3"].run == {"compressor": ttq.MESSAGE_K96}
     assert ttq.ROW["muloco-h3"].run == {"compressor": "pquant:p=inf,block=64"}
+    # a cast is summed on the way (averaging/compressed.py takes an allreduce for a summable payload)
+    for key in ("muloco-fp16-h1-ns3", "muloco-fp16-h3-ns3", "muloco-fp16-h6-ns3-eager-eta1"):
+        assert ttq.ROW[key].collective == "allreduce" and ttq.ROW[key].run == {"compressor": "fp16"}
+    assert ttq.ROW["muloco-fp16-h6-ns3-eager-eta1"].overlap == "tau:6"
 
 
 def test_tune_with_lrs_screens_those_rates_only_and_never_chooses_one(ttq, tmp_path):
