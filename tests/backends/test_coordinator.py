@@ -149,7 +149,7 @@ def test_a_cut_whose_member_dies_before_acknowledging_is_not_committed(tmp_path,
     results = spawn(4, args, out, data_dir, {"GRADWIRE_KILL_AT": "1:10:unacked"})
     codes = [c for c, _ in results]
     assert codes[2] == -signal.SIGKILL and codes[0] == codes[1] == codes[3] == 0, [e[-1500:] for _, e in results]
-    assert "checkpoint of step 10 not committed: worker(s) 1 lost before acknowledging it" in results[0][1]
+    assert "checkpoint of step 10 not committed: worker(s) 1 lost before the cut was complete" in results[0][1]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == 10 and summary["lost_workers"] == [1]
     # latest stays at the cut before, whole: a resume would not find worker 1 both lost and present

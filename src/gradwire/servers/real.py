@@ -16,7 +16,7 @@ for the same events. The driver adds its own messages around it:
   answers each holder SAVE, and each worker saves its state as it stands, still waiting for the
   answer to its held message, and acknowledges (ACK); then the server saves its own state with
   the held messages, ``latest`` moves to K, and the held messages are handled as if just arrived.
-  A cut with a member lost before its ACK is not committed (``latest`` stays where it was).
+  A cut with a member lost before it is committed is abandoned (``latest`` stays where it was).
   A resumed server handles the saved held messages first, and a resumed worker starts by waiting
   for their answers. A worker that has not sent within half the timeout is left out of the cut;
 - rejoin: a worker with no state in the checkpoint says HELLO and is answered with the algorithm's
@@ -208,14 +208,13 @@ class RealServer(Driver):
                     acked.add(msg.worker)
                 else:  # from a worker outside the cut: handled after the held messages
                     held.append(msg)
-            unacknowledged = sorted(cut - acked)
-            if unacknowledged:
-                # a member died between its SAVE and its ACK: its state file may or may not be whole,
-                # and the algorithm has already forgotten it (on_lost); committing would resume it as
-                # lost with its own state present. The cut is abandoned; ``latest`` stays where it was.
+            gone = sorted((cut - acked) | (cut & set(self.lost)))
+            if gone:
+                # a member died after its SAVE (before or after its ACK): its state file may not be
+                # whole, and the algorithm has already forgotten it (on_lost); committing would resume
+                # it as lost with its own state present. The cut is abandoned; ``latest`` stays.
                 print(f"gradwire: checkpoint of step {step} not committed: worker(s) "
-                      f"{', '.join(map(str, unacknowledged))} lost before acknowledging it",
-                      file=sys.stderr, flush=True)
+                      f"{', '.join(map(str, gone))} lost before the cut was complete", file=sys.stderr, flush=True)
                 return
             self.parts.checkpoints.save(step, {"server": self._cut_state(held)}, part_of_cut=True)
             self.parts.checkpoints.mark_latest(step)
