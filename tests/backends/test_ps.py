@@ -89,15 +89,21 @@ def test_checkpoints_in_ps_mode_resume_after_a_restart(tmp_path, data_dir):
     # group, which resumes from the last checkpoint every live worker acknowledged
     args = BASE + ["--steps", "20", "--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume-or-start",
                    "--stragglers", "lognormal:sigma=0.2,compute_s=0.02"]
-    # torchrun notices the death within 10 ms (PET_MONITOR_INTERVAL; default 0.1 s), long before
-    # the survivors could reach and commit a later checkpoint without worker 1
+    # torchrun notices the death within 10 ms (PET_MONITOR_INTERVAL; default 0.1 s) and restarts the
+    # group; usually before the survivors commit a later cut without worker 1, but on a loaded machine
+    # they sometimes do (CI saw it), and then the restart resumes that cut, where worker 1 rejoins
     p = launch(4, args, tmp_path / "ckpt", data_dir,
                extra_env={"GRADWIRE_KILL_AT": "1:8", "PET_MONITOR_INTERVAL": "0.01"},
                launch_args=["--max-restarts", "1"])
     assert p.returncode == 0, p.stderr[-3000:]
     out = tmp_path / "ckpt"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []
+    seen = {k: summary.get(k) for k in ("resumed_from_step", "steps", "lost_workers", "rejoined_workers")}
+    assert summary["resumed"] and summary["steps"] == 20, seen
+    assert f"from its checkpoint at step {summary['resumed_from_step']}" in p.stderr, seen
+    # a cut before the death: nobody lost in the resumed history; a cut after it: worker 1 named lost
+    # and rejoined from the server's parameters
+    assert summary["lost_workers"] == summary["rejoined_workers"] and summary["lost_workers"] in ([], [1]), seen
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == list(range(21))
     assert [s["step"] for s in read_jsonl(out / "steps.jsonl")] == list(range(1, 21))
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
