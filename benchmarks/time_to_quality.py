@@ -134,12 +134,15 @@ def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "
     message (default: MuLoCo's 2-bit pquant) by allgather: quantised or sparse, not summable. A round
     that travels (``overlap=τ`` in ``keys``) is priced as hidden behind τ inner steps. A cast (fp16) is summed by
     allreduce instead."""
+    from gradwire.algorithms.muloco import MuLoCo
+    from gradwire.averaging import CompressedMean
     from gradwire.compress import build as build_compressor
 
-    # a summable message (a cast: fp16, bf16) is averaged by allreduce (averaging/compressed.py), the rest by allgather
-    summable = bool(compressor) and build_compressor(compressor).summable
+    # the collective MuLoCo's averager takes for this message (it always keeps error feedback): an
+    # allreduce for a cast (fp16, bf16), else an allgather
+    message = CompressedMean(build_compressor(compressor or MuLoCo.default_compressor), {}, error_feedback=True)
     row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO}", h, method="muloco",
-                     compressor=compressor, collective="allreduce" if summable else "allgather")
+                     compressor=compressor, collective="allreduce" if message.allreduced() else "allgather")
     tau = int(parse_spec(row.algorithm)[1].get("overlap", 0))
     return dataclasses.replace(row, overlap=f"tau:{tau}") if tau else row
 

@@ -218,7 +218,12 @@ def test_the_low_communication_rows_gather_their_messages_and_tie_muon_to_the_wa
     assert f"muon_lr_ratio={ttq.MUON_LR_RATIO}" in ttq.ROW["muloco-h3"].algorithm
     assert ttq.ROW["muloco-k96-h3"].run == {"compressor": ttq.MESSAGE_K96}
     assert ttq.ROW["muloco-h3"].run == {"compressor": "pquant:p=inf,block=64"}
-    # a cast is summed on the way (averaging/compressed.py takes an allreduce for a summable payload)
+    # a cast is summed on the way: MuLoCo's averager (error feedback on) takes an allreduce for it
+    from gradwire.averaging import CompressedMean
+    from gradwire.compress import build
+
+    assert CompressedMean(build("fp16"), {}, error_feedback=True).allreduced()
+    assert not CompressedMean(build(ttq.MESSAGE_K96), {}, error_feedback=True).allreduced()
     for key in ("muloco-fp16-h1-ns3", "muloco-fp16-h3-ns3", "muloco-fp16-h6-ns3-eager-eta1"):
         assert ttq.ROW[key].collective == "allreduce" and ttq.ROW[key].run == {"compressor": "fp16"}
     assert ttq.ROW["muloco-fp16-h6-ns3-eager-eta1"].overlap == "tau:6"

@@ -34,7 +34,7 @@ class CompressedMean(Averager):
     def combine_by(self, rule: MessageCombine) -> None:
         """Gathered payloads are combined by ``rule`` (averaging/combine.py) instead of the plain mean;
         the payloads and their bytes are unchanged."""
-        require(not (self.plain() or self.compressor.summable),
+        require(not self.allreduced(),
                 f"aggregate/clip apply to gathered payloads; {self.compressor.spec()} is all-reduced")
         require(not rule.needs_positions or hasattr(self.compressor, "decode_sent"),
                 f"aggregate={rule.aggregate} needs the positions each payload carries, which "
@@ -56,6 +56,11 @@ class CompressedMean(Averager):
     def plain(self) -> bool:
         """Uncompressed and without error feedback: the tensors travel as they are."""
         return self.identity and self.ef is None
+
+    def allreduced(self) -> bool:
+        """Whether the mean travels as one dense allreduce (uncompressed, or a cast whose payloads sum
+        on the way); otherwise the packets' bytes are allgathered and decoded."""
+        return self.plain() or self.compressor.summable
 
     def mean(self, transport: Transport, tensors: dict[int, torch.Tensor], ranks=None) -> torch.Tensor:
         like = next(iter(tensors.values()))
@@ -111,7 +116,7 @@ class CompressedMean(Averager):
         """Start the mean of ``payloads`` without blocking, carried as ``mean`` carries them (a dense
         allreduce, or an allgather of the bytes decoded and summed in rank order); ``wait()`` gives
         it in ``like``'s dtype."""
-        if self.plain() or self.compressor.summable:
+        if self.allreduced():
             return Finished(transport.allreduce_mean_start(payloads, ranks), lambda mean: mean.to(like.dtype))
         size = self.compressor.nbytes(like.numel(), like.dtype)
         return Finished(transport.allgather_start(payloads, ranks, size=size),
@@ -120,7 +125,7 @@ class CompressedMean(Averager):
     def decode_payload(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """One participant's payload as the mean counts it (its share of the average, times n): what
         the others received from it, error feedback and quantisation included."""
-        if self.plain() or self.compressor.summable:
+        if self.allreduced():
             return payload.to(like.dtype)
         return self.decode(payload, like)
 
