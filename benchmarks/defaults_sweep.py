@@ -6,6 +6,8 @@ defaults, on the default task (mnist1d-mlp, 8 workers, batch 32, 500 steps).
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --spec easgd:period=2 --spec easgd:beta=0.5 --seeds 3
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --task mnist1d-cnn --algorithms sync --lrs 0.8,1.6
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py table --seeds 0,1,2
+    OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --algorithms signsgd --lrs 0.006 --workers 1 \
+        --batch-size 256 --seeds 3,4
 
 The tuning sweeps run on held-out seeds (3, 4) that the table does not use. ``--spec`` takes one
 algorithm spec with its keys (repeatable: a spec's own commas cannot share ``--algorithms``'s).
@@ -70,7 +72,8 @@ def main() -> None:
     parser.add_argument("--spec", action="append", default=[], help="an algorithm spec with keys (repeatable)")
     parser.add_argument("--lrs", default="0.2,0.4,0.8,1.6", help="sweep: comma-separated --lr values; "
                         "'default': the algorithm's own")
-    add_run_flags(parser, only=("momentum", "seed", "task", "lr_schedule", "compressor", "weight_decay"),
+    add_run_flags(parser, only=("momentum", "seed", "task", "lr_schedule", "compressor", "weight_decay", "workers",
+                                "batch_size", "optimizer"),
                   defaults={"seed": [0]}, sweep=("seed",),
                   helps={"momentum": "sweep: --momentum (left out: the algorithm's own)",
                          "task": "the task (another for the CNN check of docs/defaults.md)"})
@@ -83,7 +86,8 @@ def main() -> None:
     seeds = ns.seeds
     with tempfile.TemporaryDirectory() as tmp:
         extra = {"task": ns.task, "lr_schedule": ns.lr_schedule, "compressor": ns.compressor,
-                 "weight_decay": ns.weight_decay}
+                 "weight_decay": ns.weight_decay, "workers": ns.workers, "batch_size": ns.batch_size,
+                 "optimizer": ns.optimizer}
         if ns.what == "table":
             table(Path(tmp), algorithms, seeds, ns.reference, **extra)
             return
