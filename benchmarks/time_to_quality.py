@@ -91,6 +91,7 @@ TABLE_SEEDS = (1, 2, 3)
 RATES_MBPS = (10.0, 100.0, 1000.0)
 WORKERS = (4, 16, 64)
 LATENCY_MS = 1.0
+TIME_NETWORKS = ("ring", "halving-doubling")  # transports/network.py's topologies the time model may price
 COMPUTE_STEPS = 10             # steps a block (measure_compute)
 COMPUTE_BLOCKS = 10
 ADAMW = dict(optimizer="adamw:beta2=0.95", weight_decay=0.1)  # DDP's AdamW (benchmarks/ddp_train.py)
@@ -322,15 +323,16 @@ def reached(losses: list[float], target: float | None, after: int = STOP_AFTER) 
 
 
 def collective_seconds(kind: str, payload_bytes: float, workers: int, mbps: float,
-                       latency_ms: float = LATENCY_MS, collectives: int = 1) -> float:
-    """gradwire's ring model itself (transports/network.py, RingNetwork; Patarasuk & Yuan 2009) for
-    ``collectives`` equal collectives that carry ``payload_bytes`` of one worker's between them:
-    allreduce 2(n-1)(latency + B/(n·bw)); allgather (n-1)(latency + B/bw), per collective."""
-    from gradwire.transports.network import RingNetwork
+                       latency_ms: float = LATENCY_MS, collectives: int = 1, network: str = "ring") -> float:
+    """gradwire's network model itself (transports/network.py) for ``collectives`` equal collectives
+    that carry ``payload_bytes`` of one worker's between them. ``ring`` (RingNetwork; Patarasuk & Yuan
+    2009, what gloo runs): allreduce 2(n-1)(latency + B/(n·bw)); allgather (n-1)(latency + B/bw), per
+    collective. ``halving-doubling`` (HalvingDoublingNetwork): the same bytes in ceil(log2 n) rounds."""
+    from gradwire.transports.network import NETWORKS
 
     if workers <= 1:
         return 0.0
-    net, each = RingNetwork(mbps=mbps, latency_ms=latency_ms), payload_bytes / collectives
+    net, each = NETWORKS.build(f"{network}:mbps={mbps:g},latency_ms={latency_ms:g}"), payload_bytes / collectives
     if kind == "allreduce":
         return collectives * net.allreduce(each, workers).time_s
     if kind == "allgather":
@@ -350,12 +352,14 @@ def ledger_divisor(kind: str, workers: int) -> int:
 
 
 def step_seconds(row: Row, compute_s: float, backward_s: float, payload_bytes: float, workers: int,
-                 mbps: float | None) -> float:
+                 mbps: float | None, network: str = "ring") -> float:
     """One step's time: compute, plus the communication it cannot hide. ``payload_bytes``: what one
-    worker contributes per communication round; ``mbps`` None: a network of zero cost."""
+    worker contributes per communication round; ``mbps`` None: a network of zero cost; ``network``:
+    NETWORKS' ring or halving-doubling."""
     if mbps is None:
         return compute_s
-    comm = collective_seconds(row.collective, payload_bytes, workers, mbps, collectives=row.collectives)
+    comm = collective_seconds(row.collective, payload_bytes, workers, mbps, collectives=row.collectives,
+                              network=network)
     if row.overlap == "backward":  # DDP: the buckets' allreduces run while the backward pass goes on
         return compute_s + max(0.0, comm - backward_s)
     if row.overlap.startswith("tau:"):  # Streaming DiLoCo: a fragment travels while τ steps compute
@@ -402,7 +406,7 @@ def summarise(values: list[float | None]) -> tuple[float | None, float | None, f
     return sum(got) / len(got), min(got), max(got), len(got)
 
 
-def table_rows(target: float, results: dict, compute: dict, workers: int) -> list[dict]:
+def table_rows(target: float, results: dict, compute: dict, workers: int, network: str = "ring") -> list[dict]:
     """One line per row: time to the target at each rate (mean and range over the seeds that
     reached it) and its ratio to DDP on a network of zero cost. ``results[key]`` = list of
     per-seed dicts {steps, losses, params}; ``compute[key]`` = {compute_s, backward_s,
@@ -425,7 +429,7 @@ def table_rows(target: float, results: dict, compute: dict, workers: int) -> lis
         line["bits_per_param_step"] = line["bits_per_param_round"] / row.period
         line["cpu_ms"] = 1e3 * cost["compute_s"]
         for mbps in (None, *RATES_MBPS):
-            t = step_seconds(row, cost["compute_s"], cost["backward_s"], payload, workers, mbps)
+            t = step_seconds(row, cost["compute_s"], cost["backward_s"], payload, workers, mbps, network)
             line[f"t@{mbps}"] = summarise([None if s is None else s * t for s in hit])
         if row.key == "ddp":
             zero = line["t@None"][0]
@@ -774,7 +778,7 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
     return result
 
 
-def step_time_table(compute: dict) -> str:
+def step_time_table(compute: dict, network: str = "ring") -> str:
     """The time model alone: each row's step time over DDP's on a network of zero cost, at every
     worker count and rate (no curves needed: what a step costs, not how many steps it takes)."""
     ddp = compute["ddp"]["compute_s"]
@@ -784,7 +788,7 @@ def step_time_table(compute: dict) -> str:
         cost = compute.get(row.key)
         if cost is None:
             continue
-        cells = [step_seconds(row, cost["compute_s"], cost["backward_s"], cost["payload_bytes"], w, m) / ddp
+        cells = [step_seconds(row, cost["compute_s"], cost["backward_s"], cost["payload_bytes"], w, m, network) / ddp
                  for w in WORKERS for m in RATES_MBPS]
         lines.append(f"| {row.label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |\n")
     return "".join(lines)
@@ -870,6 +874,9 @@ def main(argv=None) -> int:
     p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0); tune "
                    "stage: only these trials, outside the walk (screening/<row>.json; a row screened at one rate "
                    "takes it in the other stages)")
+    p.add_argument("--network", choices=TIME_NETWORKS, default="ring",
+                   help="report stage: the collectives the time model prices (ring: gloo's, validated on the "
+                   "test bed; halving-doubling: log2 n rounds, NCCL's tree regime); not ring: results-NETWORK.md")
     add_run_flags(p, only=("out", "workers", "seed", "batch_size"), sweep=("workers", "seed"),
                   defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS),
                             "batch_size": DEFAULT_BATCH},
@@ -921,7 +928,7 @@ def main(argv=None) -> int:
     if args.stage == "report":
         from time_to_quality_report import write_report
 
-        write_report(out, workers, seeds, lrs, n)
+        write_report(out, workers, seeds, lrs, n, network=args.network)
     return 0
 
 

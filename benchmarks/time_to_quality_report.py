@@ -26,15 +26,10 @@ from time_to_quality import (
     target_quality,
 )
 
-GRADWIRE_ROWS = ("gw-powersgd", "gw-qsgd", "local-adamw", "diloco", "streaming", "streaming-h40", "diloco-h5-anneal",
-                 "diloco-h10-anneal", "diloco-h20-anneal", "streaming-h40-anneal", "streaming-h40-eager", "diloco-h5",
-                 "diloco-h10", "diloco-h40", "streaming-h20-p2", "diloco-mu0.7",
-                 "diloco-mu0.8", "diloco-eta0.35", "diloco-eta0.5", "diloco-eta1",
-                 "streaming-mu0.8", "diloco-mu0.8-eta0.5", "diloco-mu0.8-eta1", "diloco-h40-mu0.8",
-                 "muloco-k96-h3", "muloco-h3", "muloco-k96-h10", "sparseloco-k96-h3", "demo-k1of64",
-                 "muloco-k96-h3-ns2", "muloco-k96-h3-ns3", "muloco-k96-h3-ns4", "muloco-k96-h3-pe2",
-                 "muloco-k96-h3-pe3")
-TORCH_ROWS = ("ddp-bf16", "ddp-accum2", "ddp-accum4", "ddp-accum8", "torch-powersgd")
+TORCH_ROWS = ("ddp-bf16", "ddp-accum2", "ddp-accum4", "ddp-accum8", "torch-powersgd")  # what PyTorch alone gives
+# every other row is gradwire's (its methods, and its sync with Muon): derived, so that a new row is never left out
+# of the targets' table
+GRADWIRE_ROWS = tuple(r.key for r in ROWS if r.key != "ddp" and r.key not in TORCH_ROWS)
 
 
 def load_results(out: Path, workers: int, seeds, lrs: dict) -> dict:
@@ -110,7 +105,7 @@ def targets(lines: list[dict], workers: int) -> str:
     return "".join(out)
 
 
-def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -> None:
+def plot(out: Path, results: dict, compute: dict, workers: int, target: float, network: str = "ring") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,7 +123,8 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
                 ax.plot([s * cost["compute_s"] for s in run["steps"]], run["losses"], color="grey", ls=":",
                         label="DDP, network of zero cost")
         for ax, mbps in zip(axes, RATES_MBPS):
-            t = step_seconds(row, cost["compute_s"], cost["backward_s"], cost["payload_bytes"], workers, mbps)
+            t = step_seconds(row, cost["compute_s"], cost["backward_s"], cost["payload_bytes"], workers, mbps,
+                             network)
             ax.plot([s * t for s in run["steps"]], run["losses"], label=row.label, color=colours(i), marker=".", ms=3)
         ax_b.plot([max(b, 1) / 1e6 for b in run["bytes"]], run["losses"], label=row.label, color=colours(i),
                   marker=".", ms=3)
@@ -136,7 +132,7 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
 
     for ax, mbps in zip(axes, RATES_MBPS):
         ax.axhline(target, color="k", lw=0.8, ls="--")
-        ax.set(xscale="log", title=f"{mbps:g} Mbit/s, {workers} workers", xlabel="modelled time (s)")
+        ax.set(xscale="log", title=f"{mbps:g} Mbit/s, {workers} workers, {network}", xlabel="modelled time (s)")
         ax.xaxis.set_minor_formatter(NullFormatter())  # (log axes label minor ticks over each other)
     axes[0].set_ylabel("validation loss")
     low = min(min(r[0]["losses"]) for r in results.values())
@@ -144,29 +140,35 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float) -
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(out / f"quality_vs_time_w{workers}.png", dpi=110)
+    suffix = "" if network == "ring" else f"_{network}"
+    fig.savefig(out / f"quality_vs_time_w{workers}{suffix}.png", dpi=110)
     ax_b.axhline(target, color="k", lw=0.8, ls="--")
     ax_b.xaxis.set_minor_formatter(NullFormatter())
     ax_b.set(xscale="log", xlabel="MB sent, all workers (ledger)", ylabel="validation loss",
              ylim=(low * 0.99, target * 1.15), title=f"{workers} workers")
     ax_b.legend(fontsize=7)
     fig_b.tight_layout()
-    fig_b.savefig(out / f"quality_vs_bytes_w{workers}.png", dpi=110)
+    fig_b.savefig(out / f"quality_vs_bytes_w{workers}{suffix}.png", dpi=110)
     plt.close("all")
 
 
-def write_report(out: Path, workers: list[int], seeds: list[int], lrs: dict, n_steps: int) -> None:
+def write_report(out: Path, workers: list[int], seeds: list[int], lrs: dict, n_steps: int,
+                 network: str = "ring") -> None:
+    """results.md and results.json (``network`` not ring: results-<network>.md/.json), and the plots."""
     compute = json.loads((out / "compute.json").read_text()) if (out / "compute.json").exists() else {}
-    text = [f"# Time to DDP's quality (N = {n_steps}; table seeds {seeds}; learning rates tuned on seed 0)\n",
+    collectives = "" if network == "ring" else f"; collectives priced as {network}, transports/network.py"
+    text = [f"# Time to DDP's quality (N = {n_steps}; table seeds {seeds}; learning rates tuned on seed 0"
+            f"{collectives})\n",
             "\n## Tuning (seed 0, each trial to N): validation loss at N\n\n", tuning_table(lrs)]
-    everything = {"n_steps": n_steps, "seeds": seeds, "lrs": lrs, "compute": compute, "workers": {}}
+    everything = {"n_steps": n_steps, "seeds": seeds, "lrs": lrs, "compute": compute, "network": network,
+                  "workers": {}}
     for w in workers:
         results = load_results(out, w, seeds, lrs)
         if "ddp" not in results:
             text.append(f"\n### {w} workers: not run (no DDP curve, so no target)\n")
             continue
         ref = ddp_reference(results, n_steps)
-        lines = table_rows(ref["target"], results, compute, w)
+        lines = table_rows(ref["target"], results, compute, w, network)
         text.append(markdown(lines, w, ref["target"]))
         text.append(f"\nSeeds per row: {', '.join(f'{k} {len(v)}' for k, v in results.items())}. DDP over its last "
                     f"quarter before N improves {', '.join(f'{g:.2%}' for g in ref['quarter_gain'])} (per seed); one "
@@ -175,10 +177,11 @@ def write_report(out: Path, workers: list[int], seeds: list[int], lrs: dict, n_s
         text.append(quality_at_rate(lines))
         everything["workers"][str(w)] = {"reference": ref, "rows": lines,
                                          "seeds": {k: [c["seed"] for c in v] for k, v in results.items()}}
-        plot(out, results, compute, w, ref["target"])
+        plot(out, results, compute, w, ref["target"], network)
     if "ddp" in compute:
         text.append("\n### The time model alone: step time / DDP's step on a network of zero cost\n\n"
-                    + step_time_table(compute))
-    (out / "results.md").write_text("".join(text))
-    (out / "results.json").write_text(json.dumps(everything, indent=1, default=str) + "\n")
+                    + step_time_table(compute, network))
+    name = "results" if network == "ring" else f"results-{network}"
+    (out / f"{name}.md").write_text("".join(text))
+    (out / f"{name}.json").write_text(json.dumps(everything, indent=1, default=str) + "\n")
     print("".join(text))

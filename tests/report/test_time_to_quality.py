@@ -70,6 +70,15 @@ def test_the_time_model_is_gradwires_ring_network(ttq):
     assert ttq.step_seconds(diloco, 0.1, 0.06, 5e6, 4, 100.0) == pytest.approx(0.1 + comm / diloco.period)
     streaming = ttq.ROW["streaming"]  # a fragment hidden behind τ = 2 steps
     assert ttq.step_seconds(streaming, 0.1, 0.06, 1e5, 4, 100.0) == 0.1
+    # priced as halving-doubling: 16 workers' allreduce takes 2·log2(16) = 8 latencies, not 30, for the
+    # same bytes; an allgather 4, not 15
+    bw = 100e6 / 8
+    assert ttq.collective_seconds("allreduce", 1.6e5, 16, 100.0, network="halving-doubling") == pytest.approx(
+        8e-3 + 2 * 15 / 16 * 1.6e5 / bw)
+    assert ttq.collective_seconds("allgather", 1e4, 16, 100.0, network="halving-doubling") == pytest.approx(
+        4e-3 + 15 * 1e4 / bw)
+    assert ttq.step_seconds(diloco, 0.1, 0.06, 5e6, 16, 100.0, "halving-doubling") == pytest.approx(
+        0.1 + (8e-3 + 2 * 15 / 16 * 5e6 / bw) / diloco.period)
 
 
 def test_tuning_seed_is_never_a_table_seed_and_the_best_finite_trial_wins(ttq):
@@ -147,6 +156,26 @@ def test_table_gives_ratios_to_ddp_at_zero_cost_and_marks_what_did_not_run(ttq):
     assert "not reached in 1 seeds (best 2.7000)" in text and "| PyTorch PowerSGD hook r4 | not run |" in text
     ddp_at_10 = lines["ddp"]["t@10.0"][0]
     assert lines["diloco"]["vs_ddp@10.0"] == pytest.approx(ddp_at_10 / lines["diloco"]["t@10.0"][0])
+
+
+def test_the_targets_table_judges_every_gradwire_row_and_names_the_best(ttq):
+    """Every row is DDP, PyTorch's or gradwire's, none left out of the targets' table (it once missed
+    the MuLoCo rows added after its list was written, and said "none reached" beside a row that had)."""
+    report = load_script(BENCH.with_name("time_to_quality_report.py"), "time_to_quality_report")
+    keys = [r.key for r in ttq.ROWS]
+    assert sorted(["ddp", *report.TORCH_ROWS, *report.GRADWIRE_ROWS]) == sorted(keys)
+    steps = [100, 200, 300, 400]
+    curve = dict(steps=steps, params=1000, bytes=[1, 2, 3, 4])
+    late = "muloco-k512-h3-ns3-tau1-eta0.5"  # a row added late to ROWS
+    results = {"ddp": [curve | dict(losses=[3.0, 2.5, 2.1, 2.0])],
+               "ddp-bf16": [curve | dict(losses=[3.0, 2.5, 2.1, 2.0])],
+               late: [curve | dict(losses=[2.9, 2.4, 2.0, 1.9])]}
+    compute = {k: {"compute_s": 0.01, "backward_s": 0.006, "payload_bytes": 4000.0} for k in results}
+    compute["ddp-bf16"]["payload_bytes"] = 2000.0  # half DDP's bytes: PyTorch's best
+    text = report.targets(ttq.table_rows(2.05, results, compute, 16), 16)
+    label = ttq.ROW[late].label
+    assert text.count(f"| {label} |") == 3 and "none reached" not in text  # the best row at every rate
+    assert "| DDP + bf16 cast |" in text
 
 
 def test_pytorchs_run_follows_the_same_schedule_and_stays_at_its_floor_past_the_horizon():

@@ -9,7 +9,7 @@ import torch
 
 from gradwire.transports import ledger
 from gradwire.transports.clocks import SimClock
-from gradwire.transports.network import PSNetwork, RingNetwork
+from gradwire.transports.network import HalvingDoublingNetwork, PSNetwork, RingNetwork
 from gradwire.transports.sim import SimTransport
 
 SIZES = [1, 2, 3, 5, 8]
@@ -64,8 +64,9 @@ def test_broadcast_reduce_gather_and_point_to_point(n):
 
 
 def test_the_simulator_charges_the_ledger():
-    """Each collective of the simulator, on both networks, adds the ledger's bytes."""
+    """Each collective of the simulator, on every network, adds the ledger's bytes."""
     for network, (reduce_all, gather_all) in [(RingNetwork(), (ledger.allreduce, ledger.allgather)),
+                                              (HalvingDoublingNetwork(), (ledger.allreduce, ledger.allgather)),
                                               (PSNetwork(), (ledger.star_allreduce, ledger.star_allgather))]:
         t = SimTransport(3, network, SimClock())
         before = t.bytes_sent

@@ -2,7 +2,7 @@
 
 Every message of n bytes costs ``latency_s + n / bandwidth`` on the link it crosses; the topology
 decides who sends what and which transfers share a link. Formulas (N participants, B bytes per
-worker for a dense allreduce, n_i bytes from worker i otherwise):
+worker for a dense allreduce, n_i bytes from worker i otherwise; L = ceil(log2 N)):
 
 =============  ===================================  =============================================
 collective     ``ps`` (all traffic via one server   ``ring`` (neighbour links, all in parallel)
@@ -19,6 +19,21 @@ send           bytes n; time lat + n/bw             (same)
 The ring allgather is priced by the largest buffer, as a padded allgather (what gloo and NCCL
 do with variable sizes) would be. Bytes count every message both ways; they are the byte ledger's
 (transports/ledger.py), where every counter in gradwire takes its figures.
+
+``halving-doubling`` sends the ring's bytes in logarithmically many rounds (Thakur, Rabenseifner &
+Gropp 2005, "Optimization of collective communication operations in MPICH", IJHPCA 19(1)): the
+latency class of NCCL's trees and of MPI's large-scale collectives, where the ring's 2(N-1)
+latencies dominate a small message among many workers. gloo, which the torch backend's CPU runs
+use, has only the ring, so this model is not validated on the test bed (docs/time_to_accuracy.md).
+
+=============  ==============================================================================
+allreduce      Rabenseifner: reduce-scatter by recursive halving, allgather by recursive doubling;
+               bytes 2·(N-1)·B (the ring's); with P = 2^floor(log2 N):
+               time 2·log2(P)·lat + 2·(P-1)/P·B/bw, plus 2·(lat + B/bw) when N > P (the N-P extra
+               workers first hand their tensor to a partner and get the result back)
+allgather      Bruck: bytes (N-1)·Σn; time L·lat + (N-1)·max n/bw
+broadcast      binomial tree: bytes (N-1)·n; time L·(lat + n/bw)
+=============  ==============================================================================
 """
 
 from __future__ import annotations
@@ -104,3 +119,37 @@ class RingNetwork(Network):
         if n <= 1:
             return Cost(0, 0.0)
         return Cost(ledger.broadcast(nbytes, n), (n - 1) * self.latency_s + nbytes / self.bytes_per_s)
+
+
+@NETWORKS.register("halving-doubling",
+                   help="logarithmic-latency collectives (recursive halving/doubling, Bruck, binomial tree): "
+                        "the ring's bytes in ceil(log2 N) rounds, NCCL's tree regime (not validated on gloo)",
+                   params={"mbps": "per-link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
+class HalvingDoublingNetwork(Network):
+    name = "halving-doubling"
+
+    def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
+        super().__init__(mbps=mbps, latency_ms=latency_ms)
+
+    def allreduce(self, nbytes: int, n: int) -> Cost:
+        if n <= 1:
+            return Cost(0, 0.0)
+        p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+        rounds = p.bit_length() - 1
+        time = 2 * rounds * self.latency_s + 2 * (p - 1) / p * nbytes / self.bytes_per_s
+        if n > p:  # the extra workers' tensors in, the results back out
+            time += 2 * (self.latency_s + nbytes / self.bytes_per_s)
+        return Cost(ledger.allreduce(nbytes, n), time)
+
+    def allgather(self, sizes: list[int]) -> Cost:
+        n = len(sizes)
+        if n <= 1:
+            return Cost(0, 0.0)
+        rounds = (n - 1).bit_length()  # ceil(log2 n)
+        return Cost(ledger.allgather(sizes), rounds * self.latency_s + (n - 1) * max(sizes) / self.bytes_per_s)
+
+    def broadcast(self, nbytes: int, n: int) -> Cost:
+        if n <= 1:
+            return Cost(0, 0.0)
+        rounds = (n - 1).bit_length()
+        return Cost(ledger.broadcast(nbytes, n), rounds * (self.latency_s + nbytes / self.bytes_per_s))
