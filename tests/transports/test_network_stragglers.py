@@ -151,3 +151,13 @@ def test_halving_doubling_saves_the_rings_latencies_not_its_bytes():
     assert a.bytes == b.bytes
     assert a.time_s - b.time_s == pytest.approx((30 - 8) * 0.001)
     assert hd.allreduce(274_000, 1).bytes == 0 and hd.allgather([9]).time_s == 0.0
+
+
+def test_a_run_on_halving_doubling_learns_the_same_sends_the_same_and_waits_less(make_config):
+    """The topology prices the collectives; it changes no number a worker computes and no byte."""
+    from gradwire.run.loop import run
+
+    ring = run(make_config(workers=8, network="ring:mbps=100,latency_ms=1", out="ring"), progress=False)
+    hd = run(make_config(workers=8, network="halving-doubling:mbps=100,latency_ms=1", out="hd"), progress=False)
+    assert hd["final"]["train_loss"] == ring["final"]["train_loss"] and hd["bytes_sent"] == ring["bytes_sent"]
+    assert hd["comm_time_s"] < ring["comm_time_s"]  # 2·3 latencies per allreduce instead of 2·7
