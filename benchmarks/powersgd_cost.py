@@ -1,6 +1,6 @@
 """What PowerSGD's own computation costs a worker, beside its forward and backward pass.
 
-On the issue-13 language model (``stdlib-lm``, 1.45M parameters, 15 matrices compressed), one
+On the language model of the test-bed passes (``stdlib-lm``, 1.45M parameters, 15 matrices compressed), one
 process, one thread: the median time of one ``PowerSGD.average`` call (one worker, the allreduce an
 identity, so only the computation: error feedback, the products, Gram-Schmidt, the casts) for each
 rank and wire dtype, and, measured in the same run, the forward and backward pass of a batch of 8

@@ -43,7 +43,9 @@ costly part, ``curves``, can be stopped and run again by the same command.
    from gradwire's ring model (``transports/network.py``): an allreduce of B bytes a worker among n
    costs 2(n-1)(latency + B/(n·bandwidth)), an allgather of B bytes a worker (n-1)(latency +
    B/bandwidth) (``collective_seconds``), with B each row's measured payload per round. A row's
-   time to the target is its first evaluation at or below it, times its step time.
+   time to the target is its first evaluation at or below it, times its step time. ``report
+   --collectives halving-doubling`` prices the same bytes in log2 n rounds instead (what NCCL's
+   trees approach; not validated here, as gloo runs rings).
 
 Rows (``ROWS``): DDP (gradwire's sync AdamW, equal to PyTorch DDP with AdamW:
 tests/ddp/test_ddp_train_benchmark.py), DDP with a bf16 cast (PyTorch's bf16 hook's arithmetic but
@@ -874,9 +876,10 @@ def main(argv=None) -> int:
     p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0); tune "
                    "stage: only these trials, outside the walk (screening/<row>.json; a row screened at one rate "
                    "takes it in the other stages)")
-    p.add_argument("--network", choices=TIME_NETWORKS, default="ring",
-                   help="report stage: the collectives the time model prices (ring: gloo's, validated on the "
-                   "test bed; halving-doubling: log2 n rounds, NCCL's tree regime); not ring: results-NETWORK.md")
+    p.add_argument("--collectives", choices=TIME_NETWORKS, default="ring",
+                   help="report stage: the network model (transports/network.py) whose collectives the time model "
+                   "prices (ring: gloo's, validated on the test bed; halving-doubling: log2 n rounds, NCCL's tree "
+                   "regime); not ring: results-halving-doubling.md")
     add_run_flags(p, only=("out", "workers", "seed", "batch_size"), sweep=("workers", "seed"),
                   defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS),
                             "batch_size": DEFAULT_BATCH},
@@ -928,7 +931,7 @@ def main(argv=None) -> int:
     if args.stage == "report":
         from time_to_quality_report import write_report
 
-        write_report(out, workers, seeds, lrs, n, network=args.network)
+        write_report(out, workers, seeds, lrs, n, network=args.collectives)
     return 0
 
 

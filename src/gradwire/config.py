@@ -181,8 +181,8 @@ class RunConfig:
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never) "
                               f"{_flag('checkpoint_every')}")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 {_flag('timeout_s')}")
+        if not 0 < self.timeout_s < math.inf:
+            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 and finite {_flag('timeout_s')}")
         check_out_folder(self.out)
         for key in dict.fromkeys(ref.key for ref in REGISTRIES):  # names and keys, from the torch-free table
             if getattr(self, key) is None:  # the algorithm's (lr_schedule), checked once resolved
@@ -345,8 +345,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """Keys of a YAML (.yaml/.yml) or TOML (.toml) file; JSON is YAML too."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+        raise ConfigError(f"config file {str(path)!r} does not exist or is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from None
     try:
         if path.suffix == ".toml":
             import tomllib

@@ -35,7 +35,7 @@ REGISTRIES: tuple[RegistryRef, ...] = (
     RegistryRef("tasks", "task", "gradwire.tasks", "TASKS"),
     RegistryRef("partitions", "partition", "gradwire.tasks", "PARTITIONS"),
     RegistryRef("stragglers", "stragglers", "gradwire.transports.stragglers", "STRAGGLERS", build_to_validate=True),
-    RegistryRef("networks", "network", "gradwire.transports.network", "NETWORKS"),
+    RegistryRef("networks", "network", "gradwire.transports.network", "NETWORKS", build_to_validate=True),
     RegistryRef("algorithms", "algorithm", "gradwire.algorithms", "ALGORITHMS"),
     RegistryRef("optimizers", "optimizer", "gradwire.algorithms.optim", "OPTIMIZERS", build_to_validate=True),
     RegistryRef("lr-schedules", "lr_schedule", "gradwire.algorithms.optim", "LR_SCHEDULES", build_to_validate=True),

@@ -51,6 +51,13 @@ def one_error_line(capsys, argv, tmp_path, data_dir) -> str:
     # a batch larger than a worker's shard (digits-logreg on 4 workers: 359 or 360 samples each)
     (["--batch-size", "100000"], ["batch_size=100000", "shard", "--batch-size full"]),
     (["--batch-size", "360"], ["batch_size=360", "359 samples"]),
+    # every wait needs a finite limit (Condition.wait_for and timedelta overflow on inf)
+    (["--timeout-s", "inf"], ["timeout_s=inf", "> 0 and finite", "--timeout-s"]),
+    # a network's range is checked before the run folder is claimed, with its flag
+    (["--network", "ring:mbps=-1"], ["mbps must be > 0, got -1.0", "--network"]),
+    (["--network", "halving-doubling:latency_ms=-2"], ["latency_ms must be >= 0", "--network"]),
+    # a fault-tolerance spec: one line, before the replica announces itself
+    (["--fault-tolerance", "nosuch", "--backend", "torch"], ["fault_tolerance='nosuch'", "valid choices are none"]),
 ])
 def test_bad_value_is_one_line(capsys, tmp_path, data_dir, args, needles):
     line = one_error_line(capsys, args, tmp_path, data_dir)
@@ -104,3 +111,33 @@ def test_one_line_in_a_real_process(tmp_path, data_dir):
     p = gw("run", *COMMON, "--lr", "1e308", "--out", str(tmp_path / "o"), "--data-dir", str(data_dir))
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("gradwire run: error: lr=1e+308") and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_network_out_of_range_claims_no_folder(capsys, tmp_path, data_dir):
+    one_error_line(capsys, ["--network", "ring:mbps=0", "--out", str(tmp_path / "never")], tmp_path, data_dir)
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("command, flag", [("compare", "--variant"), ("plan", "--candidate")])
+def test_a_stray_quote_in_a_variant_or_candidate_is_one_line(capsys, tmp_path, command, flag):
+    code = main([command, flag, '--name "a', "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"""{flag} '--name "a': No closing quotation""" in err[0]
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"variants: 5\n", "'variants' in"),
+    (b"lr: 0.1\n\xff\xfe\n", "cannot read config file"),
+])
+def test_a_compare_config_file_that_cannot_be_used_is_one_line(capsys, tmp_path, content, needle):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    code = main(["compare", "--config", str(path), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_a_config_path_naming_a_folder_says_so(capsys, tmp_path, data_dir):
+    line = one_error_line(capsys, ["--config", str(tmp_path)], tmp_path, data_dir)
+    assert "does not exist or is not a file" in line

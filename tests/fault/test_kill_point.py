@@ -40,3 +40,31 @@ def test_only_the_first_torch_attempt_is_killed_and_a_bad_spec_is_one_line():
     assert fault_point_from_env({}, "torch", (1,)) is None
     with pytest.raises(ConfigError, match="GRADWIRE_KILL_AT='1:3:later' must be WORKER:STEP"):
         KillAt("1:3:later", (1,))
+
+
+@pytest.mark.parametrize("variable, value, fields, text, want", [
+    ("GRADWIRE_FT_FULL_AT", "3, 5,", 1, False, ["3", "5"]),
+    ("GRADWIRE_FT_LEAVE_AT", "1:7", 2, False, [["1", "7"]]),
+    ("GRADWIRE_FT_HOLD_AT", "4:/tmp/a:b,6:/f", 2, True, [["4", "/tmp/a:b"], ["6", "/f"]]),
+    ("GRADWIRE_FT_FULL_AT", "", 1, False, []),
+])
+def test_the_replicas_fault_scripts_read_their_forms(monkeypatch, variable, value, fields, text, want):
+    from gradwire.fault.replica import scripted_steps
+
+    monkeypatch.setenv(variable, value)
+    assert scripted_steps(variable, "FORM", fields=fields, last_is_text=text) == want
+
+
+@pytest.mark.parametrize("variable, value, fields, text", [
+    ("GRADWIRE_FT_FULL_AT", "3,x", 1, False),
+    ("GRADWIRE_FT_LEAVE_AT", "1", 2, False),
+    ("GRADWIRE_FT_LEAVE_AT", "1:", 2, False),
+    ("GRADWIRE_FT_LEAVE_AT", "a:2", 2, False),
+    ("GRADWIRE_FT_HOLD_AT", "x:/f", 2, True),
+])
+def test_a_malformed_fault_script_names_its_variable_and_form(monkeypatch, variable, value, fields, text):
+    from gradwire.fault.replica import scripted_steps
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"{variable}=.* must be FORM"):
+        scripted_steps(variable, "FORM", fields=fields, last_is_text=text)

@@ -175,7 +175,7 @@ class LeaderSGD(Algorithm):
             "leader": "the global leader, as broadcast at the last global round",
             "each": "every worker's parameters (metrics: their mean)"}[self.evaluates]}
         if not self.shared_data and self.world_size > 1:
-            # issue 17: on fixed shards each worker's running loss is on data it has memorised, so
+            # on fixed shards each worker's running loss is on data it has memorised, so
             # the election picks the best memoriser and everyone is pulled towards a model of one shard
             info["warning"] = ("fixed shards measure shard bias, not the algorithm: each worker elects on its own "
                                "shard's loss (use --partition shared, as the LSGD authors' workers sample the "

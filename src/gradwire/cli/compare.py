@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shlex
 from pathlib import Path
 
-from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given, run_parser, slug
+from gradwire.cli.flags import (
+    add_run_flags,
+    config_from_args,
+    fresh_out,
+    out_given,
+    parse_flag_string,
+    run_parser,
+    slug,
+)
 from gradwire.config import RunConfig, from_mapping, read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError
 from gradwire.report.run_folder import holds_run, refuse_existing, require_named
@@ -47,13 +54,16 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
     specs: list[RunConfig] = []
     own_seed: list[bool] = []  # whether the variant sets its own seed (which --seeds would override)
     file_variants = read_config_file(ns.config).get("variants", []) if getattr(ns, "config", None) else []
+    if not isinstance(file_variants, list):
+        raise ConfigError(f"'variants' in {ns.config} must be a list of mappings of config keys, "
+                          f"got {type(file_variants).__name__} {file_variants!r}")
     for v in file_variants:
         if not isinstance(v, dict):
             raise ConfigError(f"each entry of 'variants' in {ns.config} must be a mapping of config keys")
         specs.append(from_mapping(v, common))
         own_seed.append("seed" in v)
     for text in ns.variant or []:
-        sub = parser.parse_args(shlex.split(text))
+        sub = parse_flag_string(parser, text, "--variant")
         specs.append(config_from_args(sub, common))
         own_seed.append("seed" in vars(sub) or bool(sub.config and "seed" in read_config_file(sub.config)))
     if not specs:

@@ -20,6 +20,7 @@ import argparse
 import inspect
 import os
 import re
+import shlex
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -142,6 +143,16 @@ def parse_run_args(parser: argparse.ArgumentParser, argv: list[str] | None = Non
         if getattr(ns, key, None) is not None and not isinstance(getattr(ns, key), list):
             setattr(ns, key, getattr(cfg, key))
     return ns, cfg
+
+
+def parse_flag_string(parser: argparse.ArgumentParser, text: str, flag: str) -> argparse.Namespace:
+    """The flags of one ``--variant`` or ``--candidate``, a shell-quoted string, read by ``parser``; a
+    stray quote is a ConfigError naming the flag and the string."""
+    try:
+        words = shlex.split(text)
+    except ValueError as e:  # "No closing quotation", "No escaped character"
+        raise ConfigError(f"{flag} {text!r}: {e}") from None
+    return parser.parse_args(words)
 
 
 def run_parser(prog: str, *, add_help: bool = False) -> Parser:

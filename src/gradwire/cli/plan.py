@@ -4,10 +4,9 @@ compressor and worker count (docs/planning.md)."""
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 
-from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given, run_parser
+from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given, parse_flag_string, run_parser
 from gradwire.errors import ConfigError
 
 EPILOG = """examples:
@@ -83,7 +82,7 @@ def main(ns) -> int:
     if ns.candidate:  # explicit candidates replace the implicit base one unless lists were given
         candidates = candidates if (ns.algorithms or ns.compressors) else []
         parser = run_parser("gradwire plan --candidate")
-        candidates += [config_from_args(parser.parse_args(shlex.split(t)), base) for t in ns.candidate]
+        candidates += [config_from_args(parse_flag_string(parser, t, "--candidate"), base) for t in ns.candidate]
     workers = _int_list(ns.workers, "--workers")
     if ns.validate == "auto":  # the next two powers of two above the profiled counts
         validate = [m for m in (2 * max(workers), 4 * max(workers)) if m <= ns.max_workers]

@@ -74,7 +74,7 @@ def launch_replicas(ns, run_args: list[str], cfg) -> int:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait()
+                p.wait(timeout=30)  # a child in uninterruptible sleep may outlast even SIGKILL; then it raises
         if lighthouse is not None:
             lighthouse.shutdown()
     if stop:

@@ -25,10 +25,24 @@ import os
 import time
 from datetime import timedelta
 
-from gradwire.errors import CommunicationError
+from gradwire.errors import CommunicationError, ConfigError
 from gradwire.fault.transfer import SafeHTTPTransport
 from gradwire.report.timeline import COMM, WAIT
 from gradwire.transports.ft import FtTransport, rendezvous_tag
+
+
+def scripted_steps(variable: str, form: str, *, fields: int = 1, last_is_text: bool = False) -> list:
+    """The comma-separated entries of a fault-scripting variable (``fields`` 1: the step numbers;
+    more: each entry split on ``:`` into that many fields, numbers but for a last text field); a
+    malformed value is a ConfigError naming the variable and its form."""
+    raw = os.environ.get(variable, "")
+    entries = [e.strip() for e in raw.split(",") if e.strip()]
+    parsed = [e if fields == 1 else e.split(":", fields - 1) for e in entries]
+    for entry in parsed:
+        numbers = [entry] if fields == 1 else entry[:-1] if last_is_text else entry
+        if (fields > 1 and len(entry) != fields) or not all(x.isdigit() for x in numbers):
+            raise ConfigError(f"{variable}={raw!r} must be {form}")
+    return parsed
 
 
 class _QuorumSeen:
@@ -100,13 +114,14 @@ class ReplicaDriver:
         # fault scripting for tests and benchmarks (fault/harness.py): GRADWIRE_FT_FULL_AT=S1,S2 makes
         # steps S1, S2 commit only with every replica (they wait for one that is away);
         # GRADWIRE_FT_LEAVE_AT=K:S makes replica K leave cleanly after committing step S
-        self.full_at = {int(x) for x in os.environ.get("GRADWIRE_FT_FULL_AT", "").split(",") if x.strip()}
-        leave = os.environ.get("GRADWIRE_FT_LEAVE_AT", "")
-        self.leave_at = int(leave.split(":")[1]) if leave and int(leave.split(":")[0]) == ft.replica else None
+        full = scripted_steps("GRADWIRE_FT_FULL_AT", "S1,S2,...")
+        self.full_at = {int(x) for x in full}
+        leave = scripted_steps("GRADWIRE_FT_LEAVE_AT", "REPLICA:STEP", fields=2)
+        self.leave_at = int(leave[0][1]) if leave and int(leave[0][0]) == ft.replica else None
         # GRADWIRE_FT_HOLD_AT=S:FILE[,S:FILE] makes a replica that committed step S (and recorded it)
         # wait before step S+1 until FILE exists (at most quorum_timeout_s): a test changes the
         # network between two steps
-        holds = [h.split(":", 1) for h in os.environ.get("GRADWIRE_FT_HOLD_AT", "").split(",") if h.strip()]
+        holds = scripted_steps("GRADWIRE_FT_HOLD_AT", "STEP:FILE[,STEP:FILE]", fields=2, last_is_text=True)
         self.hold_at = {int(step): path for step, path in holds}
         self.marks["manager"] = time.time()
 

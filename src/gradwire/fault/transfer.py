@@ -34,6 +34,8 @@ class SafeHTTPTransport(CheckpointTransport[dict]):
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = owner.timeout.total_seconds()  # a peer that connects and stalls frees its thread
+
             def do_GET(self):  # /checkpoint/<step>: waits (up to the timeout) until that step is staged
                 parts = self.path.strip("/").split("/")
                 step = int(parts[1]) if len(parts) == 2 and parts[0] == "checkpoint" and parts[1].isdigit() else -1

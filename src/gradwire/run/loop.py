@@ -32,7 +32,7 @@ import torch
 
 from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
-from gradwire.config import RunConfig
+from gradwire.config import RunConfig, naming_flag
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, Stopped
 from gradwire.fault.kill import fault_point_from_env
 from gradwire.report.progress import ProgressLines, progress_mode
@@ -297,6 +297,10 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
     ``transport``: this process's, for the threads backend (``run_threads``)."""
     if cfg.fault_tolerance != "none":  # a replica is up, its imports done (recovery is timed from here)
+        from gradwire.transports.ft_spec import parse
+
+        with naming_flag("fault_tolerance"):  # a bad spec is one line, before the replica says it starts
+            parse(cfg.fault_tolerance)
         if importlib.util.find_spec("torchft") is not None:  # (without it, the spec's check says how to install it)
             import torchft  # noqa: F401 - the last of its imports, 0.1-1.4 s on this machine
         print(f"gradwire run: replica starting ({cfg.fault_tolerance})", file=sys.stderr, flush=True)
