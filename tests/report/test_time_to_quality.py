@@ -291,3 +291,40 @@ def test_a_row_screened_at_one_rate_takes_it_and_the_newton_schulz_rows_differ_o
     assert ttq.ROW["muloco-k96-h3-pe3"].algorithm == base.replace(
         "outer_momentum=0,", "outer_momentum=0,ns_steps=3,ns_coefficients=polar-express,")
     assert ttq.ROW["muloco-k96-h3-ns3"].run == ttq.ROW["muloco-k96-h3"].run
+
+
+def test_the_report_stage_writes_each_pricing_beside_the_other(ttq, tmp_path):
+    """``report`` on constructed curves: ring pricing in results.md, ``--collectives
+    halving-doubling`` in results-halving-doubling.md (same steps, shorter times at 16 workers),
+    plots for each, and the targets table naming the row that reached."""
+    import json
+
+    n = 400
+    steps = list(range(0, 2 * n + 1, 100))
+    curves = {"ddp": [3.0, 2.6, 2.3, 2.1, 2.0, 1.99, 1.98, 1.97, 1.96],
+              "diloco": [3.0, 2.8, 2.5, 2.2, 2.05, 2.0, 1.98, 1.95, 1.9]}
+    lrs = {"ddp": 0.004, "diloco": 0.004}
+    for key, losses in curves.items():
+        folder = ttq.run_folder(tmp_path, ttq.ROW[key], lrs[key], 1, 16)
+        folder.mkdir(parents=True)
+        (folder / "curve.json").write_text(json.dumps(
+            {"steps": steps, "losses": losses, "bytes": [1000 * s for s in steps], "params": 1000, "seed": 1}))
+        (tmp_path / "tuning").mkdir(exist_ok=True)
+        (tmp_path / "tuning" / f"{key}.json").write_text(json.dumps({key: lrs[key]}))
+    (tmp_path / "compute.json").write_text(json.dumps(
+        {k: {"compute_s": 0.01, "backward_s": 0.005, "payload_bytes": 4000.0 * (20 if k == "diloco" else 1)}
+         for k in curves}))
+    load_script(BENCH.with_name("time_to_quality_report.py"), "time_to_quality_report")  # as main imports it
+    assert ttq.main(["report", "--workers", "16", "--seeds", "1", "--n-steps", str(n), "--out", str(tmp_path)]) == 0
+    assert ttq.main(["report", "--workers", "16", "--seeds", "1", "--n-steps", str(n), "--out", str(tmp_path),
+                     "--collectives", "halving-doubling"]) == 0
+    ring = json.loads((tmp_path / "results.json").read_text())
+    hd = json.loads((tmp_path / "results-halving-doubling.json").read_text())
+    assert (ring["network"], hd["network"]) == ("ring", "halving-doubling")
+    row = {x["key"]: x for x in ring["workers"]["16"]["rows"]}["diloco"]
+    row_hd = {x["key"]: x for x in hd["workers"]["16"]["rows"]}["diloco"]
+    assert row["steps"] == row_hd["steps"] and row_hd["t@100.0"][0] < row["t@100.0"][0]
+    assert "collectives priced as halving-doubling" in (tmp_path / "results-halving-doubling.md").read_text()
+    assert f"| 100 Mbit/s | {ttq.ROW['diloco'].label} |" in (tmp_path / "results.md").read_text()
+    for suffix in ("", "_halving-doubling"):
+        assert (tmp_path / f"quality_vs_time_w16{suffix}.png").stat().st_size > 0
