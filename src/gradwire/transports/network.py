@@ -55,7 +55,7 @@ class Cost:
 class Network(Specced):
     name = "?"
 
-    def __init__(self, *, mbps: float, latency_ms: float):
+    def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
         require(mbps > 0, f"mbps must be > 0, got {mbps}")
         require(latency_ms >= 0, f"latency_ms must be >= 0, got {latency_ms}")
         self.mbps, self.latency_ms = mbps, latency_ms
@@ -74,9 +74,6 @@ class Network(Specced):
                    params={"mbps": "server link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
 class PSNetwork(Network):
     name = "ps"
-
-    def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
-        super().__init__(mbps=mbps, latency_ms=latency_ms)
 
     def allreduce(self, nbytes: int, n: int) -> Cost:
         if n <= 1:
@@ -99,9 +96,6 @@ class PSNetwork(Network):
                    params={"mbps": "per-link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
 class RingNetwork(Network):
     name = "ring"
-
-    def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
-        super().__init__(mbps=mbps, latency_ms=latency_ms)
 
     def allreduce(self, nbytes: int, n: int) -> Cost:
         if n <= 1:
@@ -127,9 +121,6 @@ class RingNetwork(Network):
                    params={"mbps": "per-link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
 class HalvingDoublingNetwork(Network):
     name = "halving-doubling"
-
-    def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
-        super().__init__(mbps=mbps, latency_ms=latency_ms)
 
     def allreduce(self, nbytes: int, n: int) -> Cost:
         if n <= 1:
