@@ -33,7 +33,7 @@ class RegistryRef:
 
 REGISTRIES: tuple[RegistryRef, ...] = (
     RegistryRef("tasks", "task", "gradwire.tasks", "TASKS"),
-    RegistryRef("partitions", "partition", "gradwire.tasks", "PARTITIONS"),
+    RegistryRef("partitions", "partition", "gradwire.tasks", "PARTITIONS", build_to_validate=True),
     RegistryRef("stragglers", "stragglers", "gradwire.transports.stragglers", "STRAGGLERS", build_to_validate=True),
     RegistryRef("networks", "network", "gradwire.transports.network", "NETWORKS", build_to_validate=True),
     RegistryRef("algorithms", "algorithm", "gradwire.algorithms", "ALGORITHMS"),

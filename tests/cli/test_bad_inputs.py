@@ -56,6 +56,8 @@ def one_error_line(capsys, argv, tmp_path, data_dir) -> str:
     # a network's range is checked before the run folder is claimed, with its flag
     (["--network", "ring:mbps=-1"], ["mbps must be > 0, got -1.0", "--network"]),
     (["--network", "halving-doubling:latency_ms=-2"], ["latency_ms must be >= 0", "--network"]),
+    (["--partition", "dirichlet:alpha=-1"], ["alpha must be > 0, got -1.0", "--partition"]),
+    (["--partition", "volumes:skew=0.5"], ["skew must be >= 1", "--partition"]),
     # a fault-tolerance spec: one line, before the replica announces itself
     (["--fault-tolerance", "nosuch", "--backend", "torch"], ["fault_tolerance='nosuch'", "valid choices are none"]),
 ])
@@ -113,8 +115,9 @@ def test_one_line_in_a_real_process(tmp_path, data_dir):
     assert p.stderr.startswith("gradwire run: error: lr=1e+308") and len(p.stderr.strip().splitlines()) == 1
 
 
-def test_a_network_out_of_range_claims_no_folder(capsys, tmp_path, data_dir):
-    one_error_line(capsys, ["--network", "ring:mbps=0", "--out", str(tmp_path / "never")], tmp_path, data_dir)
+@pytest.mark.parametrize("flag, spec", [("--network", "ring:mbps=0"), ("--partition", "dirichlet:alpha=0")])
+def test_a_network_or_partition_out_of_range_claims_no_folder(capsys, tmp_path, data_dir, flag, spec):
+    one_error_line(capsys, [flag, spec, "--out", str(tmp_path / "never")], tmp_path, data_dir)
     assert not (tmp_path / "never").exists()
 
 

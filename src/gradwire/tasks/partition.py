@@ -4,7 +4,9 @@ Every partition returns one sorted int64 index tensor per worker; together they 
 cover every sample, and no worker is left empty (ConfigError naming the worker otherwise). The one
 exception is ``shared``: every worker gets every sample (each still draws its own minibatch order).
 Randomness comes from ``numpy.random.default_rng(seed)`` only, so a partition is a function of
-(spec, labels, num_workers, seed).
+(spec, labels, num_workers, seed). Built without a context (``PARTITIONS.build(spec)``, as the
+config's validation does before a run folder is claimed), a partition checks its parameters and
+returns None.
 """
 
 from __future__ import annotations
@@ -57,17 +59,21 @@ def _split(indices: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
 
 
 @PARTITIONS.register("iid", help="uniformly random split into nearly equal parts (sizes differ by <= 1)")
-def iid(*, _ctx: PartitionContext) -> list[torch.Tensor]:
+def iid(*, _ctx: PartitionContext | None = None) -> list[torch.Tensor] | None:
+    if _ctx is None:  # built to validate the spec: no parameters to check
+        return None
     n, k = len(_ctx.labels), _ctx.num_workers
     perm = np.random.default_rng(_ctx.seed).permutation(n)
     return _finish(np.array_split(perm, k), n, "use fewer workers")
 
 
 @PARTITIONS.register("shared", help="no split: every worker samples the whole training set in its own order")
-def shared(*, _ctx: PartitionContext) -> list[torch.Tensor]:
+def shared(*, _ctx: PartitionContext | None = None) -> list[torch.Tensor] | None:
     """The setting of data-parallel training from one data set, as in the experiments of the EASGD
     and LSGD papers (each worker draws minibatches from all the data). A worker's running loss
     then measures the same objective as everyone's, which is what LSGD's leader election assumes."""
+    if _ctx is None:
+        return None
     everything = torch.arange(len(_ctx.labels), dtype=torch.int64)
     return [everything.clone() for _ in range(_ctx.num_workers)]
 
@@ -77,10 +83,12 @@ def shared(*, _ctx: PartitionContext) -> list[torch.Tensor]:
     help="iid labels, geometric data volumes with largest/smallest = skew",
     params={"skew": "ratio of the largest to the smallest worker's sample count (>= 1; 1 = equal)"},
 )
-def volumes(*, skew: float = 10.0, _ctx: PartitionContext) -> list[torch.Tensor]:
+def volumes(*, skew: float = 10.0, _ctx: PartitionContext | None = None) -> list[torch.Tensor] | None:
     """Quantity skew: worker k gets a share proportional to skew**(k/(K-1)), rounded to integers
     that sum to the data set size (so largest/smallest = skew up to one sample of rounding)."""
     require(skew >= 1 and math.isfinite(skew), f"skew must be >= 1, got {skew}")
+    if _ctx is None:
+        return None
     n, k = len(_ctx.labels), _ctx.num_workers
     perm = np.random.default_rng(_ctx.seed).permutation(n)
     sizes = round_sizes(geometric_volumes(k, skew), n)
@@ -95,7 +103,8 @@ def volumes(*, skew: float = 10.0, _ctx: PartitionContext) -> list[torch.Tensor]
         "skew": "target largest/smallest volume ratio (>= 1), as in 'volumes'; 1 = no volume skew",
     },
 )
-def dirichlet(*, alpha: float = 0.5, skew: float = 1.0, _ctx: PartitionContext) -> list[torch.Tensor]:
+def dirichlet(*, alpha: float = 0.5, skew: float = 1.0,
+              _ctx: PartitionContext | None = None) -> list[torch.Tensor] | None:
     """Label-skewed split. For each class c, draw q_c ~ Dir(alpha * 1_K) and give worker k a share
     of class c's samples proportional to q_c[k] * v_k, with v the geometric volumes of 'volumes'.
 
@@ -108,6 +117,8 @@ def dirichlet(*, alpha: float = 0.5, skew: float = 1.0, _ctx: PartitionContext) 
     """
     require(alpha > 0 and math.isfinite(alpha), f"alpha must be > 0, got {alpha}")
     require(skew >= 1 and math.isfinite(skew), f"skew must be >= 1, got {skew}")
+    if _ctx is None:
+        return None
     labels, k = _ctx.labels, _ctx.num_workers
     rng = np.random.default_rng(_ctx.seed)
     vol = geometric_volumes(k, skew)
