@@ -816,7 +816,7 @@ def tune(row: Row, n_steps: int, workers: int, out: Path) -> dict:
     evaluate_from = 0 if row.key == "ddp" else (n_steps - LAST * EVAL_EVERY) // row.micro_batches
     while (lr := next_trial(quality)) is not None:
         if row.runner == "torch":
-            c = train_torch(row, lr, TUNING_SEED, n_steps, n_steps, out)
+            c = train_torch(row, lr, TUNING_SEED, n_steps, n_steps, out, procs=workers)
         else:
             c = train(row, lr, TUNING_SEED, workers, n_steps, horizon, out, evaluate_from=evaluate_from)
         finite = c["status"] != "diverged" and all(math.isfinite(v) for v in c["losses"])
@@ -912,10 +912,11 @@ def main(argv=None) -> int:
         row = ROW["torch-powersgd"]
         if args.lrs:  # rank trials on the tuning seed
             for lr in (float(x) for x in args.lrs.split(",")):
-                train_torch(row, lr, TUNING_SEED, n, n, out, rank=args.torch_rank, tag=f"-r{args.torch_rank}")
+                train_torch(row, lr, TUNING_SEED, n, n, out, rank=args.torch_rank, procs=workers[0],
+                            tag=f"-r{args.torch_rank}")
         else:
             for s in seeds:
-                train_torch(row, lrs[row.key], s, n, 2 * n, out)
+                train_torch(row, lrs[row.key], s, n, 2 * n, out, procs=workers[0])
     if args.stage == "curves":
         for w in workers:
             if "ddp" in args.rows.split(","):
