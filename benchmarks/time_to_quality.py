@@ -329,12 +329,13 @@ def collective_seconds(kind: str, payload_bytes: float, workers: int, mbps: floa
     """gradwire's network model itself (transports/network.py) for ``collectives`` equal collectives
     that carry ``payload_bytes`` of one worker's between them. ``ring`` (RingNetwork; Patarasuk & Yuan
     2009, what gloo runs): allreduce 2(n-1)(latency + B/(n·bw)); allgather (n-1)(latency + B/bw), per
-    collective. ``halving-doubling`` (HalvingDoublingNetwork): the same bytes in ceil(log2 n) rounds."""
+    collective. ``halving-doubling`` (HalvingDoublingNetwork): the same bytes in 2·log2 n rounds (an
+    allreduce, n a power of two; two more otherwise) or ceil(log2 n) (an allgather)."""
     from gradwire.transports.network import NETWORKS
 
     if workers <= 1:
         return 0.0
-    net, each = NETWORKS.build(f"{network}:mbps={mbps:g},latency_ms={latency_ms:g}"), payload_bytes / collectives
+    net, each = NETWORKS.build(f"{network}:mbps={mbps!r},latency_ms={latency_ms!r}"), payload_bytes / collectives
     if kind == "allreduce":
         return collectives * net.allreduce(each, workers).time_s
     if kind == "allgather":
@@ -910,13 +911,14 @@ def main(argv=None) -> int:
         path.write_text(json.dumps(compute, indent=1) + "\n")
     if args.stage == "torch":
         row = ROW["torch-powersgd"]
-        if args.lrs:  # rank trials on the tuning seed
-            for lr in (float(x) for x in args.lrs.split(",")):
-                train_torch(row, lr, TUNING_SEED, n, n, out, rank=args.torch_rank, procs=workers[0],
-                            tag=f"-r{args.torch_rank}")
-        else:
-            for s in seeds:
-                train_torch(row, lrs[row.key], s, n, 2 * n, out, procs=workers[0])
+        for w in workers:
+            if args.lrs:  # rank trials on the tuning seed
+                for lr in (float(x) for x in args.lrs.split(",")):
+                    train_torch(row, lr, TUNING_SEED, n, n, out, rank=args.torch_rank, procs=w,
+                                tag=f"-r{args.torch_rank}")
+            else:
+                for s in seeds:
+                    train_torch(row, lrs[row.key], s, n, 2 * n, out, procs=w)
     if args.stage == "curves":
         for w in workers:
             if "ddp" in args.rows.split(","):

@@ -138,10 +138,11 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float, n
     low = min(min(r[0]["losses"]) for r in results.values())
     axes[0].set_ylim(low * 0.99, target * 1.15)
     handles, labels = axes[0].get_legend_handles_labels()
-    legend_rows = -(-len(labels) // 5)  # the legend below the panels, clear of their axis labels
-    fig.set_figheight(4 + 0.18 * legend_rows)
+    legend_rows = -(-len(labels) // 5)  # the legend below the panels, clear of their axis labels:
+    height = 4 + 0.18 * legend_rows    # its rows take about 0.13 in each, plus 0.3 in for the axis labels
+    fig.set_figheight(height)
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7)
-    fig.tight_layout(rect=(0, 0.03 + 0.045 * legend_rows, 1, 1))
+    fig.tight_layout(rect=(0, (0.3 + 0.13 * legend_rows) / height, 1, 1))
     suffix = "" if network == "ring" else f"_{network}"
     fig.savefig(out / f"quality_vs_time_w{workers}{suffix}.png", dpi=110)
     ax_b.axhline(target, color="k", lw=0.8, ls="--")

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -181,8 +182,9 @@ class RunConfig:
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be >= 0 (0 = never) "
                               f"{_flag('checkpoint_every')}")
-        if not 0 < self.timeout_s < math.inf:
-            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 and finite {_flag('timeout_s')}")
+        if not 0 < self.timeout_s <= threading.TIMEOUT_MAX:  # waits overflow beyond it (Condition, timedelta)
+            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 and finite, at most {threading.TIMEOUT_MAX:g} "
+                              f"s {_flag('timeout_s')}")
         check_out_folder(self.out)
         for key in dict.fromkeys(ref.key for ref in REGISTRIES):  # names and keys, from the torch-free table
             if getattr(self, key) is None:  # the algorithm's (lr_schedule), checked once resolved

@@ -53,6 +53,7 @@ def one_error_line(capsys, argv, tmp_path, data_dir) -> str:
     (["--batch-size", "360"], ["batch_size=360", "359 samples"]),
     # every wait needs a finite limit (Condition.wait_for and timedelta overflow on inf)
     (["--timeout-s", "inf"], ["timeout_s=inf", "> 0 and finite", "--timeout-s"]),
+    (["--timeout-s", "1e10"], ["timeout_s=10000000000.0", "at most", "--timeout-s"]),  # past threading.TIMEOUT_MAX
     # a network's range is checked before the run folder is claimed, with its flag
     (["--network", "ring:mbps=-1"], ["mbps must be > 0, got -1.0", "--network"]),
     (["--network", "halving-doubling:latency_ms=-2"], ["latency_ms must be >= 0", "--network"]),

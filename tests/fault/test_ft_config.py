@@ -37,6 +37,7 @@ def test_spec_parses_and_default_is_off():
     (GOOD.replace("min_replicas=2", "min_replicas=4"), {}, "min_replicas=4 must be in [1, --workers 3]"),
     (GOOD.replace("replica=1", "replica=3"), {}, "replica=3 must be in [0, --workers 3)"),
     (GOOD + ",quorum_timeout_s=5", {}, "quorum_timeout_s=5 is shorter than timeout_s=10"),
+    (GOOD + ",quorum_timeout_s=inf", {}, "timeouts must be > 0 and finite"),
     (GOOD + ",heartbeat_ms=20000", {}, "heartbeat_ms=20000 must be shorter than timeout_s=10"),
     (GOOD, {"timeout_s": 5}, "timeout_s=10 exceeds --timeout-s 5"),
     (GOOD, {"backend": "sim"}, "needs --backend torch"),
@@ -112,3 +113,28 @@ def test_a_quorums_rendezvous_is_named_by_its_members_and_step():
     assert rendezvous_tag([a, b, c], 7) != rendezvous_tag([a, b, c], 8)
     assert rendezvous_tag([a, b, c], 7) != rendezvous_tag([a, b, "gradwire_2:u9"], 7)  # a restarted process
     assert "/" not in rendezvous_tag([a, b], 0)  # one segment of torchft's store prefix
+
+
+def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
+    """The state server's timeout bounds each chunk it writes, not the whole state: a peer that reads
+    slowly but steadily gets every byte after several timeouts' worth of time."""
+    import time
+    import urllib.request
+    from datetime import timedelta
+
+    from gradwire.fault.transfer import TRANSFER_CHUNK, SafeHTTPTransport
+
+    server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=0.5))
+    try:
+        state = {"x": torch.arange(6 * 1024 * 1024, dtype=torch.float32)}  # 24 MiB: beyond the sockets' buffers
+        server.send_checkpoint([1], 3, state, timedelta(seconds=5))
+        got, start = bytearray(), time.perf_counter()
+        with urllib.request.urlopen(f"{server.metadata()}3", timeout=5) as f:
+            while chunk := f.read(TRANSFER_CHUNK):
+                got += chunk
+                time.sleep(0.08)  # about 12 MiB/s: the whole state takes about 4 timeouts
+        assert time.perf_counter() - start > 1.0
+        assert len(got) == server.sent_bytes  # one write of the whole state was cut off at the timeout (12 of 25 MB)
+        assert torch.equal(torch.load(__import__("io").BytesIO(bytes(got)), weights_only=True)["x"], state["x"])
+    finally:
+        server.shutdown()

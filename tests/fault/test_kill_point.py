@@ -45,6 +45,7 @@ def test_only_the_first_torch_attempt_is_killed_and_a_bad_spec_is_one_line():
 @pytest.mark.parametrize("variable, value, fields, text, want", [
     ("GRADWIRE_FT_FULL_AT", "3, 5,", 1, False, ["3", "5"]),
     ("GRADWIRE_FT_LEAVE_AT", "1:7", 2, False, [["1", "7"]]),
+    ("GRADWIRE_FT_LEAVE_AT", "0:5,1:7", 2, False, [["0", "5"], ["1", "7"]]),  # each replica its own step
     ("GRADWIRE_FT_HOLD_AT", "4:/tmp/a:b,6:/f", 2, True, [["4", "/tmp/a:b"], ["6", "/f"]]),
     ("GRADWIRE_FT_FULL_AT", "", 1, False, []),
 ])
@@ -61,6 +62,8 @@ def test_the_replicas_fault_scripts_read_their_forms(monkeypatch, variable, valu
     ("GRADWIRE_FT_LEAVE_AT", "1:", 2, False),
     ("GRADWIRE_FT_LEAVE_AT", "a:2", 2, False),
     ("GRADWIRE_FT_HOLD_AT", "x:/f", 2, True),
+    ("GRADWIRE_FT_HOLD_AT", "4:", 2, True),  # no file: Path("") is ".", which always exists
+    ("GRADWIRE_FT_FULL_AT", "\u00b2", 1, False),  # a digit to str.isdigit, not to int()
 ])
 def test_a_malformed_fault_script_names_its_variable_and_form(monkeypatch, variable, value, fields, text):
     from gradwire.fault.replica import scripted_steps

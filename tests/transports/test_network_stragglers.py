@@ -91,11 +91,55 @@ def rounds_cost(rounds, lat, bw):
 
 
 def rabenseifner_rounds(nbytes, n):
+    """Rabenseifner's allreduce, segment by segment: the N-P workers beyond the largest power of two
+    P hand their vector to a partner; among the P, recursive halving (each pair swaps the half of
+    its current segments the other keeps, and adds what it receives), then recursive doubling (each
+    pair swaps the segments it holds); then the N-P get the result back. Tracks which workers'
+    contributions each held segment sums, and checks every worker ends with every segment summed
+    over all N."""
     p = 1 << (n.bit_length() - 1)
-    fold = [[nbytes] * (n - p)] if n > p else []
-    halving = [[nbytes / 2 ** (k + 1)] * p for k in range(p.bit_length() - 1)]
-    doubling = [[nbytes / p * 2 ** k] * p for k in range(p.bit_length() - 1)]
-    return fold + halving + doubling + fold
+    seg = nbytes / p
+    held = {w: {s: {w} for s in range(p)} for w in range(n)}  # worker -> segment -> contributors summed
+    rounds = []
+    if n > p:  # fold in
+        rounds.append([nbytes] * (n - p))
+        for extra in range(p, n):
+            for s in range(p):
+                held[extra - p][s] |= held[extra][s]
+    ranges = {w: (0, p) for w in range(p)}
+    d = p // 2
+    while d >= 1:  # recursive halving: reduce-scatter
+        msgs, new = [], {}
+        for w in range(p):
+            lo, hi = ranges[w]
+            mid = (lo + hi) // 2
+            keep = (lo, mid) if w & d == 0 else (mid, hi)
+            msgs.append((hi - lo - (keep[1] - keep[0])) * seg)
+            partner = w ^ d
+            new[w] = (keep, {s: held[w][s] | held[partner][s] for s in range(*keep)})
+        for w, (keep, sums) in new.items():
+            ranges[w], held[w] = keep, sums
+        rounds.append(msgs)
+        d //= 2
+    assert all(held[w] == {ranges[w][0]: set(range(n))} for w in range(p))  # each owns one summed segment
+    d = 1
+    while d < p:  # recursive doubling: allgather
+        msgs, new = [], {}
+        for w in range(p):
+            partner = w ^ d
+            msgs.append((ranges[w][1] - ranges[w][0]) * seg)
+            new[w] = ((min(ranges[w][0], ranges[partner][0]), max(ranges[w][1], ranges[partner][1])),
+                      held[w] | held[partner])
+        for w, (span, sums) in new.items():
+            ranges[w], held[w] = span, sums
+        rounds.append(msgs)
+        d *= 2
+    if n > p:  # the result back out
+        rounds.append([nbytes] * (n - p))
+        for extra in range(p, n):
+            held[extra] = dict(held[extra - p])
+    assert all(held[w] == {s: set(range(n)) for s in range(p)} for w in range(n))
+    return rounds
 
 
 def bruck_rounds(sizes):

@@ -74,7 +74,11 @@ def launch_replicas(ns, run_args: list[str], cfg) -> int:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait(timeout=30)  # a child in uninterruptible sleep may outlast even SIGKILL; then it raises
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:  # uninterruptible sleep outlasts even SIGKILL: say so, go on
+                    print(f"gradwire launch: process {p.pid} did not exit 30 s after SIGKILL; left running",
+                          file=sys.stderr)
         if lighthouse is not None:
             lighthouse.shutdown()
     if stop:

@@ -40,7 +40,8 @@ def scripted_steps(variable: str, form: str, *, fields: int = 1, last_is_text: b
     parsed = [e if fields == 1 else e.split(":", fields - 1) for e in entries]
     for entry in parsed:
         numbers = [entry] if fields == 1 else entry[:-1] if last_is_text else entry
-        if (fields > 1 and len(entry) != fields) or not all(x.isdigit() for x in numbers):
+        if ((fields > 1 and len(entry) != fields) or not all(x.isascii() and x.isdigit() for x in numbers)
+                or (last_is_text and not entry[-1])):
             raise ConfigError(f"{variable}={raw!r} must be {form}")
     return parsed
 
@@ -116,8 +117,9 @@ class ReplicaDriver:
         # GRADWIRE_FT_LEAVE_AT=K:S makes replica K leave cleanly after committing step S
         full = scripted_steps("GRADWIRE_FT_FULL_AT", "S1,S2,...")
         self.full_at = {int(x) for x in full}
-        leave = scripted_steps("GRADWIRE_FT_LEAVE_AT", "REPLICA:STEP", fields=2)
-        self.leave_at = int(leave[0][1]) if leave and int(leave[0][0]) == ft.replica else None
+        leave = {int(k): int(s) for k, s in scripted_steps("GRADWIRE_FT_LEAVE_AT", "REPLICA:STEP[,REPLICA:STEP]",
+                                                           fields=2)}
+        self.leave_at = leave.get(ft.replica)
         # GRADWIRE_FT_HOLD_AT=S:FILE[,S:FILE] makes a replica that committed step S (and recorded it)
         # wait before step S+1 until FILE exists (at most quorum_timeout_s): a test changes the
         # network between two steps

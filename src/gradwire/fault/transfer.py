@@ -23,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from torchft.checkpointing.transport import CheckpointTransport
 
+TRANSFER_CHUNK = 1 << 20  # bytes a state is served in: each write must finish within the timeout
+
 
 class SafeHTTPTransport(CheckpointTransport[dict]):
     def __init__(self, host: str, timeout: timedelta):
@@ -34,7 +36,7 @@ class SafeHTTPTransport(CheckpointTransport[dict]):
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = owner.timeout.total_seconds()  # a peer that connects and stalls frees its thread
+            timeout = owner.timeout.total_seconds()  # per socket call: a peer that stalls frees its thread
 
             def do_GET(self):  # /checkpoint/<step>: waits (up to the timeout) until that step is staged
                 parts = self.path.strip("/").split("/")
@@ -49,7 +51,9 @@ class SafeHTTPTransport(CheckpointTransport[dict]):
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(served[1])))
                 self.end_headers()
-                self.wfile.write(served[1])
+                body = memoryview(served[1])
+                for start in range(0, len(body), TRANSFER_CHUNK):  # the timeout bounds each chunk: a stalled
+                    self.wfile.write(body[start:start + TRANSFER_CHUNK])  # peer is dropped, a slow one is not
 
             def log_message(self, *args):  # no line per request on stderr
                 return

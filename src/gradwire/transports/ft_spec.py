@@ -9,6 +9,7 @@ default) is the plain torch backend.
 from __future__ import annotations
 
 import importlib.util
+import threading
 from dataclasses import dataclass
 
 from gradwire.errors import ConfigError
@@ -82,8 +83,10 @@ def check(spec: str, *, workers: int, backend: str, step_timeout_s: float, needs
                           f"[min_replicas {ft.min_replicas}, --workers {workers}]")
     if not 0 <= ft.replica < workers:
         raise ConfigError(f"fault_tolerance replica={ft.replica} must be in [0, --workers {workers})")
-    if not (ft.timeout_s > 0 and ft.quorum_timeout_s > 0 and ft.heartbeat_ms > 0 and ft.max_retries >= 0):
-        raise ConfigError(f"fault_tolerance={spec!r}: timeouts and heartbeat_ms must be > 0, max_retries >= 0")
+    if not (0 < ft.timeout_s <= threading.TIMEOUT_MAX and 0 < ft.quorum_timeout_s <= threading.TIMEOUT_MAX
+            and ft.heartbeat_ms > 0 and ft.max_retries >= 0):
+        raise ConfigError(f"fault_tolerance={spec!r}: timeouts must be > 0 and finite (at most "
+                          f"{threading.TIMEOUT_MAX:g} s), heartbeat_ms > 0, max_retries >= 0")
     if ft.heartbeat_ms >= 1000 * ft.timeout_s:
         raise ConfigError(f"fault_tolerance heartbeat_ms={ft.heartbeat_ms} must be shorter than timeout_s="
                           f"{ft.timeout_s:g} s: a live replica would be taken for dead between two heartbeats")

@@ -116,8 +116,9 @@ class RingNetwork(Network):
 
 
 @NETWORKS.register("halving-doubling",
-                   help="logarithmic-latency collectives (recursive halving/doubling, Bruck, binomial tree): "
-                        "the ring's bytes in ceil(log2 N) rounds, NCCL's tree regime (not validated on gloo)",
+                   help="logarithmic-latency collectives: Rabenseifner's allreduce (2·log2 P rounds, P the "
+                        "largest power of two <= N, plus 2 otherwise), Bruck's allgather and a binomial broadcast "
+                        "(ceil(log2 N) rounds each), the ring's bytes; NCCL's tree regime, not validated on gloo",
                    params={"mbps": "per-link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
 class HalvingDoublingNetwork(Network):
     name = "halving-doubling"
