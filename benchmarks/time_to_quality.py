@@ -44,7 +44,7 @@ costly part, ``curves``, can be stopped and run again by the same command.
    costs 2(n-1)(latency + B/(n·bandwidth)), an allgather of B bytes a worker (n-1)(latency +
    B/bandwidth) (``collective_seconds``), with B each row's measured payload per round. A row's
    time to the target is its first evaluation at or below it, times its step time. ``report
-   --collectives halving-doubling`` prices the same bytes in log2 n rounds instead (what NCCL's
+   --collectives halving-doubling`` prices the same bytes in O(log n) rounds instead (what NCCL's
    trees approach; not validated here, as gloo runs rings).
 
 Rows (``ROWS``): DDP (gradwire's sync AdamW, equal to PyTorch DDP with AdamW:
@@ -879,7 +879,7 @@ def main(argv=None) -> int:
                    "takes it in the other stages)")
     p.add_argument("--collectives", choices=TIME_NETWORKS, default="ring",
                    help="report stage: the network model (transports/network.py) whose collectives the time model "
-                   "prices (ring: gloo's, validated on the test bed; halving-doubling: log2 n rounds, NCCL's tree "
+                   "prices (ring: gloo's, validated on the test bed; halving-doubling: O(log n) rounds, NCCL's tree "
                    "regime); not ring: results-halving-doubling.md")
     add_run_flags(p, only=("out", "workers", "seed", "batch_size"), sweep=("workers", "seed"),
                   defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS),
