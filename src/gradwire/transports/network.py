@@ -53,7 +53,13 @@ class Cost:
 
 
 class Network(Specced):
+    """A topology: the seconds each collective takes (``allreduce_s``, ``allgather_s``,
+    ``broadcast_s``, for two participants or more); the bytes are the byte ledger's, and a single
+    participant sends nothing."""
+
     name = "?"
+    allreduce_bytes = staticmethod(ledger.allreduce)  # the ledger's count (a star's differs: PSNetwork)
+    allgather_bytes = staticmethod(ledger.allgather)
 
     def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
         require(mbps > 0, f"mbps must be > 0, got {mbps}")
@@ -61,6 +67,15 @@ class Network(Specced):
         self.mbps, self.latency_ms = mbps, latency_ms
         self.bytes_per_s = mbps * 1e6 / 8
         self.latency_s = latency_ms / 1e3
+
+    def allreduce(self, nbytes: int, n: int) -> Cost:
+        return Cost(self.allreduce_bytes(nbytes, n), self.allreduce_s(nbytes, n)) if n > 1 else Cost(0, 0.0)
+
+    def allgather(self, sizes: list[int]) -> Cost:
+        return Cost(self.allgather_bytes(sizes), self.allgather_s(sizes)) if len(sizes) > 1 else Cost(0, 0.0)
+
+    def broadcast(self, nbytes: int, n: int) -> Cost:
+        return Cost(ledger.broadcast(nbytes, n), self.broadcast_s(nbytes, n)) if n > 1 else Cost(0, 0.0)
 
     def send(self, n: int) -> Cost:
         return Cost(ledger.point_to_point(n), self.latency_s + n / self.bytes_per_s)
@@ -74,22 +89,17 @@ class Network(Specced):
                    params={"mbps": "server link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
 class PSNetwork(Network):
     name = "ps"
+    allreduce_bytes = staticmethod(ledger.star_allreduce)
+    allgather_bytes = staticmethod(ledger.star_allgather)
 
-    def allreduce(self, nbytes: int, n: int) -> Cost:
-        if n <= 1:
-            return Cost(0, 0.0)
-        return Cost(ledger.star_allreduce(nbytes, n), 2 * (self.latency_s + n * nbytes / self.bytes_per_s))
+    def allreduce_s(self, nbytes: int, n: int) -> float:
+        return 2 * (self.latency_s + n * nbytes / self.bytes_per_s)
 
-    def allgather(self, sizes: list[int]) -> Cost:
-        n, total = len(sizes), sum(sizes)
-        if n <= 1:
-            return Cost(0, 0.0)
-        return Cost(ledger.star_allgather(sizes), 2 * self.latency_s + n * total / self.bytes_per_s)
+    def allgather_s(self, sizes: list[int]) -> float:
+        return 2 * self.latency_s + len(sizes) * sum(sizes) / self.bytes_per_s
 
-    def broadcast(self, nbytes: int, n: int) -> Cost:
-        if n <= 1:
-            return Cost(0, 0.0)
-        return Cost(ledger.broadcast(nbytes, n), self.latency_s + (n - 1) * nbytes / self.bytes_per_s)
+    def broadcast_s(self, nbytes: int, n: int) -> float:
+        return self.latency_s + (n - 1) * nbytes / self.bytes_per_s
 
 
 @NETWORKS.register("ring", help="ring collectives over neighbour links that transmit in parallel",
@@ -97,22 +107,14 @@ class PSNetwork(Network):
 class RingNetwork(Network):
     name = "ring"
 
-    def allreduce(self, nbytes: int, n: int) -> Cost:
-        if n <= 1:
-            return Cost(0, 0.0)
-        steps = 2 * (n - 1)
-        return Cost(ledger.allreduce(nbytes, n), steps * (self.latency_s + nbytes / (n * self.bytes_per_s)))
+    def allreduce_s(self, nbytes: int, n: int) -> float:
+        return 2 * (n - 1) * (self.latency_s + nbytes / (n * self.bytes_per_s))
 
-    def allgather(self, sizes: list[int]) -> Cost:
-        n = len(sizes)
-        if n <= 1:
-            return Cost(0, 0.0)
-        return Cost(ledger.allgather(sizes), (n - 1) * (self.latency_s + max(sizes) / self.bytes_per_s))
+    def allgather_s(self, sizes: list[int]) -> float:
+        return (len(sizes) - 1) * (self.latency_s + max(sizes) / self.bytes_per_s)
 
-    def broadcast(self, nbytes: int, n: int) -> Cost:
-        if n <= 1:
-            return Cost(0, 0.0)
-        return Cost(ledger.broadcast(nbytes, n), (n - 1) * self.latency_s + nbytes / self.bytes_per_s)
+    def broadcast_s(self, nbytes: int, n: int) -> float:
+        return (n - 1) * self.latency_s + nbytes / self.bytes_per_s
 
 
 @NETWORKS.register("halving-doubling",
@@ -123,25 +125,17 @@ class RingNetwork(Network):
 class HalvingDoublingNetwork(Network):
     name = "halving-doubling"
 
-    def allreduce(self, nbytes: int, n: int) -> Cost:
-        if n <= 1:
-            return Cost(0, 0.0)
+    def allreduce_s(self, nbytes: int, n: int) -> float:
         p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
         rounds = p.bit_length() - 1
         time = 2 * rounds * self.latency_s + 2 * (p - 1) / p * nbytes / self.bytes_per_s
         if n > p:  # the extra workers' tensors in, the results back out
             time += 2 * (self.latency_s + nbytes / self.bytes_per_s)
-        return Cost(ledger.allreduce(nbytes, n), time)
+        return time
 
-    def allgather(self, sizes: list[int]) -> Cost:
-        n = len(sizes)
-        if n <= 1:
-            return Cost(0, 0.0)
-        rounds = (n - 1).bit_length()  # ceil(log2 n)
-        return Cost(ledger.allgather(sizes), rounds * self.latency_s + (n - 1) * max(sizes) / self.bytes_per_s)
+    def allgather_s(self, sizes: list[int]) -> float:
+        rounds = (len(sizes) - 1).bit_length()  # ceil(log2 n)
+        return rounds * self.latency_s + (len(sizes) - 1) * max(sizes) / self.bytes_per_s
 
-    def broadcast(self, nbytes: int, n: int) -> Cost:
-        if n <= 1:
-            return Cost(0, 0.0)
-        rounds = (n - 1).bit_length()
-        return Cost(ledger.broadcast(nbytes, n), rounds * (self.latency_s + nbytes / self.bytes_per_s))
+    def broadcast_s(self, nbytes: int, n: int) -> float:
+        return (n - 1).bit_length() * (self.latency_s + nbytes / self.bytes_per_s)
