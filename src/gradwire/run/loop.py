@@ -20,7 +20,6 @@ metrics rows), ``folder.py`` (config.json's extra entries, the summary).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import sys
@@ -32,7 +31,7 @@ import torch
 
 from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
-from gradwire.config import RunConfig, naming_flag
+from gradwire.config import RunConfig
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, Stopped
 from gradwire.fault.kill import fault_point_from_env
 from gradwire.report.progress import ProgressLines, progress_mode
@@ -296,18 +295,14 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     SIGTERM or SIGINT (after writing a summary with status "stopped"), ConfigError when the folder
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
     ``transport``: this process's, for the threads backend (``run_threads``)."""
-    if cfg.fault_tolerance != "none":  # a replica is up, its imports done (recovery is timed from here)
-        from gradwire.transports.ft_spec import parse
-
-        with naming_flag("fault_tolerance"):  # a bad spec is one line, before the replica says it starts
-            parse(cfg.fault_tolerance)
-        if importlib.util.find_spec("torchft") is not None:  # (without it, the spec's check says how to install it)
-            import torchft  # noqa: F401 - the last of its imports, 0.1-1.4 s on this machine
-        print(f"gradwire run: replica starting ({cfg.fault_tolerance})", file=sys.stderr, flush=True)
     cfg = resolved(cfg)  # the algorithm's --lr and --momentum where not given (config.json holds them)
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
         return _run(cfg, progress, transport, None)
-    check_combination(cfg)  # before the folder is claimed (and made)
+    check_combination(cfg)  # before the folder is claimed (and made); a bad --fault-tolerance is one line here
+    if cfg.fault_tolerance != "none":  # a replica is up, its imports done (recovery is timed from here)
+        import torchft  # noqa: F401 - the last of its imports, 0.1-1.4 s on this machine (checked: installed)
+
+        print(f"gradwire run: replica starting ({cfg.fault_tolerance})", file=sys.stderr, flush=True)
     _refuse_one_process_backend_under_torchrun(cfg)
     check_resume(cfg)  # every process: they all see the folder
     writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock
