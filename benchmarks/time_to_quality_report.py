@@ -151,7 +151,7 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float, n
              ylim=(low * 0.99, target * 1.15), title=f"{workers} workers")
     ax_b.legend(fontsize=7)
     fig_b.tight_layout()
-    fig_b.savefig(out / f"quality_vs_bytes_w{workers}{suffix}.png", dpi=110)
+    fig_b.savefig(out / f"quality_vs_bytes_w{workers}.png", dpi=110)  # bytes: the same whatever prices them
     plt.close("all")
 
 
