@@ -68,6 +68,20 @@ def test_bad_value_is_one_line(capsys, tmp_path, data_dir, args, needles):
         assert needle in line
 
 
+@pytest.mark.parametrize("task, needle", [
+    ("synthetic-logreg:dim=0", "dim must be >= 1, got 0"),
+    ("synthetic-logreg:samples=3", "samples=3 < 4 workers"),
+    ("stdlib-lm:dim=10,heads=3", "dim must be a positive multiple of heads=3, got dim=10"),
+])
+def test_bad_task_parameter_is_one_line_before_the_folder_is_claimed(capsys, tmp_path, data_dir, task, needle):
+    """A task's parameter ranges are checked without loading its data, before the run claims --out:
+    a typo leaves no empty folder (nor a lock file) behind."""
+    out = tmp_path / "run"
+    line = one_error_line(capsys, ["--task", task, "--out", str(out)], tmp_path, data_dir)
+    assert needle in line and line.endswith("(--task)"), line
+    assert not out.exists()
+
+
 def test_out_naming_a_file(capsys, tmp_path, data_dir):
     (tmp_path / "f").write_text("not a folder")
     line = one_error_line(capsys, ["--out", str(tmp_path / "f")], tmp_path, data_dir)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gradwire.errors import ConfigError
-from gradwire.tasks import TASKS, build_task, datasets
+from gradwire.tasks import TASKS, build_task, check_task, datasets
 
 # (train shape, test shape, number of parameters of the model)
 EXPECTED = {
@@ -209,3 +209,18 @@ def test_bad_specs_raise_config_error(spec, kwargs, match):
     args = {"num_workers": 4, "seed": 0, **kwargs}
     with pytest.raises(ConfigError, match=match):
         build_task(spec, **args)
+    if not kwargs:  # the spec's own fault: the check without data finds it too
+        with pytest.raises(ConfigError, match=match):
+            check_task(spec, num_workers=4)
+
+
+@pytest.mark.parametrize("name", TASKS.names())
+def test_check_task_loads_no_data(name, tmp_path, monkeypatch):
+    """check_task passes every valid task's defaults without building it: a factory with parameters
+    returns None after its range checks (check_only), one without is not called."""
+    built = []
+    entry = TASKS.entry(name)
+    monkeypatch.setattr(entry, "factory", lambda *a, _f=entry.factory, **k: built.append(_f(*a, **k)) or built[-1])
+    monkeypatch.chdir(tmp_path)  # a data set written by mistake would land here
+    check_task(name, num_workers=4)
+    assert built == ([None] if entry.params else []) and list(tmp_path.iterdir()) == []

@@ -27,6 +27,7 @@ from gradwire.config import RunConfig, naming_flag, parse_layout
 from gradwire.errors import ConfigError
 from gradwire.parallel.layout import check_layout
 from gradwire.spec import parse_spec
+from gradwire.tasks import check_task
 from gradwire.tasks.base import default_lr_scale
 from gradwire.tasks.language import transformer_sizes
 from gradwire.transports import ft_spec
@@ -83,6 +84,8 @@ def check_combination(cfg: RunConfig) -> Combination:
     algorithm = _algorithm(cfg.validate())  # built once (its answers can depend on its spec)
     cfg = _with_defaults_of(algorithm, cfg)
     _check_kernels(cfg)
+    with naming_flag("task"):
+        check_task(cfg.task, num_workers=cfg.workers)  # its parameters' ranges, before any data is loaded
     if cfg.error_feedback and cfg.compressor == "none" and algorithm.default_compressor == "none":
         # it compresses only what --compressor names (sync, async); one with a compressor of its own
         # (dqgd, dagc) uses error feedback without the flag, and the others refuse it themselves

@@ -7,7 +7,7 @@
 """
 
 from gradwire.tasks import datasets, language, synthetic  # noqa: F401  (registers the tasks)
-from gradwire.tasks.base import TASKS, Task, TaskContext, build_task
+from gradwire.tasks.base import TASKS, Task, TaskContext, build_task, check_task
 from gradwire.tasks.partition import PARTITIONS, build_partition
 
-__all__ = ["PARTITIONS", "TASKS", "Task", "TaskContext", "build_partition", "build_task"]
+__all__ = ["PARTITIONS", "TASKS", "Task", "TaskContext", "build_partition", "build_task", "check_task"]

@@ -32,6 +32,7 @@ class TaskContext:
     seed: int  # run seed: only tasks whose data are random by design (synthetic) use it
     dtype: torch.dtype  # dtype of the features and of the model parameters
     data_dir: Path  # cache of generated data sets (MNIST-1D)
+    check_only: bool = False  # run the parameters' range checks, then return None: no data loaded
 
 
 @dataclass
@@ -137,3 +138,15 @@ def build_task(
     task = TASKS.build(spec, _ctx=ctx)
     task.name = resolved_spec(spec)
     return task
+
+
+def check_task(spec: str, *, num_workers: int) -> None:
+    """The checks :func:`build_task` makes on ``spec`` for ``num_workers`` workers (names, keys and
+    the parameters' ranges), without loading or generating data: a run makes them before it claims
+    its folder. A factory with parameters returns None when ``_ctx.check_only`` is set, after its
+    range checks; one without parameters has nothing to check beyond its name."""
+    entry, _ = TASKS.resolve(spec)
+    if not entry.params:
+        return
+    ctx = TaskContext(num_workers=num_workers, seed=0, dtype=torch.float32, data_dir=Path("."), check_only=True)
+    TASKS.build(spec, _ctx=ctx)

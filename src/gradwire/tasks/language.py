@@ -84,7 +84,7 @@ def transformer_sizes(spec: str) -> dict[str, int]:
                         "train_bytes": "bytes of training text read (from the first training files on)",
                         "val_bytes": "bytes of validation text; train_loss uses as many training bytes"})
 def stdlib_lm(*, context: int = 64, dim: int = 192, layers: int = 3, heads: int = 4, train_bytes: int = 2_000_000,
-              val_bytes: int = 16_384, _ctx: TaskContext) -> Task:
+              val_bytes: int = 16_384, _ctx: TaskContext) -> Task | None:
     require(context >= 1, f"context must be >= 1, got {context}")
     require(dim >= 1 and heads >= 1 and dim % heads == 0,
             f"dim must be a positive multiple of heads={heads}, got dim={dim}")
@@ -92,6 +92,8 @@ def stdlib_lm(*, context: int = 64, dim: int = 192, layers: int = 3, heads: int 
     require(train_bytes >= context + 1 and val_bytes >= context + 1,
             f"train_bytes and val_bytes must each hold a sample of context+1={context + 1} bytes, got "
             f"{train_bytes} and {val_bytes}")
+    if _ctx.check_only:
+        return None
     files = stdlib_sources()
     require(len(files) >= 10, f"found {len(files)} *.py files in {sysconfig.get_paths()['stdlib']}, need 10")
     train = _windows([f for i, f in enumerate(files) if i % 10 != 9], context, train_bytes).long()
