@@ -43,7 +43,7 @@ def launch(spec: str, stragglers: str, args, out: Path) -> dict:
     peak = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
     p = subprocess.run([sys.executable, "-c", peak, *cmd], capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=1800)  # the run's own waits: 120 s each
     if p.returncode:
         raise SystemExit(f"{spec} failed:\n{p.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())

@@ -61,7 +61,7 @@ def best(fn, repeats: int) -> tuple[float, object]:
 def peak_growth_mb(spec: str, n: int, threads: int) -> float:
     """Run the memory probe in a fresh interpreter, so no earlier peak hides this one."""
     cmd = [sys.executable, __file__, "--probe", spec, "--size", str(n), "--threads", str(threads)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600).stdout
     return float(out.strip().splitlines()[-1])
 
 

@@ -47,7 +47,7 @@ def baseline_module(rev: str, folder: Path):
 
     path = folder / f"muloco_{rev}.py"
     path.write_text(subprocess.run(["git", "show", f"{rev}:src/gradwire/algorithms/muloco.py"], check=True,
-                                   capture_output=True, text=True, cwd=HERE.parent).stdout)
+                                   capture_output=True, text=True, cwd=HERE.parent, timeout=60).stdout)
     spec = importlib.util.spec_from_file_location(f"muloco_{rev}", path)
     module = importlib.util.module_from_spec(spec)
     with mock.patch.object(ALGORITHMS, "register", lambda *a, **k: (lambda cls: cls)):

@@ -657,7 +657,8 @@ def train_torch(row: Row, lr: float, seed: int, n_steps: int, max_steps: int, ou
            "--powersgd-rank", str(rank), "--out", str(folder / "run")]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     cpu = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    # bounded: 0.55 s a step at 16 processes on 2 cores (docs/time_to_accuracy.md), so this allows ~4x that
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, timeout=600 + 0.15 * max_steps * procs)
     rows = [json.loads(x) for x in (folder / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rows = [x for x in rows if x["step"] > 0]
     cfg = json.loads((folder / "run" / "config.json").read_text())

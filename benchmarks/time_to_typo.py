@@ -37,7 +37,7 @@ def measure(args: list[str], repeats: int) -> dict:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
         done = subprocess.run([sys.executable, "-X", "importtime", "-m", "gradwire", *args],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, timeout=300)
         wall.append(time.perf_counter() - began)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)

@@ -47,7 +47,7 @@ def stripped(metrics: Path, machine_fields: tuple[str, ...] = MACHINE_FIELDS) ->
 
 def run_config(config: Path, out: Path) -> str:
     cmd = [sys.executable, "-m", "gradwire", "compare", "--config", str(config), "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         return f"{config.name}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
     return f"{config.name}: ok"

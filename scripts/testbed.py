@@ -309,7 +309,7 @@ def measure(bed: Testbed, senders: list[int], receiver: int, nbytes: int, timeou
         for p in [recv, *sends]:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.wait(timeout=30)
     result = json.loads(out.strip().splitlines()[-1])
     if not result["complete"] or any(codes) or any(b != nbytes for b in result["bytes"]):
         raise RuntimeError(f"probe incomplete: senders exited {codes}, receiver got {result}")
@@ -399,7 +399,7 @@ def run_nodes(bed: Testbed, run_argv: list[str], timeout_s: float, grace_s: floa
                 procs[i].wait(timeout=5)
             except subprocess.TimeoutExpired:
                 os.killpg(procs[i].pid, signal.SIGKILL)
-                procs[i].wait()
+                procs[i].wait(timeout=30)
         for f in files:
             f.close()
     codes = [p.returncode for p in procs]
