@@ -138,20 +138,22 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float, n
     low = min(min(r[0]["losses"]) for r in results.values())
     axes[0].set_ylim(low * 0.99, target * 1.15)
     handles, labels = axes[0].get_legend_handles_labels()
-    legend_rows = -(-len(labels) // 5)  # the legend below the panels, clear of their axis labels:
+    columns = 4  # the labels run to 70 characters: five columns were wider than the three panels
+    legend_rows = -(-len(labels) // columns)  # the legend below the panels, clear of their axis labels:
     height = 4 + 0.18 * legend_rows    # its rows take about 0.13 in each, plus 0.3 in for the axis labels
     fig.set_figheight(height)
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7)
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7)
     fig.tight_layout(rect=(0, (0.3 + 0.13 * legend_rows) / height, 1, 1))
     suffix = "" if network == "ring" else f"_{network}"
-    fig.savefig(out / f"quality_vs_time_w{workers}{suffix}.png", dpi=110)
+    # bbox "tight": the saved image grows to hold the legend whole, whatever the labels' length
+    fig.savefig(out / f"quality_vs_time_w{workers}{suffix}.png", dpi=110, bbox_inches="tight")
     ax_b.axhline(target, color="k", lw=0.8, ls="--")
     ax_b.xaxis.set_minor_formatter(NullFormatter())
     ax_b.set(xscale="log", xlabel="MB sent, all workers (ledger)", ylabel="validation loss",
              ylim=(low * 0.99, target * 1.15), title=f"{workers} workers")
-    ax_b.legend(fontsize=7)
-    fig_b.tight_layout()
-    fig_b.savefig(out / f"quality_vs_bytes_w{workers}.png", dpi=110)  # bytes: the same whatever prices them
+    ax_b.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1))  # beside the axes: a row per curve
+    fig_b.savefig(out / f"quality_vs_bytes_w{workers}.png", dpi=110,  # bytes: the same whatever prices them
+                  bbox_inches="tight")
     plt.close("all")
 
 
