@@ -33,7 +33,8 @@ rounding amplified by the power iteration; plain DDP differs from PyTorch's Powe
 
 from __future__ import annotations
 
-import time
+import datetime
+import os
 
 import pytest
 import torch
@@ -151,32 +152,35 @@ def resume(rank, world_size, folder, first, then):
     return {"straight": straight, "resumed": resumed[True], "no_hook_state": resumed[False]}
 
 
-LATE_S = 0.5  # how late rank 1 enters its last backward in ``overlap``
-
-
-def overlap(rank, world_size):
-    """The hook hands its buckets to the communication thread and returns: rank 1 enters its 4th
-    backward LATE_S late, so rank 0's allreduces wait that long, but its hook calls do not (the
-    backward pass as a whole still does: DDP waits for the futures at its end)."""
+def overlap(rank, world_size, folder):
+    """The hook hands its buckets to the communication thread and returns. Rank 1 enters its 4th
+    backward only after every hook call of rank 0's 4th step has returned (a store key rank 0 sets
+    in its last one), so none of rank 0's allreduces of that step can have finished by then: each
+    future must still be pending when its hook returns (the backward pass as a whole then waits
+    for them, as DDP does at its end). Causal, not timed."""
     x, y = make_data(rank, world_size)
     model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
     state = gwddp.HookState(model, "powersgd:rank=2")
-    calls = []
+    store = torch.distributed.FileStore(os.path.join(folder, "overlap-store"), world_size)
+    calls, buckets = [], []
 
-    def timed(state, bucket):
-        start = time.perf_counter()
+    def recorded(state, bucket):
         future = gwddp.hook(state, bucket)
-        calls.append((time.perf_counter() - start, future.done()))
+        calls.append(future.done())
+        if rank == 0 and buckets and len(calls) == buckets[0]:
+            store.set("rank0-hooks-returned", "1")
         return future
 
-    model.register_comm_hook(state, timed)
-    opt = train(model, x, y, 0, 3)
+    model.register_comm_hook(state, recorded)
+    opt = train(model, x, y, 0, 2)
+    calls.clear()
+    train(model, x, y, 2, 1, opt)  # the rebuilt buckets: how many hook calls a step makes
+    buckets.append(len(calls))
     calls.clear()
     if rank == 1:
-        time.sleep(LATE_S)
-    start = time.perf_counter()
+        store.wait(["rank0-hooks-returned"], datetime.timedelta(seconds=60))
     train(model, x, y, 3, 1, opt)
-    return {"calls": calls, "step_s": time.perf_counter() - start, "step": state.step}
+    return {"calls": calls, "buckets": buckets[0], "step": state.step}
 
 
 def failure(rank, world_size):
@@ -216,7 +220,7 @@ def suite(rank, world_size, folder):
     return run_scenarios([("against_pytorch", lambda: against_pytorch(rank, world_size)),
                           ("converge", lambda: converge(rank, world_size)),
                           ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
-                          ("overlap", lambda: overlap(rank, world_size)),
+                          ("overlap", lambda: overlap(rank, world_size, folder)),
                           ("failure", lambda: failure(rank, world_size))])
 
 
@@ -310,11 +314,9 @@ def test_state_dict_resume_equals_not_stopping(results, folder):
 def test_hook_returns_while_its_allreduces_wait(results):
     first, second = part(results, "overlap")
     assert first["step"] == second["step"] == 4
-    assert len(first["calls"]) > 1  # several buckets
-    # rank 0 waited LATE_S for rank 1 in the backward pass, not in any hook call
-    assert first["step_s"] > 0.8 * LATE_S
-    assert sum(t for t, _ in first["calls"]) < 0.2 * LATE_S, first["calls"]
-    assert not first["calls"][0][1]  # the first bucket's future was still pending when its hook returned
+    assert len(first["calls"]) == first["buckets"] > 1  # several buckets, every one's hook called
+    # rank 1 had not begun the step when rank 0's hooks returned: no allreduce of it could be done
+    assert not any(first["calls"]), first["calls"]
 
 
 @pytest.mark.timeout(200)

@@ -116,9 +116,14 @@ def test_a_quorums_rendezvous_is_named_by_its_members_and_step():
 
 
 def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
-    """The state server's timeout bounds each chunk it writes, not the whole state: a peer that reads
-    slowly but steadily gets every byte after several timeouts' worth of time."""
+    """The state server's timeout (0.5 s) bounds each chunk it writes, not the whole state: a peer
+    that reads slowly but steadily gets every byte, in about four timeouts' worth of time (its
+    sleeps make it so); a peer that stops reading is cut off once a write has waited a timeout, and
+    the server goes on serving the next request whole."""
+    import io
+    import socket
     import time
+    import urllib.parse
     import urllib.request
     from datetime import timedelta
 
@@ -128,13 +133,29 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
     try:
         state = {"x": torch.arange(6 * 1024 * 1024, dtype=torch.float32)}  # 24 MiB: beyond the sockets' buffers
         server.send_checkpoint([1], 3, state, timedelta(seconds=5))
-        got, start = bytearray(), time.perf_counter()
-        with urllib.request.urlopen(f"{server.metadata()}3", timeout=5) as f:
-            while chunk := f.read(TRANSFER_CHUNK):
-                got += chunk
-                time.sleep(0.08)  # about 12 MiB/s: the whole state takes about 4 timeouts
-        assert time.perf_counter() - start > 1.0
-        assert len(got) == server.sent_bytes  # one write of the whole state was cut off at the timeout (12 of 25 MB)
-        assert torch.equal(torch.load(__import__("io").BytesIO(bytes(got)), weights_only=True)["x"], state["x"])
+        whole = server.sent_bytes
+
+        def fetch(pause_s: float) -> bytes:
+            got = bytearray()
+            with urllib.request.urlopen(f"{server.metadata()}3", timeout=5) as f:
+                while chunk := f.read(TRANSFER_CHUNK):
+                    got += chunk
+                    time.sleep(pause_s)
+            return bytes(got)
+
+        got = fetch(0.08)  # about 12 MiB/s (one write of the whole state was cut off at 12 of 25 MB)
+        assert len(got) == whole
+        assert torch.equal(torch.load(io.BytesIO(got), weights_only=True)["x"], state["x"])
+
+        # a reader that takes the first bytes and stalls: after 4 timeouts it finds the stream cut short
+        address = urllib.parse.urlsplit(server.metadata())
+        with socket.create_connection((address.hostname, address.port), timeout=5) as peer:
+            peer.sendall(f"GET {address.path}3 HTTP/1.1\r\nHost: {address.hostname}\r\n\r\n".encode())
+            received = len(peer.recv(1 << 16))
+            time.sleep(2.0)
+            while chunk := peer.recv(1 << 20):  # what the buffers held, then the server's close
+                received += len(chunk)
+        assert 0 < received < whole, (received, whole)
+        assert fetch(0.0) == got  # the server still serves the next peer whole
     finally:
         server.shutdown()

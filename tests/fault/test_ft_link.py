@@ -97,7 +97,7 @@ def test_link_degraded_then_cut_survivors_go_on_replica_rejoins_and_equals_a_rep
     states = [final_state(rs.folder(k))["algorithm"] for k in range(3)]
     gradient = states[0]["x"].numel() * states[0]["x"].element_size()  # one dense allreduce a step
     check_ledger(survivor, {BACK: healed[0]["ft"]["healed"]["bytes"]}, {1, last + 1, BACK},
-                 lambda n: ledger.allreduce(gradient, n))
+                 lambda n, step: ledger.allreduce(gradient, n))
     assert all(torch.equal(s["x"], states[0]["x"]) for s in states[1:])  # bit-identical after the rejoin
 
     # the replay: the same quorums without a fault (on loopback: where a replica runs changes no result)

@@ -66,7 +66,7 @@ def replicas_run(out, data_dir, args, away_env: dict):
     return code, rs, {k: read_jsonl(rs.folder(k) / "steps.jsonl") for k in range(3)}
 
 
-def check_faulty_run(records):
+def check_faulty_run(records, collectives=None):
     survivor = records[0]
     assert [r["step"] for r in survivor] == list(range(1, STEPS + 1))  # every step committed once
     who = [r["ft"]["participants"] for r in survivor]
@@ -79,12 +79,34 @@ def check_faulty_run(records):
         assert r["bytes_sent"] == mine["bytes_sent"] and r["ft"]["participants"] == mine["ft"]["participants"]
     skipped = BATCH * (BACK - 1 - KILL)  # replica 2's shard missed those steps: counted, everywhere
     assert [rec[-1]["ft"]["skipped_samples"] for rec in records.values()] == [skipped] * 3
-    check_ledger(survivor, {BACK: healed[0]["ft"]["healed"]["bytes"]}, {1, KILL + 1, BACK})
+    check_ledger(survivor, {BACK: healed[0]["ft"]["healed"]["bytes"]}, {1, KILL + 1, BACK}, collectives)
+
+
+def expected_collectives(args: list[str], data_dir):
+    """``collectives(n, step)`` for check_ledger where an algorithm's bytes per step are fixed: DiLoCo
+    allreduces its float32 parameters at every 4th step (inner_steps=4) and nothing between; sync
+    with PowerSGD rank 2 allreduces P and Q of each matrix and every other tensor whole, each step.
+    None for top-k: its gap-coded indices vary in length with the positions kept."""
+    from gradwire.averaging import AVERAGERS
+    from gradwire.tasks import build_task
+    from gradwire.transports import ledger
+
+    last = len(args) - 1 - args[::-1].index("--task")  # the flag given last is the one that counts
+    task = build_task(args[last + 1], num_workers=3, seed=0, data_dir=data_dir)
+    shapes = [p.shape for p in task.model_fn(torch.Generator().manual_seed(0)).parameters()]
+    algorithm = args[args.index("--algorithm") + 1]
+    if algorithm == "diloco:inner_steps=4":
+        dense = 4 * sum(s.numel() for s in shapes)
+        return lambda n, step: ledger.allreduce(dense, n) if step % 4 == 0 else 0
+    if "powersgd:rank=2" in args:
+        wire = 4 * AVERAGERS.build("powersgd:rank=2").wire_numel(shapes)
+        return lambda n, step: ledger.allreduce(wire, n)
+    return None
 
 
 def check_ledger(records, transfers: dict[int, int], new_groups: set[int], collectives=None) -> None:
     """The byte ledger, step by step, exactly: each committed step adds its collectives' bytes
-    (``collectives(n)`` for n participants, when the algorithm's are fixed), the state a recovering
+    (``collectives(n, step)`` for n participants, when the algorithm's are fixed), the state a recovering
     replica fetched in it (``transfers``: step -> bytes) and, in the first step of a new group (at
     least ``new_groups``), the allreduce of one int64 that counts those bytes on every replica
     (transports/ft.py)."""
@@ -96,9 +118,12 @@ def check_ledger(records, transfers: dict[int, int], new_groups: set[int], colle
         now = (r["bytes_sent"], ft["state_bytes"], ft["exchange_bytes"])
         sent, state, exchange = (a - b for a, b in zip(now, prev))
         assert state == transfers.get(r["step"], 0), r
-        assert exchange == (ledger.allreduce(8, n) if r["step"] in new_groups else exchange), r
+        if r["step"] in new_groups:
+            assert exchange == ledger.allreduce(8, n), r
         assert exchange in (0, ledger.allreduce(8, n)), r  # (a retried step can be in a new group too)
-        assert sent - state - exchange == (collectives(n) if collectives else sent - state - exchange) >= 0, r
+        assert sent - state - exchange >= 0, r
+        if collectives is not None:
+            assert sent - state - exchange == collectives(n, r["step"]), r
         prev = now
     assert records[-1]["ft"]["state_bytes"] == sum(transfers.values())
 
@@ -115,7 +140,9 @@ def test_sigkill_then_recovery_equals_a_fault_free_replay_bitwise(tmp_path, data
     args = ["--task", "synthetic-logreg", *args]
     code, rs, faulty = replicas_run(tmp_path / "kill", data_dir, args, {"GRADWIRE_KILL_AT": f"2:{KILL}"})
     assert code == -signal.SIGKILL
-    check_faulty_run(faulty)
+    collectives = expected_collectives(args, data_dir)
+    assert (collectives is None) == ("topk:ratio=0.25" in args)
+    check_faulty_run(faulty, collectives)
     from gradwire.report.pages import write_report
 
     page = write_report(rs.folder(0)).read_text()  # gradwire report: the membership changes of the run
