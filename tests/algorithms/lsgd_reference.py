@@ -6,20 +6,23 @@ multi-leader) with ``eval=leader`` still give these steps.
 Recorded with the code of commit 5587257 (before the protocol; ``git archive 5587257 src``, then
 ``PYTHONPATH=<that>/src python tests/algorithms/lsgd_reference.py``) into
 ``data/lsgd_reference.json``: every step's figures (the elected leaders, the gradients and bytes
-counted: integers, compared exactly) and, per worker, four float64 statistics of its float32
-parameters x (Σx, Σ|x|, Σx², and Σ s_i x_i for a fixed ±1 pattern s), then the last evaluation.
+counted: integers, compared exactly) and, per worker, four float64 statistics of its parameters x
+(Σx, Σ|x|, Σx², and Σ s_i x_i for a fixed ±1 pattern s), then the last evaluation.
 
-Float32 results are not the same on every CPU: PyTorch's vectorised kernels (AVX2, AVX-512, or
-none: ATEN_CPU_CAPABILITY=default) sum in different orders, and the last bit moves. The
-tolerance is stated from that arithmetic. A sum of n float32 terms in any order is within
-(n-1)·u·Σ|terms| of the exact sum (u = 2^-24, Higham 2002, §4.2); here the longest sums are a
-logit (64 features + bias) and a gradient entry over a batch of 16, n <= 81, so one step moves
-a parameter by at most about n·u relative to the magnitudes it is made of, and 12 steps by
-12·n·u; two machines, each within that of the exact result, differ by at most twice that:
-RTOL = 2·12·81·u ≈ 1.2e-4, applied to each statistic relative to Σ|x| (Σx², relative to itself)
-and to each loss. Accuracies count samples: they may differ by one sample. What a
-bug changes (a leader elected from the wrong window, a pull of the wrong size or direction, a
-proximal pull applied at prox=0) moves the parameters by percents within one round.
+The runs are in float64 (``dtype="float64"``), because results are not the same on every CPU:
+PyTorch's vectorised kernels (AVX2, AVX-512, or none: ATEN_CPU_CAPABILITY=default) sum in
+different orders, and the last bit moves. In float32 that last bit is 6e-8 of a value; momentum
+(0.9) carries each step's difference into the next ten, the gradients feed it back, and the
+leader is elected by comparing losses, so a float32 recording could fail on another CPU for a
+reason that is not a bug. In float64 a sum of n terms in any order is within (n-1)·u·Σ|terms| of
+the exact sum (u = 2^-53, Higham 2002, §4.2); with n <= 81 (a logit of 64 features and a bias; a
+gradient entry over a batch of 16) and 12 steps, two machines differ by about 2·12·81·u ≈ 2e-13
+before amplification. RTOL = 1e-9 leaves that a factor of 5,000 for momentum and feedback, and
+is still far below what a bug changes (a leader elected from the wrong window, a pull of the
+wrong size or direction, a proximal pull applied at prox=0: percents within one round). It
+applies to each statistic relative to Σ|x| (Σx², relative to itself) and to each loss.
+Accuracies count samples: they may differ by one sample. Measured (2026-11-28): the same code
+under ATEN_CPU_CAPABILITY=default departs from the AVX-512 recording by at most 3.3e-16 of Σ|x|.
 
     PYTHONPATH=src python tests/algorithms/lsgd_reference.py [DATA_DIR]   # rewrites the file: only on purpose
 """
@@ -46,9 +49,10 @@ CASES = {
     "lsgd:async=true,pull=0.5,period=2": ",prox=0,window=2,eval=leader",
 }
 STEPS = 12
-UNIT_ROUNDOFF = 2.0**-24  # float32
+UNIT_ROUNDOFF = 2.0**-53  # float64: the runs' dtype
 LONGEST_SUM = 81          # 64 features and a bias (a logit); a batch of 16 (a gradient entry)
-RTOL = 2 * STEPS * LONGEST_SUM * UNIT_ROUNDOFF
+RTOL = 1e-9               # 5,000 times 2·STEPS·LONGEST_SUM·UNIT_ROUNDOFF (module docstring)
+assert RTOL > 1000 * 2 * STEPS * LONGEST_SUM * UNIT_ROUNDOFF
 
 
 def statistics(t: torch.Tensor) -> list[float]:
@@ -62,7 +66,7 @@ def statistics(t: torch.Tensor) -> list[float]:
 def trajectory(spec: str, data_dir: str, out: str) -> list[dict]:
     """Run ``spec`` on the tests' local-updates configuration; every step's figures and statistics,
     then the evaluation of the last step."""
-    cfg = RunConfig(task="digits-logreg", workers=4, steps=STEPS, batch_size=16, lr=0.1, momentum=0.9,
+    cfg = RunConfig(task="digits-logreg", workers=4, steps=STEPS, batch_size=16, lr=0.1, momentum=0.9, dtype="float64",
                     stragglers="lognormal:sigma=0.5,compute_s=0.05", algorithm=spec, out=out, data_dir=data_dir)
     r = Run(cfg)
     rows = []
