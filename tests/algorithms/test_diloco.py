@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gradwire.algorithms.optim import AdamW
+from gradwire.errors import ConfigError
 from gradwire.run.loop import Run
 from tests.algorithms.test_local_updates_checkpoint import only_tensors_and_ints
 from tests.helpers import through_bytes
@@ -327,5 +328,5 @@ def test_outer_schedule_follows_the_inner_rate_and_is_inert_under_a_constant_sch
 
 
 def test_outer_schedule_names_its_choices(make_config):
-    with pytest.raises(Exception, match="outer_schedule='cosine': valid choices are constant, inner"):
+    with pytest.raises(ConfigError, match="outer_schedule='cosine': valid choices are constant, inner"):
         Run(make_config(algorithm="diloco:outer_schedule=cosine"))

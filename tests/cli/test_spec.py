@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from gradwire.errors import ConfigError
@@ -23,9 +25,13 @@ def test_parse_spec_forms():
     assert parse_spec(" qsgd:levels=4, bucket=512 ") == ("qsgd", {"levels": "4", "bucket": "512"})
 
 
-@pytest.mark.parametrize("bad", ["", ":a=1", "x:a", "x:a=", "x:=1", "x:a=1,a=2"])
-def test_parse_spec_rejects_malformed(bad):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("bad, match", [("", "empty spec ''"), (":a=1", "has no name before ':'"),
+                                        ("x:a", "'a' is not of the form key=value"),
+                                        ("x:a=", "'a=' is not of the form key=value"),
+                                        ("x:=1", "'=1' is not of the form key=value"),
+                                        ("x:a=1,a=2", "key 'a' given twice")])
+def test_parse_spec_rejects_malformed(bad, match):
+    with pytest.raises(ConfigError, match=re.escape(match)):
         parse_spec(bad)
 
 

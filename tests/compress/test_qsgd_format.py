@@ -9,6 +9,7 @@ import torch
 
 from gradwire.compress import CorruptPayload, Packet, bitpack, build
 from gradwire.compress.qsgd import field_layout
+from gradwire.errors import ConfigError
 from tests.compress.compress_cases import QSGD_FIELDS
 
 
@@ -69,7 +70,7 @@ def test_field_beyond_the_radix_is_corrupt():
 
 
 def test_bad_format_is_one_clear_error():
-    with pytest.raises(Exception, match="format must be one of 1, 2, got 3"):
+    with pytest.raises(ConfigError, match="format must be one of 1, 2, got 3"):
         build("qsgd:format=3")
 
 

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -35,9 +37,12 @@ def test_single_participant_costs_nothing():
         assert net.allreduce(100, 1).bytes == 0 and net.allgather([100]).time_s == 0.0
 
 
-@pytest.mark.parametrize("bad", ["ps:mbps=0", "ring:latency_ms=-1", "star", "ps:bw=3"])
-def test_bad_network_specs(bad):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("bad, match", [("ps:mbps=0", "mbps must be > 0, got 0.0"),
+                                        ("ring:latency_ms=-1", "latency_ms must be >= 0, got -1.0"),
+                                        ("star", "unknown network 'star'; valid networks: halving-doubling, ps, ring"),
+                                        ("ps:bw=3", "no parameter 'bw'; valid parameters: mbps, latency_ms")])
+def test_bad_network_specs(bad, match):
+    with pytest.raises(ConfigError, match=re.escape(match)):
         NETWORKS.build(bad)
 
 
@@ -72,10 +77,14 @@ def test_slow_workers_are_always_slow():
     assert STRAGGLERS.build(m.spec()).times(4, 7).tolist() == [1.5, 1.5, 0.5, 0.5]
 
 
-@pytest.mark.parametrize("bad", ["tail:p=2", "tail:slowdown=0.5", "lognormal:sigma=-1", "none:compute_s=0",
-                                 "slow:slowdown=0.5", "slow:count=-1"])
-def test_bad_straggler_specs(bad):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("bad, match", [("tail:p=2", "p must be in [0, 1], got 2.0"),
+                                        ("tail:slowdown=0.5", "slowdown must be >= 1, got 0.5"),
+                                        ("lognormal:sigma=-1", "sigma must be >= 0, got -1.0"),
+                                        ("none:compute_s=0", "compute_s must be > 0, got 0.0"),
+                                        ("slow:slowdown=0.5", "slowdown must be >= 1, got 0.5"),
+                                        ("slow:count=-1", "count must be >= 0, got -1")])
+def test_bad_straggler_specs(bad, match):
+    with pytest.raises(ConfigError, match=re.escape(match)):
         STRAGGLERS.build(bad)
 
 
