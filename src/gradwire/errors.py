@@ -41,7 +41,9 @@ class AlreadyFinished(Exception):
     """``--resume`` on a run that has finished its steps: nothing to do, and nothing is rewritten
     (the command says so and exits 0). ``summary``: the run's summary.json."""
 
-    def __init__(self, out: str, summary: dict):
+    def __init__(self, out: str, summary: dict, *, continuable: bool = True):
+        more = ("--steps beyond it continues the run from its checkpoint" if continuable else
+                "it saved no checkpoint, so more --steps need a new run: --overwrite or another --out")
         super().__init__(f"run folder {out} already finished at step {summary['steps']}; nothing to resume, "
-                         "nothing rewritten (--steps beyond it continues the run from its checkpoint)")
+                         f"nothing rewritten ({more})")
         self.out, self.summary = out, summary

@@ -82,6 +82,23 @@ def test_bad_task_parameter_is_one_line_before_the_folder_is_claimed(capsys, tmp
     assert not out.exists()
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--algorithm", "sync:backups=4"], "backups=4 leaves no worker to aggregate with 4 workers"),
+    (["--algorithm", "async", "--compressor", "powersgd:rank=4"], "averages gradients by allreduce itself"),
+    (["--partition", "dirichlet:alpha=0.5", "--workers", "400"], "would get no data"),
+])
+def test_a_run_refused_after_its_claim_leaves_no_folder(capsys, tmp_path, data_dir, args, needle):
+    """Some combinations are refused only once the run is built (after it claimed --out): the folder
+    it made, holding nothing but its lock, goes with it; a folder that was there before stays."""
+    out = tmp_path / "new" / "run"
+    assert needle in one_error_line(capsys, [*args, "--out", str(out)], tmp_path, data_dir)
+    assert not out.exists() and (tmp_path / "new").is_dir()
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    one_error_line(capsys, [*args, "--out", str(kept)], tmp_path, data_dir)
+    assert kept.is_dir()
+
+
 def test_out_naming_a_file(capsys, tmp_path, data_dir):
     (tmp_path / "f").write_text("not a folder")
     line = one_error_line(capsys, ["--out", str(tmp_path / "f")], tmp_path, data_dir)

@@ -31,14 +31,34 @@ def test_resume_with_nothing_to_resume_is_one_line_and_exit_2(tmp_path, data_dir
     assert main(tiny(data_dir, "--out", str(no_checkpoint))) == 0
     before = {p.name: p.read_bytes() for p in no_checkpoint.iterdir() if p.is_file()}
     capsys.readouterr()
-    assert main(tiny(data_dir, "--out", str(no_checkpoint), "--steps", "6", "--resume")) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "holds a run (summary.json) but no checkpoint" in err[0]
+    # a finished run without a checkpoint: neither flag may replace it (--overwrite may)
+    for flag in ("--resume", "--resume-or-start"):
+        assert main(tiny(data_dir, "--out", str(no_checkpoint), "--steps", "6", flag)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"gradwire run: error: {flag[2:].replace('-', '_')}=true: run folder {no_checkpoint} holds a "
+                       "run that finished at step 4 and saved no checkpoint to continue it from; starting again from "
+                       "step 0 would replace it: pass --overwrite to replace it, or choose another --out "
+                       f"({flag})"], err
+        assert {p.name: p.read_bytes() for p in no_checkpoint.iterdir() if p.is_file()} == before
+    assert main(tiny(data_dir, "--out", str(no_checkpoint), "--resume-or-start")) == 0  # the same steps: done
+    assert capsys.readouterr().out.strip().endswith("nothing rewritten (it saved no checkpoint, so more --steps "
+                                                    "need a new run: --overwrite or another --out)")
     assert {p.name: p.read_bytes() for p in no_checkpoint.iterdir() if p.is_file()} == before
+    # an unfinished run without a checkpoint (what a restarted attempt finds) is started again
+    stopped = json.loads((no_checkpoint / "summary.json").read_text()) | {"status": "stopped"}
+    (no_checkpoint / "summary.json").write_text(json.dumps(stopped))
+    assert main(tiny(data_dir, "--out", str(no_checkpoint), "--steps", "6", "--resume-or-start")) == 0
+    assert json.loads((no_checkpoint / "summary.json").read_text())["steps"] == 6
     # --resume-or-start: from step 0 where there is no checkpoint
     assert main(tiny(data_dir, "--out", str(typo), "--resume-or-start")) == 0
     summary = json.loads((typo / "summary.json").read_text())
     assert summary["status"] == "finished" and not summary["resumed"] and summary["steps"] == 4
+    capsys.readouterr()
+    assert main(tiny(data_dir, "--out", str(tmp_path / "both"), "--resume", "--resume-or-start")) == 2
+    assert capsys.readouterr().err.strip() == ("gradwire run: error: --resume refuses a folder with nothing to "
+                                               "resume and --resume-or-start starts one from step 0: pass one of "
+                                               "them (--resume)")
+    assert not (tmp_path / "both").exists()
 
 
 def test_resume_of_a_finished_run_says_so_and_rewrites_nothing(tmp_path, data_dir, capsys):

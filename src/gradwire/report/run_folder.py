@@ -61,13 +61,17 @@ def clear_run(folder: Path) -> None:
 
 class FolderLock:
     """An exclusive ``flock`` on ``FOLDER/.gradwire.lock`` while a run writes the folder. The OS
-    drops it when the process ends, however it ends; the file stays (removing it would race)."""
+    drops it when the process ends, however it ends; the file stays, except where this lock made
+    the folder and the run wrote nothing into it (a run refused after the claim): then the file and
+    the folder go, while the lock is still held, so a mistyped setting leaves no empty folder."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self._file = None
+        self.created = False  # whether acquire() made the folder
 
     def acquire(self) -> FolderLock:
+        self.created = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         f = open(self.folder / LOCK_NAME, "a+")  # noqa: SIM115 - held until release()
         try:
@@ -87,6 +91,12 @@ class FolderLock:
 
     def release(self) -> None:
         if self._file is not None:
+            if self.created and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
+                (self.folder / LOCK_NAME).unlink(missing_ok=True)  # still locked: no other writer is inside
+                try:
+                    self.folder.rmdir()
+                except OSError:  # another process made something in it meanwhile: it stays
+                    pass
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None

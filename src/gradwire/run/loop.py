@@ -323,16 +323,31 @@ def check_resume(cfg: RunConfig) -> None:
     """``--resume`` and ``--resume-or-start``, before anything is written: a run that finished
     ``--steps`` steps raises AlreadyFinished (nothing to do, nothing rewritten); a folder without a
     checkpoint is a ConfigError for ``--resume`` (a mistyped --out must not start a long run from
-    step 0 unnoticed), and ``--resume-or-start`` starts there from step 0."""
+    step 0 unnoticed), and ``--resume-or-start`` starts there from step 0, unless the folder holds a
+    finished run: starting again would replace it, which only --overwrite may ask (an unfinished
+    run without a checkpoint is what a restarted attempt of ``launch --max-restarts`` finds, and
+    starts again)."""
     if not cfg.resuming or cfg.overwrite:  # (both: claim refuses the pair)
         return
+    if cfg.resume and cfg.resume_or_start:
+        raise ConfigError("--resume refuses a folder with nothing to resume and --resume-or-start starts one from "
+                          "step 0: pass one of them (--resume)")
     out = Path(cfg.out)
     summary = read_json_or_empty(out / "summary.json")
     ran = read_json_or_empty(out / "config.json")
     same = all(ran.get(k, v) == v for k, v in cfg.to_dict().items() if k in checkpoint.MUST_MATCH)
-    if summary.get("status") == "finished" and summary.get("steps") == cfg.steps and same:
-        raise AlreadyFinished(str(out), summary)  # (another configuration: the checkpoint names the difference)
-    if cfg.resume_or_start or checkpoint.latest(out / "checkpoint") is not None:
+    saved = checkpoint.latest(out / "checkpoint") is not None
+    finished = summary.get("status") == "finished"
+    if finished and summary.get("steps") == cfg.steps and same:
+        raise AlreadyFinished(str(out), summary, continuable=saved)  # (another configuration: the checkpoint names it)
+    if saved:
+        return
+    if finished:
+        key = "resume_or_start" if cfg.resume_or_start else "resume"
+        raise ConfigError(f"{key}=true: run folder {out} holds a run that finished at step {summary.get('steps')} "
+                          "and saved no checkpoint to continue it from; starting again from step 0 would replace "
+                          f"it: pass --overwrite to replace it, or choose another --out (--{key.replace('_', '-')})")
+    if cfg.resume_or_start:
         return
     found = holds_run(out)
     what = (f"holds a run ({found}) but no checkpoint to continue it (checkpoint/latest; --checkpoint-every K "
