@@ -176,3 +176,30 @@ def test_a_compare_config_file_that_cannot_be_used_is_one_line(capsys, tmp_path,
 def test_a_config_path_naming_a_folder_says_so(capsys, tmp_path, data_dir):
     line = one_error_line(capsys, ["--config", str(tmp_path)], tmp_path, data_dir)
     assert "does not exist or is not a file" in line
+
+
+def test_runs_and_comparisons_keep_to_their_own_folders(capsys, tmp_path, data_dir):
+    """A run refuses a comparison's folder and a comparison a run's, even with --overwrite (which
+    replaces only its own kind); a comparison's config file given to `gradwire run` is one run of its
+    common keys, and the command says so."""
+    small = ["--task", "digits-logreg", "--workers", "2", "--steps", "2", "--eval-every", "2", "--data-dir", str(data_dir)]
+    cmp_dir, run_dir = tmp_path / "cmp", tmp_path / "one"
+    assert main(["compare", *small, "--out", str(cmp_dir), "--variant", "--algorithm sync"]) == 0
+    assert main(["run", *small, "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    before = sorted(p.name for p in cmp_dir.iterdir())
+    for extra in ([], ["--overwrite"]):
+        assert main(["run", *small, "--out", str(cmp_dir), *extra]) == 2
+        assert capsys.readouterr().err.strip() == (f"gradwire run: error: run folder {cmp_dir} holds a comparison "
+                                                   "(comparison.md): a run needs a folder of its own; choose another "
+                                                   "--out")
+        assert main(["compare", *small, "--out", str(run_dir), "--variant", "--algorithm sync", *extra]) == 2
+        assert capsys.readouterr().err.strip() == (f"gradwire compare: error: compare folder {run_dir} holds a run "
+                                                   "(summary.json): a comparison needs a folder of its own, its runs "
+                                                   "in subfolders; choose another --out")
+    assert sorted(p.name for p in cmp_dir.iterdir()) == before and not (run_dir / "sync").exists()
+    config = tmp_path / "cmp.yaml"
+    config.write_text("task: digits-logreg\nworkers: 2\nvariants:\n  - {algorithm: sync}\n  - {algorithm: local}\n")
+    assert main(["run", "--config", str(config), *small, "--out", str(tmp_path / "from-file")]) == 0
+    assert (f"gradwire run: {config} lists 2 variants, which `gradwire compare` runs; this is one run of the file's "
+            "common keys") in capsys.readouterr().err

@@ -131,6 +131,9 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
     """Before any variant runs: a comparison or variant run already in the folder is replaced only
     with --overwrite (or continued with --resume)."""
     root = Path(common.out)
+    if (found := holds_run(root)) is not None:  # (--overwrite would replace a comparison, not a run)
+        raise ConfigError(f"compare folder {root} holds a run ({found}): a comparison needs a folder of its own, "
+                          "its runs in subfolders; choose another --out")
     if (root / "comparison.md").exists() and not (common.overwrite or common.resuming):
         raise ConfigError(f"compare folder {root} already holds a comparison (comparison.md); pass --overwrite "
                           "to replace it or --resume to continue its runs (or choose another --out)")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given
+from gradwire.config import read_config_file
 from gradwire.errors import AlreadyFinished
 
 EPILOG = """examples:
@@ -44,6 +46,9 @@ def describe_setup(algorithm: str, info: dict, workers: int) -> str:
 
 def main(ns) -> int:
     cfg = config_from_args(ns).check_values()  # before torch is imported: a mistyped value is reported at once
+    if ns.config and (variants := read_config_file(ns.config).get("variants")):
+        print(f"gradwire run: {ns.config} lists {len(variants) if isinstance(variants, list) else 'its'} variants, "
+              "which `gradwire compare` runs; this is one run of the file's common keys", file=sys.stderr)
     if not out_given(ns):
         cfg = cfg.replace(out=fresh_out(cfg.label(), cfg))
     from gradwire.run.loop import run

@@ -42,6 +42,9 @@ def refuse_existing(folder: Path, *, overwrite: bool, resume: bool) -> None:
     to touch it."""
     if overwrite and resume:
         raise ConfigError(f"--overwrite replaces the run in {folder} and --resume continues it: pass one of them")
+    if (Path(folder) / "comparison.md").exists():  # (--overwrite would replace the runs' files only)
+        raise ConfigError(f"run folder {folder} holds a comparison (comparison.md): a run needs a folder of its own; "
+                          "choose another --out")
     found = None if (overwrite or resume) else holds_run(folder)
     if found is not None:
         raise ConfigError(f"run folder {folder} already holds a run ({found}); pass --overwrite to replace it "
@@ -114,6 +117,7 @@ def claim(folder: str | Path, *, overwrite: bool, resume: bool) -> FolderLock:
     when it holds a run unless ``overwrite`` (the old run's files are removed) or ``resume``."""
     require_named(folder)  # before Path(), which reads "" as "."
     folder = Path(folder)
+    refuse_existing(folder, overwrite=overwrite, resume=resume)  # refused: no lock file made (checked again locked)
     lock = FolderLock(folder).acquire()
     try:
         refuse_existing(folder, overwrite=overwrite, resume=resume)
