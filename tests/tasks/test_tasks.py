@@ -224,3 +224,24 @@ def test_check_task_loads_no_data(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a data set written by mistake would land here
     check_task(name, num_workers=4)
     assert built == ([None] if entry.params else []) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_stdlib_lm_takes_a_gradient_step_its_transformer_can_take(make_config):
+    """stdlib-lm declares default_lr_scale 0.0375: sync's --lr left out is 0.03, at which SGD with
+    momentum trains the transformer without a jump (no step's loss above the first), where sync's
+    usual 0.8 jumps (to 9 on this small model, to 25-49 on the default one: docs/defaults.md)."""
+    from gradwire.run.combination import resolved
+    from gradwire.run.loop import Run
+
+    task = "stdlib-lm:dim=64,layers=2,heads=2"
+    assert resolved(make_config(task=task, lr=None)).lr == pytest.approx(0.03)
+
+    def losses(**kw):
+        r = Run(resolved(make_config(task=task, workers=2, steps=40, **kw)))
+        return [r.train_step()["loss"] for _ in range(40)]
+
+    default = losses(lr=None)
+    assert max(default) <= default[0] and sum(default[-5:]) / 5 < 0.65 * default[0], default
+    usual = losses(lr=0.8)
+    assert max(usual) > 1.2 * usual[0], usual
