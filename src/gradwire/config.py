@@ -186,6 +186,7 @@ class RunConfig:
             raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 and finite, at most {threading.TIMEOUT_MAX:g} "
                               f"s {_flag('timeout_s')}")
         check_out_folder(self.out)
+        check_out_folder(self.data_dir, "data_dir", "the data sets' cache")
         for key in dict.fromkeys(ref.key for ref in REGISTRIES):  # names and keys, from the torch-free table
             if getattr(self, key) is None:  # the algorithm's (lr_schedule), checked once resolved
                 continue
@@ -268,22 +269,23 @@ def _step_size(value: float, key: str, dtype: str, *, positive: bool) -> None:
                           f"size cannot be applied {_flag(key)}")
 
 
-def check_out_folder(out: str) -> None:
+def check_out_folder(out: str, key: str = "out", what: str = "the run") -> None:
     """ConfigError unless ``out`` is a folder, or can be created as one, that this process can
-    write into; creates nothing that stays (it tries a temporary folder, then removes it)."""
+    write into; creates nothing that stays (it tries a temporary folder, then removes it). ``key``:
+    the config key it is the value of (out, data_dir), ``what`` the folder is for."""
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"out={out!r} is an existing file, not a folder: name a folder for the run (--out)")
+        raise ConfigError(f"{key}={out!r} is an existing file, not a folder: name a folder for {what} {_flag(key)}")
     parent = path
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise ConfigError(f"out={out!r} cannot be created: {str(parent)!r} is a file, not a folder (--out)")
+        raise ConfigError(f"{key}={out!r} cannot be created: {str(parent)!r} is a file, not a folder {_flag(key)}")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".gradwire-probe-", dir=parent))
     except OSError as e:
         where = "write into it" if parent == path else f"create folders in {str(parent)!r}"
-        raise ConfigError(f"out={out!r} cannot be used: cannot {where} ({e.strerror}) (--out)") from None
+        raise ConfigError(f"{key}={out!r} cannot be used: cannot {where} ({e.strerror}) {_flag(key)}") from None
 
 
 def _check_device(device: str) -> None:

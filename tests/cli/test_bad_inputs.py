@@ -182,7 +182,8 @@ def test_runs_and_comparisons_keep_to_their_own_folders(capsys, tmp_path, data_d
     """A run refuses a comparison's folder and a comparison a run's, even with --overwrite (which
     replaces only its own kind); a comparison's config file given to `gradwire run` is one run of its
     common keys, and the command says so."""
-    small = ["--task", "digits-logreg", "--workers", "2", "--steps", "2", "--eval-every", "2", "--data-dir", str(data_dir)]
+    small = ["--task", "digits-logreg", "--workers", "2", "--steps", "2", "--eval-every", "2",
+             "--data-dir", str(data_dir)]
     cmp_dir, run_dir = tmp_path / "cmp", tmp_path / "one"
     assert main(["compare", *small, "--out", str(cmp_dir), "--variant", "--algorithm sync"]) == 0
     assert main(["run", *small, "--out", str(run_dir)]) == 0
@@ -203,3 +204,29 @@ def test_runs_and_comparisons_keep_to_their_own_folders(capsys, tmp_path, data_d
     assert main(["run", "--config", str(config), *small, "--out", str(tmp_path / "from-file")]) == 0
     assert (f"gradwire run: {config} lists 2 variants, which `gradwire compare` runs; this is one run of the file's "
             "common keys") in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_a_data_dir_that_cannot_be_made_is_one_line(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", *COMMON, "--out", str(out), "--data-dir", "/proc/gradwire-data"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gradwire run: error: data_dir='/proc/gradwire-data' cannot be used: cannot create folders in "
+                   "'/proc' (No such file or directory) (--data-dir)"]
+    assert not out.exists()
+
+
+def test_report_out_must_name_a_file_in_a_folder(capsys, tmp_path, data_dir):
+    run_dir = tmp_path / "one"
+    assert main(["run", *COMMON, "--out", str(run_dir), "--data-dir", str(data_dir)]) == 0
+    (tmp_path / "afile").write_text("")
+    capsys.readouterr()
+    for out, message in [(run_dir, f"--out {str(run_dir)!r} is a folder; name the page's file, e.g. "
+                                   f"{str(run_dir / 'report.html')!r}"),
+                         (tmp_path / "afile" / "x.html", f"--out {str(tmp_path / 'afile' / 'x.html')!r}: "
+                                                          f"{str(tmp_path / 'afile')!r} is a file, not a folder")]:
+        assert main(["report", str(run_dir), "--out", str(out)]) == 2
+        assert capsys.readouterr().err.strip() == f"gradwire report: error: {message}"
+    assert not list(tmp_path.glob("*.tmp")) and not list(run_dir.glob("*.tmp"))
+    page = tmp_path / "pages" / "deep" / "one.html"  # a folder that can be made is made
+    assert main(["report", str(run_dir), "--out", str(page)]) == 0 and page.stat().st_size > 0

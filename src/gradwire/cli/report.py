@@ -17,9 +17,30 @@ def add_parser(sub) -> None:
     p.set_defaults(command_main=main)
 
 
+def check_page_path(out: str) -> None:
+    """``--out`` names a file whose folder exists or can be made: ConfigError otherwise, before the
+    page is drawn (a folder given as the page, or a folder that cannot be made, was a traceback)."""
+    from gradwire.errors import ConfigError
+
+    path = Path(out)
+    if path.is_dir():
+        raise ConfigError(f"--out {out!r} is a folder; name the page's file, e.g. {str(path / 'report.html')!r}")
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ConfigError(f"--out {out!r}: {str(above)!r} is a file, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out!r}: cannot create its folder {str(path.parent)!r} ({e.strerror})") from None
+
+
 def main(ns) -> int:
     from gradwire.report.pages import write_report as write_html
 
+    if ns.out is not None:
+        check_page_path(ns.out)
     print(write_html(Path(ns.folder), out=ns.out,
                      warn=lambda text: print(f"gradwire report: warning: {text}", file=sys.stderr)))
     return 0
