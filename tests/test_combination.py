@@ -4,6 +4,7 @@ refusal of the second stage is here, in one line that names the value and its fl
 one the first stage lets through (so the second is where it is made)."""
 
 import importlib.util
+import re
 
 import pytest
 
@@ -107,4 +108,17 @@ def test_launch_asks_before_it_starts_a_process(tmp_path):
     ns = build_parser().parse_args(["launch", "--nproc-per-node", "4", "--", "run", "--task", LM, "--tensor-parallel",
                             "1d:p=2", "--algorithm", "async", "--out", str(tmp_path / "run")])
     with pytest.raises(ConfigError, match=r"algorithm 'async' has a server; .* \(--tensor-parallel\)$"):
+        torchrun_argv(ns)
+
+
+@pytest.mark.parametrize("nnodes", ["0", "-1", "1:0", "a", "2:3:4", "0:2"])
+def test_launch_names_a_bad_node_count(nnodes, tmp_path):
+    """--nnodes 0 was reported as a server taking the only process, for an algorithm without one."""
+    from gradwire.cli import build_parser
+    from gradwire.cli.launch import torchrun_argv
+
+    ns = build_parser().parse_args(["launch", "--nproc-per-node", "2", "--nnodes", nnodes, "--", "run", "--out",
+                                    str(tmp_path / "run")])
+    with pytest.raises(ConfigError, match=re.escape(f"--nnodes {nnodes!r} must be a number of nodes >= 1, or a "
+                                                    "range MIN:MAX with 1 <= MIN <= MAX")):
         torchrun_argv(ns)

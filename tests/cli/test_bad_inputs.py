@@ -230,3 +230,15 @@ def test_report_out_must_name_a_file_in_a_folder(capsys, tmp_path, data_dir):
     assert not list(tmp_path.glob("*.tmp")) and not list(run_dir.glob("*.tmp"))
     page = tmp_path / "pages" / "deep" / "one.html"  # a folder that can be made is made
     assert main(["report", str(run_dir), "--out", str(page)]) == 0 and page.stat().st_size > 0
+
+
+@pytest.mark.parametrize("variant, flag", [("--out foo", "--out"), ("--algorithm sync --overwrite", "--overwrite"),
+                                           ("--algorithm sync --resume-or-start", "--resume-or-start")])
+def test_a_variant_cannot_set_what_the_comparison_sets(capsys, tmp_path, data_dir, variant, flag):
+    """It was ignored without a word (every variant writes OUT/<its name>)."""
+    out = tmp_path / "cmp"
+    assert main(["compare", *COMMON, "--data-dir", str(data_dir), "--out", str(out), "--variant", variant]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gradwire compare: error: --variant {variant!r} sets {flag}, which the comparison sets for every variant "
+        "(each runs in OUT/<its name>; --name names it): give it to compare itself, not to one variant")
+    assert not out.exists()

@@ -60,10 +60,12 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
     for v in file_variants:
         if not isinstance(v, dict):
             raise ConfigError(f"each entry of 'variants' in {ns.config} must be a mapping of config keys")
+        _refuse_comparison_keys(v, f"a variant in {ns.config}")
         specs.append(from_mapping(v, common))
         own_seed.append("seed" in v)
     for text in ns.variant or []:
         sub = parse_flag_string(parser, text, "--variant")
+        _refuse_comparison_keys(vars(sub), f"--variant {text!r}")
         specs.append(config_from_args(sub, common))
         own_seed.append("seed" in vars(sub) or bool(sub.config and "seed" in read_config_file(sub.config)))
     if not specs:
@@ -101,6 +103,20 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
     for c in specs:
         check_combination(c)
     return common, specs
+
+
+# keys a comparison sets for all its variants: where each writes (OUT/<its name>) and whether the
+# folders are replaced or continued
+COMPARISON_KEYS = ("out", "overwrite", "resume", "resume_or_start")
+
+
+def _refuse_comparison_keys(given: dict, where: str) -> None:
+    """A variant that sets a key the comparison sets for every variant (it was ignored)."""
+    own = [k for k in COMPARISON_KEYS if given.get(k) not in (None, False)]
+    if own:
+        flags = ", ".join("--" + k.replace("_", "-") for k in own)
+        raise ConfigError(f"{where} sets {flags}, which the comparison sets for every variant (each runs in "
+                          "OUT/<its name>; --name names it): give it to compare itself, not to one variant")
 
 
 def seeds_of(ns) -> list[int]:

@@ -67,6 +67,10 @@ def torchrun_argv(ns) -> list[str]:
         raise ConfigError(f"--nproc-per-node {ns.nproc_per_node} must be >= 1")
     if ns.max_restarts < 0:
         raise ConfigError(f"--max-restarts {ns.max_restarts} must be >= 0")
+    nodes = str(ns.nnodes).split(":")  # N or MIN:MAX, as torchrun reads it
+    if len(nodes) > 2 or not all(n.isdigit() and int(n) >= 1 for n in nodes) or int(nodes[0]) > int(nodes[-1]):
+        raise ConfigError(f"--nnodes {ns.nnodes!r} must be a number of nodes >= 1, or a range MIN:MAX with 1 <= MIN "
+                          "<= MAX")
     run_args = rest[1:]
     cfg, flags, in_file = run_options(run_args)
     if "backend" in flags and cfg.backend != "torch":
@@ -88,7 +92,7 @@ def torchrun_argv(ns) -> list[str]:
             need = cfg.processes(server)
             raise ConfigError(f"--workers {cfg.workers}{extra} needs {need} processes but "
                               f"{started}; leave --workers out (launch counts it) or start {need}")
-        if workers < 1:
+        if workers < 1:  # (server: one process is the server's, and nothing is left for a worker)
             raise ConfigError(f"algorithm {cfg.algorithm!r} has a server, which takes a process of its own: one "
                               f"worker needs 2 processes but {started}")
         if "workers" not in flags:
