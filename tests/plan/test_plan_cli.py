@@ -172,6 +172,25 @@ def test_a_recommendation_carries_its_measured_error_and_a_warning_beyond_the_ta
     assert "untested" in trust(best, unreached, target=True)["warning"]
 
 
+def test_a_recommendation_at_a_profiled_m_is_checked_against_its_own_run():
+    """Where the profiling run at the recommended m reached the target, the fit's prediction there is
+    compared with it: beyond the planner's target error, the warning says so (a plan had predicted
+    1 iteration at a profiled m where its own run took 15)."""
+    from gradwire.plan.planner import TARGET_ERROR, trust
+
+    close = [{"candidate": "sync", "workers": 8, "error_time": 0.1}]
+    off = {"candidate": "sync", "workers": 8, "iterations": 1.0, "measured_iterations": 15.3}
+    t = trust(off, close, target=True)
+    assert t["fit_error"] == pytest.approx(1 / 15.3 - 1)
+    assert t["warning"] == ("at m=8, profiled, its own run reached the target in 15 iterations where the fit predicts "
+                            "1 (-93%): the convergence model does not fit this run; profile longer (--steps) or set "
+                            "--target-loss nearer the losses it reached")
+    near = off | {"iterations": 15.3 * (1 + TARGET_ERROR / 2)}
+    assert "warning" not in trust(near, close, target=True) and "fit_error" not in trust(near, close, target=True)
+    assert trust(off, [], target=True)["warning"].startswith("not validated: --validate measures held-out worker "
+                                                             "counts and says how far to trust it; at m=8, profiled")
+
+
 def test_a_target_met_at_the_first_evaluation_is_planned_and_validated(tmp_path):
     """A target the start already meets takes 0 s: the validation's regret (a ratio of times) has
     no value then (it divided by zero)."""

@@ -32,8 +32,9 @@ def _pct(v) -> str:
 
 def prediction_table(plan: dict) -> list[str]:
     goal_target = plan["goal"]["target"] is not None
-    head = (["candidate", "m", "s/iteration", "iterations to target", "time to target (s)", ""] if goal_target
-            else ["candidate", "m", "s/iteration", "iterations in deadline", f"predicted {plan['goal']['metric']}", ""])
+    head = (["candidate", "m", "s/iteration", "iterations to target", "time to target (s)", "notes"] if goal_target
+            else ["candidate", "m", "s/iteration", "iterations in deadline", f"predicted {plan['goal']['metric']}",
+                  "notes"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     best = plan["recommendation"]
     for r in plan["predictions"]:
@@ -41,7 +42,8 @@ def prediction_table(plan: dict) -> list[str]:
         if r["candidate"] == best["candidate"] and r["workers"] == best["workers"]:
             mark.append("**recommended**")
         if r["profiled"]:
-            mark.append("profiled")
+            measured = r.get("measured_iterations")
+            mark.append(f"profiled (reached it in {_f(measured, 5)})" if measured is not None else "profiled")
         if r["extrapolated"]:
             mark.append("extrapolated >10x the profiled steps")
         last = r["time_s"] if goal_target else r["objective"]

@@ -318,6 +318,10 @@ class Planner:
                     iters = conv.iterations_to(req.target, m)
                     row |= {"iterations": iters, "time_s": spi * iters,
                             "extrapolated": iters > EXTRAPOLATED * fit["profiled_steps"]}
+                    hit = next((r.reached for r in self.runs if r.candidate == label and r.workers == m
+                                and r.purpose == "profile" and r.reached is not None), None)
+                    if hit is not None:  # the profiling run at this m reached the target: the fit's own check
+                        row["measured_iterations"] = hit[0]
                 else:
                     iters = req.deadline_s / spi
                     row |= {"iterations": iters, "objective": float(conv.loss(max(iters, 1.0), m)),
@@ -470,6 +474,14 @@ def trust(best: dict, validation: list[dict], target: bool) -> dict:
     worst = max(errors, key=abs) if errors else None
     what = "time to target" if target else "objective"
     out = {"measured_error": own, "largest_validation_error": worst, "target_error": TARGET_ERROR}
+    measured = best.get("measured_iterations")
+    fit_error = best["iterations"] / measured - 1 if target and measured else None
+    misfit = ""
+    if fit_error is not None and abs(fit_error) > TARGET_ERROR:  # the fit misses its own profiling run there
+        out["fit_error"] = fit_error
+        misfit = (f"; at m={best['workers']}, profiled, its own run reached the target in {measured:.0f} iterations "
+                  f"where the fit predicts {best['iterations']:.3g} ({100 * fit_error:+.0f}%): the convergence model "
+                  "does not fit this run; profile longer (--steps) or set --target-loss nearer the losses it reached")
     if not validation:
         out["warning"] = "not validated: --validate measures held-out worker counts and says how far to trust it"
     elif worst is None:
@@ -480,6 +492,8 @@ def trust(best: dict, validation: list[dict], target: bool) -> dict:
         out["warning"] = (f"the predicted {what} erred by up to {100 * worst:+.0f}% on the held-out runs ({mine}"
                           f"beyond the planner's {100 * TARGET_ERROR:.0f}% target): treat the recommendation as a "
                           "guess; profile longer (--steps) or nearer the held-out m (--workers)")
+    if misfit:
+        out["warning"] = (out.get("warning", "") + misfit).removeprefix("; ")
     return out
 
 
