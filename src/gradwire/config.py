@@ -47,8 +47,8 @@ class RunConfig:
     steps: int = 500                          # algorithm steps (aggregation rounds)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float | None = None                   # step size γ (left out: the algorithm's, task-scaled: docs/defaults.md)
-    optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw:beta1=0.9,beta2=0.999,eps=1e-8
-    lr_schedule: str | None = None            # lr over the run: constant, cosine:warmup=W,min_ratio=R, linear:...
+    optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw or muon (their keys: gradwire list)
+    lr_schedule: str | None = None            # lr over the run: constant, cosine or linear:warmup=W,min_ratio=R
     #                                           (left out: the algorithm's, constant for most: docs/defaults.md)
     momentum: float | None = None             # heavy-ball momentum β (left out: the algorithm's own)
     nesterov: bool = False                    # Nesterov momentum (as torch.optim.SGD's); needs momentum > 0
@@ -57,7 +57,7 @@ class RunConfig:
     eval_every: int = 50                      # evaluate every E steps (and at the last)
     seed: int = 0                             # one seed for model init, data order, stragglers, compression
     out: str = "runs/run"                     # run folder
-    name: str = ""                            # label in reports (default: algorithm + compressor)
+    name: str = ""                            # label in reports
     data_dir: str = "data-cache"              # where generated datasets are cached
     threads: int = 1                          # torch intra-op threads (the simulator runs many tiny ops)
     timeout_s: float = 120.0                  # real backends: longest wait on any peer before failing
@@ -67,7 +67,7 @@ class RunConfig:
     overwrite: bool = False                   # replace the run already in OUT (its files and checkpoint/)
     tensorboard: bool = False                 # also write the scalars to OUT/tensorboard (needs tensorboard)
     curves: bool = True                       # draw OUT/curves.png at the end (--no-curves: gradwire report can, later)
-    fault_tolerance: str = "none"             # torch: torchft:min_replicas=N,timeout_s=S,lighthouse=HOST:PORT,replica=K
+    fault_tolerance: str = "none"             # torchft:min_replicas=N,timeout_s=S, lighthouse=HOST:PORT, replica=K
 
     def label(self) -> str:
         if self.name:

@@ -56,7 +56,8 @@ def field_help() -> dict[str, str]:
 # what the command line does when a flag is left out, where that is not the field's own default
 SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>",
                   "lr": "the algorithm's", "momentum": "the algorithm's",
-                  "lr_schedule": "the algorithm's, constant for most"}
+                  "lr_schedule": "the algorithm's, constant for most", "name": "algorithm + compressor",
+                  "tensor_parallel": "none: each worker holds the whole model"}
 
 # config-file keys that only `gradwire compare` reads (every other key is a RunConfig field); the
 # other commands take a comparison's file for its common keys (docs/leader_sgd.md does)

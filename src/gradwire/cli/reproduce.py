@@ -13,7 +13,7 @@ from gradwire.errors import ConfigError
 from gradwire.report.run_folder import require_named
 
 EPILOG = """examples:
-  gradwire reproduce --quick                         (every claim, small: a few minutes on 2 cores)
+  gradwire reproduce --quick                         (every claim, small: about 1 min on 2 quiet cores)
   gradwire reproduce --only dagc,dqsgd --out runs/adaptive-claims
   gradwire reproduce --list                          (the claims' names and titles)
 Writes OUT/claims.json, OUT/reproduce.md, a PNG per claim and each claim's run folders."""
@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Run each paper's headline experiment at small scale on the simulator and "
                        "judge it by criteria stated in advance: reproduced, partly or not, with the reason.")
-    p.add_argument("--quick", action="store_true", help="smaller experiments (under 5 minutes on 2 cores)")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller experiments (about 1 min on 2 quiet cores: docs/results.md)")
     p.add_argument("--out", help="output folder (default: a fresh runs/reproduce-<YYYYmmdd-HHMMSS>)")
     p.add_argument("--only", metavar="NAMES", help="comma-separated claims to run (default: all; see --list)")
     p.add_argument("--list", action="store_true", help="list the claims and exit")

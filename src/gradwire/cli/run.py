@@ -29,10 +29,25 @@ def add_parser(sub) -> None:
     p.set_defaults(command_main=main)
 
 
+def _setting(key: str, value) -> str:
+    """One set-up choice as text: a nested mapping as ``key: k v; k v`` (``a=b`` one level down), a list
+    comma-separated (no Python reprs on the terminal)."""
+    def flat(v) -> str:
+        if isinstance(v, dict):
+            return " ".join(f"{k}={flat(x)}" for k, x in v.items())
+        if isinstance(v, list | tuple):
+            return ", ".join(flat(x) for x in v)
+        return str(v)
+
+    if isinstance(value, dict):
+        return f"{key}: " + "; ".join(f"{k} {flat(v)}" for k, v in value.items())
+    return f"{key}={flat(value)}"
+
+
 def describe_setup(algorithm: str, info: dict, workers: int) -> str:
     """An algorithm's set-up choices: scalars on one line, per-worker lists as a small table."""
     per_worker = {k: v for k, v in info.items() if isinstance(v, list) and len(v) == workers}
-    scalars = ", ".join(f"{k}={v}" for k, v in info.items() if k not in per_worker)
+    scalars = ", ".join(_setting(k, v) for k, v in info.items() if k not in per_worker)
     lines = [f"{algorithm} set-up: {scalars}"]
     if per_worker:
         def cell(v):
