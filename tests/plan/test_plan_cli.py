@@ -110,6 +110,9 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert "max-workers=2" in err
     err = bad(capsys, *TINY, *out, "--workers", "1,2,4", "--validate", "4", "--target-loss", "0.5")
     assert "[4]" in err and "held-out" in err
+    err = bad(capsys, *TINY, *out, "--workers", "1,2,4", "--target-loss", "-1")  # was refused only after profiling
+    assert err.endswith("target-loss=-1: train_loss is never below 0, so no run reaches it; give a target above the "
+                        "losses the runs start from (--target-loss)")
     assert not (tmp_path / "bad").exists()  # refused before any run
 
 

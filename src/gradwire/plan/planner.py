@@ -66,6 +66,9 @@ class PlanRequest:
             raise ConfigError(f"deadline={self.deadline_s} must be > 0 seconds (--deadline)")
         if self.target is not None and not math.isfinite(self.target):
             raise ConfigError(f"target-loss={self.target} must be a finite number (--target-loss)")
+        if self.target is not None and self.target < 0:  # both metrics are >= 0: found only after profiling
+            raise ConfigError(f"target-loss={self.target:g}: {self.metric} is never below 0, so no run reaches it; "
+                              "give a target above the losses the runs start from (--target-loss)")
         if not 0 <= self.fit_from < 1:
             raise ConfigError(f"fit-from={self.fit_from} must be in [0, 1): the fraction of each profiling run "
                               "left out of the convergence fit (--fit-from)")
