@@ -9,8 +9,9 @@ Small settings: a few steps (enough for a warm-up the line asks for), 4 workers 
 comparison, a target every short run reaches for a plan, and `reproduce --quick` on its quickest
 claim (every claim's --quick runs in tests/reproduce/test_every_claim.py). A config file an
 example names but the repository does not hold (the user's own run.yaml, base.yaml) is written
-small first. Not run here: the torchrun/launch lines of the README and of `launch --help`
-(tests/backends/ launch such groups; several nodes cannot be had here).
+small first. Not run here: the torchrun/launch lines of the README (tests/backends/test_readme_launch.py runs
+each, shortened, the two-node lines as two launchers on this machine) and of `launch --help`
+(tests/backends/ launch such groups).
 """
 
 from __future__ import annotations
