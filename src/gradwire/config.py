@@ -186,7 +186,6 @@ class RunConfig:
             raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 and finite, at most {threading.TIMEOUT_MAX:g} "
                               f"s {_flag('timeout_s')}")
         check_out_folder(self.out)
-        check_out_folder(self.data_dir, "data_dir", "the data sets' cache")
         for key in dict.fromkeys(ref.key for ref in REGISTRIES):  # names and keys, from the torch-free table
             if getattr(self, key) is None:  # the algorithm's (lr_schedule), checked once resolved
                 continue

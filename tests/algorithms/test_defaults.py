@@ -86,7 +86,8 @@ def test_a_left_out_lr_schedule_is_the_algorithms_own_and_config_json_records_it
 def test_the_task_scales_the_default_gradient_step_and_config_json_records_the_product(tmp_path, data_dir):
     assert default_lr_scale("mnist1d-mlp") == 2.0
     assert default_lr_scale("mnist1d-cnn") == 0.75
-    assert {default_lr_scale(t) for t in TASKS.names() if t not in ("mnist1d-mlp", "mnist1d-cnn")} == {1.0}
+    assert default_lr_scale("stdlib-lm") == 0.0375
+    assert {default_lr_scale(t) for t in TASKS.names() if t not in ("mnist1d-mlp", "mnist1d-cnn", "stdlib-lm")} == {1.0}
     sync = ALGORITHMS.build("sync").default_lr
     assert resolved(RunConfig()).lr == 2 * sync and resolved(RunConfig(task="mnist1d-cnn")).lr == 0.75 * sync
     assert resolved(RunConfig(optimizer="adamw")).lr == sync  # AdamW's step is not a gradient's

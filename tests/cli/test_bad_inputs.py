@@ -208,12 +208,16 @@ def test_runs_and_comparisons_keep_to_their_own_folders(capsys, tmp_path, data_d
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
 def test_a_data_dir_that_cannot_be_made_is_one_line(capsys, tmp_path):
+    """Checked where a task first writes its cache (a task without one never needs the folder: a run
+    of synthetic-logreg from a read-only directory must work); the run's folder goes again."""
     out = tmp_path / "run"
     assert main(["run", *COMMON, "--out", str(out), "--data-dir", "/proc/gradwire-data"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["gradwire run: error: data_dir='/proc/gradwire-data' cannot be used: cannot create folders in "
-                   "'/proc' (No such file or directory) (--data-dir)"]
+    assert err == ["gradwire run: error: data_dir='/proc/gradwire-data' cannot be used: cannot create it (No such "
+                   "file or directory) (--data-dir)"]
     assert not out.exists()
+    assert main(["run", "--task", "synthetic-logreg", "--workers", "2", "--steps", "2", "--eval-every", "2",
+                 "--out", str(out), "--data-dir", "/proc/gradwire-data"]) == 0
 
 
 def test_report_out_must_name_a_file_in_a_folder(capsys, tmp_path, data_dir):
@@ -228,6 +232,8 @@ def test_report_out_must_name_a_file_in_a_folder(capsys, tmp_path, data_dir):
         assert main(["report", str(run_dir), "--out", str(out)]) == 2
         assert capsys.readouterr().err.strip() == f"gradwire report: error: {message}"
     assert not list(tmp_path.glob("*.tmp")) and not list(run_dir.glob("*.tmp"))
+    assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "pg" / "x.html")]) == 2
+    assert not (tmp_path / "pg").exists()  # a refused report makes no folder
     page = tmp_path / "pages" / "deep" / "one.html"  # a folder that can be made is made
     assert main(["report", str(run_dir), "--out", str(page)]) == 0 and page.stat().st_size > 0
 

@@ -19,7 +19,9 @@ def add_parser(sub) -> None:
 
 def check_page_path(out: str) -> None:
     """``--out`` names a file whose folder exists or can be made: ConfigError otherwise, before the
-    page is drawn (a folder given as the page, or a folder that cannot be made, was a traceback)."""
+    page is drawn (a folder given as the page, or a folder that cannot be made, was a traceback).
+    Makes nothing: the page's writer makes the missing folders once the page is drawn."""
+    from gradwire.config import check_out_folder
     from gradwire.errors import ConfigError
 
     path = Path(out)
@@ -31,9 +33,9 @@ def check_page_path(out: str) -> None:
     if not above.is_dir():
         raise ConfigError(f"--out {out!r}: {str(above)!r} is a file, not a folder")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--out {out!r}: cannot create its folder {str(path.parent)!r} ({e.strerror})") from None
+        check_out_folder(str(path.parent))  # writable, or creatable: probed with a temporary folder
+    except ConfigError:
+        raise ConfigError(f"--out {out!r}: its folder {str(path.parent)!r} cannot be made or written here") from None
 
 
 def main(ns) -> int:

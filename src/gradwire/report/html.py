@@ -125,8 +125,10 @@ def page(title: str, blocks: Sequence) -> str:
 
 
 def write_page(path: str | Path, title: str, blocks: Sequence) -> Path:
-    """Write ``page(title, blocks)`` to ``path`` (atomically: a temp file, then a rename)."""
+    """Write ``page(title, blocks)`` to ``path`` (atomically: a temp file, then a rename), making the
+    folders above it that are missing."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(page(title, blocks), encoding="utf-8")
     tmp.replace(path)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gradwire.errors import ConfigError
 from gradwire.tasks.base import TASKS, Task, TaskContext, cross_entropy
 from gradwire.tasks.models import mlp, mnist1d_cnn
 
@@ -90,7 +91,11 @@ def _cached_arrays(path: Path, build) -> dict[str, np.ndarray]:
         except (OSError, KeyError, ValueError):
             pass  # unreadable cache: regenerate and overwrite it
     data = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # only the tasks that cache data need --data-dir: checked where they first write it
+        raise ConfigError(f"data_dir={str(path.parent)!r} cannot be used: cannot create it ({e.strerror}) "
+                          "(--data-dir)") from None
     # Write a temporary file and rename it: concurrent builders (one per process under
     # torch.distributed) never see a half-written cache, and the last rename wins harmlessly.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
