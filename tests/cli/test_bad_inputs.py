@@ -248,3 +248,44 @@ def test_a_variant_cannot_set_what_the_comparison_sets(capsys, tmp_path, data_di
         f"gradwire compare: error: --variant {variant!r} sets {flag}, which the comparison sets for every variant "
         "(each runs in OUT/<its name>; --name names it): give it to compare itself, not to one variant")
     assert not out.exists()
+
+
+def test_a_variant_cannot_set_them_through_a_file_either(capsys, tmp_path, data_dir):
+    """Nor through its own --config file, nor with the file's hyphenated spelling of the key."""
+    own = tmp_path / "v.yaml"
+    own.write_text("overwrite: true\n")
+    assert main(["compare", *COMMON, "--data-dir", str(data_dir), "--out", str(tmp_path / "a"),
+                 "--variant", f"--config {own} --name a"]) == 2
+    assert f"--variant '--config {own} --name a''s {own} sets --overwrite" in capsys.readouterr().err
+    spelled = tmp_path / "cmp.yaml"
+    spelled.write_text("task: digits-logreg\nvariants:\n  - {name: a, resume-or-start: true}\n")
+    assert main(["compare", "--config", str(spelled), "--steps", "2", "--data-dir", str(data_dir),
+                 "--out", str(tmp_path / "b")]) == 2
+    assert f"a variant in {spelled} sets --resume-or-start" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_compare_resume_to_more_steps_stops_before_any_variant_runs(capsys, tmp_path, data_dir):
+    """A variant that finished without a checkpoint cannot go on to more --steps: said before the
+    first variant runs (it was said by the variant halfway through, naming a flag never typed)."""
+    out = tmp_path / "cmp"
+    base = ["compare", "--task", "digits-logreg", "--workers", "2", "--eval-every", "2", "--data-dir", str(data_dir),
+            "--out", str(out), "--variant", "--algorithm sync", "--variant", "--algorithm local"]
+    assert main([*base, "--steps", "4"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".gradwire.lock"}
+    capsys.readouterr()
+    assert main([*base, "--steps", "8", "--resume"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"gradwire compare: error: resume=true: variant 'sync' finished at step 4 in "
+                                    f"{out / 'sync'} and saved no checkpoint, so it cannot go on to --steps 8; run the "
+                                    "comparison again with --overwrite, or choose another --out (--resume)")
+    assert "[1/2]" not in captured.out
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".gradwire.lock"} == before
+
+
+def test_a_variant_named_checkpoint_does_not_make_its_comparison_a_run(tmp_path, data_dir):
+    out = tmp_path / "cmp"
+    base = ["compare", *COMMON, "--data-dir", str(data_dir), "--out", str(out), "--variant",
+            "--algorithm sync --name checkpoint", "--checkpoint-every", "2"]
+    assert main(base) == 0 and (out / "checkpoint" / "summary.json").exists()
+    assert main([*base, "--resume"]) == 0

@@ -18,7 +18,7 @@ from gradwire.cli.flags import (
 )
 from gradwire.config import RunConfig, from_mapping, read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError
-from gradwire.report.run_folder import holds_run, refuse_existing, require_named
+from gradwire.report.run_folder import RUN_FILE_MARKERS, holds_run, read_json_or_empty, refuse_existing, require_named
 
 EPILOG = """each --variant is a quoted list of run flags applied on top of the common ones, e.g.
   gradwire compare --task mnist1d-mlp --steps 300 --out runs/cmp \\
@@ -66,6 +66,8 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
     for text in ns.variant or []:
         sub = parse_flag_string(parser, text, "--variant")
         _refuse_comparison_keys(vars(sub), f"--variant {text!r}")
+        if sub.config:
+            _refuse_comparison_keys(read_config_file(sub.config), f"--variant {text!r}'s {sub.config}")
         specs.append(config_from_args(sub, common))
         own_seed.append("seed" in vars(sub) or bool(sub.config and "seed" in read_config_file(sub.config)))
     if not specs:
@@ -112,7 +114,8 @@ COMPARISON_KEYS = ("out", "overwrite", "resume", "resume_or_start")
 
 def _refuse_comparison_keys(given: dict, where: str) -> None:
     """A variant that sets a key the comparison sets for every variant (it was ignored)."""
-    own = [k for k in COMPARISON_KEYS if given.get(k) not in (None, False)]
+    keys = {str(k).replace("-", "_"): v for k, v in given.items()}  # a file may spell them resume-or-start
+    own = [k for k in COMPARISON_KEYS if keys.get(k) not in (None, False)]
     if own:
         flags = ", ".join("--" + k.replace("_", "-") for k in own)
         raise ConfigError(f"{where} sets {flags}, which the comparison sets for every variant (each runs in "
@@ -147,7 +150,8 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
     """Before any variant runs: a comparison or variant run already in the folder is replaced only
     with --overwrite (or continued with --resume)."""
     root = Path(common.out)
-    if (found := holds_run(root)) is not None:  # (--overwrite would replace a comparison, not a run)
+    found = next((name for name in RUN_FILE_MARKERS if (root / name).is_file()), None)  # (a variant's folder
+    if found is not None:  # may be named "checkpoint"); --overwrite would replace a comparison, not a run
         raise ConfigError(f"compare folder {root} holds a run ({found}): a comparison needs a folder of its own, "
                           "its runs in subfolders; choose another --out")
     if (root / "comparison.md").exists() and not (common.overwrite or common.resuming):
@@ -160,13 +164,28 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
 def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfig]:
     """compare --resume continues a comparison: each variant from its checkpoint, or from step 0
     where it has none (it had not started, or saved no checkpoint); one that finished is kept as it
-    is. A folder holding none of the variants' runs has nothing to resume (--resume-or-start starts it)."""
+    is. A folder holding none of the variants' runs has nothing to resume (--resume-or-start starts it),
+    and a variant that finished without a checkpoint cannot go on to more --steps: both refused before
+    any variant runs."""
     if not common.resume or common.resume_or_start:
         return specs
     if not any(holds_run(Path(c.out)) for c in specs):
         raise ConfigError(f"resume=true: nothing to resume: compare folder {common.out} holds none of the variants' "
                           "runs; check --out, or pass --resume-or-start to start the comparison (--resume)")
-    return [c.replace(resume=False, resume_or_start=True) for c in specs]
+    specs = [c.replace(resume=False, resume_or_start=True) for c in specs]
+    from gradwire.run.loop import check_resume
+
+    for c in specs:  # before any variant runs: one that cannot continue stops the comparison here, not halfway
+        try:
+            check_resume(c)
+        except AlreadyFinished:
+            pass
+        except ConfigError:
+            done = read_json_or_empty(Path(c.out) / "summary.json").get("steps")
+            raise ConfigError(f"resume=true: variant {c.label()!r} finished at step {done} in {c.out} and saved no "
+                              f"checkpoint, so it cannot go on to --steps {c.steps}; run the comparison again with "
+                              "--overwrite, or choose another --out (--resume)") from None
+    return specs
 
 
 def main(ns) -> int:

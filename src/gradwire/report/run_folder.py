@@ -27,6 +27,7 @@ from gradwire.errors import ConfigError
 
 # What shows that a folder holds a run, and what --overwrite removes (nothing else in the folder).
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "steps.jsonl", "config.json", "checkpoint")
+RUN_FILE_MARKERS = RUN_MARKERS[:-1]  # the files among them (a comparison's variant folder may be named checkpoint)
 RUN_FILES = ("config.json", "algorithm.json", "metrics.jsonl", "steps.jsonl", "summary.json", "curves.png",
              "report.html")
 LOCK_NAME = ".gradwire.lock"
