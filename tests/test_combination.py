@@ -122,3 +122,18 @@ def test_launch_names_a_bad_node_count(nnodes, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(f"--nnodes {nnodes!r} must be a number of nodes >= 1, or a "
                                                     "range MIN:MAX with 1 <= MIN <= MAX")):
         torchrun_argv(ns)
+
+
+def test_launch_checks_the_task_with_the_workers_it_counts(tmp_path):
+    """A task's samples per worker are checked against the workers launch will start, not the
+    default 8 (2 processes: 2 workers for 3 samples; 4 processes: 4 workers, refused)."""
+    from gradwire.cli import build_parser
+    from gradwire.cli.launch import torchrun_argv
+
+    def argv(nproc: str) -> list[str]:
+        return torchrun_argv(build_parser().parse_args(["launch", "--nproc-per-node", nproc, "--", "run", "--task",
+                                                        "synthetic-logreg:samples=3", "--out", str(tmp_path / "r")]))
+
+    assert argv("2")[-4:] == ["--workers", "2", "--backend", "torch"]
+    with pytest.raises(ConfigError, match=r"samples=3 < 4 workers"):
+        argv("4")

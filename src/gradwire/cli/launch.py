@@ -75,7 +75,10 @@ def torchrun_argv(ns) -> list[str]:
     cfg, flags, in_file = run_options(run_args)
     if "backend" in flags and cfg.backend != "torch":
         raise ConfigError(f"launch runs --backend torch; drop --backend {cfg.backend} from the run command")
-    server = check_combination(cfg.replace(backend="torch")).needs_server  # --workers: counted below
+    # --workers is counted below from the processes; until then the check takes one worker (a task's
+    # samples per worker, say, are checked again once the count is known)
+    server = check_combination(cfg.replace(backend="torch", **({} if "workers" in flags else {"workers": 1}))
+                               ).needs_server
     if not str(ns.nnodes).isdigit():
         if "workers" not in flags:
             raise ConfigError(f"--nnodes {ns.nnodes} is a range: pass --workers explicitly in the run command")
@@ -100,6 +103,8 @@ def torchrun_argv(ns) -> list[str]:
                 _note(f"--workers {workers} ({total} processes{', one of them the server' if server else ''}) "
                       f"replaces workers: {cfg.workers} of the config file")
             run_args += ["--workers", str(workers)]
+            cfg = cfg.replace(workers=workers)
+    check_combination(cfg.replace(backend="torch"))  # with the worker count the run will have
     if "backend" not in flags:
         run_args += ["--backend", "torch"]
     supervisor = ["-m", "gradwire.cli.supervise", "--launcher-pid", str(os.getpid())]
