@@ -14,6 +14,7 @@ import pytest
 
 from gradwire import version
 from gradwire.cli import main
+from gradwire.errors import ConfigError
 from tests.helpers import gw, read_jsonl
 
 TINY = ["--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2"]
@@ -98,6 +99,52 @@ def test_a_folder_being_written_is_locked(tmp_path, data_dir, capsys):
         held.release()
     assert main(tiny(data_dir, "--out", str(out))) == 0  # ... and a finished run lets go of it
     assert main(tiny(data_dir, "--out", str(out), "--overwrite")) == 0
+
+
+def test_a_run_being_written_is_said_to_be_so_before_its_files_are_judged(tmp_path, data_dir, capsys):
+    """A folder that holds a run another process is writing: the lock's message, not "--overwrite"."""
+    from gradwire.report.run_folder import FolderLock
+
+    out = tmp_path / "busy"
+    assert main(tiny(data_dir, "--out", str(out))) == 0
+    held = FolderLock(out).acquire()
+    try:
+        assert main(tiny(data_dir, "--out", str(out))) == 2
+        assert f"is being written by another gradwire process (pid {os.getpid()})" in one_error_line(capsys)
+    finally:
+        held.release()
+
+
+def test_a_lock_file_removed_under_a_waiting_opener_is_not_shared(tmp_path, monkeypatch):
+    """Run A made the folder and is refused: it removes its lock file and folder while locked. Run B
+    had opened that file just before: once B holds its lock it finds the path gone, and locks a new
+    file instead, so a third run C is refused while B writes (before, B and C both held locks)."""
+    import fcntl as real_fcntl
+
+    from gradwire.report import run_folder
+    from gradwire.report.run_folder import FolderLock
+
+    out = tmp_path / "new"
+    a = FolderLock(out).acquire()
+    calls, original = [], real_fcntl.flock
+
+    def flock(f, op):  # B's first lock: A lets go between B's open and B's lock
+        calls.append(op)
+        if len(calls) == 1:
+            a.discard()
+        return original(f, op)
+
+    monkeypatch.setattr(run_folder.fcntl, "flock", flock)
+    b = FolderLock(out).acquire()
+    monkeypatch.undo()
+    try:
+        assert len(calls) >= 3  # the stale file's lock, its unlock, the new file's lock
+        path = out / run_folder.LOCK_NAME
+        assert os.fstat(b._file.fileno()).st_ino == os.stat(path).st_ino
+        with pytest.raises(ConfigError, match="being written by another gradwire process"):
+            FolderLock(out).acquire()
+    finally:
+        b.release()
 
 
 def test_simulator_under_torchrun_is_refused(tmp_path, data_dir, capsys, monkeypatch):

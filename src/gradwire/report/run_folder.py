@@ -16,6 +16,7 @@ that already holds a run is replaced only when asked (``overwrite``) or continue
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -66,41 +67,65 @@ def clear_run(folder: Path) -> None:
 class FolderLock:
     """An exclusive ``flock`` on ``FOLDER/.gradwire.lock`` while a run writes the folder. The OS
     drops it when the process ends, however it ends; the file stays, except where this lock made
-    the folder and the run wrote nothing into it (a run refused after the claim): then the file and
-    the folder go, while the lock is still held, so a mistyped setting leaves no empty folder."""
+    it and the run wrote nothing (a run refused at or after the claim): then what the lock made (the
+    file, and the folder if it made that too) goes, while the lock is still held. A process that
+    opened the file just before it went finds, once it holds its lock, that the path names another
+    file (or none) and opens it again, so two writers never both hold a lock on one folder."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self._file = None
         self.created = False  # whether acquire() made the folder
+        self.made_file = False  # whether acquire() made the lock file
 
     def acquire(self) -> FolderLock:
         self.created = not self.folder.exists()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        f = open(self.folder / LOCK_NAME, "a+")  # noqa: SIM115 - held until release()
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "?"
+        path = self.folder / LOCK_NAME
+        for _ in range(5):  # each retry: the file was removed by its holder between our open and our lock
+            self.folder.mkdir(parents=True, exist_ok=True)
+            made = not path.exists()
+            f = open(path, "a+")  # noqa: SIM115 - held until release()
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "?"
+                f.close()
+                raise ConfigError(f"run folder {self.folder} is being written by another gradwire process (pid "
+                                  f"{holder}); wait for it to end or choose another --out") from None
+            try:
+                mine, there = os.fstat(f.fileno()), os.stat(path)
+                same = (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+            except FileNotFoundError:
+                same = False
+            if same:
+                f.seek(0)
+                f.truncate()
+                f.write(f"{os.getpid()}\n")
+                f.flush()
+                self._file, self.made_file = f, made
+                return self
+            fcntl.flock(f, fcntl.LOCK_UN)
             f.close()
-            raise ConfigError(f"run folder {self.folder} is being written by another gradwire process (pid {holder}); "
-                              "wait for it to end or choose another --out") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        self._file = f
-        return self
+        raise ConfigError(f"run folder {self.folder}: its lock file kept being replaced by other gradwire "
+                          "processes; try again")
+
+    def discard(self) -> None:
+        """Release, removing the lock file if this lock made it (the claim was refused: nothing of this
+        run is in the folder), and the folder if this lock made it and nothing else is in it."""
+        if self._file is not None and self.made_file:
+            (self.folder / LOCK_NAME).unlink(missing_ok=True)  # still locked: no other writer is inside
+            if self.created:
+                with contextlib.suppress(OSError):  # not empty: another process made something meanwhile
+                    self.folder.rmdir()
+        self.release()
 
     def release(self) -> None:
         if self._file is not None:
-            if self.created and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
+            if self.created and self.folder.is_dir() and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
                 (self.folder / LOCK_NAME).unlink(missing_ok=True)  # still locked: no other writer is inside
-                try:
+                with contextlib.suppress(OSError):  # another process made something in it meanwhile: it stays
                     self.folder.rmdir()
-                except OSError:  # another process made something in it meanwhile: it stays
-                    pass
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
@@ -118,14 +143,13 @@ def claim(folder: str | Path, *, overwrite: bool, resume: bool) -> FolderLock:
     when it holds a run unless ``overwrite`` (the old run's files are removed) or ``resume``."""
     require_named(folder)  # before Path(), which reads "" as "."
     folder = Path(folder)
-    refuse_existing(folder, overwrite=overwrite, resume=resume)  # refused: no lock file made (checked again locked)
-    lock = FolderLock(folder).acquire()
+    lock = FolderLock(folder).acquire()  # first: a folder another run is writing is said to be that
     try:
         refuse_existing(folder, overwrite=overwrite, resume=resume)
         if overwrite:
             clear_run(folder)
     except BaseException:
-        lock.release()
+        lock.discard()  # refused: the lock file (and folder) it made go again
         raise
     return lock
 
