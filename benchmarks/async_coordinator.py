@@ -42,8 +42,12 @@ def launch(spec: str, stragglers: str, args, out: Path) -> dict:
     # a fresh parent per run, so that its children's peak RSS is this run's alone
     peak = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
-    p = subprocess.run([sys.executable, "-c", peak, *cmd], capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=1800)  # the run's own waits: 120 s each
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bounded import run_group
+
+    # the run's own waits: 120 s each; a timeout ends the wrapper's children too
+    p = run_group([sys.executable, "-c", peak, *cmd], 1800, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                  env=dict(os.environ, OMP_NUM_THREADS="1"))
     if p.returncode:
         raise SystemExit(f"{spec} failed:\n{p.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())

@@ -657,8 +657,12 @@ def train_torch(row: Row, lr: float, seed: int, n_steps: int, max_steps: int, ou
            "--powersgd-rank", str(rank), "--out", str(folder / "run")]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     cpu = time.perf_counter()
-    # bounded: 0.55 s a step at 16 processes on 2 cores (docs/time_to_accuracy.md), so this allows ~4x that
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, timeout=600 + 0.15 * max_steps * procs)
+    sys.path.insert(0, str(here))
+    from bounded import run_group
+
+    # bounded: 0.35-0.55 s a step at 16 processes on 2 cores (docs/time_to_accuracy.md); this allows ~4x that,
+    # and a timeout ends torchrun's workers too
+    run_group(cmd, 600 + 0.15 * max_steps * procs, check=True, env=env, stdout=subprocess.DEVNULL)
     rows = [json.loads(x) for x in (folder / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rows = [x for x in rows if x["step"] > 0]
     cfg = json.loads((folder / "run" / "config.json").read_text())
