@@ -402,9 +402,19 @@ def _divide_checking(state: HookState, buffer: torch.Tensor) -> bool:
     it into its bucket (without a hook), so the mean is plain DDP's bit for bit at every world size
     (tested at 2 and, fp32 and bf16, at 3: tests/ddp/test_hook_averager.py); PyTorch's ``allreduce_hook``
     divides instead, which differs from it in the last bit where 1/world_size is inexact (3, 5, 6...)."""
+    if not _fused_unscale_supports(buffer):  # bf16 on CUDA: multiply as the fused op does, then check
+        buffer.mul_(state.reciprocal)  # a float32 factor: the product in float32, rounded to the buffer's dtype
+        return bool(torch.isfinite(buffer).all())
     found = torch.zeros(1, device=buffer.device)
     torch._amp_foreach_non_finite_check_and_unscale_([buffer], found, state.reciprocal)
     return not found.item()
+
+
+def _fused_unscale_supports(buffer: torch.Tensor) -> bool:
+    """Whether ``torch._amp_foreach_non_finite_check_and_unscale_`` takes ``buffer``: on CUDA only
+    float16, float32 and float64 (bfloat16 is not implemented there: pytorch/pytorch#127176); on the
+    CPU every floating dtype."""
+    return buffer.device.type != "cuda" or buffer.dtype in (torch.float16, torch.float32, torch.float64)
 
 
 def _poison(state: HookState, bucket: dist.GradBucket, buffer: torch.Tensor, step: int) -> DivergenceError:

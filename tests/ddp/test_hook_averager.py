@@ -125,6 +125,30 @@ def test_the_division_checks_finiteness_and_equals_ddps_bit_for_bit(world, devic
     assert gwddp._divide_checking(state, torch.full((10,), 3e38, device=device)) is True  # finite, not their sum
 
 
+@pytest.mark.parametrize("world", [1, 3, 6])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_the_division_without_the_fused_op_gives_the_same_bits(world, dtype, monkeypatch):
+    """Where the fused unscale op does not take the buffer (bfloat16 on CUDA: pytorch#127176), the hook
+    multiplies by the float32 reciprocal and checks finiteness separately: the same bits and the same
+    verdicts as the fused op (compared here on the CPU, where both run)."""
+    state = SimpleNamespace(world_size=world, reciprocal=torch.full((1,), 1.0 / world))
+    x = (torch.randn(5000, generator=torch.Generator().manual_seed(world)) * 100).to(dtype)
+    fused, split = x.clone(), x.clone()
+    assert gwddp._divide_checking(state, fused) is True
+    monkeypatch.setattr(gwddp, "_fused_unscale_supports", lambda buffer: False)
+    assert gwddp._divide_checking(state, split) is True
+    assert torch.equal(fused, split)
+    for bad in (float("nan"), float("inf")):
+        y = x.clone()
+        y[17] = bad
+        assert gwddp._divide_checking(state, y) is False
+    monkeypatch.undo()
+    on = {kind: SimpleNamespace(type=kind) for kind in ("cpu", "cuda")}
+    assert [gwddp._fused_unscale_supports(SimpleNamespace(device=on["cuda"], dtype=t))
+            for t in (torch.bfloat16, torch.float16, torch.float32)] == [False, True, True]
+    assert gwddp._fused_unscale_supports(SimpleNamespace(device=on["cpu"], dtype=torch.bfloat16))
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_none_equals_plain_ddp_bit_for_bit_on_three_ranks(tmp_path):
