@@ -75,14 +75,37 @@ def test_the_stochastic_codecs_are_left_out_of_the_cpu_cuda_comparison():
         assert not torch.equal(encode_decode(spec, x, seed=0)[0], encode_decode(spec, x, seed=12345)[0]), spec
 
 
+# where a deterministic codec's bytes still depend on the device: a float reduction (its order differs
+# between the CPU's and CUDA's kernels), or a selection among ties (half-precision inputs tie at the k-th
+# magnitude by the dozen, and the two devices' top-k break ties differently)
+SUMS = {"sign:scaled=true"}  # the scale: the mean |g| of each row of 4096
+SELECTS = {"topk:ratio=0.1", "chunked-topk:chunk=64,k=4,values=raw", "chunked-topk:chunk=7,k=3,values=raw"}
+HALF = (torch.float16, torch.bfloat16)
+
+
+def test_the_device_dependent_codecs_are_named_in_the_list():
+    assert SUMS | SELECTS <= set(DETERMINISTIC)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (CI has none)")
 @pytest.mark.parametrize("spec", DETERMINISTIC)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
 def test_deterministic_codecs_give_the_same_bytes_on_cpu_and_cuda(spec, dtype):
+    """The same bytes where nothing is summed and no tie is broken; where a scale is a sum, the same
+    signs and a scale within float32's rounding of the sum; among tied top-k magnitudes (half
+    precision) only float32 and float64 inputs, where random values do not tie."""
+    if spec in SELECTS and dtype in HALF:
+        pytest.skip("half-precision inputs tie at the k-th magnitude; the devices break ties differently")
     for n in SIZES:
         x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
         cpu_bytes, cpu_out = encode_decode(spec, x)
         cuda_bytes, cuda_out = encode_decode(spec, x.cuda())
+        if spec in SUMS:
+            assert torch.equal(torch.sign(cuda_out.cpu()), torch.sign(cpu_out)), n
+            # one rounding of the float32 sum, then (half precision) one step of the output's dtype
+            rtol = max(1e-5, torch.finfo(dtype).eps)
+            torch.testing.assert_close(cuda_out.cpu().double(), cpu_out.double(), rtol=rtol, atol=0)
+            continue
         assert torch.equal(cuda_bytes.cpu(), cpu_bytes), n
         assert torch.equal(cuda_out.cpu(), cpu_out), n
 
