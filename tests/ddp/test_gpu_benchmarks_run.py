@@ -43,9 +43,35 @@ def test_gpu_figures_script_names_commands_that_exist(capsys):
     assert gpu_figures.main(["--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(gpu_figures.COMMANDS) >= 4
-    for command in gpu_figures.COMMANDS:
+    for _, _, command in gpu_figures.COMMANDS:
         paths = [c for c in command[1:] if c.startswith(("tests/", "benchmarks/"))]
         assert paths and all((ROOT / c).exists() for c in paths), command
+    # each group fits one call of the device tool (600 s), with room for the machine's start
+    for group in gpu_figures.GROUPS:
+        assert sum(limit for g, limit, _ in gpu_figures.COMMANDS if g == group) <= 540, group
+
+
+def test_gpu_figures_streams_into_out_and_ends_a_command_at_its_limit(tmp_path, monkeypatch, capsys):
+    """What the device tool brings back is $OUT: the file is there, line by line as the commands
+    print, a command past its limit is ended with its children and recorded as such, and the
+    children find gradwire on PYTHONPATH."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_figures
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    slow = ("import subprocess, sys, time; print('started', flush=True); "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    shows = "import os; print('path', os.environ['PYTHONPATH'].split(os.pathsep)[0])"
+    monkeypatch.setattr(gpu_figures, "COMMANDS", [("tests", 30, [sys.executable, "-c", shows]),
+                                                  ("tests", 2, [sys.executable, "-c", slow])])
+    monkeypatch.setenv("OUT", str(tmp_path))
+    start = __import__("time").monotonic()
+    assert gpu_figures.main(["--only", "tests"]) == 1
+    assert __import__("time").monotonic() - start < 30
+    text = (tmp_path / "gpu-figures.md").read_text()
+    assert f"path {ROOT / 'src'}" in text and "exit code 0" in text
+    assert "started" in text and "(ended after its limit of 2 s)" in text and "exit code 124" in text
 
 
 def test_ddp_hook_benchmark_blocks_give_every_configuration_every_place():
