@@ -49,6 +49,14 @@ _SPREAD = 0x0101010101010101  # bit 0 of each of the 8 bytes of an int64
 
 
 @functools.lru_cache(maxsize=4096)
+
+@functools.lru_cache(maxsize=256)
+def radix_powers(base: int, count: int, device: torch.device) -> torch.Tensor:
+    """``[base**0, ..., base**(count-1)]`` as int64 on ``device``, made once per (base, count, device):
+    building it from a Python list on every call makes a GPU wait for a host-to-device copy.
+    Shared: callers read it, never write it."""
+    return torch.tensor([base**j for j in range(count)], dtype=torch.int64, device=device)
+
 def radix_group(b: int) -> tuple[int, int]:
     """(G, W): G remainders base b per W-bit field, W = bit_length(b**G - 1) <= 62, the G with the
     fewest bits per remainder (ties: the larger G)."""
@@ -193,7 +201,7 @@ def encode(n: int, index: torch.Tensor) -> torch.Tensor:
     g, w = radix_group(b)
     digits = torch.zeros(-(-k // g) * g, dtype=torch.int64, device=device)
     digits[:k] = gaps - q * b
-    powers = torch.tensor([b**j for j in range(g)], dtype=torch.int64, device=device)
+    powers = radix_powers(b, g, torch.device(device))
     fields = (digits.view(-1, g) * powers).sum(1)  # < b**g <= 2**62: no overflow
     full = k // g
     _write_fields(bits[: full * w], fields[:full], w)
@@ -233,7 +241,7 @@ def decode(buf: torch.Tensor, n: int, k: int, name: str) -> torch.Tensor:
                         _read_fields(bits[full * w: rbits], rbits - full * w)])
     limits = torch.full_like(fields, b**g)
     limits[full:] = b ** (k % g)
-    powers = torch.tensor([b**j for j in range(g)], dtype=torch.int64, device=buf.device)
+    powers = radix_powers(b, g, buf.device)
     r = (torch.div(fields.unsqueeze(1), powers, rounding_mode="floor") % b).view(-1)[:k]
     ones = bits[rbits:].nonzero().view(-1)
     if ones.numel() != k:

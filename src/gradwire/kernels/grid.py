@@ -23,6 +23,8 @@ it whatever ``u``, the case where the kernel and the reference must send the sam
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -93,7 +95,10 @@ def layout(levels: int, bits: int | None, per_field: int) -> tuple[int, int, int
     return 2 * levels + 1, per_field, bits
 
 
+@functools.lru_cache(maxsize=64)
 def _powers(radix: int, k: int, device: torch.device) -> torch.Tensor:
+    """Made once per (radix, k, device): built from a Python list on every call, it made the GPU wait
+    for a host-to-device copy in every encode and decode. Read only."""
     return torch.tensor([radix**j for j in range(k + 1)], dtype=torch.int64, device=device)
 
 
