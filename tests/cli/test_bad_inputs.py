@@ -1,6 +1,7 @@
 """Bad values reach the user as exactly one line ``gradwire run: error: ...`` naming the value, and
 exit code 2, before anything trains; nothing is silently accepted or changed."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,8 @@ def test_a_run_refused_after_its_claim_leaves_no_folder(capsys, tmp_path, data_d
     """Some combinations are refused only once the run is built (after it claimed --out): the folder
     it made, holding nothing but its lock, goes with it; a folder that was there before stays."""
     out = tmp_path / "new" / "run"
-    assert needle in one_error_line(capsys, [*args, "--out", str(out)], tmp_path, data_dir)
+    line = one_error_line(capsys, [*args, "--out", str(out)], tmp_path, data_dir)
+    assert needle in line and re.search(r"\(--[\w-]+\)$", line), line  # named, with its flag, as every message
     assert not out.exists() and (tmp_path / "new").is_dir()
     kept = tmp_path / "mine"
     kept.mkdir()

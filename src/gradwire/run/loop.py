@@ -21,6 +21,7 @@ metrics rows), ``folder.py`` (config.json's extra entries, the summary).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -31,7 +32,7 @@ import torch
 
 from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
-from gradwire.config import RunConfig
+from gradwire.config import RunConfig, naming_flag
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, Stopped
 from gradwire.fault.kill import fault_point_from_env
 from gradwire.report.progress import ProgressLines, progress_mode
@@ -109,11 +110,12 @@ class Run:
         self.task = build_task(cfg.task, num_workers=cfg.workers, seed=cfg.seed, dtype=dtype, data_dir=cfg.data_dir)
         shards = self.task.worker_indices
         if shards is None:
-            shards = build_partition(cfg.partition, labels=self.task.partition_labels(), num_workers=cfg.workers,
-                                     seed=cfg.seed)
+            with naming_flag("partition"):  # (a shard left empty by the task's data: found only here)
+                shards = build_partition(cfg.partition, labels=self.task.partition_labels(), num_workers=cfg.workers,
+                                         seed=cfg.seed)
         elif cfg.partition != "iid":
             raise ConfigError(f"task {cfg.task!r} fixes each worker's data itself; --partition {cfg.partition!r} "
-                              "does not apply (leave it at iid)")
+                              "does not apply (leave it at iid) (--partition)")
         if len(shards) != cfg.workers:
             raise ConfigError(f"task {cfg.task!r} made data for {len(shards)} workers, not {cfg.workers}")
         self.algorithm = ALGORITHMS.build(cfg.algorithm)
@@ -160,7 +162,8 @@ class Run:
         try:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim, self.codec_config)
         except ValueError as e:
-            raise ConfigError(f"algorithm {cfg.algorithm!r}: {e}") from None
+            flag = "" if re.search(r"\(--[\w-]+\)$", str(e)) else " (--algorithm)"  # its flag, once
+            raise ConfigError(f"algorithm {cfg.algorithm!r}: {e}{flag}") from None
         self._build_driver()
 
     def _build_driver(self) -> None:
