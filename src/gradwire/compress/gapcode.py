@@ -49,14 +49,6 @@ _SPREAD = 0x0101010101010101  # bit 0 of each of the 8 bytes of an int64
 
 
 @functools.lru_cache(maxsize=4096)
-
-@functools.lru_cache(maxsize=256)
-def radix_powers(base: int, count: int, device: torch.device) -> torch.Tensor:
-    """``[base**0, ..., base**(count-1)]`` as int64 on ``device``, made once per (base, count, device):
-    building it from a Python list on every call makes a GPU wait for a host-to-device copy.
-    Shared: callers read it, never write it."""
-    return torch.tensor([base**j for j in range(count)], dtype=torch.int64, device=device)
-
 def radix_group(b: int) -> tuple[int, int]:
     """(G, W): G remainders base b per W-bit field, W = bit_length(b**G - 1) <= 62, the G with the
     fewest bits per remainder (ties: the larger G)."""
@@ -67,6 +59,14 @@ def radix_group(b: int) -> tuple[int, int]:
         if w * best[0] <= best[1] * g:
             best = (g, w)
     return best
+
+
+@functools.lru_cache(maxsize=256)
+def radix_powers(base: int, count: int, device: torch.device) -> torch.Tensor:
+    """``[base**0, ..., base**(count-1)]`` as int64 on ``device``, made once per (base, count, device):
+    building it from a Python list on every call makes a GPU wait for a host-to-device copy.
+    Shared: callers read it, never write it."""
+    return torch.tensor([base**j for j in range(count)], dtype=torch.int64, device=device)
 
 
 def remainder_bits(k: int, b: int) -> int:
