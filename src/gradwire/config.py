@@ -268,23 +268,22 @@ def _step_size(value: float, key: str, dtype: str, *, positive: bool) -> None:
                           f"size cannot be applied {_flag(key)}")
 
 
-def check_out_folder(out: str, key: str = "out", what: str = "the run") -> None:
+def check_out_folder(out: str) -> None:
     """ConfigError unless ``out`` is a folder, or can be created as one, that this process can
-    write into; creates nothing that stays (it tries a temporary folder, then removes it). ``key``:
-    the config key it is the value of (out, data_dir), ``what`` the folder is for."""
+    write into; creates nothing that stays (it tries a temporary folder, then removes it)."""
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"{key}={out!r} is an existing file, not a folder: name a folder for {what} {_flag(key)}")
+        raise ConfigError(f"out={out!r} is an existing file, not a folder: name a folder for the run (--out)")
     parent = path
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise ConfigError(f"{key}={out!r} cannot be created: {str(parent)!r} is a file, not a folder {_flag(key)}")
+        raise ConfigError(f"out={out!r} cannot be created: {str(parent)!r} is a file, not a folder (--out)")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".gradwire-probe-", dir=parent))
     except OSError as e:
         where = "write into it" if parent == path else f"create folders in {str(parent)!r}"
-        raise ConfigError(f"{key}={out!r} cannot be used: cannot {where} ({e.strerror}) {_flag(key)}") from None
+        raise ConfigError(f"out={out!r} cannot be used: cannot {where} ({e.strerror}) (--out)") from None
 
 
 def _check_device(device: str) -> None:

@@ -18,7 +18,7 @@ from gradwire.cli.flags import (
 )
 from gradwire.config import RunConfig, from_mapping, read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError
-from gradwire.report.run_folder import RUN_FILE_MARKERS, holds_run, read_json_or_empty, refuse_existing, require_named
+from gradwire.report.run_folder import holds_run, read_json_or_empty, refuse_existing, require_named
 
 EPILOG = """each --variant is a quoted list of run flags applied on top of the common ones, e.g.
   gradwire compare --task mnist1d-mlp --steps 300 --out runs/cmp \\
@@ -150,8 +150,8 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
     """Before any variant runs: a comparison or variant run already in the folder is replaced only
     with --overwrite (or continued with --resume)."""
     root = Path(common.out)
-    found = next((name for name in RUN_FILE_MARKERS if (root / name).is_file()), None)  # (a variant's folder
-    if found is not None:  # may be named "checkpoint"); --overwrite would replace a comparison, not a run
+    found = holds_run(root, files_only=True)  # (a variant's folder may be named checkpoint)
+    if found is not None:  # --overwrite would replace a comparison, not a run
         raise ConfigError(f"compare folder {root} holds a run ({found}): a comparison needs a folder of its own, "
                           "its runs in subfolders; choose another --out")
     if (root / "comparison.md").exists() and not (common.overwrite or common.resuming):

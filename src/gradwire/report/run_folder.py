@@ -28,15 +28,18 @@ from gradwire.errors import ConfigError
 
 # What shows that a folder holds a run, and what --overwrite removes (nothing else in the folder).
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "steps.jsonl", "config.json", "checkpoint")
-RUN_FILE_MARKERS = RUN_MARKERS[:-1]  # the files among them (a comparison's variant folder may be named checkpoint)
 RUN_FILES = ("config.json", "algorithm.json", "metrics.jsonl", "steps.jsonl", "summary.json", "curves.png",
              "report.html")
 LOCK_NAME = ".gradwire.lock"
 
 
-def holds_run(folder: Path) -> str | None:
-    """The first file or folder that shows ``folder`` holds a run, or None."""
-    return next((name for name in RUN_MARKERS if (Path(folder) / name).exists()), None)
+def holds_run(folder: Path, *, files_only: bool = False) -> str | None:
+    """The first file or folder that shows ``folder`` holds a run, or None; ``files_only``: its files
+    alone (a comparison's variant folder may be named checkpoint)."""
+    folder = Path(folder)
+    if files_only:
+        return next((name for name in RUN_MARKERS[:-1] if (folder / name).is_file()), None)
+    return next((name for name in RUN_MARKERS if (folder / name).exists()), None)
 
 
 def refuse_existing(folder: Path, *, overwrite: bool, resume: bool) -> None:
@@ -113,22 +116,20 @@ class FolderLock:
     def discard(self) -> None:
         """Release, removing the lock file if this lock made it (the claim was refused: nothing of this
         run is in the folder), and the folder if this lock made it and nothing else is in it."""
-        if self._file is not None and self.made_file:
-            (self.folder / LOCK_NAME).unlink(missing_ok=True)  # still locked: no other writer is inside
+        self.release(discard=True)
+
+    def release(self, *, discard: bool = False) -> None:
+        if self._file is None:
+            return
+        alone = self.created and self.folder.is_dir() and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]
+        if (discard and self.made_file) or alone:  # still locked: no other writer is inside
+            (self.folder / LOCK_NAME).unlink(missing_ok=True)
             if self.created:
                 with contextlib.suppress(OSError):  # not empty: another process made something meanwhile
                     self.folder.rmdir()
-        self.release()
-
-    def release(self) -> None:
-        if self._file is not None:
-            if self.created and self.folder.is_dir() and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
-                (self.folder / LOCK_NAME).unlink(missing_ok=True)  # still locked: no other writer is inside
-                with contextlib.suppress(OSError):  # another process made something in it meanwhile: it stays
-                    self.folder.rmdir()
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+        self._file = None
 
 
 def require_named(out: str | Path) -> None:

@@ -27,8 +27,7 @@ from gradwire.config import RunConfig, naming_flag, parse_layout
 from gradwire.errors import ConfigError
 from gradwire.parallel.layout import check_layout
 from gradwire.spec import parse_spec
-from gradwire.tasks import check_task
-from gradwire.tasks.base import default_lr_scale
+from gradwire.tasks.base import check_task, default_lr_scale
 from gradwire.tasks.language import transformer_sizes
 from gradwire.transports import ft_spec
 
