@@ -27,3 +27,14 @@ def test_the_pictured_layers_are_the_tested_ones():
     for layer in LAYERS:
         for name in layer - {"__init__", "__main__"}:
             assert re.search(rf"\b{re.escape(name)}\b", picture), name
+
+
+def test_the_pictured_layer_numbers_are_the_tested_ones():
+    """Each numbered line of the picture names (first) a module of that layer of LAYERS."""
+    text = DOC.read_text()
+    picture = text[text.index("## The layers"):text.index("## One step")]
+    numbered = re.findall(r"^\s*(\d+)\s+([\w.]+)", picture, flags=re.MULTILINE)
+    assert len(numbered) == len(LAYERS)
+    for number, name in numbered:
+        name = name.removesuffix(".py")
+        assert name in LAYERS[int(number)], (number, name)

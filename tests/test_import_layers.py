@@ -156,3 +156,30 @@ def test_torch_distributed_stays_in_the_transports_and_entry_points():
              if any(isinstance(n, ast.Import | ast.ImportFrom) and "torch.distributed" in ast.unparse(n)
                     for n in ast.walk(ast.parse(p.read_text())))}
     assert users - DISTRIBUTED_ALLOWED == set()
+
+
+# The modules that import gradwire code by name (importlib), which the walk above cannot see: the
+# registries' table (layer 0, docs/ARCHITECTURE.md: a spec is checked by the component it names, a
+# plug-in found through the table) and the cli's package, which loads its own subcommand modules.
+BY_NAME_ALLOWED = {"registries.py", "cli/__init__.py"}
+
+
+def imports_by_name(path: Path) -> bool:
+    """Whether the file calls ``importlib.import_module`` or ``__import__`` (under any alias)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if name in ("import_module", "__import__"):
+                return True
+    return False
+
+
+def test_imports_by_name_stay_in_the_registries_table_and_the_cli(tmp_path):
+    users = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*.py") if imports_by_name(p)}
+    assert users == BY_NAME_ALLOWED
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib as il\ndef f(n):\n    return il.import_module(n)\n")
+    assert imports_by_name(probe)
+    probe.write_text("import importlib\nx = importlib.util\n")
+    assert not imports_by_name(probe)

@@ -115,7 +115,9 @@ class RunConfig:
         torch, so a mistyped number is reported at once (the registries' modules import torch).
         Whether the values work together (an algorithm with a layout, a schedule with the steps,
         the kernels on this machine) is the second stage, ``gradwire.run.combination``, which asks
-        the components; nothing here imports a layer above the config."""
+        the components. After ``check_values``, each spec is resolved (or built) in its registry,
+        whose module the registries' table imports by name (docs/ARCHITECTURE.md); nothing here
+        imports a layer above the config directly."""
         self.check_values()
         if self.kernels not in KERNEL_SETS:
             raise ConfigError(f"kernels={self.kernels!r}: valid choices are {', '.join(KERNEL_SETS)} "
