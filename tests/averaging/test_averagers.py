@@ -62,6 +62,26 @@ def test_started_and_blocking_means_agree_in_values_and_bytes(spec, device):
     assert t1.bytes_sent == t2.bytes_sent > 0
 
 
+@pytest.mark.parametrize("spec", ["qsgd:levels=4", "topk:ratio=0.3", "fp16", "sign:scaled=true"])
+def test_the_compressed_mean_is_the_mean_of_each_workers_decoded_payload(spec):
+    """Two steps: the mean equals, computed here, the mean over every worker of the compressor's own
+    decode of that worker's encode (with the worker's seeded generator, drawn on across steps), and
+    the transport counts one payload per worker; a mean that skipped or doubled a worker fails."""
+    from gradwire.compress import build as build_compressor
+
+    avg, t = averager(spec), transport()
+    compressor = build_compressor(spec)
+    gens = {r: torch.Generator().manual_seed(r) for r in WORKERS}
+    for step in range(2):
+        x = grads(step)
+        got = avg.mean(t, {r: v.clone() for r, v in x.items()})
+        decoded = [compressor.decode(compressor.encode(x[r], generator=gens[r])) for r in WORKERS]
+        torch.testing.assert_close(got, torch.stack(decoded).mean(0), rtol=1e-6, atol=1e-7)
+        for r in WORKERS:  # each worker's own payload differs from the mean (the test can tell them apart)
+            assert not torch.allclose(decoded[r], got)
+    assert t.bytes_sent > 0
+
+
 def test_powersgd_state_keeps_the_checkpoint_layout():
     """PowerSGD's state is saved under "powersgd", as checkpoints written before averaging/ hold it;
     a fresh averager that loads it continues identically."""

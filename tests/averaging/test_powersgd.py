@@ -3,6 +3,8 @@ ranks, device-generic buffers, and one clear error per bad setting."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -38,24 +40,95 @@ def test_matrix_rank_follows_the_compression_rule_and_caps_at_min_n_m():
     assert p.wire_numel(SHAPES) == 70 * 4 + 40 + 90 + 300 + 4 + 1
 
 
-def test_error_feedback_identity_and_same_result_at_every_worker():
-    """g_w + e_w(before) == mean approximation + e_w(after), for every worker and tensor (the
-    compressed ones; the others arrive as their exact mean)."""
+def gram_schmidt(p: torch.Tensor) -> torch.Tensor:
+    """Orthonormal columns by classical Gram-Schmidt, column by column (the paper's ORTHOGONALIZE)."""
+    q = p.clone()
+    for j in range(q.shape[1]):
+        for i in range(j):
+            q[:, j] -= (q[:, i] @ q[:, j]) * q[:, i]
+        q[:, j] /= q[:, j].norm()
+    return q
+
+
+def reference_step(grads: dict[int, torch.Tensor], errors: dict[int, torch.Tensor], q: torch.Tensor):
+    """One step of PowerSGD on one n x m matrix, written from Vogels, Karimireddy & Jaggi (2019),
+    Algorithm 1 (rank-r power iteration, warm-started from ``q``) with Algorithm 2's error feedback:
+    M_w = G_w + e_w; P = mean_w M_w Q; P^ = ORTHOGONALIZE(P); Q = mean_w M_w^T P^; the mean is
+    P^ Q^T; e_w = M_w - P^ Q^T. Returns (mean, new errors, new Q)."""
+    m = {w: g + errors[w] for w, g in grads.items()}
+    p_hat = gram_schmidt(sum(mw @ q for mw in m.values()) / len(m))
+    q_new = sum(mw.T @ p_hat for mw in m.values()) / len(m)
+    approx = p_hat @ q_new.T
+    return approx, {w: mw - approx for w, mw in m.items()}, q_new
+
+
+def threaded_allreduce(workers: int):
+    """An allreduce_mean for one thread per worker: each thread passes its own contribution
+    ({rank: tensor}); every thread gets the mean summed in rank order (bounded waits)."""
+    barrier, box = threading.Barrier(workers), {}
+
+    def allreduce_mean(tensors):
+        (rank, t), = tensors.items()
+        box[rank] = t
+        barrier.wait(timeout=30)
+        mean = local_mean(dict(box))
+        barrier.wait(timeout=30)  # every thread has read the box before the next call refills it
+        return mean
+
+    return allreduce_mean
+
+
+def test_three_steps_equal_the_papers_algorithm_at_every_worker():
+    """Three steps of rank-2 PowerSGD with warm start and error feedback, in float64, equal the
+    paper's Algorithm 1 + 2 written out above, for every compressed matrix (each started from a Q
+    the test draws), the others arriving as their exact mean; and one thread per worker, each with
+    its own memory and only its own gradients, gets the same means as the one process hosting all."""
+    workers = 3
     p = AVERAGERS.build("powersgd:rank=2,min_compression_rate=1")
+    compressed = {i: matrix_shape(s) for i, s in enumerate(SHAPES) if p.matrix_rank(s)}
+    assert sorted(compressed) == [0, 2, 3]
+    g = torch.Generator().manual_seed(7)
+    q0 = {i: torch.randn(m, 2, generator=g, dtype=torch.float64) for i, (_, m) in compressed.items()}
+    steps = [gradients(workers, 10 + k, dtype=torch.float64) for k in range(3)]
+
     memory = PowerSGDMemory(seed=1)
-    for step in range(3):
-        grads = gradients(3, step)
-        before = {w: {k: e.clone() for k, e in memory.errors.get(w, {}).items()} for w in grads}
+    memory.q.update({KEYS[i]: q.clone() for i, q in q0.items()})
+    per_worker = [PowerSGDMemory(seed=1) for _ in range(workers)]
+    for mem in per_worker:
+        mem.q.update({KEYS[i]: q.clone() for i, q in q0.items()})
+    ref_q = dict(q0)
+    ref_e = {i: {w: torch.zeros(n, m, dtype=torch.float64) for w in range(workers)} for i, (n, m) in compressed.items()}
+    allreduce = threaded_allreduce(workers)
+    for grads in steps:
         out = p.average(memory, grads, KEYS, local_mean)
-        memory.step += 1
+        threaded: list = [None] * workers
+
+        def work(w, grads=grads, threaded=threaded):
+            threaded[w] = p.average(per_worker[w], {w: grads[w]}, KEYS, allreduce)
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
         for i, shape in enumerate(SHAPES):
-            assert out[i].shape == shape and out[i].dtype == torch.float32
-            if not p.matrix_rank(shape):
-                torch.testing.assert_close(out[i], sum(grads[w][i] for w in grads) / 3)
-                continue
-            for w in grads:
-                corrected = grads[w][i].reshape(shape[0], -1) + before[w].get(KEYS[i], 0)
-                torch.testing.assert_close(corrected, out[i].reshape(shape[0], -1) + memory.errors[w][KEYS[i]])
+            if i in compressed:
+                n, m = compressed[i]
+                want, ref_e[i], ref_q[i] = reference_step({w: grads[w][i].reshape(n, m) for w in grads},
+                                                          ref_e[i], ref_q[i])
+                want = want.view(shape)
+            else:
+                want = sum(grads[w][i] for w in grads) / workers
+            torch.testing.assert_close(out[i], want, rtol=1e-10, atol=1e-10)
+            for w in range(workers):
+                assert torch.equal(threaded[w][i], out[i])  # the same sums in the same order
+        for i in compressed:
+            for w in range(workers):
+                torch.testing.assert_close(memory.errors[w][KEYS[i]], ref_e[i][w], rtol=1e-10, atol=1e-10)
+                assert torch.equal(per_worker[w].errors[w][KEYS[i]], memory.errors[w][KEYS[i]])
+        for mem in (memory, *per_worker):
+            mem.step += 1
     assert sorted(memory.q) == ["t0", "t2", "t3"] and memory.q["t3"].shape == (100, 2)
 
 
@@ -80,16 +153,31 @@ def test_before_start_step_everything_is_averaged_uncompressed():
 
 
 def test_warm_start_and_fresh_draws():
-    grads = gradients(2, 0)
-    for warm in (True, False):
-        p = AVERAGERS.build(f"powersgd:rank=2,warm_start={str(warm).lower()}")
+    """warm_start=true: the second step's power iteration starts from the first step's Q (the paper's
+    reference started from that Q gives its mean); false: from a fresh draw that ignores it (the mean
+    equals that of a memory that never held a Q, with the same errors)."""
+    p_warm = AVERAGERS.build("powersgd:rank=2,warm_start=true")
+    p_cold = AVERAGERS.build("powersgd:rank=2,warm_start=false")
+    first, second = gradients(2, 0, dtype=torch.float64), gradients(2, 1, dtype=torch.float64)
+    n, m = SHAPES[0][0], SHAPES[0][1]
+    outs = {}
+    for name, p in (("warm", p_warm), ("cold", p_cold)):
         a, b = PowerSGDMemory(seed=4), PowerSGDMemory(seed=4)
-        first = p.average(a, grads, KEYS, local_mean)
-        assert all(torch.equal(x, y) for x, y in zip(first, p.average(b, grads, KEYS, local_mean), strict=True))
+        assert all(torch.equal(x, y) for x, y in zip(p.average(a, first, KEYS, local_mean),
+                                                      p.average(b, first, KEYS, local_mean), strict=True))
         a.step = 1
         q_before = a.q["t0"].clone()
-        p.average(a, grads, KEYS, local_mean)
-        assert not torch.equal(a.q["t0"], q_before)  # a new Q each step either way (warm: the last Q improved)
+        errors = {w: a.errors[w]["t0"].clone() for w in second}
+        outs[name] = p.average(a, second, KEYS, local_mean)[0]
+        if name == "warm":
+            want, _, _ = reference_step({w: second[w][0].reshape(n, m) for w in second}, errors, q_before)
+            torch.testing.assert_close(outs[name], want, rtol=1e-10, atol=1e-10)
+        else:
+            never = PowerSGDMemory(seed=4)
+            never.step = 1
+            never.errors = {w: {"t0": errors[w].clone()} for w in second}
+            assert torch.equal(outs[name], p.average(never, {w: [second[w][0]] for w in second}, ["t0"], local_mean)[0])
+    assert not torch.allclose(outs["warm"], outs["cold"])
 
 
 def test_orthogonalize_makes_orthonormal_columns_and_keeps_zero_columns_zero():
@@ -216,12 +304,14 @@ def test_alternate_projects_the_mean_on_the_last_steps_subspace_one_allreduce_a_
         return local_mean(tensors)
 
     grads1, grads2 = gradients(2, 10), gradients(2, 11)
-    first_q = orthogonalized([p._start_q(memory, "t0", grads1[0][0], 3)])[0]
+    q0 = torch.randn(30, 3, generator=torch.Generator().manual_seed(8))
+    memory.q["t0"] = q0.clone()  # the Q the first step starts from: the test's own
+    first_q = gram_schmidt(q0)
     out1 = p.average(memory, grads1, KEYS, recording_mean)
     memory.step += 1
     mean1 = (grads1[0][0] + grads1[1][0]) / 2
     torch.testing.assert_close(out1[0], mean1 @ first_q @ first_q.T)
-    basis = orthogonalized([mean1 @ first_q])[0]
+    basis = gram_schmidt(mean1 @ first_q)
     out2 = p.average(memory, grads2, KEYS, recording_mean)
     memory.step += 1
     mean2 = (grads2[0][0] + grads2[1][0]) / 2
