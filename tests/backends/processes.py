@@ -63,6 +63,9 @@ def finished(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, s
             _, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
-            _, err = p.communicate()
+            try:  # a grandchild that holds the pipe open must not hold the test too
+                _, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                err = f"(killed after {timeout} s; its pipes stayed open 30 s more: a child of it still runs)"
         results.append((p.returncode, err))
     return results

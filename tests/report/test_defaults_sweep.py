@@ -3,6 +3,7 @@ batch and the optimizer of docs/defaults.md's signSGD controls) to every run it 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -32,4 +33,10 @@ def test_one_run_reports_the_final_accuracy_of_a_real_run(tmp_path, data_dir):
     sweep = load_script(BENCH, "defaults_sweep")
     acc, mb = sweep.one(tmp_path, algorithm="signsgd", seed=3, lr=0.006, workers=1, batch_size=256, steps=20,
                         data_dir=str(data_dir))
-    assert 0.0 < acc <= 1.0 and mb == 0.0  # one worker: nothing crosses the wire
+    assert mb == 0.0  # one worker: nothing crosses the wire
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert acc == summary["final"]["test_acc"] == last["test_acc"]  # the final accuracy, not the best or first
+    acc2, _ = sweep.one(tmp_path, algorithm="sync", seed=3, lr=0.006, workers=2, batch_size=32, steps=20,
+                        data_dir=str(data_dir))
+    assert acc2 != acc and acc2 == json.loads((tmp_path / "run" / "summary.json").read_text())["final"]["test_acc"]
