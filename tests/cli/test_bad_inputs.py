@@ -291,3 +291,13 @@ def test_a_variant_named_checkpoint_does_not_make_its_comparison_a_run(tmp_path,
             "--algorithm sync --name checkpoint", "--checkpoint-every", "2"]
     assert main(base) == 0 and (out / "checkpoint" / "summary.json").exists()
     assert main([*base, "--resume"]) == 0
+
+
+def test_the_torch_backend_outside_torchrun_is_bad_input(capsys, tmp_path, data_dir, monkeypatch):
+    """--backend torch started by hand (no torchrun environment): exit 2 with the way to start it, no
+    folder (it was reported as a communication error, exit 4)."""
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    line = one_error_line(capsys, ["--backend", "torch", "--workers", "1"], tmp_path, data_dir)
+    assert "needs torchrun's environment" in line and "gradwire launch" in line and line.endswith("(--backend)")
+    assert not (tmp_path / "o").exists()

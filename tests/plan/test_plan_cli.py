@@ -113,7 +113,31 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     err = bad(capsys, *TINY, *out, "--workers", "1,2,4", "--target-loss", "-1")  # was refused only after profiling
     assert err.endswith("target-loss=-1: train_loss is never below 0, so no run reaches it; give a target above the "
                         "losses the runs start from (--target-loss)")
+    err = bad(capsys, *TINY, *out, "--workers", "1,2,4", "--target-loss", "0.5", "--work", "-1")
+    assert err.endswith("work=-1.0: s of Ernest's θ1·s/m term must be a finite number > 0 (--work)")
+    err = bad(capsys, *TINY, *out, "--task", "digits-logreg", "--workers", "1,2,4", "--target-loss", "0.5",
+              "--metric", "suboptimality")  # was refused only after the first profiling run, its folder left
+    assert err.endswith("metric='suboptimality': task 'digits-logreg' does not know its optimum f* (the synthetic "
+                        "tasks do); use --metric train_loss (--metric)")
     assert not (tmp_path / "bad").exists()  # refused before any run
+
+
+def test_a_recommendation_that_could_not_run_says_so():
+    """A recommendation at an m where its own validation run was refused (a shard smaller than the
+    batch) is no recommendation: the warning names the refusal (a plan had recommended 64 workers
+    silently)."""
+    from gradwire.plan.planner import trust
+
+    best = {"candidate": "sync", "workers": 64}
+    validation = [{"candidate": "sync", "workers": 64, "error_objective": None,
+                   "status": "refused: batch_size=32 is larger than the smallest shard"},
+                  {"candidate": "sync", "workers": 16, "error_objective": 0.05, "status": "finished"}]
+    t = trust(best, validation, target=False)
+    assert t["warning"] == ("the recommended sync at m=64 did not run: refused: batch_size=32 is larger than the "
+                            "smallest shard; choose another recommendation from the predictions, or lower "
+                            "--max-workers")
+    ran = [validation[1] | {"workers": 64}]
+    assert "warning" not in trust(best, ran, target=False)
 
 
 def test_a_target_no_candidate_reaches(tmp_path, capsys):

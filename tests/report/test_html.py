@@ -4,6 +4,7 @@ run and for a comparison; html.page's blocks; older run folders without a timeli
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shutil
 
@@ -86,6 +87,8 @@ def test_report_of_a_run_killed_mid_line_reads_the_complete_lines(comparison, tm
     html = (run_dir / "report.html").read_text()
     assert "killed/metrics.jsonl: 1 incomplete line skipped" in html and len(images(html)) >= 2
     assert str(tmp_path) not in html and "Run folder killed;" in html
+    out = json.loads((run_dir / "config.json").read_text())["out"]
+    assert out.startswith("/") and out not in html  # the config's out, where the run was made, is not shown
     html = (comparison / "report.html").read_text()
     assert str(comparison.parent) not in html and f"Comparison folder {comparison.name}:" in html
 

@@ -69,6 +69,8 @@ class PlanRequest:
         if self.target is not None and self.target < 0:  # both metrics are >= 0: found only after profiling
             raise ConfigError(f"target-loss={self.target:g}: {self.metric} is never below 0, so no run reaches it; "
                               "give a target above the losses the runs start from (--target-loss)")
+        if not (math.isfinite(self.work) and self.work > 0):
+            raise ConfigError(f"work={self.work}: s of Ernest's θ1·s/m term must be a finite number > 0 (--work)")
         if not 0 <= self.fit_from < 1:
             raise ConfigError(f"fit-from={self.fit_from} must be in [0, 1): the fraction of each profiling run "
                               "left out of the convergence fit (--fit-from)")
@@ -99,6 +101,14 @@ class PlanRequest:
                     check_combination(c.replace(workers=m))
                 except ConfigError as e:
                     raise ConfigError(f"candidate {c.label()!r} at {m} workers: {e}") from None
+        if self.metric == "suboptimality":  # known only to tasks that know f*: ask them before any run
+            from gradwire.tasks.base import build_task
+
+            for task in dict.fromkeys(c.task for c in self.candidates):
+                c = next(c for c in self.candidates if c.task == task)
+                if build_task(task, num_workers=min(self.workers), seed=c.seed, data_dir=c.data_dir).f_star is None:
+                    raise ConfigError(f"metric='suboptimality': task {task!r} does not know its optimum f* "
+                                      "(the synthetic tasks do); use --metric train_loss (--metric)")
         return self
 
 
@@ -471,8 +481,9 @@ def trust(best: dict, validation: list[dict], target: bool) -> dict:
     its own prediction (where it was validated), the largest over all held-out runs, and a warning
     when either exceeds TARGET_ERROR (or nothing was validated)."""
     key = "error_time" if target else "error_objective"
-    own = next((v[key] for v in validation if v["candidate"] == best["candidate"]
-                and v["workers"] == best["workers"]), None)
+    own_run = next((v for v in validation if v["candidate"] == best["candidate"]
+                    and v["workers"] == best["workers"]), None)
+    own = own_run[key] if own_run else None
     errors = [v[key] for v in validation if v[key] is not None]
     worst = max(errors, key=abs) if errors else None
     what = "time to target" if target else "objective"
@@ -497,6 +508,11 @@ def trust(best: dict, validation: list[dict], target: bool) -> dict:
                           "guess; profile longer (--steps) or nearer the held-out m (--workers)")
     if misfit:
         out["warning"] = (out.get("warning", "") + misfit).removeprefix("; ")
+    if own_run and own_run.get("status", "").startswith("refused"):  # the recommendation cannot run as recommended
+        out["warning"] = (f"the recommended {best['candidate']} at m={best['workers']} did not run: "
+                          f"{own_run['status']}; choose another recommendation from the predictions, or lower "
+                          "--max-workers; "
+                          + out.get("warning", "")).removesuffix("; ")
     return out
 
 

@@ -230,7 +230,7 @@ def run_page(folder: Path) -> list:
               Heading("Curves"), *_curves([run], run.label, run.folder / "curves.png"),
               Heading("Timeline"), *_timeline_blocks(run), Heading("Workers"), *_worker_table([run]),
               *_staleness_blocks([run]), *recovery_blocks(run.steps), Heading("Resolved config"),
-              _config_table(run.config)]
+              _config_table({k: v for k, v in run.config.items() if k != "out"})]  # (out: a path)
     if run.setup:
         blocks += [Heading("Algorithm set-up (algorithm.json)", 3), Preformatted(json.dumps(run.setup, indent=2))]
     return blocks

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from gradwire.errors import CommunicationError
+from gradwire.errors import CommunicationError, ConfigError
 from gradwire.report.timeline import COMM, OVERLAP, WAIT
 from gradwire.transports import ledger
 from gradwire.transports.base import SERVER, Handle, PeerLost, Sent, Transport
@@ -69,8 +69,8 @@ def init_from_env(timeout_s: float, device: torch.device | None = None) -> None:
         return
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise CommunicationError(f"--backend torch needs torchrun's environment ({', '.join(missing)} unset): "
-                                 "start it with `gradwire launch --nproc-per-node N -- run ...` or torchrun")
+        raise ConfigError(f"--backend torch needs torchrun's environment ({', '.join(missing)} unset): start it "
+                          "with `gradwire launch --nproc-per-node N -- run ...` or torchrun (--backend)")
     backend = process_group_backend(device or torch.device("cpu"))
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
