@@ -54,7 +54,8 @@ def field_layout(levels: int) -> tuple[int, int]:
     "qsgd",
     help="QSGD (Alistarh et al. 2017): per-bucket L2 norm + stochastic rounding to s levels",
     params={
-        "levels": "number of levels s per sign, 1..127; a symbol takes ceil(log2(2s+1)) bits",
+        "levels": "number of levels s per sign, 1..127; a symbol takes about log2(2s+1) bits (ceil of it with "
+                  "format=1)",
         "bucket": "elements per bucket B; one float32 norm per bucket (variance grows with B)",
         "format": "wire format: 2 (default) packs several symbols per field, within 5% of log2(2s+1) "
                   "bits; 1 = ceil(log2(2s+1)) bits per symbol (payloads of gradwire before format 2)",
