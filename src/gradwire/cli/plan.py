@@ -10,9 +10,9 @@ from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_g
 from gradwire.errors import ConfigError
 
 EPILOG = """examples:
-  gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 200 --network ring:mbps=100 \\
+  gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 100 --network ring:mbps=100 \\
       --stragglers tail:p=0.1,slowdown=20,compute_s=0.01 --algorithms sync,sync:backups=2 \\
-      --workers 4,8,16 --max-workers 256 --target-loss 0.5 --validate 32
+      --workers 4,8,16 --max-workers 256 --target-loss 0.5 --fit-from 0.1 --validate 32
   gradwire plan --config base.yaml --compressors none,qsgd:levels=4 --workers 2,4,8,16 --deadline 60
   gradwire plan ... --candidate "--name topk-ef --compressor topk:ratio=0.01 --error-feedback"
   gradwire plan ... --budget 120 --validate 32,64        (profiling within 120 s wall; held-out m measured)
