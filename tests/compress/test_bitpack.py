@@ -30,10 +30,15 @@ def test_pack_matches_reference(bits, n, device):
     assert torch.equal(bitpack.unpack(packed, n, bits), sym)
 
 
-@pytest.mark.parametrize("width", [0, 1, 5, 10, 17, 33, 63])
+@pytest.mark.parametrize("width", [0, 1, 5, 10, 17, 33, 62, 63])
 def test_pack_uint(width, device):
-    values = torch.randint(0, 1 << min(width, 62), (37,)).to(device)
+    """The whole range of each width, its top bit included (bit 62 for width 63)."""
+    words = torch.empty(35, dtype=torch.int64).random_(-(2**63), None, generator=torch.Generator().manual_seed(width))
+    values = torch.cat([words.bitwise_and((1 << width) - 1), torch.tensor([0, (1 << width) - 1])]).to(device)
+    if width:
+        assert int((values >> (width - 1) & 1).sum()) >= 10  # the top bit is set in many values
     packed = bitpack.pack_uint(values, width)
+    assert packed.tolist() == reference_stream(values.tolist(), width)
     assert packed.device == device
     assert packed.numel() == (37 * width + 7) // 8
     assert torch.equal(bitpack.unpack_uint(packed, 37, width), values)

@@ -58,12 +58,18 @@ def draws(spec: str, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
     return c.decode(c.encode(x.repeat(K), generator=g)).double().view(K, -1).cpu()
 
 
-def bias_ratio(samples: torch.Tensor, x: torch.Tensor, v: torch.Tensor) -> float:
+def chi2_per_dof(samples: torch.Tensor, x: torch.Tensor, v: torch.Tensor) -> float:
+    """sum_j (m_j - x_j)^2 / (v_j / K) over the random elements (v_j > 0), per element: about 1."""
     random = v > 0
     err = samples.mean(0) - x
-    fixed = ~random  # zeros, grid points, clipped elements: the same value in every draw
-    torch.testing.assert_close(samples[:, fixed], x[fixed].expand(K, -1), rtol=1e-6, atol=0)
     return float((err[random] ** 2 / (v[random] / K)).sum()) / int(random.sum())
+
+
+def bias_ratio(samples: torch.Tensor, x: torch.Tensor, v: torch.Tensor) -> float:
+    """chi2_per_dof, after checking that the fixed elements are exactly x in every draw."""
+    fixed = v == 0  # zeros, grid points, clipped elements: the same value in every draw
+    torch.testing.assert_close(samples[:, fixed], x[fixed].expand(K, -1), rtol=1e-6, atol=0)
+    return chi2_per_dof(samples, x, v)
 
 
 def sample_x(spec: str, dtype: torch.dtype) -> torch.Tensor:
@@ -87,7 +93,10 @@ def test_unbiased_and_variance_matches_formula(spec, dtype, device):
     samples = draws(spec, x.to(device))
     assert bias_ratio(samples, xd, v) < 1.5
     measured = float(samples.var(0).sum())
-    assert measured == pytest.approx(float(v.sum()), rel=0.1)
+    # the sampling error of the measured sum of variances is 0.12-0.48 % of it (pquant:p=2 the most:
+    # its 512-element bucket's variance sits in a few large elements); measured on the CPU with
+    # these seeds, off by 0.002-0.6 % (up to 1.4 of those sigma): 0.03 is 6 sigma for pquant:p=2
+    assert measured == pytest.approx(float(v.sum()), rel=0.03)
     omega = build(spec).omega(x.numel())
     if omega is not None:
         assert float(v.sum()) <= omega * float((xd**2).sum()) * (1 + 1e-9)
@@ -107,7 +116,8 @@ def test_clipped_terngrad_is_unbiased_for_the_clipped_tensor():
 
 
 def test_injected_bias_is_detected(monkeypatch):
-    """The statistic above must fail when the grid rounding is shifted by 1/20 of a step."""
+    """The statistic itself (not the check of the fixed elements, which the shift also moves: the
+    zeros round up 1 time in 20) must fail when the grid rounding is shifted by 1/20 of a step."""
     x = sample_x("qsgd", torch.float32).double()
     v = exact_variance("qsgd", x)
     assert bias_ratio(draws("qsgd", x.float()), x, v) < 1.5
@@ -117,8 +127,9 @@ def test_injected_bias_is_detected(monkeypatch):
         return original(self, t.add_(0.05), *args)
 
     monkeypatch.setattr(SymbolStream, "pack", biased)
-    with pytest.raises(AssertionError):
-        assert bias_ratio(draws("qsgd", x.float()), x, v) < 1.5
+    samples = draws("qsgd", x.float())
+    assert not torch.equal(samples[:, v == 0], torch.zeros_like(samples[:, v == 0]))  # the zeros moved
+    assert chi2_per_dof(samples, x, v) > 10  # 123 measured: far beyond the bound of 1.5
 
 
 @pytest.mark.parametrize("spec, bias", [("natural", 0.01), ("randk:ratio=0.3", 0.02),

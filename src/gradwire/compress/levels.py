@@ -60,10 +60,22 @@ def bucket_norms(x: torch.Tensor, bucket: int, p: float, dtype: torch.dtype) -> 
     return torch.cat(out) if out else torch.zeros(0, dtype=dtype, device=x.device)
 
 
+# Below this L2 norm a float32 sum of squares may have underflowed (squares of values under ~1e-19
+# are below float32's smallest normal): such buckets are measured again in float64.
+_UNDERFLOW = 2.0 ** -60
+
+
 def wire_scales(x: torch.Tensor, norms: torch.Tensor, bucket: int, p: float, name: str) -> torch.Tensor:
     """Float32 wire scales from norms, rejecting non-finite input. A norm is non-finite iff an input
-    is, except when a float32 sum of squares overflows: then it is recomputed in float64."""
-    if norms.numel() and not bool(torch.isfinite(norms).all()):
+    is, except when a float32 sum of squares overflows; an L2 norm below 2^-60 may have underflowed
+    (subnormal inputs square to 0, and every value would decode to 0): in both cases the norms are
+    computed again in float64 (one more pass, only then)."""
+    if not norms.numel():
+        return to_f32_up(norms)
+    suspect = ~torch.isfinite(norms)
+    if p == 2:
+        suspect |= norms < _UNDERFLOW
+    if bool(suspect.any()):
         if not bool(torch.isfinite(x).all()):
             raise_non_finite(x, name)
         norms = bucket_norms(x, bucket, p, torch.float64)

@@ -24,7 +24,7 @@ import torch
 
 from gradwire.compress.base import REGISTRY, raise_non_finite
 from gradwire.compress.levels import GridCompressor
-from gradwire.compress.wire import reduce_f64, to_f32_up
+from gradwire.compress.wire import centred_l2sq, reduce_f64, to_f32_up
 from gradwire.spec import require
 
 
@@ -68,7 +68,10 @@ class TernGrad(GridCompressor):
             if not math.isfinite(sq):  # a float32 row sum of squares overflowed
                 sq = reduce_f64(x, "l2sq", torch.float64)
             mean = reduce_f64(x, "sum") / n
-            sigma = math.sqrt(max(sq / n - mean * mean, 0.0))
+            variance = sq / n - mean * mean
+            if mean * mean > 0.5 * sq / n:  # E[x²] - mean² cancels (x far from 0): sum (x - mean)² instead
+                variance = centred_l2sq(x, mean) / n
+            sigma = math.sqrt(max(variance, 0.0))
             if 0 < self.clip * sigma < scaler:  # sigma = 0 (a constant tensor): nothing to clip to
                 scaler = self.clip * sigma
         out = to_f32_up(torch.tensor([scaler], dtype=torch.float64, device=x.device))  # it bounds every unclipped |x_j|
