@@ -23,7 +23,7 @@ announced to the allgather.
 ``mode=absolute`` (DAGC-A): a hard threshold per worker, τ_i = τ0·(N p_i)^(-2/3), so a worker with
 more data keeps more. τ0 is ``tau`` if given, else calibrated at set-up from one gradient per worker
 at the initial parameters: worker i finds the τ that would keep exactly its relative-mode k_i, and
-τ0 is the geometric mean over workers of τ·(N p_i)^(2/3) (one 8-byte allreduce). The kept count, and
+τ0 is the geometric mean over workers of τ·(N p_i)^(2/3) (one 16-byte allreduce). The kept count, and
 so the bytes, then follow the gradients: it is a budget on the first step only. ``mode=uniform`` is
 the same algorithm with equal k_i: the ablation that isolates the allocation.
 
@@ -104,15 +104,22 @@ class DAGC(Algorithm):
     def _calibrate(self, ctx) -> torch.Tensor:
         """τ0 such that, at the initial parameters, worker i would keep about its DAGC-R count k_i:
         the geometric mean of the per-worker τ0 that keeps exactly k_i (one gradient each, one
-        8-byte allreduce; a geometric mean because thresholds spread over orders of magnitude)."""
+        16-byte allreduce; a geometric mean because thresholds spread over orders of magnitude).
+        A worker whose k-th largest |g| is 0 (more zeros than d - k) says nothing of the scale and is
+        left out of the mean (a floor of 1e-30 there had pulled every threshold to ~1e-15, so that
+        every worker sent everything; its smallest non-zero |g| instead still kept 97 % elsewhere)."""
         logs = {}
         for r in ctx.local_ranks:
             _, g = ctx.gradient(r, self.x)
             k = int(self.keep[r])
             t = float(g.abs()[top_indices(g, k)].min()) if k else 0.0  # k-th largest |g|
-            scale = max(t, 1e-30) * (self.world * self.shares[r]) ** (2 / 3)
-            logs[r] = torch.tensor([math.log(scale)], dtype=torch.float64)
-        tau0 = math.exp(float(ctx.transport.allreduce_mean(logs)[0]))
+            if t > 0.0:  # (log τ0_i, 1): summed over the informative workers, and their count
+                scale = t * (self.world * self.shares[r]) ** (2 / 3)
+                logs[r] = torch.tensor([math.log(scale), 1.0], dtype=torch.float64)
+            else:
+                logs[r] = torch.zeros(2, dtype=torch.float64)
+        mean_log, informative = (float(v) for v in ctx.transport.allreduce_mean(logs))
+        tau0 = math.exp(mean_log / informative) if informative > 0 else 0.0
         return self._spread(tau0)
 
     def _update(self, ctx, rank: int) -> tuple[float, torch.Tensor]:

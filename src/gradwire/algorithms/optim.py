@@ -173,7 +173,9 @@ class AdamW:
         self.exp_avg.lerp_(grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         bias1, bias2 = 1 - beta1 ** self.steps, 1 - beta2 ** self.steps
-        denominator = (self.exp_avg_sq / bias2).sqrt_().add_(self.eps)
+        # sqrt first, then the bias's square root (torch.optim.AdamW's order): v / bias2 overflowed float32
+        # for |g| past ~1e19 (a step of 0 where torch's moves)
+        denominator = (self.exp_avg_sq.sqrt() / math.sqrt(bias2)).add_(self.eps)
         self.x.addcdiv_(self.exp_avg, denominator, value=-lr / bias1)
         soft_threshold_(self.x, lr * self.l1)
 

@@ -24,6 +24,7 @@ from gradwire.compress import bitpack
 from gradwire.compress.base import Compressor, CorruptPayload, Packet, raise_non_finite
 from gradwire.compress.stream import SymbolStream
 from gradwire.compress.wire import (
+    check_decodable,
     check_scales,
     flat,
     make_packet,
@@ -187,6 +188,7 @@ class GridCompressor(Compressor):
         xf = flat(x)
         n = xf.numel()
         scales = self._scales(xf)
+        check_decodable(scales, x.dtype, self.name)
         head = 4 * scales.numel()
         group = 5 if self.bits is None else 8 * self.per_field
         out = torch.empty(head + self._stream_bytes(-(-n // group) * group), dtype=torch.uint8,

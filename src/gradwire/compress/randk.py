@@ -20,7 +20,7 @@ import torch
 
 from gradwire.compress.base import REGISTRY, Compressor, Packet
 from gradwire.compress.positions import check_finite, check_ratio, itemsize, keep_count, scatter
-from gradwire.compress.wire import flat, make_packet, payload, read
+from gradwire.compress.wire import check_decodable, flat, make_packet, payload, read
 
 
 def random_subset(n: int, k: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -79,7 +79,11 @@ class RandK(Compressor):
         # the seed comes from the caller's generator, on that generator's device
         device = generator.device if generator is not None else xf.device
         seed = torch.empty(1, dtype=torch.int64, device=device).random_(-(2**63), None, generator=generator)
-        values = xf[random_subset(n, keep_count(self.ratio, n), int(seed), xf.device)]
+        k = keep_count(self.ratio, n)
+        values = xf[random_subset(n, k, int(seed), xf.device)]
+        if k and torch.finfo(x.dtype).max < torch.finfo(torch.float32).max:  # decoded: values times n/k
+            check_decodable(values.abs().max().to(torch.float64).view(1) * (n / k), x.dtype, self.name,
+                            "keep a larger ratio (the values travel scaled by n/k)")
         seed = seed.to(xf.device)
         return make_packet(torch.cat([seed.view(torch.uint8), values.view(torch.uint8)]), x)
 

@@ -109,6 +109,21 @@ def reduce_f64(x: torch.Tensor, kind: str, dtype: torch.dtype | None = None) -> 
     return total
 
 
+def check_decodable(largest: torch.Tensor, dtype: torch.dtype, name: str,
+                    remedy: str = "use smaller buckets (or p=inf, whose scale is max |x|)") -> None:
+    """Refuse an input whose decoded values would overflow its own dtype: a 16-bit float's range is
+    narrower than the float32 wire's, and a bucket's scale (the largest magnitude its values decode
+    to: an L1 or L2 norm, a rand-k value times n/k) can pass it where every input is finite (float16
+    values near 3,000 in a bucket of 512 have an L2 norm past 65,504). One host read, for 16-bit
+    inputs only."""
+    top = torch.finfo(dtype).max
+    if dtype.is_floating_point and top < torch.finfo(torch.float32).max and largest.numel():
+        biggest = float(largest.max())
+        if biggest > top:
+            raise ValueError(f"{name}: a decoded value would reach {biggest:g}, beyond {dtype}'s range ({top:g}); "
+                             f"send float32 gradients, or {remedy}")
+
+
 def centred_l2sq(x: torch.Tensor, mean: float, chunk: int = 1 << 20) -> float:
     """``sum (x - mean)^2`` of a 1-D tensor, in float64, a chunk at a time (no temporary of x's
     size): the variance where ``sum x^2 - n mean^2`` would cancel."""
