@@ -1,5 +1,5 @@
-"""Local SGD, DaSGD and EASGD: their reductions to one another, the conservation law of the elastic
-round, and the simulated clock of an overlapped average."""
+"""Local SGD, DaSGD and EASGD: their reductions to one another, the elastic round against the paper's
+update (and its conservation law), and the simulated clock of an overlapped average."""
 
 import pytest
 import torch
@@ -69,23 +69,49 @@ def test_dasgd_hides_the_communication_local_sgd_pays_for_it(make_config):
     assert dasgd.transport.comm_time_s == pytest.approx(6 * comm)
 
 
-def test_easgd_round_conserves_workers_plus_center(make_config):
-    # with β = n·α (the paper's choice) the elastic forces are symmetric: Σ_i x_i + x̃ is unchanged
-    r = Run(make_config(LOCAL_UPDATES, algorithm="easgd:alpha=0.2,beta=0.8,period=2"))
+@pytest.mark.parametrize("spec, alpha, beta, period", [
+    ("easgd:alpha=0.2,beta=0.8,period=2", 0.2, 0.8, 2),  # β = pα (the paper's choice): symmetric forces
+    ("easgd:alpha=0.3,beta=0.5,period=3", 0.3, 0.5, 3),  # asymmetric: Σ x_i + x̃ is not conserved
+    ("easgd:beta=0.9", 0.9 / 4, 0.9, 2),                 # alpha=0 (default): β/p; period 2 (the default)
+])
+def test_easgd_rounds_are_the_elastic_update(make_config, spec, alpha, beta, period):
+    """Zhang, Choromanska, LeCun 2015, eqs. (5)-(6), synchronous, after the local steps (easgd.py): every
+    τ-th step, from the replicas x_i (after their gradient steps) and the centre x̃ both saved before the
+    round, x_i <- x_i - α (x_i - x̃) and x̃ <- x̃ + β (mean_i x_i - x̃); between rounds x̃ stays put. α, β
+    and τ are the spec's, written as literals; float64, 4 workers."""
+    r = Run(make_config(LOCAL_UPDATES, algorithm=spec, dtype="float64"))
     alg = r.algorithm
-    r.train_step()
     real = r.transport.allreduce_mean
-    seen = {}
+    seen = []
 
     def spy(tensors, ranks=None):
-        seen["sum"] = sum(t.clone() for t in tensors.values()) + alg.center
+        seen.append({k: t.clone() for k, t in tensors.items()})  # the x_i of the round, before it
         return real(tensors, ranks)
 
     r.transport.allreduce_mean = spy
-    info = r.train_step()
-    after = sum(alg.replicas.x.values()) + alg.center
-    torch.testing.assert_close(after, seen["sum"], rtol=1e-5, atol=1e-6)
-    assert info["center_distance"] > 0 and alg.evaluates == "center"
+    rounds = 0
+    for step in range(1, 10):
+        center = alg.center.clone()
+        seen.clear()
+        info = r.train_step()
+        if step % period:
+            assert not seen and torch.equal(alg.center, center), f"step {step} is no round"
+            continue
+        rounds += 1
+        assert len(seen) == 1 and sorted(seen[0]) == [0, 1, 2, 3]
+        x = seen[0]
+        mean = sum(x.values()) / 4
+        for k in range(4):
+            torch.testing.assert_close(alg.replicas.x[k], x[k] - alpha * (x[k] - center), rtol=0, atol=1e-12,
+                                       msg=lambda m, s=step, w=k: f"x_{w} after step {s}: {m}")
+        torch.testing.assert_close(alg.center, center + beta * (mean - center), rtol=0, atol=1e-12,
+                                   msg=lambda m, s=step: f"centre after step {s}: {m}")
+        conserved = sum(alg.replicas.x.values()) + alg.center - (sum(x.values()) + center)
+        # Σ_i x_i + x̃ changes by (β - 4α)(mean - x̃): zero exactly where β = pα
+        torch.testing.assert_close(conserved, (beta - 4 * alpha) * (mean - center), rtol=0, atol=1e-12)
+        assert float((mean - center).abs().max()) > 1e-3  # the forces were not negligible
+        assert info["center_distance"] > 0
+    assert rounds == 9 // period and alg.evaluates == "center"
 
 
 def test_easgd_default_alpha_is_beta_over_workers(make_config):

@@ -40,29 +40,36 @@ def test_chunk_dct_is_scipys_orthonormal_dct_ii():
     torch.testing.assert_close(dct.inverse(dct.forward(v)), v, rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("spec", ["demo:chunk=64,k=4", "demo:chunk=50,k=3,decay=0.9,sign=false,weight_decay=0.1"])
-def test_steps_match_algorithm_1(make_config, spec):
+@pytest.mark.parametrize("spec, decay, chunk, k, sign, weight_decay", [
+    ("demo:chunk=64,k=4", 0.999, 64, 4, True, 0.0),  # β, sign and λ: the documented defaults
+    ("demo:chunk=50,k=3,decay=0.9,sign=false,weight_decay=0.1", 0.9, 50, 3, False, 0.1),
+    ("demo:chunk=32,k=5,decay=0.5,sign=true,weight_decay=0.2", 0.5, 32, 5, True, 0.2),
+])
+def test_steps_match_algorithm_1(make_config, spec, decay, chunk, k, sign, weight_decay):
     """m_i <- β m_i + g_i; q_i = ExtractFastComponents(m_i); m_i <- m_i - q_i; Q = mean_i q_i;
-    x <- (1 - ηλ) x - η sign(Q) (or - η Q), on the workers' own minibatch gradients at x."""
+    x <- (1 - ηλ) x - η sign(Q) (or - η Q), on the workers' own minibatch gradients at x. β, s, k, the
+    sign and λ are the spec's, written as literals (not read back from the algorithm)."""
     r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3))
     alg = r.algorithm
     grads = record_gradients(r)
     x = alg.x.numpy().copy()
-    m = {k: np.zeros_like(x) for k in range(3)}
+    m = {w: np.zeros_like(x) for w in range(3)}
     for step in range(1, 9):
         x_before = x.copy()
         r.train_step()
         qs = []
-        for k in range(3):
-            m[k] = alg.decay * m[k] + grads[k].numpy()
-            q, _ = extract_fast_components(m[k], alg.chunk, alg.k)
-            m[k] = m[k] - q
+        for w in range(3):
+            m[w] = decay * m[w] + grads[w].numpy()
+            q, _ = extract_fast_components(m[w], chunk, k)
+            m[w] = m[w] - q
             qs.append(q)
-            np.testing.assert_allclose(alg.momentum[k].numpy(), m[k], rtol=0, atol=1e-12)
+            np.testing.assert_allclose(alg.momentum[w].numpy(), m[w], rtol=0, atol=1e-12)
         big_q = sum(qs) / 3
-        x = x_before * (1 - 0.01 * alg.weight_decay) - 0.01 * (np.sign(big_q) if alg.sign else big_q)
-        if alg.sign:  # sign() of a float that rounds near 0 could differ: none do here
+        x = x_before * (1 - 0.01 * weight_decay) - 0.01 * (np.sign(big_q) if sign else big_q)
+        if sign:  # sign() of a float that rounds near 0 could differ: none do here
             assert np.abs(big_q[big_q != 0]).min() > 1e-10
+        else:  # a signed step would differ: Q's elements are far from ±1
+            assert np.abs(np.abs(big_q[big_q != 0]) - 1).min() > 1e-3
         np.testing.assert_allclose(alg.x.numpy(), x, rtol=0, atol=1e-12, err_msg=f"x after step {step}")
     assert not np.array_equal(x, r.model.flatten().double().numpy())
 

@@ -135,6 +135,39 @@ def cosine_factor(update: int, horizon: int = 12, warmup: int = 3, floor: float 
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+# The documented defaults (diloco.py: DILOCO_PARAMS, STREAMING_PARAMS, OUTER_LR, OUTER_MOMENTUM, OUTER_WARMUP) of
+# the keys a reference reads, written here: a reference takes its numbers from the spec it ran, never from the
+# algorithm object, so that a spec key the algorithm ignores or misreads is seen.
+SPEC_DEFAULTS = {
+    "diloco": dict(inner_steps=10, outer_lr=0.7, outer_momentum=0.9, outer_warmup=10, fragments=1, overlap=0,
+                   alpha=0.0, outer_schedule="constant", inner="adamw", eager="false"),
+    "streaming-diloco": dict(inner_steps=20, outer_lr=0.7, outer_momentum=0.9, outer_warmup=10, fragments=4,
+                             overlap=1, alpha=0.0, outer_schedule="constant", inner="adamw", eager="false"),
+}
+INTEGER_KEYS = ("inner_steps", "outer_warmup", "fragments", "overlap")
+WORD_KEYS = ("outer_schedule", "inner", "eager")
+
+
+def spec_values(spec: str) -> dict:
+    """The values a DiLoCo-family spec string asks for: its own keys over SPEC_DEFAULTS, parsed here."""
+    name, _, keys = spec.partition(":")
+    values = dict(SPEC_DEFAULTS[name])
+    for item in filter(None, keys.split(",")):
+        key, value = item.split("=")
+        assert key in values, f"spec key {key} has no parse in this test"
+        values[key] = value if key in WORD_KEYS else int(value) if key in INTEGER_KEYS else float(value)
+    return values
+
+
+def test_spec_values_parses_the_spec_and_fills_the_documented_defaults():
+    assert spec_values("streaming-diloco:inner_steps=4,fragments=3,overlap=2,alpha=0.3,inner=adamw") == dict(
+        inner_steps=4, outer_lr=0.7, outer_momentum=0.9, outer_warmup=10, fragments=3, overlap=2, alpha=0.3,
+        outer_schedule="constant", inner="adamw", eager="false")
+    plain = spec_values("diloco:inner_steps=2,inner=sgd,outer_lr=0.5,outer_momentum=0.6,outer_warmup=0")
+    assert (plain["outer_lr"], plain["outer_momentum"], plain["outer_warmup"], plain["fragments"], plain["overlap"],
+            plain["alpha"], plain["inner"]) == (0.5, 0.6, 0, 1, 0, 0.0, "sgd")
+
+
 @pytest.mark.parametrize("spec", [
     "diloco:inner_steps=3,inner=adamw",  # the outer Nesterov step, momentum 0.9, lr 0.7
     f"diloco:inner_steps=3,inner=adamw,outer_schedule=inner|{COSINE}",  # η f(t-1): warm-up, cosine, floor
@@ -159,12 +192,13 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
     spec, _, schedule = spec.partition("|")
     r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3, lr_schedule=schedule or "constant"))
     alg = r.algorithm
-    h, fragments, tau, alpha = alg.inner_steps, alg.fragments, alg.overlap, alg.alpha
+    v = spec_values(spec)  # the numbers the spec asked for, not the algorithm's reading of them
+    h, fragments, tau, alpha = v["inner_steps"], v["fragments"], v["overlap"], v["alpha"]
+    eta, mu, warmup = v["outer_lr"], v["outer_momentum"], v["outer_warmup"]
     bounds = [p * alg.theta.numel() // fragments for p in range(fragments + 1)]
     ranges = list(zip(bounds, bounds[1:]))
     theta = [torch.nn.Parameter(alg.theta[a:b].clone()) for a, b in ranges]
-    outer = [torch.optim.SGD([t], lr=alg.outer_lr, momentum=alg.outer_momentum, nesterov=alg.outer_momentum > 0)
-             for t in theta]
+    outer = [torch.optim.SGD([t], lr=eta, momentum=mu, nesterov=mu > 0) for t in theta]
     after_inner = {}
     inner_step = alg.replicas.sgd_step
 
@@ -181,10 +215,10 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
         a, b = ranges[p]
         delta, sent_at = sent.pop(p)
         theta[p].grad = delta.clone()
-        if alg.outer_schedule == "inner":
-            outer[p].param_groups[0]["lr"] = alg.outer_lr * cosine_factor(sent_at - 1)
-        if alg.outer_warmup:  # the ramp: round k's momentum is μ min(1, k / W)
-            outer[p].param_groups[0]["momentum"] = alg.outer_momentum * min(1.0, rounds[p] / alg.outer_warmup)
+        if v["outer_schedule"] == "inner":
+            outer[p].param_groups[0]["lr"] = eta * cosine_factor(sent_at - 1)
+        if warmup:  # the ramp: round k's momentum is μ min(1, k / W)
+            outer[p].param_groups[0]["momentum"] = mu * min(1.0, rounds[p] / warmup)
         rounds[p] += 1
         outer[p].step()
         if not outer[p].param_groups[0]["momentum"]:  # torch keeps no buffer at μ = 0: v_k = μ_k v_{k-1} + Δ_k

@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from gradwire.run.loop import Run
+from tests.algorithms.test_diloco import spec_values
 from tests.helpers import record_inner_steps, through_bytes
 
 
 @pytest.mark.parametrize("spec", [
     "streaming-diloco:inner_steps=3,fragments=1,overlap=3,inner=sgd,outer_warmup=0,eager=true",  # fully overlapped
     "streaming-diloco:inner_steps=4,fragments=2,overlap=2,inner=adamw,outer_warmup=2,eager=true",
+    "streaming-diloco:inner_steps=3,fragments=3,overlap=1,outer_lr=0.5,outer_momentum=0.6,outer_warmup=0,"
+    "inner=sgd,eager=true",  # η and μ not the defaults: the spec's own reach every worker's outer step
 ])
 def test_eager_outer_steps_match_a_reference(make_config, spec):
     """Each worker i keeps θ_i and a torch.optim.SGD (Nesterov) of its own; when fragment p's round
@@ -20,12 +23,14 @@ def test_eager_outer_steps_match_a_reference(make_config, spec):
     average, τ steps later, changes no parameter. Inner steps are gradwire's own (taken as given)."""
     r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3))
     alg = r.algorithm
-    n, h, fragments, tau = 3, alg.inner_steps, alg.fragments, alg.overlap
+    v = spec_values(spec)  # the numbers the spec asked for (its keys, else the documented defaults), not alg's
+    assert v["eager"] == "true" and v["outer_momentum"] > 0
+    n, h, fragments, tau = 3, v["inner_steps"], v["fragments"], v["overlap"]
+    eta, mu, warmup = v["outer_lr"], v["outer_momentum"], v["outer_warmup"]
     bounds = [p * alg.theta.numel() // fragments for p in range(fragments + 1)]
     ranges = list(zip(bounds, bounds[1:]))
     theta = {i: [torch.nn.Parameter(alg.theta[a:b].clone()) for a, b in ranges] for i in range(n)}
-    outer = {i: [torch.optim.SGD([t], lr=alg.outer_lr, momentum=alg.outer_momentum, nesterov=True) for t in ts]
-             for i, ts in theta.items()}
+    outer = {i: [torch.optim.SGD([t], lr=eta, momentum=mu, nesterov=True) for t in ts] for i, ts in theta.items()}
     others = {i: [torch.zeros(b - a, dtype=torch.float64) for a, b in ranges] for i in range(n)}
     after_inner = record_inner_steps(alg)
     sent: dict[int, tuple[dict, int]] = {}  # fragment -> ({worker: Δ_i}, step sent)
@@ -43,8 +48,7 @@ def test_eager_outer_steps_match_a_reference(make_config, spec):
             if (step - p * h // fragments) % h == 0:
                 deltas = {i: theta[i][p].detach() - x[i][a:b] for i in range(n)}
                 sent[p] = (deltas, step)
-                momentum = alg.outer_momentum * min(1.0, rounds[p] / alg.outer_warmup) if alg.outer_warmup \
-                    else alg.outer_momentum
+                momentum = mu * min(1.0, rounds[p] / warmup) if warmup else mu
                 rounds[p] += 1
                 for i in range(n):
                     theta[i][p].grad = deltas[i] / n + others[i][p]

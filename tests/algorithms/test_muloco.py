@@ -9,7 +9,7 @@ import torch
 from gradwire.algorithms.muloco import Muon, MuonAdamW
 from gradwire.algorithms.optim import AdamW
 from gradwire.run.loop import Run
-from tests.helpers import through_bytes
+from tests.helpers import record_inner_steps, through_bytes
 
 
 def reference_orthogonalise(u: torch.Tensor) -> torch.Tensor:
@@ -53,7 +53,58 @@ def test_muon_on_matrices_and_adamw_on_the_rest_match_a_reference():
     torch.testing.assert_close(x, expected, rtol=0, atol=1e-12)
 
 
-def test_muloco_learns_and_resumes_bitwise(make_config):
+@pytest.mark.parametrize("keys, mu, nesterov", [("muon_momentum=0.8,nesterov=false", 0.8, False),
+                                                ("muon_momentum=0.6", 0.6, True),
+                                                ("nesterov=false", 0.95, False)])  # μ: Muon's authors' 0.95
+def test_muloco_inner_steps_are_muon_with_the_spec_s_momentum(make_config, keys, mu, nesterov):
+    """MuLoCo's inner steps on digits-mlp (float64, 2 workers, across three outer rounds) against Muon
+    written here on the weight matrices: B <- μB + G; U = G + μB (Nesterov) or B; O = NewtonSchulz5(U/||U||_F)
+    (Jordan's coefficients); W <- (1 - ηλ) W - η max(1, rows/cols)^½ O; and torch.optim.AdamW on the biases,
+    both from each inner step's starting point with the worker's own state kept across rounds. μ, the
+    Nesterov form, η (muon_lr 0.03) and λ (0.05) are the spec's, written as literals."""
+    from tests.helpers import record_gradients
+
+    lr, muon_lr, wd = 0.003, 0.03, 0.05
+    r = Run(make_config(algorithm=f"muloco:inner_steps=3,muon_lr={muon_lr},weight_decay={wd},{keys}",
+                        task="digits-mlp", dtype="float64", lr=lr, workers=2, steps=9))
+    alg = r.algorithm
+    shapes = [tuple(s) for s in r.model.shapes]
+    sizes = [math.prod(s) for s in shapes]
+    assert [len(s) for s in shapes] == [2, 1, 2, 1]  # two weight matrices (Muon), two biases (AdamW)
+    grads = record_gradients(r)
+    after_inner = record_inner_steps(alg)
+    buffers = {w: [torch.zeros(s, dtype=torch.float64) for s in shapes if len(s) == 2] for w in range(2)}
+    biases = {w: [torch.nn.Parameter(torch.zeros(s, dtype=torch.float64)) for s in shapes if len(s) == 1]
+              for w in range(2)}
+    adamw = {w: [torch.optim.AdamW([p], lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd) for p in b]
+             for w, b in biases.items()}
+    for step in range(1, 10):
+        before = {w: alg.replicas.x[w].clone() for w in range(2)}
+        r.train_step()
+        for w in range(2):
+            tensors = [t.view(s) for t, s in zip(before[w].split(sizes), shapes)]
+            parts = [g.view(s) for g, s in zip(grads[w].split(sizes), shapes)]
+            expected, matrix, bias = [], 0, 0
+            for t, g in zip(tensors, parts):
+                if t.dim() == 2:
+                    buffers[w][matrix] = mu * buffers[w][matrix] + g
+                    u = g + mu * buffers[w][matrix] if nesterov else buffers[w][matrix]
+                    rows, cols = t.shape
+                    expected.append(t * (1 - muon_lr * wd) - muon_lr * max(1, rows / cols) ** 0.5 *
+                                    reference_orthogonalise(u))
+                    matrix += 1
+                else:
+                    p = biases[w][bias]
+                    with torch.no_grad():
+                        p.copy_(t)
+                    p.grad = g.clone()
+                    adamw[w][bias].step()
+                    expected.append(p.detach().clone())
+                    bias += 1
+            torch.testing.assert_close(after_inner[w], torch.cat([e.reshape(-1) for e in expected]), rtol=0,
+                                       atol=1e-12, msg=lambda m, s=step, k=w: f"worker {k} after step {s}: {m}")
+    assert alg.outer[0].steps == 3  # three outer rounds: the inner state was kept across them
+
     cfg = make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.003, steps=12,
                       stragglers="lognormal:sigma=0.5,compute_s=0.05")
     straight = Run(cfg)
@@ -164,6 +215,26 @@ def test_muon_lr_ratio_ties_muon_s_rate_to_lr_and_its_schedule(make_config):
 
 
 JORDAN_ABC = (3.4445, -4.7750, 2.0315)
+# Amsel, Persson, Musco, Gower 2025, "The Polar Express" (arXiv:2505.16932): the five per-iteration (a, b, c) of
+# its 5-iteration schedule (safety factor 2e-2, cushion 2), as KellerJordan/modded-nanogpt's train_gpt.py
+# publishes them; written here, not imported, so that the code's table is checked against them.
+POLAR_EXPRESS_ABC = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                     (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                     (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                     (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                     (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+
+
+def test_newton_schulz_coefficients_are_the_published_ones():
+    """The code's tables equal the published numbers digit for digit, and each iteration count takes
+    the first K of Polar Express's schedule (not, say, its last K) or Jordan's K times."""
+    from gradwire.algorithms.muloco import NS_COEFFICIENTS, POLAR_EXPRESS, ns_coefficients_of
+
+    assert NS_COEFFICIENTS == JORDAN_ABC
+    assert POLAR_EXPRESS == POLAR_EXPRESS_ABC
+    for steps in range(1, 6):
+        assert ns_coefficients_of("polar-express", steps) == POLAR_EXPRESS_ABC[:steps]
+        assert ns_coefficients_of("jordan", steps) == (JORDAN_ABC,) * steps
 
 
 def plain_newton_schulz(u: torch.Tensor, coefficients, scale: float = 1.0) -> torch.Tensor:
@@ -181,9 +252,9 @@ def plain_newton_schulz(u: torch.Tensor, coefficients, scale: float = 1.0) -> to
 def test_newton_schulz_equals_the_plain_formula_on_matrices_and_batches(coefficients, steps):
     """The optimised iteration (short-side Gram matrix, fused baddbmm, batches, ping-pong buffers) against
     the formula written out, float64, on tall, wide and square matrices and a batch of tall ones."""
-    from gradwire.algorithms.muloco import POLAR_EXPRESS, newton_schulz
+    from gradwire.algorithms.muloco import newton_schulz
 
-    abc, scale = ((JORDAN_ABC,) * steps, 1.0) if coefficients == "jordan" else (POLAR_EXPRESS[:steps], 1.02)
+    abc, scale = ((JORDAN_ABC,) * steps, 1.0) if coefficients == "jordan" else (POLAR_EXPRESS_ABC[:steps], 1.02)
     g = torch.Generator().manual_seed(3)
     for shape in [(5, 9), (9, 5), (7, 7), (3, 11, 6)]:
         u = torch.randn(*shape, generator=g, dtype=torch.float64)

@@ -4,6 +4,8 @@ arXiv:1802.04434, Algorithm 3) on the simulator: the run against a reference wri
 papers' update on the same minibatch gradients, under a constant and a decaying learning rate,
 and checkpoints that resume bitwise (the schedule's update count included)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -11,21 +13,23 @@ from gradwire.run.loop import Run
 from tests.helpers import record_gradients, resume_matches
 
 
-@pytest.mark.parametrize(("spec", "schedule", "weight_decay"), [
-    ("signsgd:momentum=0", "constant", 0.0),           # plain signSGD, majority vote
-    ("signsgd:momentum=0.9", "linear", 0.0),           # Signum, the rate decayed linearly to 0
-    ("signsgd:momentum=0.5", "cosine:warmup=2,min_ratio=0.1", 0.05),
+@pytest.mark.parametrize(("spec", "beta", "schedule", "weight_decay"), [
+    ("signsgd:momentum=0", 0.0, "constant", 0.0),           # plain signSGD, majority vote
+    ("signsgd:momentum=0.9", 0.9, "linear", 0.0),           # Signum, the rate decayed linearly to 0
+    ("signsgd:momentum=0.5", 0.5, "cosine:warmup=2,min_ratio=0.1", 0.05),
+    ("signsgd", 0.9, "constant", 0.0),                      # the documented default β
+    ("signsgd:momentum=0.3", 0.3, "constant", 0.02),
 ])
-def test_steps_match_the_papers_update(make_config, spec, schedule, weight_decay):
+def test_steps_match_the_papers_update(make_config, spec, beta, schedule, weight_decay):
     """m_i <- β m_i + (1 - β) g_i (m_i = g_i when β = 0); vote = sign(Σ_i sign(m_i)) (a tie votes +1,
     and sign(0) is +1: the 1-bit code has no zero, and digits' blank pixels give exact zeros);
-    x <- x - γ_k (vote + λ x), γ_k = --lr times the schedule's factor of update k."""
+    x <- x - γ_k (vote + λ x), γ_k = --lr times the schedule's factor of update k. β is the spec's,
+    written as a literal (not read back from the algorithm)."""
     steps, lr = 9, 0.01
     r = Run(make_config(algorithm=spec, dtype="float64", lr=lr, workers=4, steps=steps, lr_schedule=schedule,
                         weight_decay=weight_decay))
     alg = r.algorithm
     grads = record_gradients(r)
-    beta = alg.momentum
     x = alg.x.numpy().copy()
     m = {k: np.zeros_like(x) for k in range(4)}
     rate = [lr * f for f in _factors(schedule, steps)]
@@ -47,10 +51,16 @@ def test_steps_match_the_papers_update(make_config, spec, schedule, weight_decay
 
 
 def _factors(schedule: str, steps: int) -> list[float]:
-    from gradwire.algorithms.optim import LR_SCHEDULES
-
-    rule = LR_SCHEDULES.build(schedule)
-    return [rule.factor(k, steps) for k in range(steps)]
+    """The factor of update k (0-based) of ``steps``, written from the schedules' definitions
+    (docs: linear warm-up (k + 1)/W for k < W, then floor + (1 - floor) d(p), p = (k - W)/(T - W);
+    d(p) = 1 - p for linear, (1 + cos π p)/2 for cosine), for the three schedules used here."""
+    if schedule == "constant":
+        return [1.0] * steps
+    if schedule == "linear":  # no warm-up, floor 0
+        return [1 - k / steps for k in range(steps)]
+    assert schedule == "cosine:warmup=2,min_ratio=0.1"
+    return [(k + 1) / 2 if k < 2 else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (k - 2) / (steps - 2)))
+            for k in range(steps)]
 
 
 @pytest.mark.parametrize("schedule", ["constant", "linear:warmup=3"])

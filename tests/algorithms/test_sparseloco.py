@@ -25,32 +25,36 @@ def reference_topk(e: torch.Tensor, chunk: int, k: int) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("spec", ["sparseloco:inner_steps=3,chunk=64,k=4,values=raw",
-                                  "sparseloco:inner_steps=2,chunk=100,k=7,values=raw,decay=0.5,outer_lr=0.8,inner=sgd"])
-def test_outer_loop_matches_algorithm_1(make_config, spec):
+@pytest.mark.parametrize("spec, h, chunk, k, decay, outer_lr", [
+    ("sparseloco:inner_steps=3,chunk=64,k=4,values=raw", 3, 64, 4, 0.95, 1.0),  # β, α: the documented defaults
+    ("sparseloco:inner_steps=2,chunk=100,k=7,values=raw,decay=0.5,outer_lr=0.8,inner=sgd", 2, 100, 7, 0.5, 0.8),
+    ("sparseloco:inner_steps=4,chunk=32,k=3,values=raw,decay=1,outer_lr=1.3", 4, 32, 3, 1.0, 1.3),
+])
+def test_outer_loop_matches_algorithm_1(make_config, spec, h, chunk, k, decay, outer_lr):
     """e_r <- β e_r + (θ - θ_r); Δ̂_r = TopK(e_r); e_r <- e_r - Δ̂_r; θ <- θ - α mean_r Δ̂_r; θ_r <- θ,
-    on the replicas' own inner steps (gradwire's AdamW, tested against torch's in test_diloco.py)."""
+    on the replicas' own inner steps (gradwire's AdamW, tested against torch's in test_diloco.py). H, C,
+    k, β and α are the spec's, written as literals (not read back from the algorithm)."""
     r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3))
     alg = r.algorithm
     after_inner = record_inner_steps(alg)
     theta = alg.theta.clone()
-    e = {k: torch.zeros_like(theta) for k in range(3)}
+    e = {w: torch.zeros_like(theta) for w in range(3)}
     rounds = 0
     for step in range(1, 13):
         r.train_step()
-        if step % alg.inner_steps == 0:
+        if step % h == 0:
             sent = []
-            for k, x in sorted(after_inner.items()):
-                e[k] = alg.decay * e[k] + (theta - x)
-                sent.append(reference_topk(e[k], 64 if "chunk=64" in spec else 100, 4 if "k=4" in spec else 7))
-                e[k] = e[k] - sent[-1]
-            theta = theta - alg.outer_lr * sum(sent) / 3
+            for w, x in sorted(after_inner.items()):
+                e[w] = decay * e[w] + (theta - x)
+                sent.append(reference_topk(e[w], chunk, k))
+                e[w] = e[w] - sent[-1]
+            theta = theta - outer_lr * sum(sent) / 3
             rounds += 1
-            for k in range(3):
-                torch.testing.assert_close(alg.accumulators[k], e[k], rtol=0, atol=1e-14)
-                assert torch.equal(alg.replicas.x[k], alg.theta)
+            for w in range(3):
+                torch.testing.assert_close(alg.accumulators[w], e[w], rtol=0, atol=1e-14)
+                assert torch.equal(alg.replicas.x[w], alg.theta)
         torch.testing.assert_close(alg.theta, theta, rtol=0, atol=1e-14, msg=lambda m, s=step: f"θ after {s}: {m}")
-    assert rounds >= 4 and not torch.equal(theta, r.model.flatten().double())
+    assert rounds == 12 // h >= 3 and not torch.equal(theta, r.model.flatten().double())
 
 
 def reference_authors_aggregate(sent: list[torch.Tensor], support: list[torch.Tensor], sizes: list[int],
@@ -95,10 +99,10 @@ def test_outer_loop_with_the_authors_aggregation_matches_a_reference(make_config
     clipped = spread = 0
     for step in range(1, 13):
         r.train_step()
-        if step % alg.inner_steps == 0:
+        if step % 3 == 0:  # H = 3, β = 0.95 (the default) and α = 1 (the default): literals, not alg's
             sent, support = [], []
             for k, x in sorted(after_inner.items()):
-                e[k] = alg.decay * e[k] + (theta - x)
+                e[k] = 0.95 * e[k] + (theta - x)
                 sent.append(reference_topk(e[k], 64, 4))
                 support.append(sent[-1] != 0)
                 e[k] = e[k] - sent[-1]
@@ -107,7 +111,7 @@ def test_outer_loop_with_the_authors_aggregation_matches_a_reference(make_config
             clipped += int(not torch.allclose(update, plain))
             senders = sum(s.int() for s in support)
             spread += int(((senders > 0) & (senders < workers)).any())  # a position some but not all sent
-            theta = theta - alg.outer_lr * update
+            theta = theta - 1.0 * update
             for k in range(workers):
                 torch.testing.assert_close(alg.accumulators[k], e[k], rtol=0, atol=1e-13)
         torch.testing.assert_close(alg.theta, theta, rtol=0, atol=1e-13, msg=lambda m, s=step: f"θ after {s}: {m}")
