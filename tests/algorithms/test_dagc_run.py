@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from gradwire.cli import main
+from gradwire.compress import CorruptPayload, Packet
+from gradwire.compress.sparse import KeepTopK
 from gradwire.run.loop import Run, run
 from gradwire.tasks.oracle import WorkerData
 from tests.helpers import ADAPTIVE, read_jsonl, resume_matches
@@ -40,6 +42,60 @@ def test_lossless_budget_is_data_weighted_sgd(make_config):
         x = x - 0.1 * g
     torch.testing.assert_close(r.algorithm.eval_params(), x, rtol=1e-5, atol=1e-6)
     assert len(set(r.shard_sizes)) > 1  # the weighting matters here
+
+
+def paper_counts(shares: np.ndarray, budget_percent: int, d: int) -> list[int]:
+    """DAGC-R's allocation, written from the rule (not the module's code): K = N·ceil(r·d) elements in
+    all, k_i ∝ p_i^(2/3), rounded by largest remainder (ties by rank). No worker is capped here."""
+    total = len(shares) * -(-budget_percent * d // 100)
+    weights = shares ** (2 / 3)
+    ideal = total * weights / weights.sum()
+    assert (ideal >= 1).all() and (ideal <= d).all()  # no clipping at [1, d] for this case
+    counts = np.floor(ideal).astype(int)
+    for r in sorted(range(len(shares)), key=lambda r: (-(ideal[r] - counts[r]), r))[: total - counts.sum()]:
+        counts[r] += 1
+    assert counts.sum() == total
+    return [int(k) for k in counts]
+
+
+def test_each_worker_sends_its_own_top_k_and_the_step_is_the_weighted_sum(make_config):
+    """budget<1, no error feedback, no momentum: worker i's payload holds exactly k_i elements, its
+    k_i largest-magnitude gradient entries (k_i from the allocation rule, computed here), and the step
+    is x <- x - γ Σ_i p_i top_{k_i}(g_i). Read from what each worker puts on the wire."""
+    r = Run(make_config(ADAPTIVE, algorithm="dagc:budget=0.05", momentum=0.0))
+    data, shares = replay(r), np.array(r.shard_sizes) / sum(r.shard_sizes)
+    x = r.algorithm.eval_params().clone()
+    d = x.numel()
+    keep = paper_counts(shares, 5, d)
+    assert len(set(keep)) == len(keep)  # every worker a different count: a swapped allocation shows
+    sent = []
+    allgather = r.ctx.transport.allgather
+
+    def recording(buffers, *args, **kwargs):
+        out = allgather(buffers, *args, **kwargs)
+        sent.append({k: b.clone() for k, b in out.items()})
+        return out
+
+    r.ctx.transport.allgather = recording
+    for _ in range(2):
+        r.train_step()
+        payloads = sent.pop()
+        assert sorted(payloads) == list(range(len(keep))) and not sent
+        step = torch.zeros_like(x)
+        for k in sorted(data):
+            g = grad(r, x, data[k].next_batch())
+            top = torch.topk(g.abs(), keep[k]).indices
+            mine = torch.zeros_like(g)
+            mine[top] = g[top]
+            try:  # a payload holding another count of elements does not decode as k_i of them
+                message = KeepTopK(k=keep[k]).decode(Packet(payloads[k], x.shape, x.dtype))
+            except CorruptPayload as e:
+                pytest.fail(f"worker {k} did not send k={keep[k]} elements (allocation {keep}): {e}")
+            assert int((message != 0).sum()) == keep[k], (k, keep)
+            torch.testing.assert_close(message, mine, rtol=1e-5, atol=1e-7)
+            step += float(shares[k]) * mine
+        x = x - 0.1 * step
+        torch.testing.assert_close(r.algorithm.eval_params(), x, rtol=1e-5, atol=1e-6)
 
 
 def test_local_steps_is_fedavg(make_config):

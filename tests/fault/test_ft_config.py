@@ -4,6 +4,7 @@ install hint without torchft, and the rule that splits a peer's state into share
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -115,11 +116,24 @@ def test_a_quorums_rendezvous_is_named_by_its_members_and_step():
     assert "/" not in rendezvous_tag([a, b], 0)  # one segment of torchft's store prefix
 
 
+def server_side_tcp_state(server_port: int, client_port: int) -> str | None:
+    """The kernel's state (hex, as /proc/net/tcp writes it; "01" established) of the loopback
+    server's end of the connection from ``client_port``, or None once it is gone."""
+    with open("/proc/net/tcp") as f:
+        for line in f.read().splitlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == client_port:
+                return state
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="watches the server's socket in /proc/net/tcp")
 def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
     """The state server's timeout (0.5 s) bounds each chunk it writes, not the whole state: a peer
     that reads slowly but steadily gets every byte, in about four timeouts' worth of time (its
-    sleeps make it so); a peer that stops reading is cut off once a write has waited a timeout, and
-    the server goes on serving the next request whole."""
+    sleeps make it so); a peer that stops reading is cut off once a write has waited a timeout (the
+    server closes its end of the connection while the peer still reads nothing), and the server goes
+    on serving the next request whole."""
     import io
     import socket
     import time
@@ -152,7 +166,13 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
         with socket.create_connection((address.hostname, address.port), timeout=5) as peer:
             peer.sendall(f"GET {address.path}3 HTTP/1.1\r\nHost: {address.hostname}\r\n\r\n".encode())
             received = len(peer.recv(1 << 16))
-            time.sleep(2.0)
+            # the peer reads nothing more until the server has given up on it and closed its end
+            # (established -> FIN_WAIT1, or gone); draining before that would let the write finish
+            client_port, deadline = peer.getsockname()[1], time.monotonic() + 60
+            assert server_side_tcp_state(address.port, client_port) is not None  # (found: unread data keeps it)
+            while server_side_tcp_state(address.port, client_port) == "01":
+                assert time.monotonic() < deadline, "the server never dropped a peer that stopped reading"
+                time.sleep(0.05)
             while chunk := peer.recv(1 << 20):  # what the buffers held, then the server's close
                 received += len(chunk)
         assert 0 < received < whole, (received, whole)

@@ -131,7 +131,8 @@ def check_ledger(records, transfers: dict[int, int], new_groups: set[int], colle
 @pytest.mark.multiprocess
 @pytest.mark.timeout(2 * 4 * WAIT_S)  # two runs of (at most) four waits each
 @pytest.mark.parametrize("args, replayed", [
-    (["--algorithm", "sync", "--compressor", "topk:ratio=0.25", "--error-feedback"], True),
+    # momentum 0.9: the optimizer's velocity is shared state that a recovering replica must take over
+    (["--algorithm", "sync", "--compressor", "topk:ratio=0.25", "--error-feedback", "--momentum", "0.9"], True),
     pytest.param(["--algorithm", "diloco:inner_steps=4", "--lr", "0.1"], True, marks=pytest.mark.slow),
     pytest.param(["--task", "digits-mlp", "--algorithm", "sync", "--compressor", "powersgd:rank=2"], False,
                  marks=pytest.mark.slow),
@@ -184,6 +185,11 @@ def check_shared_state(faulty_states: list[dict]) -> None:
         assert qs[0] and all(torch.equal(q[name], qs[0][name]) for q in qs[1:] for name in qs[0])
         errors = [sorted(s["codec"]["powersgd"]["errors"]) for s in faulty_states]
         assert errors == [["0"], ["1"], ["2"]]  # each worker's own error memory only (reset on recovery)
+    if "velocity" in faulty_states[0].get("opt", {}):  # sync's heavy-ball momentum: taken over on recovery
+        velocity = faulty_states[0]["opt"]["velocity"]
+        assert float(velocity.abs().max()) > 0
+        for s in faulty_states[1:]:  # the healed replica 2 included: a fresh start would hold zeros
+            assert torch.equal(s["opt"]["velocity"], velocity)
     if "outer" in faulty_states[0]:  # DiLoCo's outer Nesterov momentum: the same on every replica
         for s in faulty_states[1:]:
             assert all(torch.equal(torch.as_tensor(u), torch.as_tensor(v))
