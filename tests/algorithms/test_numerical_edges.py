@@ -47,6 +47,14 @@ def test_dagc_calibration_with_more_zeros_than_d_minus_k_keeps_about_the_budget(
     assert kept[0] == 1000 and kept[1] <= 500, kept
 
 
+def test_dagc_calibration_with_no_informative_worker_asks_for_tau():
+    """Every worker's k-th largest |g| is 0: there is no scale; τ0 = 0 would keep every element, zeros
+    included, for the whole run (calibration happens once), so set-up says what to give instead."""
+    with pytest.raises(ValueError, match=r"mode=absolute: no worker's initial gradient has its k_i-th largest "
+                                         r"\|g\| above 0.*give tau="):
+        _calibrated({0: torch.zeros(1000), 1: torch.zeros(1000)}, keep=100)
+
+
 def test_dagc_calibration_leaves_out_a_worker_whose_gradient_is_all_zero():
     """An all-zero gradient says nothing about the scale: the other workers' thresholds are what they
     would be alone (equal shares: each keeps exactly its k)."""
@@ -58,6 +66,38 @@ def test_dagc_calibration_leaves_out_a_worker_whose_gradient_is_all_zero():
     assert all(500 <= k <= 2000 for k in kept), kept  # the geometric mean of the two thresholds
     # (three equal shares against two: the spread's factor (N p_i)^(2/3) is 1 in both)
     torch.testing.assert_close(with_zero[:2], alone, rtol=1e-12, atol=0)
+
+
+def test_float16_values_that_decode_within_range_still_travel():
+    """The refusal bounds what the values really decode to (scale · the level the bucket's largest
+    |x| rounds up to / s), not the scale: qsgd:levels=4 on float16 3,000s has an L2 scale of 67,882
+    but decodes to at most 16,976 (it was refused)."""
+    from gradwire.compress import build
+
+    x = torch.full((8192,), 3000.0).half()
+    for spec in ("qsgd:levels=4", "qsgd", "qsgd:levels=16"):
+        c = build(spec)
+        y = c.decode(c.encode(x, generator=torch.Generator().manual_seed(0)))
+        # unbiased: levels=4 decodes each to 0 or 16,976, the mean of 8,192 within 6 sd (430)
+        assert bool(torch.isfinite(y).all()) and float(y.float().mean()) == pytest.approx(3000, rel=0.15), spec
+
+
+def test_an_all_zero_bucket_is_not_a_reason_to_measure_every_bucket_again(monkeypatch):
+    """Only the buckets whose L2 norm may have underflowed are measured again in float64 (a zero
+    bucket is common: a frozen layer), and a subnormal one gets its true norm."""
+    import gradwire.compress.levels as levels
+    from gradwire.compress import build
+
+    calls = []  # the norms wire_scales computes again (it measured every bucket in float64)
+    original = levels.bucket_norms
+    monkeypatch.setattr(levels, "bucket_norms", lambda *a, **k: calls.append(a[3]) or original(*a, **k))
+    x = torch.cat([torch.zeros(512), torch.randn(512, generator=torch.Generator().manual_seed(0)),
+                   torch.full((512,), 1e-40), torch.full((100,), 1e-40)])
+    scales = build("qsgd:bucket=512")._scales(x)
+    assert calls == []  # no float64 pass over the whole tensor
+    want = [float(x[a:b].double().norm()) for a, b in ((0, 512), (512, 1024), (1024, 1536), (1536, 1636))]
+    assert float(scales[0]) == 0.0 and all(float(s) >= w * (1 - 1e-6) and float(s) <= w * (1 + 1e-6) + 1e-45
+                                          for s, w in zip(scales[1:], want[1:], strict=True)), scales
 
 
 @pytest.mark.parametrize("spec, value, remedy", [

@@ -119,7 +119,10 @@ class DAGC(Algorithm):
             else:
                 logs[r] = torch.zeros(2, dtype=torch.float64)
         mean_log, informative = (float(v) for v in ctx.transport.allreduce_mean(logs))
-        tau0 = math.exp(mean_log / informative) if informative > 0 else 0.0
+        # (τ0 = 0 would keep every element, zeros too, for the whole run: calibration happens once)
+        require(informative > 0, "mode=absolute: no worker's initial gradient has its k_i-th largest |g| above 0, so "
+                "there is no scale to calibrate from; give tau= (the threshold of a worker with the mean share)")
+        tau0 = math.exp(mean_log / informative)
         return self._spread(tau0)
 
     def _update(self, ctx, rank: int) -> tuple[float, torch.Tensor]:

@@ -23,7 +23,8 @@ Each worker's factors (and its uncompressed tensors) are rounded to the wire dty
 allreduce and the mean is widened back; the rounding of Q is part of the approximation M~, so error
 feedback carries it into the next step like the truncation error. (PyTorch gets the same bytes by
 wrapping its hook in ``fp16_compress_wrapper``, which runs the whole hook in half precision; here
-only what travels is rounded, the products and the orthogonalisation stay in the gradient's dtype.)
+only what travels is rounded, the products stay in the gradient's dtype and the orthogonalisation
+works in float32 at least.)
 fp16 keeps 11 bits of mantissa but underflows below 6e-5; bf16 keeps float32's range with 8 bits.
 
 ``alternate=true`` is ACP-SGD (Zhang, Zhang, Shi, Chu, Li, ICDCS 2023, "Evaluation and Optimization
@@ -77,10 +78,11 @@ def orthogonalize_(matrix: torch.Tensor) -> torch.Tensor:
     """In place: the columns of ``matrix`` (n x r, or a batch b x n x r) made orthonormal by
     (modified) Gram-Schmidt, the paper's choice (Vogels 2019, Sec. 3: cheap for small r), each column
     projected twice against the earlier ones ("twice is enough": one pass leaves a column that was
-    nearly in their span far from orthogonal to them). A column whose norm after the projections is
-    at most 16 eps of its norm before is in their span up to rounding and becomes zero, as an exactly
-    zero column stays zero (no NaN): a matrix of rank below r gives zero columns, not normalised
-    rounding noise (which made P^ P^T no projection: a rank-1 mean at rank 2 came out 7-85 % off).
+    nearly in their span far from orthogonal to them: with one pass, a rank-1 mean at rank 2 came out
+    7-85 % off, P^ P^T no projection). A column whose norm after the projections is at most 16 eps of
+    its norm before becomes zero, as an exactly zero column stays zero (no NaN); on large matrices
+    the rounding left of a dependent column can pass that and is normalised, but the second
+    projection keeps it orthogonal, so P^ P^T is still a projection (tested: exact means).
     A batch runs r steps for all its matrices at once. Work in float32 at least (the caller's)."""
     before = torch.linalg.vector_norm(matrix, dim=-2)  # (..., r)
     tol = 16 * torch.finfo(matrix.dtype).eps

@@ -66,20 +66,41 @@ def bucket_norms(x: torch.Tensor, bucket: int, p: float, dtype: torch.dtype) -> 
 _UNDERFLOW = 2.0 ** -60
 
 
+def _remeasured(x: torch.Tensor, norms: torch.Tensor, bucket: int) -> torch.Tensor:
+    """``norms`` (L2, one per bucket of ``x``) with those below 2^-60 measured again in float64:
+    only those buckets, so that an all-zero bucket (a frozen layer) costs its own elements only."""
+    n, out = x.numel(), norms.to(torch.float64)
+    low = torch.nonzero(norms < _UNDERFLOW).flatten()
+    full = n // bucket
+    rows = low[low < full]
+    if rows.numel():
+        out[rows] = torch.linalg.vector_norm(x[: full * bucket].view(-1, bucket)[rows].double(), dim=1)
+    if bool((low == full).any()):  # the short last bucket
+        out[full] = torch.linalg.vector_norm(x[full * bucket:].double())
+    return out
+
+
+def grid_decode_bound(x: torch.Tensor, scales: torch.Tensor, bucket: int, levels: int) -> torch.Tensor:
+    """The largest magnitude each bucket can decode to: its scale times (the level its largest |x|
+    rounds up to, at most ``levels``) / ``levels``."""
+    amax = bucket_norms(x, bucket, _INF, torch.float32)
+    up = torch.clamp(torch.floor(levels * amax / scales.clamp(min=torch.finfo(torch.float32).tiny)) + 1, max=levels)
+    return scales * up / levels
+
+
 def wire_scales(x: torch.Tensor, norms: torch.Tensor, bucket: int, p: float, name: str) -> torch.Tensor:
     """Float32 wire scales from norms, rejecting non-finite input. A norm is non-finite iff an input
-    is, except when a float32 sum of squares overflows; an L2 norm below 2^-60 may have underflowed
-    (subnormal inputs square to 0, and every value would decode to 0): in both cases the norms are
-    computed again in float64 (one more pass, only then)."""
+    is, except when a float32 sum of squares overflows: then every norm is computed again in
+    float64. An L2 norm below 2^-60 may have underflowed (subnormal inputs square to 0, and every
+    value would decode to 0): those buckets alone are measured again in float64."""
     if not norms.numel():
         return to_f32_up(norms)
-    suspect = ~torch.isfinite(norms)
-    if p == 2:
-        suspect |= norms < _UNDERFLOW
-    if bool(suspect.any()):
+    if not bool(torch.isfinite(norms).all()):
         if not bool(torch.isfinite(x).all()):
             raise_non_finite(x, name)
         norms = bucket_norms(x, bucket, p, torch.float64)
+    elif p == 2 and bool((norms < _UNDERFLOW).any()):
+        norms = _remeasured(x, norms, bucket)
     scales = to_f32_up(norms)
     if scales.numel() and not bool(torch.isfinite(scales).all()):
         raise ValueError(f"{name}: a bucket's scale exceeds the float32 range; the wire cannot carry it")
@@ -188,7 +209,8 @@ class GridCompressor(Compressor):
         xf = flat(x)
         n = xf.numel()
         scales = self._scales(xf)
-        check_decodable(scales, x.dtype, self.name)
+        if x.dtype == torch.float16 and scales.numel() and float(scales.max()) > torch.finfo(torch.float16).max:
+            check_decodable(grid_decode_bound(xf, scales, self._bucket(n), self.levels), x.dtype, self.name)
         head = 4 * scales.numel()
         group = 5 if self.bits is None else 8 * self.per_field
         out = torch.empty(head + self._stream_bytes(-(-n // group) * group), dtype=torch.uint8,
