@@ -46,4 +46,6 @@ def test_torch_backend_outside_torchrun_names_the_fix(tmp_path, data_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     p = gw("run", "--backend", "torch", "--task", "digits-logreg", "--out", str(tmp_path / "o"),
            "--data-dir", str(data_dir), env=env, timeout=100)
-    assert p.returncode == 4 and "gradwire launch --nproc-per-node" in p.stderr and "Traceback" not in p.stderr
+    # bad input (exit 2, the flag named), not a communication error (4, as it was)
+    assert p.returncode == 2 and "gradwire launch --nproc-per-node" in p.stderr and "Traceback" not in p.stderr
+    assert p.stderr.strip().endswith("(--backend)") and not (tmp_path / "o").exists()
