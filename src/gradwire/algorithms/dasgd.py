@@ -17,7 +17,7 @@ Each worker keeps its parameters at t (the snapshot) until the merge, one replic
 SGD. d may be at most τ, so at most one average is in flight. A checkpoint taken while one is in
 flight stores the snapshots; on resume the average is started again from them (an in-flight
 collective is part of no process's state), which gives the same numbers but sends it twice.
-Evaluation uses the last merged average (``evaluates = "average"``).
+Evaluation uses the last merged average (``evaluates = "last_average"``, local SGD's default).
 """
 
 from __future__ import annotations
