@@ -104,10 +104,9 @@ class PlanRequest:
         if self.metric == "suboptimality":  # known only to tasks that know f*: ask them before any run
             from gradwire.tasks.base import build_task
 
-            for task in dict.fromkeys(c.task for c in self.candidates):
-                c = next(c for c in self.candidates if c.task == task)
-                if build_task(task, num_workers=min(self.workers), seed=c.seed, data_dir=c.data_dir).f_star is None:
-                    raise ConfigError(f"metric='suboptimality': task {task!r} does not know its optimum f* "
+            for c in {c.task: c for c in reversed(self.candidates)}.values():  # each task once (its first)
+                if build_task(c.task, num_workers=min(self.workers), seed=c.seed, data_dir=c.data_dir).f_star is None:
+                    raise ConfigError(f"metric='suboptimality': task {c.task!r} does not know its optimum f* "
                                       "(the synthetic tasks do); use --metric train_loss (--metric)")
         return self
 
