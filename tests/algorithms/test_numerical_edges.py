@@ -68,21 +68,21 @@ def test_dagc_calibration_leaves_out_a_worker_whose_gradient_is_all_zero():
     torch.testing.assert_close(with_zero[:2], alone, rtol=1e-12, atol=0)
 
 
-def test_float16_values_that_decode_within_range_still_travel():
+def test_float16_values_that_decode_within_range_still_travel(device):
     """The refusal bounds what the values really decode to (scale · the level the bucket's largest
     |x| rounds up to / s), not the scale: qsgd:levels=4 on float16 3,000s has an L2 scale of 67,882
     but decodes to at most 16,976 (it was refused)."""
     from gradwire.compress import build
 
-    x = torch.full((8192,), 3000.0).half()
+    x = torch.full((8192,), 3000.0, device=device).half()
     for spec in ("qsgd:levels=4", "qsgd", "qsgd:levels=16"):
         c = build(spec)
-        y = c.decode(c.encode(x, generator=torch.Generator().manual_seed(0)))
+        y = c.decode(c.encode(x, generator=torch.Generator(device).manual_seed(0)))
         # unbiased: levels=4 decodes each to 0 or 16,976, the mean of 8,192 within 6 sd (430)
         assert bool(torch.isfinite(y).all()) and float(y.float().mean()) == pytest.approx(3000, rel=0.15), spec
 
 
-def test_an_all_zero_bucket_is_not_a_reason_to_measure_every_bucket_again(monkeypatch):
+def test_an_all_zero_bucket_is_not_a_reason_to_measure_every_bucket_again(monkeypatch, device):
     """Only the buckets whose L2 norm may have underflowed are measured again in float64 (a zero
     bucket is common: a frozen layer), and a subnormal one gets its true norm."""
     import gradwire.compress.levels as levels
@@ -92,7 +92,7 @@ def test_an_all_zero_bucket_is_not_a_reason_to_measure_every_bucket_again(monkey
     original = levels.bucket_norms
     monkeypatch.setattr(levels, "bucket_norms", lambda *a, **k: calls.append(a[3]) or original(*a, **k))
     x = torch.cat([torch.zeros(512), torch.randn(512, generator=torch.Generator().manual_seed(0)),
-                   torch.full((512,), 1e-40), torch.full((100,), 1e-40)])
+                   torch.full((512,), 1e-40), torch.full((100,), 1e-40)]).to(device)
     scales = build("qsgd:bucket=512")._scales(x)
     assert calls == []  # no float64 pass over the whole tensor
     want = [float(x[a:b].double().norm()) for a, b in ((0, 512), (512, 1024), (1024, 1536), (1536, 1636))]
@@ -103,20 +103,20 @@ def test_an_all_zero_bucket_is_not_a_reason_to_measure_every_bucket_again(monkey
 @pytest.mark.parametrize("spec, value, remedy", [
     ("qsgd:levels=1", 3000.0, "smaller buckets"), ("pquant:p=2,block=512", 3000.0, "smaller buckets"),
     ("pquant:p=1,block=64", 2000.0, "smaller buckets"), ("randk:ratio=0.01", 1000.0, "larger ratio")])
-def test_half_precision_input_whose_decode_would_overflow_is_refused(spec, value, remedy):
+def test_half_precision_input_whose_decode_would_overflow_is_refused(spec, value, remedy, device):
     """Finite float16 values whose decoded form passes 65,504 (a bucket's L2 or L1 norm, rand-k's n/k
     scaling) are refused at encode, as the dense casts refuse what they cannot carry (they decoded to
     inf, and the DDP hook passed the infs on); the same values in float32, and smaller float16 ones,
     travel."""
     from gradwire.compress import build
 
-    x = torch.full((2048,), value)
+    x = torch.full((2048,), value, device=device)
     refusal = rf"beyond torch.float16's range \(65504\); send float32 gradients, or .*{remedy}"
     with pytest.raises(ValueError, match=refusal):
-        build(spec).encode(x.half(), generator=torch.Generator().manual_seed(0))
+        build(spec).encode(x.half(), generator=torch.Generator(device).manual_seed(0))
     for ok in (x, (x / 100).half()):
         c = build(spec)
-        y = c.decode(c.encode(ok, generator=torch.Generator().manual_seed(0)))
+        y = c.decode(c.encode(ok, generator=torch.Generator(device).manual_seed(0)))
         assert y.dtype == ok.dtype and bool(torch.isfinite(y).all())
 
 

@@ -142,7 +142,7 @@ def test_a_matrix_of_rank_r_travels_exactly():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_a_mean_of_rank_below_r_travels_exactly(dtype):
+def test_a_mean_of_rank_below_r_travels_exactly(dtype, device):
     """A rank-1 mean at rank 2 (each weight gradient of a batch of one is rank 1): Gram-Schmidt's
     second column is rounding noise, which must become zero, not a normalised direction that breaks
     P^ P^T (it came out 7-85 % off, in either dtype); and again with error feedback, over steps."""
@@ -152,6 +152,7 @@ def test_a_mean_of_rank_below_r_travels_exactly(dtype):
         memory = PowerSGDMemory(seed=1)
         for step in range(4):
             u, v = torch.randn(64, 1, generator=g, dtype=dtype), torch.randn(1, 48, generator=g, dtype=dtype)
+            u, v = u.to(device), v.to(device)
             grads = {w: [(w + 1) * u @ v] for w in range(2)}
             out = p.average(memory, grads, ["m"], local_mean)[0]
             memory.step += 1
@@ -159,12 +160,12 @@ def test_a_mean_of_rank_below_r_travels_exactly(dtype):
             assert float((out - exact).norm() / exact.norm()) < 1e-5, (error_feedback, step)
 
 
-def test_float16_factors_of_large_gradients_are_not_lost():
+def test_float16_factors_of_large_gradients_are_not_lost(device):
     """Float16 gradients (a loss-scaled model through the DDP hook) whose P columns have norms past
     float16's 65504: the orthogonalisation works in float32, so the mean is the float32 run's up to
     float16 rounding (it was divided by an infinite norm: all zeros)."""
     g = torch.Generator().manual_seed(0)
-    grads = [{0: [2000 * torch.randn(512, 512, generator=g)]} for _ in range(3)]  # Q's norm ~ 2000·2√512
+    grads = [{0: [2000 * torch.randn(512, 512, generator=g).to(device)]} for _ in range(3)]  # Q's norm ~ 2000·2√512
     p = AVERAGERS.build("powersgd:rank=1")
     half, full = PowerSGDMemory(seed=2), PowerSGDMemory(seed=2)
     for step, grad in enumerate(grads):
