@@ -134,3 +134,36 @@ def test_adamw_steps_where_the_gradient_squared_passes_float32s_range_over_the_b
     torch_adamw.step()
     torch.testing.assert_close(x, p.detach())
     assert float(x[0]) == pytest.approx(-0.1, rel=1e-6)
+
+
+@pytest.mark.parametrize("magnitude", [1e20, 1e-30])
+def test_newton_schulz_orthogonalises_matrices_whose_float32_sum_of_squares_leaves_the_range(magnitude, device):
+    """Muon's step is scale-free: Newton-Schulz of s·U is Newton-Schulz of U. At |U| ~ 1e20 the plain
+    float32 Frobenius norm is inf and the step was all zeros; at 1e-30 the plain norm underflows (the
+    matrix then meets Muon's own eps, as in the reference, and the step stays tiny: as in float64)."""
+    from gradwire.algorithms.muloco import frobenius_norm, newton_schulz
+
+    u = torch.randn(3, 6, 10, generator=torch.Generator().manual_seed(0)).to(device)
+    big = u * magnitude
+    exact = torch.linalg.matrix_norm(big.double(), keepdim=True)
+    torch.testing.assert_close(frobenius_norm(big).double(), exact, rtol=1e-6, atol=0)
+    assert torch.equal(frobenius_norm(u), torch.linalg.matrix_norm(u, keepdim=True))  # in range: unchanged
+    float64 = newton_schulz(big.double()).float()  # no overflow nor underflow there
+    torch.testing.assert_close(newton_schulz(big), float64, rtol=1e-4, atol=1e-5 * float(float64.abs().max()))
+    if magnitude > 1:
+        torch.testing.assert_close(newton_schulz(big), newton_schulz(u), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("magnitude", [1e20, 1e-25])
+def test_powersgd_gram_schmidt_is_scale_free_past_float32s_sum_of_squares(magnitude, device):
+    """Gram-Schmidt's result does not depend on a column's scale. A float32 column of 1e20 (norm inf)
+    or 1e-25 (its squares underflow, norm 0) came out all zeros; now it is the column of 1 scaled."""
+    from gradwire.averaging.powersgd import orthogonalized
+
+    m = torch.randn(3, 40, 2, generator=torch.Generator().manual_seed(1)).to(device)
+    m[1, :, 1] = 0  # an exactly zero column stays zero
+    (ours,), (unit,) = orthogonalized([m * magnitude]), orthogonalized([m])
+    torch.testing.assert_close(ours, unit, rtol=1e-5, atol=1e-6)
+    gram = unit.mT @ unit
+    torch.testing.assert_close(gram[[0, 2]], torch.eye(2, device=device).expand(2, 2, 2), rtol=0, atol=1e-5)
+    assert float(unit[1, :, 1].abs().max()) == 0.0

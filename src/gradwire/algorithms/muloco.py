@@ -48,6 +48,7 @@ import torch
 from gradwire.algorithms.base import ALGORITHMS
 from gradwire.algorithms.diloco import DILOCO_PARAMS, OUTER_WARMUP, STREAMING_PARAMS, DiLoCo, StreamingDiLoCo
 from gradwire.algorithms.optim import AdamW, ScheduledRate
+from gradwire.compress.wire import power_of_two_below
 from gradwire.spec import require
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al. 2024, the same at every iteration
@@ -75,6 +76,15 @@ def ns_coefficients_of(name: str, steps: int) -> tuple[tuple[float, float, float
     return POLAR_EXPRESS[:steps]
 
 
+def frobenius_norm(x: torch.Tensor) -> torch.Tensor:
+    """Each matrix's Frobenius norm (shape (k, 1, 1)), measured on the matrix divided by the power of two
+    at or below its largest |entry| (exact): a float32 matrix with an entry past about 1.8e19 has an
+    infinite plain norm, and Newton-Schulz returned zeros. Wherever the plain norm is finite and normal,
+    the result is the same."""
+    scale = power_of_two_below(x.abs().amax(dim=(-2, -1), keepdim=True))
+    return torch.linalg.matrix_norm(x / scale, keepdim=True) * scale
+
+
 def newton_schulz(u: torch.Tensor, steps: int = 5, eps: float = 1e-7, coefficients: str = "jordan") -> torch.Tensor:
     """Muon's quintic Newton-Schulz iteration X <- a X + (b A + c A²) X, A = X Xᵀ, on a matrix (m, n) or
     a batch (k, m, n) of same-shaped matrices, each scaled by its own Frobenius norm, in the input's dtype.
@@ -89,7 +99,7 @@ def newton_schulz(u: torch.Tensor, steps: int = 5, eps: float = 1e-7, coefficien
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = x.mT
-    x = x / (torch.linalg.matrix_norm(x, keepdim=True) * NS_SCHEDULES[coefficients] + eps)
+    x = x / (frobenius_norm(x) * NS_SCHEDULES[coefficients] + eps)
     k, m, n = x.shape
     y, gram, poly = x.new_empty(k, m, n), x.new_empty(k, m, m), x.new_empty(k, m, m)
     for a, b, c in abc:

@@ -61,6 +61,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gradwire.averaging.base import Averager
+from gradwire.compress.wire import power_of_two_below
 from gradwire.errors import ConfigError
 from gradwire.seeding import hash_seed
 from gradwire.spec import Registry, Specced, require
@@ -83,7 +84,11 @@ def orthogonalize_(matrix: torch.Tensor) -> torch.Tensor:
     its norm before becomes zero, as an exactly zero column stays zero (no NaN); on large matrices
     the rounding left of a dependent column can pass that and is normalised, but the second
     projection keeps it orthogonal, so P^ P^T is still a projection (tested: exact means).
-    A batch runs r steps for all its matrices at once. Work in float32 at least (the caller's)."""
+    A batch runs r steps for all its matrices at once. Work in float32 at least (the caller's).
+    Each column is first divided by the power of two at or below its largest |entry| (exact, and the
+    result does not depend on a column's scale): a float32 column past about 1.8e19, or below 1e-19,
+    had a norm of inf or 0 and came out all zeros."""
+    matrix.div_(power_of_two_below(matrix.abs().amax(dim=-2, keepdim=True)))
     before = torch.linalg.vector_norm(matrix, dim=-2)  # (..., r)
     tol = 16 * torch.finfo(matrix.dtype).eps
     for i in range(matrix.shape[-1]):

@@ -72,6 +72,14 @@ def write(dst: torch.Tensor, values: torch.Tensor) -> None:
     dst.copy_(values.contiguous().reshape(-1).view(torch.uint8))
 
 
+def power_of_two_below(amax: torch.Tensor) -> torch.Tensor:
+    """The power of two at or below each non-negative finite ``amax`` (1 for 0), in its dtype: dividing
+    a tensor by it is exact and brings its largest |entry| into [1, 2), so a sum of squares taken
+    afterwards neither overflows nor underflows (a float32 entry past about 1.8e19 squares to inf)."""
+    _, exponent = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1); 0 gives e = 0
+    return torch.ldexp(torch.ones_like(amax), exponent - 1)
+
+
 def to_f32_up(value: torch.Tensor) -> torch.Tensor:
     """Round non-negative scalars to float32 upwards, so a scale on the wire never falls below the
     value it bounds (float64 inputs); fp32 values pass unchanged."""
