@@ -853,6 +853,25 @@ def screen(row: Row, lrs: list[float], n_steps: int, workers: int, out: Path) ->
     return result
 
 
+def pick_screened(row: Row, workers: int, out: Path) -> dict:
+    """The reduced protocol (``tune --lrs ... --pick``): the best of the row's screened trials
+    (screening/<row>.json) becomes its chosen rate, written as tuning/<row>.json with every screened
+    trial and a note saying it was screened, not walked. The plateau measurements stay NaN: a screened
+    trial evaluates only its last evaluations."""
+    screened = json.loads((out / "screening" / f"{row.key}.json").read_text())["trials"]
+    quality = {float(lr): q for lr, q in screened.items()}
+    nan = float("nan")
+    result = {row.key: best_trial(quality),
+              f"{row.key}:trials": {lr: {"quality": q, "quarter_gain": nan, "evaluation_noise": nan,
+                                         "status": "finished" if math.isfinite(q) else "diverged"}
+                                    for lr, q in screened.items()},
+              f"{row.key}:note": f"screened at {workers} workers on seed {TUNING_SEED} ({len(screened)} trials: "
+                                 f"{', '.join(screened)}), not walked"}
+    (out / "tuning").mkdir(parents=True, exist_ok=True)
+    (out / "tuning" / f"{row.key}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def screened_rates(out: Path) -> dict:
     """{row: rate} for the rows screened at one rate only (out/screening/<row>.json, ``screen``): a
     variant of a walked row, screened at that row's chosen rate, whose table curves then run at it."""
@@ -882,6 +901,9 @@ def main(argv=None) -> int:
     p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0); tune "
                    "stage: only these trials, outside the walk (screening/<row>.json; a row screened at one rate "
                    "takes it in the other stages)")
+    p.add_argument("--pick", action="store_true",
+                   help="tune stage with --lrs: the best screened rate becomes the row's chosen rate (a reduced "
+                   "protocol, noted in tuning/<row>.json; the walk is the full one)")
     p.add_argument("--collectives", choices=TIME_NETWORKS, default="ring",
                    help="report stage: the network model (transports/network.py) whose collectives the time model "
                    "prices (ring: gloo's, validated on the test bed; halving-doubling: O(log n) rounds, NCCL's tree "
@@ -891,6 +913,8 @@ def main(argv=None) -> int:
                             "batch_size": DEFAULT_BATCH},
                   helps={"batch_size": "sequences per worker and micro-batch (another batch: use another --out)"})
     args, _ = parse_run_args(p, argv)
+    if args.pick and not (args.stage == "tune" and args.lrs):
+        raise SystemExit("--pick chooses among screened rates: give it with the tune stage and --lrs")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [ROW[k] for k in args.rows.split(",")]
@@ -903,6 +927,8 @@ def main(argv=None) -> int:
         for row in rows:
             if args.lrs:
                 print(json.dumps(screen(row, [float(x) for x in args.lrs.split(",")], n, workers[0], out)), flush=True)
+                if args.pick:
+                    print(json.dumps(pick_screened(row, workers[0], out)), flush=True)
                 continue
             tune(row, n, workers[0], out)
         load_tuning(out)

@@ -276,6 +276,29 @@ def test_tune_with_lrs_screens_those_rates_only_and_never_chooses_one(ttq, tmp_p
     assert curve["seed"] == ttq.TUNING_SEED and curve["steps"][-1] == 60
 
 
+def test_pick_makes_the_best_screened_rate_the_chosen_one_and_says_it_was_not_walked(ttq, tmp_path):
+    """``tune --lrs A,B --pick`` (the reduced protocol the 64-worker pass used): the best finite screened
+    trial becomes the row's rate in tuning/<row>.json, with every trial and a note; a diverged trial never
+    wins; ``--pick`` without a screening is refused before anything runs."""
+    import json
+
+    (tmp_path / "screening").mkdir()
+    trials = {"0.004": 1.49, "0.008": 1.51, "0.016": float("nan")}
+    (tmp_path / "screening" / "ddp.json").write_text(json.dumps({"row": "ddp", "trials": trials}))
+    picked = ttq.pick_screened(ttq.ROW["ddp"], 64, tmp_path)
+    assert picked["ddp"] == 0.004 and set(picked["ddp:trials"]) == set(trials)
+    assert picked["ddp:trials"]["0.016"]["status"] == "diverged" and "64 workers" in picked["ddp:note"]
+    assert "not walked" in picked["ddp:note"]
+    assert ttq.load_tuning(tmp_path)["ddp"] == 0.004  # the other stages take it
+    trials |= {"0.002": 1.40}
+    (tmp_path / "screening" / "ddp.json").write_text(json.dumps({"row": "ddp", "trials": trials}))
+    assert ttq.pick_screened(ttq.ROW["ddp"], 64, tmp_path)["ddp"] == 0.002
+    for argv in (["tune", "--pick"], ["curves", "--lrs", "0.002", "--pick"]):
+        with pytest.raises(SystemExit, match="--pick chooses among screened rates"):
+            ttq.main([*argv, "--rows", "ddp", "--out", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
+
+
 def test_a_row_screened_at_one_rate_takes_it_and_the_newton_schulz_rows_differ_only_there(ttq, tmp_path):
     """``screened_rates``: a row screened at exactly one rate (a variant tried at its parent's chosen
     rate) is reported and trained at it; one screened at several is not (only a walk chooses). The
