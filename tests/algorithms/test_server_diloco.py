@@ -27,6 +27,7 @@ def assert_simulator_equals_threads(base) -> None:
 
 @pytest.mark.parametrize("spec", ["backup-diloco:backups=1,inner_steps=2",
                                   "backup-diloco:backups=1,late=buffer,inner_steps=2",
+                                  "backup-diloco:backups=1,late=stale,inner_steps=2",
                                   "async-diloco:inner_steps=2,period=2"])
 def test_resume_is_bitwise_exact(make_config, tmp_path, spec):
     """Stopped at step 7 (a checkpoint at 6, with messages in flight under the tail stragglers) and
@@ -46,6 +47,8 @@ def test_resume_is_bitwise_exact(make_config, tmp_path, spec):
     steps = read_jsonl(tmp_path / "whole" / "steps.jsonl")
     if "buffer" in spec:  # the tail made someone late: buffered into a later round
         assert any(s["buffered"] for s in steps)
+    elif "stale" in spec:  # the tail made someone late: applied with its staleness, none dropped
+        assert any(s["late"] for s in steps) and not any(s["dropped"] for s in steps)
     elif spec.startswith("backup"):  # the tail made someone late: dropped
         assert any(s["dropped"] for s in steps)
     else:  # nobody is dropped; the tail shows as staleness

@@ -2,6 +2,8 @@
 threads backend, the code path of torch.distributed's processes in one process) run each
 server-mode algorithm's protocol with the same arithmetic and the same bytes."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -97,3 +99,99 @@ def test_messages_round_trip_through_their_bytes():
     assert torch.equal(back.body, body) and msg.nbytes == HEADER_BYTES + 48
     bare = Message.from_state(Message(PARAMS, 0).state_dict())
     assert bare.body is None and bare.nbytes == HEADER_BYTES
+
+
+@pytest.mark.parametrize("spec, survives", [("sync:backups=1", True), ("backup-diloco:backups=0,inner_steps=2", False),
+                                            ("sync:backups=1,overlap=false", True)])
+def test_a_loss_beyond_the_backups_fails_at_once_naming_it(make_config, monkeypatch, spec, survives):
+    """Worker 1 dies at its third step (its thread ends, nothing more is sent). With a backup the run
+    finishes without it; without one a step can never gather N messages: the server fails at the loss,
+    naming worker 1 only (it used to wait until the live workers' own waits timed out, then blamed them)."""
+    import json
+
+    from gradwire.errors import CommunicationError
+    from gradwire.servers import real
+
+    step = real.RealWorker.step
+
+    def dies(self, s):
+        if self.w == 1 and s == 3:
+            raise SystemExit("worker 1 dies")
+        return step(self, s)
+
+    monkeypatch.setattr(real.RealWorker, "step", dies)
+    cfg = make_config(algorithm=spec, workers=3, steps=8, eval_every=8, backend="threads", timeout_s=3,
+                      stragglers="none:compute_s=0.001")
+    if survives:  # the threads backend re-raises the dead thread's error once the run is over
+        with pytest.raises(SystemExit, match="worker 1 dies"):
+            run(cfg)
+        summary = json.loads((Path(cfg.out) / "summary.json").read_text())
+        assert summary["status"] == "finished" and summary["lost_workers"] == [1] and summary["steps"] == 8
+        return
+    with pytest.raises(CommunicationError, match=r"1 of 3 workers lost \(worker 1: .*needs 3 workers' messages"):
+        run(cfg)
+    summary = json.loads((Path(cfg.out) / "summary.json").read_text())
+    assert summary["status"] == "failed" and "worker 0" not in summary["error"] and "worker 2" not in summary["error"]
+
+
+@pytest.mark.parametrize("spec", ["async", "sync:backups=1", "easgd:async=true,period=2",
+                                  "backup-diloco:backups=1,inner_steps=2"])
+def test_a_worker_that_rejoins_goes_on_counting_from_the_cut(make_config, spec):
+    """Worker 1 has no state in the checkpoint (its file removed): it rejoins with HELLO and the
+    server's JOIN carries the count it last heard from it, so the worker's count (summary
+    ``local_steps``) keeps equal to the computations the server took from it (it restarted at 0)."""
+    cfg = make_config(algorithm=spec, workers=3, steps=6, eval_every=3, backend="threads", timeout_s=30,
+                      checkpoint_every=6, stragglers="none:compute_s=0.001")
+    run(cfg)
+    root = Path(cfg.out) / "checkpoint"
+    (root / (root / "latest").read_text().strip() / "rank2.pt").unlink()
+    summary = run(cfg.replace(steps=12, resume=True, overwrite=False))
+    assert summary["rejoined_workers"] == [1]
+    assert summary["local_steps"] == summary["gradients_received"]
+    assert summary["local_steps"]["1"] > summary["local_steps"]["0"] / 2  # not restarted at 0
+
+
+def test_a_checkpoint_whose_every_worker_is_lost_fails_and_commits_nothing():
+    """Every worker's connection fails while the server gathers a checkpoint's cut: the run fails with
+    "every worker was lost" (the cut's deadline handling swallowed it, and committed an empty cut as
+    ``latest``: a restart would have brought every worker back with nothing)."""
+    import types
+
+    from gradwire.errors import CommunicationError
+    from gradwire.servers.driver import DriverParts
+    from gradwire.servers.real import RealServer
+    from gradwire.transports.base import PeerLost, Transport
+    from gradwire.transports.clocks import WallClock
+
+    class DeadPeers(Transport):
+        def recv(self, nbytes, src, dst, *, tag=0, timeout_s=0.0, count=True):
+            raise PeerLost(f"worker process {src} died")
+
+        def send(self, *args, **kwargs):
+            raise PeerLost("dead")
+
+        allgather = allreduce_mean = broadcast = gather = None  # no collectives in server mode
+
+    class Algorithm:
+        name = "async"
+
+        def on_lost(self, w):
+            pass
+
+        def workers_needed(self):
+            return 1
+
+    class Checkpoints:
+        def __init__(self):
+            self.calls = []
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: self.calls.append(name)
+
+    checkpoints = Checkpoints()
+    ctx = types.SimpleNamespace(world_size=2, local_ranks=(), device=torch.device("cpu"), timeline=None)
+    server = RealServer(DriverParts(ctx=ctx, algorithm=Algorithm(), transport=DeadPeers(), clock=WallClock(),
+                                    timeout_s=30.0, checkpoints=checkpoints))
+    with pytest.raises(CommunicationError, match="every worker was lost"):
+        server.save_checkpoint(10)
+    assert "save" not in checkpoints.calls and "mark_latest" not in checkpoints.calls

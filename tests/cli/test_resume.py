@@ -122,6 +122,9 @@ class _Algorithm:
     def on_lost(self, w):
         self.told.append(w)
 
+    def workers_needed(self):
+        return 1
+
     def server_summary(self):
         return {}
 
@@ -151,6 +154,7 @@ def _server(n: int):
 def test_a_resumed_server_still_names_the_workers_lost_before_its_checkpoint(tmp_path):
     before = _server(3)
     before._lose(1, "SIGKILL (signal 9)")
+    before.refused_bytes = 77  # a reply to worker 1 that its transport refused
     state = {"server": before._cut_state([])}  # the server's entry in the checkpoint of a cut
     assert state["server"]["lost"] == {"1": "SIGKILL (signal 9)"}
     for rank in (0, 1, 3):  # worker 1 (rank 2) was lost before the checkpoint: it has no state file
@@ -161,6 +165,7 @@ def test_a_resumed_server_still_names_the_workers_lost_before_its_checkpoint(tmp
     after.said_bye = {0, 1, 2}  # ... and did, and finished
     summary = after.finish()
     assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "SIGKILL (signal 9)"}
+    assert summary["answers_refused_bytes"] == 77  # kept across the resume, as the losses are
     assert summary["rejoined_workers"] == []  # (no HELLO handled here)
     older = {"server": dict(state["server"])}
     older["server"].pop("lost")  # a checkpoint written before losses were kept: none named

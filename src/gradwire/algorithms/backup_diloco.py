@@ -96,6 +96,9 @@ class BackupDiLoCo(ServerDiLoCo):
     def tag(self) -> int:
         return self.current  # the round a replica computes for
 
+    def workers_needed(self):
+        return self.need  # each round averages N replicas' pseudo-gradients
+
     # -- the server ---------------------------------------------------------------------------------
 
     def on_message(self, msg, finished):

@@ -241,11 +241,18 @@ class Algorithm(Specced, ABC):
 
     def join_reply(self, worker: int) -> Message:
         """The answer to a worker that rejoins with no state of its own (lost before the checkpoint
-        a run resumed from): a JOIN with what it starts from; ``count`` is its step count."""
+        a run resumed from): a JOIN with what it starts from. The driver sets its ``count``, the step
+        count the server last heard from the worker (as of the cut), which the worker goes on from."""
         raise NotImplementedError(f"{self.name} has no server mode")
 
     def on_lost(self, worker: int) -> None:  # noqa: B027 - most protocols have nothing to forget
         """The server learnt that ``worker`` is gone (dead, or silent past the timeout)."""
+
+    def workers_needed(self) -> int:
+        """The fewest live workers a server-mode step can complete with: with fewer, the server fails at
+        once (naming the losses) rather than wait for messages that cannot come. 1 for a protocol whose
+        steps count arrivals from whoever is alive."""
+        return 1
 
     def server_summary(self) -> dict:
         """Figures for summary.json from the server's side of the protocol."""

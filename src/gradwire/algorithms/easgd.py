@@ -150,7 +150,7 @@ class EASGD(Algorithm):
         return None
 
     def join_reply(self, worker):
-        return Message(JOIN, worker, count=self.local_steps[worker], body=as_body(self.center))
+        return Message(JOIN, worker, body=as_body(self.center))
 
     def before_evaluation(self, ctx):
         if self.evaluates != "center":

@@ -302,7 +302,7 @@ class LeaderSGD(Algorithm):
     def join_reply(self, worker):
         self.server.rejoined(worker)
         # a copy: the leader's parameters may change before the send has gone out
-        return Message(JOIN, worker, count=self.local_steps[worker], body=as_body(self.leader_x))
+        return Message(JOIN, worker, body=as_body(self.leader_x))
 
     def on_lost(self, worker):
         self.server.lost(worker, self.info)

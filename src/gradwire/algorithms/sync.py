@@ -159,6 +159,9 @@ class SyncSGD(Algorithm):
     def join_reply(self, worker):
         return Message(JOIN, worker, tag=self.current, body=as_body(self.x))
 
+    def workers_needed(self):
+        return self.need  # each step takes N gradients of different workers
+
     def step(self, ctx, step):  # b = 0 (with backups the server-mode driver runs the protocol above)
         ctx.compute_all(step)
         losses, grads = {}, {}

@@ -281,6 +281,7 @@ def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
                                 transport=ThreadTransport(hub, world, rank))
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors[rank] = e
+            hub.died(rank, f"{type(e).__name__}: {e}".splitlines()[0][:120])
 
     threads = [threading.Thread(target=process, args=(k,), name=f"gradwire-process-{k}") for k in range(world)]
     for t in threads:

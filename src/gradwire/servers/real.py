@@ -57,6 +57,11 @@ from gradwire.transports.base import SERVER, PeerLost
 COMPUTED = (GRADIENT, REPORT)  # kinds that carry one computed gradient or local step
 
 
+class NoMessage(CommunicationError):
+    """No message reached the server before a deadline; a wait that may end without one (a checkpoint's
+    cut, the last goodbyes) catches this, never the wider CommunicationError (every worker lost)."""
+
+
 class RealServer(Driver):
     """Runs on process 0; ``step()`` is one step of the algorithm as the run loop sees it."""
 
@@ -84,7 +89,7 @@ class RealServer(Driver):
     # -- messages -------------------------------------------------------------------------------------
 
     def _receive(self, what: str, deadline: float | None = None, done=None) -> Message | None:
-        """The next message (held ones first); raises CommunicationError past the deadline. With
+        """The next message (held ones first); raises NoMessage past the deadline. With
         ``done``, a wait that a loss has made pointless (``done()`` holds after it) returns None."""
         while self.replay:
             msg = self.replay.popleft()
@@ -97,7 +102,7 @@ class RealServer(Driver):
             return None
         if got is None:
             alive = self.n - len(self.lost)
-            raise CommunicationError(f"server: no message arrived for {what} within {self.timeout_s:g} s "
+            raise NoMessage(f"server: no message arrived for {what} within {self.timeout_s:g} s "
                                      f"({alive} of {self.n} workers alive)")
         self.transport.count(got.nbytes, time.perf_counter() - start)  # the inbox received it ahead
         self.arrived = self.clock.now - (time.perf_counter() - self.inbox.last_arrival)
@@ -115,9 +120,16 @@ class RealServer(Driver):
         if w in self.in_flight:
             self.orphans.append(self.in_flight.pop(w))
         self.algo.on_lost(w)
-        if len(self.lost) == self.n and not self.finished:
-            reasons = "; ".join(f"worker {k}: {r}" for k, r in sorted(self.lost.items()))
+        if self.finished:
+            return
+        reasons = "; ".join(f"worker {k}: {r}" for k, r in sorted(self.lost.items()))
+        if len(self.lost) == self.n:
             raise CommunicationError(f"server: every worker was lost ({reasons})")
+        need = self.algo.workers_needed()
+        if self.n - len(self.lost) < need:
+            raise CommunicationError(f"server: {len(self.lost)} of {self.n} workers lost ({reasons}); a step of "
+                                     f"{self.algo.name} needs {need} workers' messages, so it cannot go on (with b "
+                                     f"backups a run survives b losses)")
 
     def _reply(self, msg: Message) -> None:
         if self.finished:
@@ -134,7 +146,9 @@ class RealServer(Driver):
         if msg.kind == HELLO:  # a worker with no state in the checkpoint rejoins
             self.lost.pop(w, None)
             self.rejoined.add(w)
-            self._reply(self.algo.join_reply(w))
+            join = self.algo.join_reply(w)
+            join.count = self.counts[w]  # its count as of the cut it resumes from: it goes on from there
+            self._reply(join)
             return None
         if msg.kind == BYE:
             self.said_bye.add(w)
@@ -182,7 +196,7 @@ class RealServer(Driver):
             while not everyone_holds():
                 try:
                     msg = self._receive(f"the checkpoint of step {step}", deadline, everyone_holds)
-                except CommunicationError:
+                except NoMessage:  # the deadline: the cut is who holds now
                     break
                 if msg is None:
                     break
@@ -227,7 +241,7 @@ class RealServer(Driver):
                 "received": {str(w): n for w, n in self.received.items()},
                 "counts": {str(w): n for w, n in self.counts.items()},
                 "lost": {str(w): why for w, why in self.lost_in_run.items()},
-                "rejoined": sorted(self.rejoined)}
+                "rejoined": sorted(self.rejoined), "refused_bytes": self.refused_bytes}
 
     def load_state_dict(self, state: dict, stepdir: Path | None = None) -> None:
         """A worker with no state file in ``stepdir`` will rejoin with HELLO: its held message is
@@ -241,6 +255,7 @@ class RealServer(Driver):
         self.counts = {w: int(state["counts"][str(w)]) for w in range(self.n)}
         self.lost_in_run = {int(w): str(why) for w, why in state.get("lost", {}).items()}  # older: none kept
         self.rejoined = {int(w) for w in state.get("rejoined", [])}
+        self.refused_bytes = int(state.get("refused_bytes", 0))  # older checkpoints: none kept
         for w in sorted(missing):
             self.algo.on_lost(w)
 
@@ -257,7 +272,7 @@ class RealServer(Driver):
         while not everyone_left():
             try:
                 msg = self._receive("the last messages", deadline, everyone_left)
-            except CommunicationError:
+            except NoMessage:
                 break
             if msg is None:
                 break

@@ -30,14 +30,28 @@ class Hub:
     def __init__(self, timeout_s: float):
         self.cond, self.slots, self.timeout_s = threading.Condition(), {}, timeout_s
         self.mail: dict[tuple[int, int, int], collections.deque] = {}
+        self.dead: dict[int, str] = {}  # process -> why its thread ended with an error
+
+    def died(self, process: int, reason: str) -> None:
+        """Process ``process``'s thread ended with an error: as when a gloo peer's connection closes, a
+        wait on it fails at once (not after the timeout, when its silent waiting peers would also look
+        dead)."""
+        with self.cond:
+            self.dead[process] = reason
+            self.cond.notify_all()
 
     def meet(self, key, rank: int, payload, needed: list[int]) -> dict:
         with self.cond:
             self.slots.setdefault(key, {})[rank] = payload
             self.cond.notify_all()
-            if not self.cond.wait_for(lambda: all(r in self.slots[key] for r in needed), self.timeout_s):
-                raise PeerLost(f"rank {rank}: collective {key[0]} over {list(key[1])} did not complete within "
-                               f"{self.timeout_s:g} s (have {sorted(self.slots[key])})")
+            complete = lambda: all(r in self.slots[key] for r in needed)  # noqa: E731
+            dead = lambda: [r for r in needed if r in self.dead and r not in self.slots[key]]  # noqa: E731
+            if not self.cond.wait_for(lambda: complete() or dead(), self.timeout_s) or not complete():
+                gone = dead()
+                why = f"rank {gone[0]} died ({self.dead[gone[0]]})" if gone else \
+                    f"did not complete within {self.timeout_s:g} s"
+                raise PeerLost(f"rank {rank}: collective {key[0]} over {list(key[1])} {why} "
+                               f"(have {sorted(self.slots[key])})")
             return dict(self.slots[key])
 
     def post(self, src: int, dst: int, tag: int, buffer: torch.Tensor) -> None:
@@ -48,8 +62,10 @@ class Hub:
     def take(self, src: int, dst: int, tag: int, timeout_s: float) -> torch.Tensor:
         with self.cond:
             box = self.mail.setdefault((src, dst, tag), collections.deque())
-            if not self.cond.wait_for(lambda: len(box) > 0, timeout_s):
+            if not self.cond.wait_for(lambda: len(box) > 0 or src in self.dead, timeout_s):
                 raise PeerLost(f"no message from process {src} to process {dst} within {timeout_s:g} s")
+            if not box:
+                raise PeerLost(f"process {src} died ({self.dead[src]})")
             return box.popleft()
 
 
