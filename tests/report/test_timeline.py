@@ -71,9 +71,22 @@ def test_sync_with_backups_under_tail_matches_the_simulator_exactly(comparison):
         ups, downs = mine[0::2], mine[1::2]
         starts = compute[compute["worker"] == w]
         np.testing.assert_array_equal(ups["start"], starts["end"][: len(ups)])
-        for up in ups:  # a gradient message: 64-byte header + the float32 gradient
-            assert up["end"] == up["start"] + network.send(int(serve["bytes"][0])).time_s
         np.testing.assert_array_equal(starts["start"][1:], downs["end"][: len(starts) - 1])
+    # each direction of the star's server link carries one message at a time, in the order they are
+    # ready, and is never idle while one waits: a message goes out at max(ready, the previous one gone)
+    up_bytes = int(serve["bytes"][0])  # a gradient message: 64-byte header + the float32 gradient
+    is_up = np.zeros(len(comm), dtype=bool)  # each worker's COMM records alternate: upload, reply
+    for w in range(cfg["workers"]):
+        is_up[np.flatnonzero(comm["worker"] == w)[0::2]] = True
+    ups, downs = comm[is_up], comm[~is_up]
+    for messages, size in ((ups, np.full(len(ups), up_bytes)), (downs, downs["bytes"])):
+        gone = messages["end"] - network.latency_s  # the last byte left the link
+        went = gone - size / network.bytes_per_s    # the first byte went onto it
+        order = np.argsort(went, kind="stable")
+        assert np.all(np.diff(messages["start"][order]) >= 0)  # first ready, first sent
+        previous = np.concatenate([[0.0], gone[order][:-1]])
+        np.testing.assert_allclose(went[order], np.maximum(messages["start"][order], previous), rtol=0, atol=1e-12)
+    assert np.any(ups["end"] - ups["start"] > network.send(up_bytes).time_s + 1e-9)  # some did queue
     assert_tiles(recs, cfg["workers"])
     steps = read_jsonl(out / "steps.jsonl")
     winners = {(w, c) for s in steps for w, c in zip(s["winners"], s["winner_counts"])}

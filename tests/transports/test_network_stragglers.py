@@ -23,6 +23,22 @@ def test_ps_costs_follow_formulas():
     assert net.send(123).bytes == 123
 
 
+def test_a_stars_server_link_carries_one_message_at_a_time():
+    """n uploads of B bytes ready together reach the server over lat + n·B/bw, the allreduce's gather
+    half; one ready after the link has emptied pays only its own lat + B/bw. On the ring, each message
+    is priced on its own."""
+    from gradwire.transports.network import ServerLink
+
+    net = NETWORKS.build("ps:mbps=100,latency_ms=2")
+    link = ServerLink(net)
+    arrivals = [link.arrival(1.0, 1000) for _ in range(4)]
+    assert arrivals[-1] == pytest.approx(1.0 + net.allreduce(1000, 4).time_s / 2)
+    assert np.diff(arrivals) == pytest.approx([1000 / BW] * 3)
+    assert link.arrival(5.0, 1000) == pytest.approx(5.0 + net.send(1000).time_s)
+    ring = ServerLink(NETWORKS.build("ring:mbps=100,latency_ms=2"))
+    assert [ring.arrival(1.0, 1000) for _ in range(3)] == [1.0 + net.send(1000).time_s] * 3
+
+
 def test_ring_costs_follow_formulas():
     net = NETWORKS.build("ring:mbps=100,latency_ms=1")
     c = net.allreduce(8000, 8)

@@ -16,6 +16,11 @@ broadcast      bytes (N-1)·n; time lat + (N-1)·n/bw  bytes (N-1)·n; time (N-1
 send           bytes n; time lat + n/bw             (same)
 =============  ===================================  =============================================
 
+On ``ps`` the server-mode messages (gradwire/servers/simulated.py) queue on the server's link, one
+at a time in each direction in the order they are ready (``ServerLink``): n uploads of B bytes
+ready together arrive over lat + n·B/bw, as the allreduce's gather half does; on the other networks
+each message costs lat + n/bw on its own.
+
 The ring allgather is priced by the largest buffer, as a padded allgather (what gloo and NCCL
 do with variable sizes) would be. Bytes count every message both ways; they are the byte ledger's
 (transports/ledger.py), where every counter in gradwire takes its figures.
@@ -52,12 +57,32 @@ class Cost:
     time_s: float
 
 
+class ServerLink:
+    """One direction of the server's link: a message ready at ``ready`` starts when the link is free,
+    holds it for its bytes over the bandwidth, and arrives a latency after it has gone out. On a
+    network whose server link is not shared, a message arrives lat + n/bw after it is ready. Calls must
+    come in the order the messages are ready (the simulator's event order)."""
+
+    def __init__(self, network: Network):
+        self.network, self.free_s = network, 0.0
+
+    def arrival(self, ready: float, nbytes: int) -> float:
+        net = self.network
+        if not net.server_link_shared:
+            return ready + net.send(nbytes).time_s
+        self.free_s = max(ready, self.free_s) + nbytes / net.bytes_per_s
+        return self.free_s + net.latency_s
+
+
 class Network(Specced):
     """A topology: the seconds each collective takes (``allreduce_s``, ``allgather_s``,
     ``broadcast_s``, for two participants or more); the bytes are the byte ledger's, and a single
     participant sends nothing."""
 
     name = "?"
+    # point-to-point messages to and from a server share the server's one link (a star), each direction
+    # carrying one message at a time; otherwise each message is priced on its own (no contention)
+    server_link_shared = False
     allreduce_bytes = staticmethod(ledger.allreduce)  # the ledger's count (a star's differs: PSNetwork)
     allgather_bytes = staticmethod(ledger.allgather)
 
@@ -89,6 +114,7 @@ class Network(Specced):
                    params={"mbps": "server link bandwidth in Mbit/s", "latency_ms": "one-way latency"})
 class PSNetwork(Network):
     name = "ps"
+    server_link_shared = True
     allreduce_bytes = staticmethod(ledger.star_allreduce)
     allgather_bytes = staticmethod(ledger.star_allgather)
 

@@ -10,10 +10,11 @@ the workers go on computing. ``wait()`` advances the clock to ``max(clock.now, f
 the part of the communication that computation did not cover is paid. Overlapping collectives
 are priced independently (no contention between them, or with computation, is modelled).
 
-Point-to-point messages are priced one by one (``network.send``: latency plus bytes over the
-bandwidth, no contention) and wait in a mailbox until ``recv`` takes them; ``send`` returns their
-duration, which the server-mode driver (gradwire/servers/simulated.py) turns into arrival times,
-and ``recv`` counts them (a message is counted when it arrives, as on a real backend's server).
+Point-to-point messages wait in a mailbox until ``recv`` takes them; ``send`` returns their duration
+alone (``network.send``: latency plus bytes over the bandwidth), and the server-mode driver
+(gradwire/servers/simulated.py) times them, with the queue on a star's server link
+(``network.ServerLink``); ``recv`` counts them (a message is counted when it arrives, as on a real
+backend's server).
 """
 
 from __future__ import annotations
