@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from gradwire.run.loop import Run
-from gradwire.transports.network import NETWORKS
 from tests.helpers import LOCAL_UPDATES
 
 SPECS = [
@@ -73,9 +72,9 @@ def test_resume_mid_run_equals_never_stopping(make_config, spec):
         assert torch.equal(a["eval"], b["eval"])
         assert all(torch.equal(a["x"][k], b["x"][k]) for k in a["x"])
     assert first.clock.now == straight.clock.now and first.transport.bytes_sent == straight.transport.bytes_sent
-    if in_flight:  # DaSGD started the in-flight average again after the resume: sent twice, same numbers
-        extra = NETWORKS.build(cfg.network).allreduce(straight.model.numel * 4, 4).bytes
-        assert resumed.transport.bytes_sent == straight.transport.bytes_sent + extra
-    else:
-        assert resumed.clock.now == straight.clock.now
-        assert resumed.transport.bytes_sent == straight.transport.bytes_sent
+    # DaSGD starts an average in flight at the checkpoint again after the resume (the same snapshot),
+    # counted once and finishing when it first would have: ledger, time and clock as if never stopped
+    assert resumed.clock.now == straight.clock.now
+    assert resumed.transport.bytes_sent == straight.transport.bytes_sent
+    assert resumed.transport.comm_time_s == straight.transport.comm_time_s
+    assert in_flight or not spec.startswith("dasgd:period=2")  # the case it is for does occur

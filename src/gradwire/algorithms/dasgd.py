@@ -28,6 +28,7 @@ from gradwire.algorithms.base import ALGORITHMS
 from gradwire.algorithms.local_sgd import LocalSGD
 from gradwire.algorithms.replicas import mean_or_nan
 from gradwire.spec import require
+from gradwire.transports.base import Handle
 
 
 @ALGORITHMS.register("dasgd", help="DaSGD (Zhou 2020): local SGD whose average is applied d steps late, "
@@ -49,11 +50,13 @@ class DaSGD(LocalSGD):
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         self.snapshot = {r: params.clone() for r in ctx.local_ranks}
-        self.handle, self.started_at, self.resend = None, -1, False
+        self.handle, self.started_at, self.resend, self.finish_s = None, -1, False, None
 
     def step(self, ctx, step):
-        if self.resend:  # resumed from a checkpoint taken while an average was in flight
-            self.handle, self.resend = ctx.transport.allreduce_mean_start(dict(self.snapshot)), False
+        if self.resend:  # resumed from a checkpoint taken while an average was in flight: counted once
+            self.handle = ctx.transport.restart(lambda: ctx.transport.allreduce_mean_start(dict(self.snapshot)),
+                                                self.finish_s)
+            self.resend = False
         info = self.local_steps(ctx, step)
         if self.started_at >= 0 and step == self.started_at + self.delay:
             self._merge(ctx, info)
@@ -77,8 +80,9 @@ class DaSGD(LocalSGD):
         self.handle, self.started_at = None, -1
 
     def state_dict(self):
+        in_flight = {"finish_s": self.handle.finish_state()} if self.handle is not None else {}
         return super().state_dict() | {"snapshot": {str(r): t for r, t in self.snapshot.items()},
-                                       "started_at": self.started_at}
+                                       "started_at": self.started_at} | in_flight
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
@@ -86,3 +90,4 @@ class DaSGD(LocalSGD):
             t.copy_(state["snapshot"][str(r)])
         self.started_at = int(state["started_at"])
         self.handle, self.resend = None, self.started_at >= 0
+        self.finish_s = Handle.finish_of(state.get("finish_s"))

@@ -90,6 +90,7 @@ from gradwire.algorithms.optim import AdamW, HeavyBall, ScheduledRate, require_s
 from gradwire.algorithms.placement import on_device, outer_copy
 from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan
 from gradwire.spec import require
+from gradwire.transports.base import Handle
 
 INNER_CHOICES = ("adamw", "sgd")
 OUTER_SCHEDULES = ("constant", "inner")
@@ -251,9 +252,10 @@ class StreamingDiLoCo(Algorithm):
         return (step - self.offsets[fragment]) % self.inner_steps == 0
 
     def step(self, ctx, step):
-        if self.resend:  # resumed with rounds in flight: start them again from their payloads
+        if self.resend:  # resumed with rounds in flight: start them again from their payloads, counted once
             for p in sorted(self.in_flight):
-                self._start_collective(ctx, p)
+                entry = self.in_flight[p]
+                entry["handle"] = ctx.transport.restart(lambda p=p: self._payloads_mean(ctx, p), entry.pop("finish_s"))
             self.resend = False
         losses = [self.replicas.sgd_step(ctx, r) for r in ctx.local_ranks]
         self.pace.computed(ctx, step)
@@ -287,9 +289,11 @@ class StreamingDiLoCo(Algorithm):
             self.replicas.x[r][a:b].copy_(self.thetas[r][a:b])
 
     def _start_collective(self, ctx, p: int) -> None:
+        self.in_flight[p]["handle"] = self._payloads_mean(ctx, p)
+
+    def _payloads_mean(self, ctx, p: int):
         a, b = self.ranges[p]
-        entry = self.in_flight[p]
-        entry["handle"] = self.averager.start_payloads(ctx.transport, entry["payloads"], self.theta[a:b])
+        return self.averager.start_payloads(ctx.transport, self.in_flight[p]["payloads"], self.theta[a:b])
 
     def _merge(self, ctx, p: int, info: dict) -> None:
         """The averaged outer gradient of fragment p has arrived: the outer step on θ_p, then each
@@ -336,7 +340,7 @@ class StreamingDiLoCo(Algorithm):
         return {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(), "theta": self.theta,
                 "outer": {str(p): o.state_dict() for p, o in enumerate(self.outer)},
                 "codec": self.averager.state_dict(),
-                "in_flight": {str(p): {"started_at": e["started_at"],
+                "in_flight": {str(p): {"started_at": e["started_at"], "finish_s": e["handle"].finish_state(),
                                        "payloads": {str(r): t for r, t in e["payloads"].items()}}
                               for p, e in self.in_flight.items()},
                 **({"eager": self._eager_state()} if self.eager else {})}
@@ -354,7 +358,7 @@ class StreamingDiLoCo(Algorithm):
             o.load_state_dict(state["outer"][str(p)])
         self.averager.load_state_dict(state["codec"])
         device = self.theta.device  # byte payloads load on the CPU (checkpoint.floats_to moves floats only)
-        self.in_flight = {int(p): {"started_at": int(e["started_at"]),
+        self.in_flight = {int(p): {"started_at": int(e["started_at"]), "finish_s": Handle.finish_of(e.get("finish_s")),
                                    "payloads": {int(r): t.to(device) for r, t in e["payloads"].items()}}
                           for p, e in state["in_flight"].items()}
         self.resend = bool(self.in_flight)

@@ -97,3 +97,7 @@ class Finished(Handle):
         if not self.done:
             self._result, self.done = self.finish(self.inner.wait()), True
         return self._result
+
+    def reschedule(self, finish_s: float) -> None:
+        super().reschedule(finish_s)
+        self.inner.reschedule(finish_s)

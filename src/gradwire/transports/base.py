@@ -27,9 +27,10 @@ mode exactly once.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -66,6 +67,20 @@ class Handle:
 
     def wait(self) -> torch.Tensor:
         return self._result
+
+    def reschedule(self, finish_s: float) -> None:
+        """Finish at ``finish_s`` instead (a collective restarted after a resume keeps its first finish)."""
+        self.finish_s = finish_s
+
+    def finish_state(self) -> torch.Tensor:
+        """``finish_s`` for a checkpoint (NaN where the transport does not know it): what
+        :meth:`Transport.restart` takes back through :meth:`finish_of`."""
+        return torch.tensor(math.nan if self.finish_s is None else self.finish_s, dtype=torch.float64)
+
+    @staticmethod
+    def finish_of(state: torch.Tensor | None) -> float | None:
+        """The finish time a checkpoint saved (None: unknown, or a checkpoint from before it was saved)."""
+        return None if state is None or math.isnan(float(state)) else float(state)
 
 
 class Transport(ABC):
@@ -107,6 +122,17 @@ class Transport(ABC):
                 yield
         finally:
             self.bytes_sent, self.comm_time_s = saved
+
+    def restart(self, start: Callable[[], Handle], finish_s: float | None) -> Handle:
+        """A collective that was in flight when a checkpoint was taken, started again after the resume
+        by ``start()`` (it must give the same result: the same payloads): its bytes, time and timeline
+        interval were counted when it first started, before the checkpoint, so none is counted again,
+        and on the simulator it finishes when it first would have (``finish_s``, saved with it)."""
+        with self.uncounted():
+            handle = start()
+        if finish_s is not None and handle.finish_s is not None:
+            handle.reschedule(finish_s)
+        return handle
 
     def serve_from_process_zero(self) -> None:
         """Server mode on a real backend: process 0 is the server and hosts no worker; process p
