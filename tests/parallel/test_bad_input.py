@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 import pytest
+import torch
 import torch.distributed as dist
 
 from gradwire.cli import main
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
 from gradwire.parallel.layout import Layout, check_layout, parse_layout
+from gradwire.parallel.tp2p5d import sequence_block
 from gradwire.run.combination import check_combination
 
 LM = "stdlib-lm:dim=8,layers=1,heads=2,context=6,train_bytes=4000,val_bytes=700"
@@ -66,6 +71,8 @@ def test_run_refuses_a_world_that_does_not_match(monkeypatch, tmp_path):
     (["--tensor-parallel", "1d:p=2", "--task", "digits-mlp"], "task 'digits-mlp' has none"),
     (["--tensor-parallel", "1d:p=2", "--algorithm", "async"], "algorithm 'async' has a server"),
     (["--tensor-parallel", "1d:p=2", "--algorithm", "sync:overlap=true"], "use overlap=false"),
+    (["--tensor-parallel", "2d:q=2", "--workers", "1", "--batch-size", "full"],
+     "worker 0's 571 sequences are not a multiple of 2"),
 ])
 def test_cli_says_one_line(args, message, tmp_path, capsys):
     argv = ["run", "--task", LM, "--backend", "torch", "--out", str(tmp_path / "r"), *args]
@@ -80,6 +87,35 @@ def test_collective_algorithms_pass_the_check(algorithm, tmp_path):
     """Only sync's overlap=true is refused; Streaming DiLoCo's own `overlap` (tau steps) is not it."""
     check_combination(RunConfig(task=LM, backend="torch", workers=2, tensor_parallel="1d:p=2", algorithm=algorithm,
                                 batch_size=4, out=str(tmp_path / "run")))
+
+
+@pytest.mark.parametrize("layout, workers, refused", [
+    ("2.5d:q=2,d=2", 1, None),  # 572 sequences: 4 blocks of 143
+    ("2.5d:q=2,d=2", 2, "worker 0's 286 sequences are not a multiple of 4 (shards: [286, 286])"),
+    ("2d:q=2", 2, None),
+    ("1d:p=2", 1, None),  # 1-D does not split the batch
+])
+def test_a_full_batch_must_split_into_d_times_q_blocks_of_sequences(layout, workers, refused, tmp_path):
+    """--batch-size full makes each worker's batch its whole shard; 2-D / 2.5-D split it d*q ways, so
+    every shard must be a multiple of d*q (else sequences are dropped and the loss scaled by the
+    share kept: 570/571 of the dense loss with 571 sequences under 2d:q=2)."""
+    task = LM.replace("train_bytes=4000", "train_bytes=4004")  # 572 windows of 7 bytes
+    cfg = RunConfig(task=task, backend="torch", workers=workers, tensor_parallel=layout, batch_size="full",
+                    out=str(tmp_path / "run"))
+    if refused is None:
+        check_combination(cfg)
+        return
+    with pytest.raises(ConfigError, match=re.escape(refused) + r"; pass --batch-size with a multiple of 4 "
+                                          r"\(--tensor-parallel\)$"):
+        check_combination(cfg)
+
+
+def test_sequence_block_refuses_a_batch_that_does_not_split():
+    """The run's last guard (the config check refuses such batches first): no sequence left out."""
+    mesh = SimpleNamespace(layout=parse_layout("2.5d:q=2,d=2"), j=1, k=1)
+    assert sequence_block(torch.arange(8), mesh).tolist() == [6, 7]  # block k*q + j = 3 of 4
+    with pytest.raises(ValueError, match="9 sequences are not a multiple of 4"):
+        sequence_block(torch.arange(9), mesh)
 
 
 def test_launch_refuses_a_process_count_that_is_not_a_multiple_of_p(tmp_path, capsys):

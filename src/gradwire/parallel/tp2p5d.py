@@ -25,8 +25,14 @@ from gradwire.parallel.tp2d import summa
 
 
 def sequence_block(x: torch.Tensor, mesh) -> torch.Tensor:
-    """This rank's sequences of a batch ``x`` (first dimension): block k·q + j of d·q."""
-    n = x.shape[0] // (mesh.layout.q * mesh.layout.d)
+    """This rank's sequences of a batch ``x`` (first dimension): block k·q + j of d·q. A batch that
+    does not split evenly is refused: its remainder would be trained by no rank, while the loss
+    still divides by the whole batch (the config check refuses such batches before a run starts)."""
+    ways = mesh.layout.q * mesh.layout.d
+    if x.shape[0] % ways:
+        raise ValueError(f"tensor_parallel={mesh.layout.spec()} splits a batch of sequences d*q = {ways} ways: "
+                         f"{x.shape[0]} sequences are not a multiple of {ways}")
+    n = x.shape[0] // ways
     start = (mesh.k * mesh.layout.q + mesh.j) * n
     return x[start : start + n]
 
