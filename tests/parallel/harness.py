@@ -168,15 +168,16 @@ COMPRESSED_RUNS = {  # layout, workers, compressor: a compressor that looks at t
     "four": [("1d:p=2", 2, "qsgd:levels=7"), ("1d:p=2", 2, "topk:ratio=0.1"), ("2d:q=2", 1, "qsgd:levels=7")],
     "eight": [("2.5d:q=2,d=2", 1, "topk:ratio=0.1")],
 }
+UNCOMPRESSED_RUN = ("1d:p=2", 2, "none")  # its data-parallel bytes are known exactly
 
 
-def compressed_run(layout: str, workers: int, compressor: str, world: int, rank: int, out: str) -> dict:
-    """Three steps of ``gradwire run --backend torch --tensor-parallel layout`` with a compressor
-    that is not element-wise (QSGD's bucket norms, top-k's selection over the shard), then a loss
-    on a fixed batch: the tensor-parallel model's, and the dense model's gathered from the shards.
-    Where the ranks of a worker disagreed on a tensor they all use whole (an embedding, a norm, a
-    bias), the two would differ; in 1-D every rank computes the whole loss, so the ranks' values
-    must be bit-identical too."""
+def short_run(layout: str, workers: int, compressor: str, world: int, rank: int, out: str) -> dict:
+    """Three steps of ``gradwire run --backend torch --tensor-parallel layout`` (each step's
+    ``dp_bytes``), then a loss on a fixed batch: the tensor-parallel model's, and the dense model's
+    gathered from the shards. Where the ranks of a worker disagreed on a tensor they all use whole
+    (an embedding, a norm, a bias: a compressor that is not element-wise, compressing each rank's
+    copy with its own shard, made them), the two would differ; in 1-D every rank computes the whole
+    loss, so the ranks' values must be bit-identical too."""
     from gradwire.run.loop import Run
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
@@ -184,8 +185,7 @@ def compressed_run(layout: str, workers: int, compressor: str, world: int, rank:
                         tensor_parallel=layout, workers=workers, compressor=compressor)
     r = Run(cfg)
     start = r.algorithm.eval_params().clone()
-    for _ in range(3):
-        r.train_step()
+    dp_bytes = [r.train_step()["dp_bytes"] for _ in range(3)]
     flat = r.algorithm.eval_params()
     tp = r.tensor_parallel
     tokens = torch.randint(0, 256, (4, 7), generator=torch.Generator().manual_seed(5))
@@ -194,7 +194,7 @@ def compressed_run(layout: str, workers: int, compressor: str, world: int, rank:
         tp_loss = tp.model.loss(r.model.load(flat)(x), y)
         losses = tp.mesh.tp.gather(tp_loss.reshape(1).contiguous(), 0, label=None)
         dense_flat = tp.model.gather_dense(flat, tp.dense and tp.dense.module)
-        result = {"moved": bool((flat != start).any()), "tp_loss": tp_loss.item()}
+        result = {"moved": bool((flat != start).any()), "tp_loss": tp_loss.item(), "dp_bytes": dp_bytes}
         if tp.mesh.tp.index == 0:
             dense = tp.dense.load(dense_flat)
             result |= {"tp_losses": [v.item() for v in losses],
@@ -202,9 +202,10 @@ def compressed_run(layout: str, workers: int, compressor: str, world: int, rank:
     return result
 
 
-def compressed_runs(scenario: str, world: int, rank: int, out: str) -> None:
-    results = {" ".join(map(str, c)): compressed_run(*c, world, rank, out) for c in COMPRESSED_RUNS[scenario]}
-    Path(out, f"compressed-rank{rank}.json").write_text(json.dumps(results))
+def short_runs(scenario: str, world: int, rank: int, out: str) -> None:
+    runs = COMPRESSED_RUNS[scenario] + ([UNCOMPRESSED_RUN] if scenario == "four" else [])
+    results = {" ".join(map(str, c)): short_run(*c, world, rank, out) for c in runs}
+    Path(out, f"short-runs-rank{rank}.json").write_text(json.dumps(results))
 
 
 def one_worker_config(out: str, **changes):
@@ -230,7 +231,7 @@ def child(scenario: str, rank: int, world: int, store_path: str, out: str) -> No
         result = SCENARIOS[scenario](world, rank)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
-        compressed_runs(scenario, world, rank, out)
+        short_runs(scenario, world, rank, out)
         dist.barrier()
         hybrid(world, rank, out)
     finally:

@@ -135,7 +135,7 @@ def test_compressed_runs_keep_every_shared_tensor_one_value(scenario, world, req
 
     request.getfixturevalue(scenario)  # the processes ran (and the module fixture keeps their folder)
     folder = request.getfixturevalue(f"{scenario}_dir")
-    ranks = [json.loads((folder / f"compressed-rank{r}.json").read_text()) for r in range(world)]
+    ranks = [json.loads((folder / f"short-runs-rank{r}.json").read_text()) for r in range(world)]
     for layout, workers, compressor in COMPRESSED_RUNS[scenario]:
         key = f"{layout} {workers} {compressor}"
         P = parse_layout(layout).size
@@ -145,6 +145,30 @@ def test_compressed_runs_keep_every_shared_tensor_one_value(scenario, world, req
             torch.testing.assert_close(got["tp_loss"], got["dense_loss"], rtol=1e-12, atol=0, msg=key)
             if parse_layout(layout).kind == "1d":  # every rank computed the whole loss on its own
                 assert len(set(got["tp_losses"])) == 1, (key, got["tp_losses"])
+
+
+def test_uncompressed_data_parallel_bytes_are_exact(four, four_dir):
+    """dp 2 x tp 1d:p=2, uncompressed: each step all-reduces every process's shard over its
+    data-parallel group, and the P shards of a worker hold every element of the dense model once,
+    so the whole run sends 2·(workers-1)·N·e per step (N the dense model's parameters), counted once
+    (by each data-parallel group's first member), whatever P."""
+    import json
+
+    from gradwire.tasks.language import transformer_sizes
+    from gradwire.tasks.models import transformer_lm
+    from gradwire.transports import ledger
+    from tests.parallel.harness import HYBRID_TASK, UNCOMPRESSED_RUN
+
+    sizes = transformer_sizes(HYBRID_TASK)
+    dense = transformer_lm(torch.Generator().manual_seed(0), dtype=torch.float64, **sizes)
+    n = sum(p.numel() for p in dense.parameters())
+    # by hand: embed 256·8 + position 6·8 + two norms 4·8 + qkv 24·8+24 + out 8·8+8 + MLP 32·8+32 and 8·32+8
+    # + final norm 2·8 + head 256·8+256
+    assert n == 2048 + 48 + 32 + 216 + 72 + 288 + 264 + 16 + 2304 == 5288
+    key = " ".join(map(str, UNCOMPRESSED_RUN))
+    for r in range(4):
+        got = json.loads((four_dir / f"short-runs-rank{r}.json").read_text())[key]["dp_bytes"]
+        assert got == [ledger.allreduce(n * F64, 2)] * 3 == [84608] * 3, (r, got)
 
 
 def test_one_worker_2p5d_run_equals_dense_training(eight, eight_dir, tmp_path):
