@@ -131,6 +131,16 @@ def _check_tensor_parallel(cfg: RunConfig, algorithm: Algorithm) -> None:
         raise ConfigError(f"tensor_parallel={spec!r}: algorithm {cfg.algorithm!r} averages during "
                           "the backward pass, which also runs the tensor-parallel collectives; use overlap=false "
                           "(--tensor-parallel)")
+    # Muon orthogonalises each weight matrix whole (Newton-Schulz), but a process holds a block of it
+    # (SUMMA's transposed), so its rows and columns would be scaled block by block
+    if parse_spec(cfg.optimizer)[0] == "muon":
+        raise ConfigError(f"tensor_parallel={spec!r}: --optimizer {cfg.optimizer!r} orthogonalises each weight "
+                          "matrix whole, but each process holds only a block of it; use --optimizer sgd or adamw "
+                          "(--tensor-parallel)")
+    if parse_spec(cfg.algorithm)[0] == "muloco":
+        raise ConfigError(f"tensor_parallel={spec!r}: algorithm {cfg.algorithm!r} runs Muon on each weight matrix "
+                          "whole, but each process holds only a block of it; use diloco (inner=adamw or sgd) "
+                          "(--tensor-parallel)")
     sizes = transformer_sizes(cfg.task)
     layout, full = parse_layout(spec), cfg.batch_size == "full"
     check_layout(layout, world_size=cfg.processes(server=False), dim=sizes["dim"], heads=sizes["heads"],
