@@ -169,23 +169,26 @@ COMPRESSED_RUNS = {  # layout, workers, compressor: a compressor that looks at t
     "eight": [("2.5d:q=2,d=2", 1, "topk:ratio=0.1")],
 }
 UNCOMPRESSED_RUN = ("1d:p=2", 2, "none")  # its data-parallel bytes are known exactly
+FULL_BATCH_RUN = ("1d:p=2", 2, "none", "full")  # each worker's batch is its whole shard
 
 
-def short_run(layout: str, workers: int, compressor: str, world: int, rank: int, out: str) -> dict:
+def short_run(layout: str, workers: int, compressor: str, world: int, rank: int, out: str,
+              batch_size: int | str = 4) -> dict:
     """Three steps of ``gradwire run --backend torch --tensor-parallel layout`` (each step's
-    ``dp_bytes``), then a loss on a fixed batch: the tensor-parallel model's, and the dense model's
-    gathered from the shards. Where the ranks of a worker disagreed on a tensor they all use whole
-    (an embedding, a norm, a bias: a compressor that is not element-wise, compressing each rank's
-    copy with its own shard, made them), the two would differ; in 1-D every rank computes the whole
-    loss, so the ranks' values must be bit-identical too."""
+    ``dp_bytes`` and ``tp_layer_bytes``; the workers' shard sizes), then a loss on a fixed batch:
+    the tensor-parallel model's, and the dense model's gathered from the shards. Where the ranks of
+    a worker disagreed on a tensor they all use whole (an embedding, a norm, a bias: a compressor
+    that is not element-wise, compressing each rank's copy with its own shard, made them), the two
+    would differ; in 1-D every rank computes the whole loss, so the ranks' values must be
+    bit-identical too."""
     from gradwire.run.loop import Run
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    cfg = hybrid_config(str(Path(out, f"compressed-{layout}-{compressor}")), backend="torch",
-                        tensor_parallel=layout, workers=workers, compressor=compressor)
+    cfg = hybrid_config(str(Path(out, f"short-{layout}-{compressor}-{batch_size}")), backend="torch",
+                        tensor_parallel=layout, workers=workers, compressor=compressor, batch_size=batch_size)
     r = Run(cfg)
     start = r.algorithm.eval_params().clone()
-    dp_bytes = [r.train_step()["dp_bytes"] for _ in range(3)]
+    steps = [r.train_step() for _ in range(3)]
     flat = r.algorithm.eval_params()
     tp = r.tensor_parallel
     tokens = torch.randint(0, 256, (4, 7), generator=torch.Generator().manual_seed(5))
@@ -194,7 +197,9 @@ def short_run(layout: str, workers: int, compressor: str, world: int, rank: int,
         tp_loss = tp.model.loss(r.model.load(flat)(x), y)
         losses = tp.mesh.tp.gather(tp_loss.reshape(1).contiguous(), 0, label=None)
         dense_flat = tp.model.gather_dense(flat, tp.dense and tp.dense.module)
-        result = {"moved": bool((flat != start).any()), "tp_loss": tp_loss.item(), "dp_bytes": dp_bytes}
+        result = {"moved": bool((flat != start).any()), "tp_loss": tp_loss.item(),
+                  "dp_bytes": [s["dp_bytes"] for s in steps], "tp_layer_bytes": [s["tp_layer_bytes"] for s in steps],
+                  "shard_sizes": r.shard_sizes}
         if tp.mesh.tp.index == 0:
             dense = tp.dense.load(dense_flat)
             result |= {"tp_losses": [v.item() for v in losses],
@@ -203,8 +208,8 @@ def short_run(layout: str, workers: int, compressor: str, world: int, rank: int,
 
 
 def short_runs(scenario: str, world: int, rank: int, out: str) -> None:
-    runs = COMPRESSED_RUNS[scenario] + ([UNCOMPRESSED_RUN] if scenario == "four" else [])
-    results = {" ".join(map(str, c)): short_run(*c, world, rank, out) for c in runs}
+    runs = COMPRESSED_RUNS[scenario] + ([UNCOMPRESSED_RUN, FULL_BATCH_RUN] if scenario == "four" else [])
+    results = {" ".join(map(str, c)): short_run(*c[:3], world, rank, out, *c[3:]) for c in runs}
     Path(out, f"short-runs-rank{rank}.json").write_text(json.dumps(results))
 
 

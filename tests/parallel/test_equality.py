@@ -171,6 +171,24 @@ def test_uncompressed_data_parallel_bytes_are_exact(four, four_dir):
         assert got == [ledger.allreduce(n * F64, 2)] * 3 == [84608] * 3, (r, got)
 
 
+def test_a_full_batch_records_every_layer_bytes(four, four_dir):
+    """dp 2 x tp 1d:p=2 with --batch-size full: every step's per-layer bytes are the layers' own,
+    each tensor-parallel group working on its worker's whole shard (the labels come from the
+    model's layers, not from a cost table drawn for a batch the run does not fix)."""
+    import json
+
+    from tests.parallel.harness import FULL_BATCH_RUN
+
+    got = json.loads((four_dir / "short-runs-rank0.json").read_text())[" ".join(map(str, FULL_BATCH_RUN))]
+    assert sorted(got["shard_sizes"]) == [285, 286]  # LM's 571 sequences, split iid
+    want: Counter = Counter()
+    for sequences in got["shard_sizes"]:  # one tensor-parallel group per worker
+        want.update(cost.lm_step_bytes(parse_layout("1d:p=2"), batch=sequences, context=6, dim=8, layers=1,
+                                       vocab=256, e=F64))
+    assert "blocks.0.attention.qkv" in want and "blocks.0.mlp.0" in want
+    assert got["tp_layer_bytes"] == [dict(want)] * 3
+
+
 def test_one_worker_2p5d_run_equals_dense_training(eight, eight_dir, tmp_path):
     """gradwire run --tensor-parallel 2.5d:q=2,d=2 --workers 1 on the eight processes trains as the
     simulator's one worker on the dense model: every step's loss and every evaluation (a
