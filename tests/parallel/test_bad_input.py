@@ -120,6 +120,29 @@ def test_sequence_block_refuses_a_batch_that_does_not_split():
         sequence_block(torch.arange(9), mesh)
 
 
+def test_a_checkpoint_resumes_only_under_its_layout(tmp_path):
+    """Each process's state is its shard, which the layout decides: 1d:p=4 and 2d:q=2 x 1 worker
+    both write rank0-3.pt; resuming one under the other names the layouts. A checkpoint from before
+    the key was kept had no layout."""
+    from gradwire import checkpoint
+
+    config = RunConfig(task=LM, backend="torch", workers=1, tensor_parallel="1d:p=4", batch_size=4, lr=0.1,
+                       momentum=0.0, lr_schedule="constant").to_dict()
+    stepdir = checkpoint.save(tmp_path / "checkpoint", 3, "rank0", {"x": torch.zeros(2)}, config)
+    assert checkpoint.load(stepdir, "rank0", config)[0] == 3
+    with pytest.raises(ConfigError, match=r"tensor_parallel: checkpoint '1d:p=4' vs now '2d:q=2'"):
+        checkpoint.load(stepdir, "rank0", config | {"tensor_parallel": "2d:q=2"})
+    plain = config | {"tensor_parallel": ""}
+    stepdir = checkpoint.save(tmp_path / "older", 3, "rank0", {"x": torch.zeros(2)}, plain)
+    payload = checkpoint.read(stepdir / "rank0.pt")  # rewritten as before the key was kept
+    del payload["config"]["tensor_parallel"]
+    payload["sha256"] = checkpoint.digest(payload)
+    torch.save(payload, stepdir / "rank0.pt")
+    assert checkpoint.load(stepdir, "rank0", plain)[0] == 3
+    with pytest.raises(ConfigError, match=r"tensor_parallel: checkpoint '' vs now '1d:p=4'"):
+        checkpoint.load(stepdir, "rank0", config)
+
+
 def test_launch_refuses_a_process_count_that_is_not_a_multiple_of_p(tmp_path, capsys):
     argv = ["launch", "--nproc-per-node", "6", "--", "run", "--task", LM, "--tensor-parallel", "2.5d:q=2,d=2",
             "--out", str(tmp_path / "r")]
