@@ -30,6 +30,14 @@ REFUSALS = [
     (TP | dict(algorithm="sync:overlap=true"), "averages during the backward pass", "(--tensor-parallel)"),
     (TP | dict(task="digits-mlp"), "task 'digits-mlp' has none", "(--tensor-parallel)"),
     (TP | dict(tensor_parallel="2d:q=3"), "dim=8 and heads=2 must be multiples of 3", "(--tensor-parallel)"),
+    (TP | dict(optimizer="muon"), "--optimizer 'muon' orthogonalises each weight matrix whole, but each process "
+     "holds only a block of it; use --optimizer sgd or adamw", "(--tensor-parallel)"),
+    (TP | dict(tensor_parallel="2d:q=2", optimizer="muon:ns_steps=3"), "--optimizer 'muon:ns_steps=3'",
+     "(--tensor-parallel)"),
+    (TP | dict(algorithm="muloco"), "algorithm 'muloco' runs Muon on each weight matrix whole, but each process "
+     "holds only a block of it; use diloco (inner=adamw or sgd)", "(--tensor-parallel)"),
+    (TP | dict(tensor_parallel="2d:q=2", workers=1, batch_size="full"),  # LM's 4000 bytes: 571 windows of 7
+     "worker 0's 571 sequences are not a multiple of 2 (shards: [571])", "(--tensor-parallel)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="async"), "server-mode algorithms",
      "(--fault-tolerance)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="streaming-diloco:overlap=1"),

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.testing import assert_close
 
+from gradwire.parallel.comm import piece_rows
 from gradwire.parallel.lm import parallel_lm, shard_of
 from gradwire.parallel.mesh import Mesh, parse_layout
 from gradwire.parallel.tp1d import ColumnParallelLinear, RowParallelLinear
@@ -45,9 +46,10 @@ def check_1d_pair(layout: str, world: int, rank: int) -> dict:
     col.label, row.label = "column", "row"
     p, n = mesh.i, mesh.layout.p
     rows = torch.arange(p * HID // n, (p + 1) * HID // n)
+    held = slice(*piece_rows(OUT, [n], [p]))  # the row layer's bias: used whole, held split
     with torch.no_grad():
         col.weight.copy_(dense1.weight[rows]), col.bias.copy_(dense1.bias[rows])
-        row.weight.copy_(dense2.weight[:, rows]), row.bias.copy_(dense2.bias)
+        row.weight.copy_(dense2.weight[:, rows]), row.bias.copy_(dense2.bias[held])
     xs = x.clone().requires_grad_()
     y = row(F.gelu(col(xs)))
     xd = x.clone().requires_grad_()
@@ -59,7 +61,7 @@ def check_1d_pair(layout: str, world: int, rank: int) -> dict:
     assert_close(col.weight.grad, dense1.weight.grad[rows])
     assert_close(col.bias.grad, dense1.bias.grad[rows])
     assert_close(row.weight.grad, dense2.weight.grad[:, rows])
-    assert_close(row.bias.grad, dense2.bias.grad)
+    assert_close(row.bias.grad, dense2.bias.grad[held])
     return counted(mesh)
 
 
@@ -75,8 +77,8 @@ def check_summa_linear(layout: str, world: int, rank: int) -> dict:
     layer = Linear2p5D(IN, HID, mesh, dtype=F64)
     layer.label = "summa"
     with torch.no_grad():
-        layer.weight.copy_(shard_of("head.weight", dense.weight, mesh.layout, mesh.i, mesh.j))
-        layer.bias.copy_(shard_of("head.bias", dense.bias, mesh.layout, mesh.i, mesh.j))
+        layer.weight.copy_(shard_of("head.weight", dense.weight, mesh.layout, mesh.i, mesh.j, mesh.k))
+        layer.bias.copy_(shard_of("head.bias", dense.bias, mesh.layout, mesh.i, mesh.j, mesh.k))
     feats = torch.arange(mesh.i * IN // q, (mesh.i + 1) * IN // q)
     xs = sequence_block(x, mesh)[..., feats].clone().requires_grad_()
     y = layer(xs)
@@ -88,8 +90,8 @@ def check_summa_linear(layout: str, world: int, rank: int) -> dict:
     (y * sequence_block(weights, mesh)[..., out_feats]).sum().backward()
     (yd * weights).sum().backward()
     assert_close(xs.grad, sequence_block(xd.grad, mesh)[..., feats])
-    assert_close(layer.weight.grad, shard_of("head.weight", dense.weight.grad, mesh.layout, mesh.i, mesh.j))
-    assert_close(layer.bias.grad, shard_of("head.bias", dense.bias.grad, mesh.layout, mesh.i, mesh.j))
+    assert_close(layer.weight.grad, shard_of("head.weight", dense.weight.grad, mesh.layout, mesh.i, mesh.j, mesh.k))
+    assert_close(layer.bias.grad, shard_of("head.bias", dense.bias.grad, mesh.layout, mesh.i, mesh.j, mesh.k))
     return counted(mesh)
 
 
@@ -114,7 +116,7 @@ def check_lm(layout: str, world: int, rank: int, steps: int = 0) -> dict:
         assert_close(loss, dense_loss)
         dense_params = dict(dense.named_parameters())
         for name, p in model.named_parameters():
-            want = shard_of(name, dense_params[name].grad, mesh.layout, mesh.i, mesh.j)
+            want = shard_of(name, dense_params[name].grad, mesh.layout, mesh.i, mesh.j, mesh.k)
             assert_close(p.grad, want, msg=lambda m, name=name, step=step: f"{layout} step {step} {name}: {m}")
         opt_tp.step(), opt_dense.step()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -162,6 +164,55 @@ def hybrid(world: int, rank: int, out: str) -> None:
     run(cfg, progress=False)
 
 
+COMPRESSED_RUNS = {  # layout, workers, compressor: a compressor that looks at the whole shard
+    "four": [("1d:p=2", 2, "qsgd:levels=7"), ("1d:p=2", 2, "topk:ratio=0.1"), ("2d:q=2", 1, "qsgd:levels=7")],
+    "eight": [("2.5d:q=2,d=2", 1, "topk:ratio=0.1")],
+}
+UNCOMPRESSED_RUN = ("1d:p=2", 2, "none")  # its data-parallel bytes are known exactly
+FULL_BATCH_RUN = ("1d:p=2", 2, "none", "full")  # each worker's batch is its whole shard
+
+
+def short_run(layout: str, workers: int, compressor: str, world: int, rank: int, out: str,
+              batch_size: int | str = 4) -> dict:
+    """Three steps of ``gradwire run --backend torch --tensor-parallel layout`` (each step's
+    ``dp_bytes`` and ``tp_layer_bytes``; the workers' shard sizes), then a loss on a fixed batch:
+    the tensor-parallel model's, and the dense model's gathered from the shards. Where the ranks of
+    a worker disagreed on a tensor they all use whole (an embedding, a norm, a bias: a compressor
+    that is not element-wise, compressing each rank's copy with its own shard, made them), the two
+    would differ; in 1-D every rank computes the whole loss, so the ranks' values must be
+    bit-identical too."""
+    from gradwire.run.loop import Run
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    cfg = hybrid_config(str(Path(out, f"short-{layout}-{compressor}-{batch_size}")), backend="torch",
+                        tensor_parallel=layout, workers=workers, compressor=compressor, batch_size=batch_size)
+    r = Run(cfg)
+    start = r.algorithm.eval_params().clone()
+    steps = [r.train_step() for _ in range(3)]
+    flat = r.algorithm.eval_params()
+    tp = r.tensor_parallel
+    tokens = torch.randint(0, 256, (4, 7), generator=torch.Generator().manual_seed(5))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    with torch.no_grad():
+        tp_loss = tp.model.loss(r.model.load(flat)(x), y)
+        losses = tp.mesh.tp.gather(tp_loss.reshape(1).contiguous(), 0, label=None)
+        dense_flat = tp.model.gather_dense(flat, tp.dense and tp.dense.module)
+        result = {"moved": bool((flat != start).any()), "tp_loss": tp_loss.item(),
+                  "dp_bytes": [s["dp_bytes"] for s in steps], "tp_layer_bytes": [s["tp_layer_bytes"] for s in steps],
+                  "shard_sizes": r.shard_sizes}
+        if tp.mesh.tp.index == 0:
+            dense = tp.dense.load(dense_flat)
+            result |= {"tp_losses": [v.item() for v in losses],
+                       "dense_loss": F.cross_entropy(dense(x).reshape(-1, 256), y.reshape(-1)).item()}
+    return result
+
+
+def short_runs(scenario: str, world: int, rank: int, out: str) -> None:
+    runs = COMPRESSED_RUNS[scenario] + ([UNCOMPRESSED_RUN, FULL_BATCH_RUN] if scenario == "four" else [])
+    results = {" ".join(map(str, c)): short_run(*c[:3], world, rank, out, *c[3:]) for c in runs}
+    Path(out, f"short-runs-rank{rank}.json").write_text(json.dumps(results))
+
+
 def one_worker_config(out: str, **changes):
     """One worker, uncompressed, 4 sequences per step (one per 2.5-D [2,2,2] block)."""
     return hybrid_config(out, workers=1, compressor="none", steps=4, eval_every=2).replace(**changes)
@@ -184,6 +235,8 @@ def child(scenario: str, rank: int, world: int, store_path: str, out: str) -> No
     try:
         result = SCENARIOS[scenario](world, rank)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
+        short_runs(scenario, world, rank, out)
         dist.barrier()
         hybrid(world, rank, out)
     finally:

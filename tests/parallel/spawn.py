@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import time
 from pathlib import Path
 
 _ctx = mp.get_context("forkserver")
 _ctx.set_forkserver_preload(["tests.parallel.harness"])
+_clock = time.monotonic  # the deadline's clock (a test replaces it)
 
 
 def run_scenario(scenario: str, world: int, tmp_path: Path, timeout_s: float = 120) -> list[dict]:
     """Every rank's result (its byte counters) of ``scenario`` on ``world`` gloo processes; fails
-    the test when a process fails, exits non-zero or outlives ``timeout_s``."""
+    the test when a process fails, exits non-zero or is still running ``timeout_s`` after the start
+    (one deadline for all: waiting ``timeout_s`` for each in turn would let a hang take world times
+    as long)."""
     from tests.parallel.harness import child
 
     store = tmp_path / "store"
@@ -22,8 +26,9 @@ def run_scenario(scenario: str, world: int, tmp_path: Path, timeout_s: float = 1
              for rank in range(world)]
     for p in procs:
         p.start()
+    deadline = _clock() + timeout_s
     for p in procs:
-        p.join(timeout_s)
+        p.join(max(0.0, deadline - _clock()))
     for p in procs:
         if p.is_alive():
             p.kill()

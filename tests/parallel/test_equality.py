@@ -52,11 +52,14 @@ def eight(eight_dir):
 @pytest.mark.parametrize("layout, groups", [("1d:p=4", 1), ("1d:p=2", 2)])
 def test_1d_pair_bytes(four, layout, groups):
     """Equal outputs and gradients were checked in the processes; the bytes: one all-reduce of the
-    row layer's output forward and one of the column layer's input gradient backward, per group."""
+    row layer's output forward and one of the column layer's input gradient backward, per group,
+    and the row layer's bias assembled from its pieces (held split over the group)."""
     p = parse_layout(layout).p
-    assert total(four, f"{layout} pair") == {"row": groups * cost.row_parallel(p, TOKENS, OUT, F64),
+    row = cost.row_parallel(p, TOKENS, OUT, F64) + cost.held_1d(p, OUT * F64)
+    assert total(four, f"{layout} pair") == {"row": groups * row,
                                              "column": groups * cost.column_parallel(p, TOKENS, IN, F64)}
     assert cost.row_parallel(4, TOKENS, OUT, F64) == 2 * 3 * 8 * 4 * 8  # by hand: 2(P-1)·T·out·e
+    assert cost.held_1d(4, OUT * F64) == 3 * 4 * 8  # by hand: every piece to the P-1 others, (P-1)·out·e
 
 
 @pytest.mark.parametrize("layout", ["2d:q=2", "2.5d:q=2,d=1"])
@@ -72,8 +75,8 @@ def test_2p5d_depth_2_linear_bytes(eight):
     """Depth 2: the weight gradient's all-reduce across depth is there (2(d-1)·W) and counted."""
     tokens = 2 * 4 * 3
     assert total(eight, "2.5d:q=2,d=2 linear") == {"summa": cost.summa_linear(2, 2, tokens, IN, HID, F64)}
-    assert cost.summa_linear(2, 2, tokens, IN, HID, F64) == \
-        (3 * (192 + 2 * 96) + 2 * 96 + 2 * 2 * 12 + 2 * 2 * 12) * 8
+    # by hand: 3(q-1)(A + dW) + 2(d-1)W + bias 2(qd-1)·out, A = 24·8, W = 8·12
+    assert cost.summa_linear(2, 2, tokens, IN, HID, F64) == (3 * (192 + 2 * 96) + 2 * 96 + 2 * 3 * 12) * 8
 
 
 @pytest.mark.parametrize("layout, groups", [("1d:p=4", 1), ("1d:p=2", 2), ("2d:q=2", 1), ("2.5d:q=2,d=1", 1)])
@@ -116,6 +119,74 @@ def test_hybrid_dp_x_tp_equals_data_parallel_run(four, four_dir, tmp_path):
         assert s["tp_bytes"] == sum(s["tp_layer_bytes"].values())
         assert s["dp_bytes"] > 0
     assert steps[-1]["bytes_sent"] == sum(s["dp_bytes"] + s["tp_bytes"] for s in steps)
+
+
+@pytest.mark.parametrize("scenario, world", [("four", 4), ("eight", 8)])
+def test_compressed_runs_keep_every_shared_tensor_one_value(scenario, world, request):
+    """After three steps with QSGD or top-k across the workers (compressors that look at the whole
+    shard), the tensor-parallel model computes what the dense model gathered from its shards
+    computes, in every worker: the ranks that use a tensor whole (1-D: embeddings, norms, read-out,
+    row-parallel biases; SUMMA: biases, norms, embeddings over column and depth, weight blocks over
+    depth) agree on it. Before each was held once, each rank compressed its own copy with its own
+    shard and the copies drifted apart (1-D: 5.75e-3 in embed.weight after 3 QSGD steps)."""
+    import json
+
+    from tests.parallel.harness import COMPRESSED_RUNS
+
+    request.getfixturevalue(scenario)  # the processes ran (and the module fixture keeps their folder)
+    folder = request.getfixturevalue(f"{scenario}_dir")
+    ranks = [json.loads((folder / f"short-runs-rank{r}.json").read_text()) for r in range(world)]
+    for layout, workers, compressor in COMPRESSED_RUNS[scenario]:
+        key = f"{layout} {workers} {compressor}"
+        P = parse_layout(layout).size
+        assert all(r[key]["moved"] for r in ranks), key  # it trained, so agreement means something
+        for first in range(0, world, P):  # each worker's first tensor-parallel rank
+            got = ranks[first][key]
+            torch.testing.assert_close(got["tp_loss"], got["dense_loss"], rtol=1e-12, atol=0, msg=key)
+            if parse_layout(layout).kind == "1d":  # every rank computed the whole loss on its own
+                assert len(set(got["tp_losses"])) == 1, (key, got["tp_losses"])
+
+
+def test_uncompressed_data_parallel_bytes_are_exact(four, four_dir):
+    """dp 2 x tp 1d:p=2, uncompressed: each step all-reduces every process's shard over its
+    data-parallel group, and the P shards of a worker hold every element of the dense model once,
+    so the whole run sends 2·(workers-1)·N·e per step (N the dense model's parameters), counted once
+    (by each data-parallel group's first member), whatever P."""
+    import json
+
+    from gradwire.tasks.language import transformer_sizes
+    from gradwire.tasks.models import transformer_lm
+    from gradwire.transports import ledger
+    from tests.parallel.harness import HYBRID_TASK, UNCOMPRESSED_RUN
+
+    sizes = transformer_sizes(HYBRID_TASK)
+    dense = transformer_lm(torch.Generator().manual_seed(0), dtype=torch.float64, **sizes)
+    n = sum(p.numel() for p in dense.parameters())
+    # by hand: embed 256·8 + position 6·8 + two norms 4·8 + qkv 24·8+24 + out 8·8+8 + MLP 32·8+32 and 8·32+8
+    # + final norm 2·8 + head 256·8+256
+    assert n == 2048 + 48 + 32 + 216 + 72 + 288 + 264 + 16 + 2304 == 5288
+    key = " ".join(map(str, UNCOMPRESSED_RUN))
+    for r in range(4):
+        got = json.loads((four_dir / f"short-runs-rank{r}.json").read_text())[key]["dp_bytes"]
+        assert got == [ledger.allreduce(n * F64, 2)] * 3 == [84608] * 3, (r, got)
+
+
+def test_a_full_batch_records_every_layer_bytes(four, four_dir):
+    """dp 2 x tp 1d:p=2 with --batch-size full: every step's per-layer bytes are the layers' own,
+    each tensor-parallel group working on its worker's whole shard (the labels come from the
+    model's layers, not from a cost table drawn for a batch the run does not fix)."""
+    import json
+
+    from tests.parallel.harness import FULL_BATCH_RUN
+
+    got = json.loads((four_dir / "short-runs-rank0.json").read_text())[" ".join(map(str, FULL_BATCH_RUN))]
+    assert sorted(got["shard_sizes"]) == [285, 286]  # LM's 571 sequences, split iid
+    want: Counter = Counter()
+    for sequences in got["shard_sizes"]:  # one tensor-parallel group per worker
+        want.update(cost.lm_step_bytes(parse_layout("1d:p=2"), batch=sequences, context=6, dim=8, layers=1,
+                                       vocab=256, e=F64))
+    assert "blocks.0.attention.qkv" in want and "blocks.0.mlp.0" in want
+    assert got["tp_layer_bytes"] == [dict(want)] * 3
 
 
 def test_one_worker_2p5d_run_equals_dense_training(eight, eight_dir, tmp_path):

@@ -13,13 +13,21 @@ from __future__ import annotations
 from gradwire.transports.ledger import allreduce, broadcast
 
 
+def held_1d(p: int, nbytes: int) -> int:
+    """A tensor of ``nbytes`` that every rank of a 1-D group uses whole, held split over the group
+    (parallel/comm.py's Partitioned): each piece broadcast to the others forward, (p-1)·n; its
+    gradient is whole on every rank already, so nothing backward."""
+    return broadcast(nbytes, p)
+
+
 def column_parallel(p: int, tokens: int, in_features: int, e: int) -> int:
     """1-D column-parallel linear: its input gradient all-reduced backward (Megatron's f)."""
     return allreduce(tokens * in_features * e, p)
 
 
 def row_parallel(p: int, tokens: int, out_features: int, e: int) -> int:
-    """1-D row-parallel linear: its output all-reduced forward (Megatron's g)."""
+    """1-D row-parallel linear: its output all-reduced forward (Megatron's g); its bias's pieces are
+    :func:`held_1d`."""
     return allreduce(tokens * out_features * e, p)
 
 
@@ -27,31 +35,34 @@ def summa_linear(q: int, d: int, tokens: int, in_features: int, out_features: in
                  bias: bool = True) -> int:
     """2-D (d = 1) / 2.5-D linear: SUMMA in each depth layer, 3·(q-1)·(A + d·W) with A = tokens·in
     and W = in·out (forward: X along rows and W along columns, q steps; backward: the same two
-    broadcasts plus two reduces); the depth all-reduce of the weight gradient, 2·(d-1)·W; the
-    bias gradient all-reduced over columns then depth, 2·d·(q-1)·out + 2·q·(d-1)·out."""
+    broadcasts plus two reduces); each weight block held split over depth, assembled forward and
+    its gradient reduced to the pieces backward, 2·(d-1)·W; the bias, :func:`_held_over_column_and_depth`,
+    2·(q·d-1)·out."""
     a, w = tokens * in_features * e, in_features * out_features * e
-    total = 3 * (broadcast(a, q) + broadcast(d * w, q)) + allreduce(w, d)
+    total = 3 * (broadcast(a, q) + broadcast(d * w, q)) + 2 * broadcast(w, d)
     if bias:
-        total += _columns_then_depth(q, d, out_features * e)
+        total += _held_over_column_and_depth(q, d, out_features * e)
     return total
 
 
-def _columns_then_depth(q: int, d: int, nbytes: int) -> int:
-    """A gradient of ``nbytes`` held by each row of the grid, all-reduced along its columns (d
-    all-reduces over q ranks), then over depth (q all-reduces over d ranks):
-    2·d·(q-1)·n + 2·q·(d-1)·n."""
-    return d * allreduce(nbytes, q) + q * allreduce(nbytes, d)
+def _held_over_column_and_depth(q: int, d: int, nbytes: int) -> int:
+    """A tensor of ``nbytes`` in all (its q feature blocks together) whose every block is used whole
+    by the q·d ranks of its column and depth and held split over them: forward, each depth layer's
+    part assembled along the column ((q-1)·n over the q blocks), then the parts along the depth
+    (q·(d-1)·n); backward, the gradient reduced the same way back to the pieces:
+    2·(q·d-1)·n, as one all-reduce over the q·d ranks would send."""
+    return 2 * (broadcast(nbytes, q) + q * broadcast(nbytes, d))
 
 
 def summa_layer_norm(q: int, d: int, tokens: int, dim: int, e: int) -> int:
     """2-D / 2.5-D layer norm: two row sums (mean, variance) all-reduced forward and again backward,
-    2·(q-1)·tokens each; weight and bias gradients over columns then depth."""
-    return 4 * allreduce(tokens * e, q) + 2 * _columns_then_depth(q, d, dim * e)
+    2·(q-1)·tokens each; weight and bias over column and depth."""
+    return 4 * allreduce(tokens * e, q) + 2 * _held_over_column_and_depth(q, d, dim * e)
 
 
 def summa_embedding(q: int, d: int, rows: int, dim: int, e: int) -> int:
-    """2-D / 2.5-D embedding table [rows, dim] split by columns: its gradient over columns, then depth."""
-    return _columns_then_depth(q, d, rows * dim * e)
+    """2-D / 2.5-D embedding table [rows, dim] split by columns, over column and depth."""
+    return _held_over_column_and_depth(q, d, rows * dim * e)
 
 
 def summa_cross_entropy(q: int, d: int, tokens: int, e: int) -> int:
@@ -67,11 +78,18 @@ def lm_step_bytes(layout, *, batch: int, context: int, dim: int, layers: int, vo
     out: dict[str, int] = {}
     if layout.kind == "1d":
         p = layout.p
+        out["embed"] = held_1d(p, vocab * dim * e)
+        out["position"] = held_1d(p, context * dim * e)
+        norm = held_1d(p, 2 * dim * e)  # weight and bias
         for b in range(layers):
+            out[f"blocks.{b}.norm1"] = norm
             out[f"blocks.{b}.attention.qkv"] = column_parallel(p, t, dim, e)
-            out[f"blocks.{b}.attention.out"] = row_parallel(p, t, dim, e)
+            out[f"blocks.{b}.attention.out"] = row_parallel(p, t, dim, e) + held_1d(p, dim * e)
+            out[f"blocks.{b}.norm2"] = norm
             out[f"blocks.{b}.mlp.0"] = column_parallel(p, t, dim, e)
-            out[f"blocks.{b}.mlp.2"] = row_parallel(p, t, dim, e)
+            out[f"blocks.{b}.mlp.2"] = row_parallel(p, t, dim, e) + held_1d(p, dim * e)
+        out["norm"] = norm
+        out["head"] = held_1d(p, (vocab * dim + vocab) * e)
         return {k: v for k, v in out.items() if v}
     q, d = layout.q, layout.d
     out["embed"] = summa_embedding(q, d, vocab, dim, e)

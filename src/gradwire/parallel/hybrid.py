@@ -25,11 +25,9 @@ import os
 import torch
 
 from gradwire.errors import ConfigError
-from gradwire.parallel import cost
 from gradwire.parallel.layout import parse_layout
 from gradwire.parallel.lm import parallel_lm
 from gradwire.parallel.mesh import Mesh
-from gradwire.tasks.language import transformer_sizes
 from gradwire.tasks.oracle import FlatModel
 
 
@@ -50,13 +48,7 @@ class TensorParallelRun:
         init_from_env(cfg.timeout_s, local_device(cfg.device))
         self.mesh = Mesh(layout, world_size=need, rank=process_rank(), timeout_s=cfg.timeout_s)
         self.workers = (self.mesh.dp_group.pg, self.mesh.dp_group.ranks)  # the transport's collectives
-        sizes = transformer_sizes(cfg.task)
-        batch = 0 if cfg.batch_size == "full" else int(cfg.batch_size)
-        element = 8 if cfg.dtype == "float64" else 4
-        # the labels of the per-layer counters (and what a step should cost, with a fixed batch)
-        self.expected = cost.lm_step_bytes(layout, batch=batch, context=sizes["context"], dim=sizes["dim"],
-                                           layers=sizes["layers"], vocab=sizes["vocab"], e=element)
-        self.labels = sorted(self.expected)
+        self.labels: list[str] = []  # of the per-layer counters: the model's (set by shard)
         self._seen: dict[str, int] = {}
         self.dense: FlatModel | None = None
         self.dense_params: torch.Tensor | None = None
@@ -66,6 +58,7 @@ class TensorParallelRun:
         group keeps, to put the gathered shards in; rank 0 evaluates it)."""
         model = parallel_lm(self.mesh, dense)
         self.model = model
+        self.labels = model.labels()
         if self.mesh.tp.index == 0:  # where the shards are gathered; the others drop the dense model
             self.dense = FlatModel(dense.to(device))
         return model

@@ -4,10 +4,11 @@ cross entropy of the read-out. Each mirrors :mod:`gradwire.tasks.models` (the sa
 so a dense model's parameters map onto the shards by name; see :mod:`gradwire.parallel.lm`).
 
 1-D: activations are replicated over the group between blocks; attention and MLP are a
-column-parallel then a row-parallel linear layer (Megatron-LM), the norms are plain, replicated
-``nn.LayerNorm``. 2-D / 2.5-D: every activation is split, [sequences/(d·q), seq, features/q]; every
+column-parallel then a row-parallel linear layer (Megatron-LM), the norms are computed whole on
+every rank. 2-D / 2.5-D: every activation is split, [sequences/(d·q), seq, features/q]; every
 linear layer is :class:`~gradwire.parallel.tp2p5d.Linear2p5D`; the norm's statistics are summed
-along the row (which holds one token's features).
+along the row (which holds one token's features). A tensor that several ranks use whole is held
+split over them (:func:`held_whole`, :class:`~gradwire.parallel.comm.Partitioned`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradwire.parallel.comm import copy_to, reduce_from, replicated
+from gradwire.parallel.comm import Partitioned, copy_to, reduce_from
 from gradwire.parallel.tp1d import ColumnParallelLinear, RowParallelLinear
 from gradwire.parallel.tp2p5d import Linear2p5D, sequence_block
 
@@ -24,6 +25,15 @@ from gradwire.parallel.tp2p5d import Linear2p5D, sequence_block
 def split_ways(mesh) -> int:
     """How many ways features and heads are split: p (1-D) or q (2-D, 2.5-D)."""
     return mesh.layout.p if mesh.layout.kind == "1d" else mesh.layout.q
+
+
+def held_whole(mesh, shape: tuple[int, ...]) -> Partitioned:
+    """How a tensor is held that every rank with its feature block uses whole: 1-D, the whole
+    group (every rank computes the same whole gradient); SUMMA, the column and the depth (each
+    works on its own sequences, so the gradients are summed)."""
+    if mesh.layout.kind == "1d":
+        return Partitioned(shape, [mesh.tp], partial_grads=False)
+    return Partitioned(shape, [mesh.col, mesh.depth], partial_grads=True)
 
 
 def linear_pair(mesh, first: tuple[int, int], second: tuple[int, int], dtype) -> tuple[nn.Module, nn.Module]:
@@ -40,24 +50,36 @@ class LayerNorm2p5D(nn.Module):
     def __init__(self, dim: int, mesh, *, dtype: torch.dtype, eps: float = 1e-5):
         super().__init__()
         self.mesh, self.label, self.dim, self.eps = mesh, "", dim, eps
-        self.weight = nn.Parameter(torch.empty(dim // mesh.layout.q, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(dim // mesh.layout.q, dtype=dtype))
+        self._held = held_whole(mesh, (dim // mesh.layout.q,))
+        self.weight, self.bias = self._held.parameter(dtype), self._held.parameter(dtype)
 
     def _row_sum(self, x: torch.Tensor) -> torch.Tensor:
         row = self.mesh.row
         return copy_to(reduce_from(x.sum(-1, keepdim=True), row, self.label), row, self.label)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        m = self.mesh
         centred = x - self._row_sum(x) / self.dim
         variance = self._row_sum(centred * centred) / self.dim  # biased, as nn.LayerNorm
         y = centred * torch.rsqrt(variance + self.eps)
-        return y * replicated(self.weight, [m.col, m.depth], self.label) + \
-            replicated(self.bias, [m.col, m.depth], self.label)
+        return y * self._held.whole(self.weight, self.label) + self._held.whole(self.bias, self.label)
+
+
+class LayerNorm1D(nn.Module):
+    """nn.LayerNorm computed whole on every rank of a 1-D group, its weight and bias held split."""
+
+    def __init__(self, dim: int, mesh, *, dtype: torch.dtype, eps: float = 1e-5):
+        super().__init__()
+        self.label, self.dim, self.eps = "", dim, eps
+        self._held = held_whole(mesh, (dim,))
+        self.weight, self.bias = self._held.parameter(dtype), self._held.parameter(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.dim,), self._held.whole(self.weight, self.label),
+                            self._held.whole(self.bias, self.label), self.eps)
 
 
 def layer_norm(dim: int, mesh, dtype) -> nn.Module:
-    return nn.LayerNorm(dim, dtype=dtype) if mesh.layout.kind == "1d" else LayerNorm2p5D(dim, mesh, dtype=dtype)
+    return LayerNorm1D(dim, mesh, dtype=dtype) if mesh.layout.kind == "1d" else LayerNorm2p5D(dim, mesh, dtype=dtype)
 
 
 class ParallelAttention(nn.Module):
@@ -112,5 +134,6 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, me
     return (sum_exp.log() - target_logit).sum() / total
 
 
-__all__ = ["LayerNorm2p5D", "ParallelAttention", "ParallelBlock", "layer_norm", "linear_pair", "sequence_block",
+__all__ = ["LayerNorm1D", "LayerNorm2p5D", "ParallelAttention", "ParallelBlock", "held_whole", "layer_norm",
+           "linear_pair", "sequence_block",
            "vocab_parallel_cross_entropy"]

@@ -31,3 +31,17 @@ def check_layout(layout: Layout, *, world_size: int, dim: int, heads: int, vocab
     return world_size // P
 
 
+def check_full_batch(layout: Layout, shard_sizes: list[int]) -> None:
+    """With ``--batch-size full`` a worker's batch is its whole shard, which 2-D / 2.5-D split into
+    d·q blocks of sequences: every shard must be a multiple of d·q (else sequences would be dropped
+    and the loss scaled by the share kept); ConfigError naming the shards otherwise."""
+    ways = layout.q * layout.d
+    if not layout.summa or not any(size % ways for size in shard_sizes):
+        return
+    worker = next(w for w, size in enumerate(shard_sizes) if size % ways)
+    raise ConfigError(f"tensor_parallel={layout.spec()} splits each batch of sequences d*q = {ways} ways, and "
+                      f"batch_size='full' makes a worker's batch its whole shard: worker {worker}'s "
+                      f"{shard_sizes[worker]} sequences are not a multiple of {ways} (shards: {shard_sizes}); "
+                      f"pass --batch-size with a multiple of {ways}")
+
+

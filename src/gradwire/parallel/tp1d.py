@@ -2,10 +2,12 @@
 
 A column-parallel layer holds rows ``[p·out/P, (p+1)·out/P)`` of the weight (``nn.Linear``'s [out,
 in] layout) and the same slice of the bias; its input is replicated over the group and its output
-split by features. A row-parallel layer holds columns ``[p·in/P, (p+1)·in/P)`` of the weight and
-the whole bias; it takes the split input and sums the partial products over the group. A pair
-(column then row, as in an MLP or attention) costs one all-reduce of the activation forward (the
-row layer's g) and one backward (the column layer's f), and nothing else.
+split by features. A row-parallel layer holds columns ``[p·in/P, (p+1)·in/P)`` of the weight; it
+takes the split input and sums the partial products over the group, then adds the bias, which
+every rank uses whole and holds a piece of (:class:`~gradwire.parallel.comm.Partitioned`: one
+broadcast of each piece forward). A pair (column then row, as in an MLP or attention) costs one
+all-reduce of the activation forward (the row layer's g), one backward (the column layer's f), and
+the bias's pieces.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradwire.parallel.comm import copy_to, reduce_from
+from gradwire.parallel.comm import Partitioned, copy_to, reduce_from
 
 
 class ColumnParallelLinear(nn.Module):
@@ -39,8 +41,10 @@ class RowParallelLinear(nn.Module):
         P = mesh.layout.p
         self.mesh, self.label = mesh, ""
         self.weight = nn.Parameter(torch.empty(out_features, in_features // P, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
+        # every rank adds the whole bias and computes its whole gradient alike
+        self._bias = Partitioned((out_features,), [mesh.tp], partial_grads=False)
+        self.bias = self._bias.parameter(dtype) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = reduce_from(F.linear(x, self.weight), self.mesh.tp, self.label)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else y + self._bias.whole(self.bias, self.label)

@@ -25,8 +25,9 @@ from gradwire.algorithms.base import Algorithm
 from gradwire.algorithms.optim import lr_schedule
 from gradwire.config import RunConfig, naming_flag, parse_layout
 from gradwire.errors import ConfigError
-from gradwire.parallel.layout import check_layout
+from gradwire.parallel.layout import check_full_batch, check_layout
 from gradwire.spec import parse_spec
+from gradwire.tasks import build_partition, build_task
 from gradwire.tasks.base import check_task, default_lr_scale
 from gradwire.tasks.language import transformer_sizes
 from gradwire.transports import ft_spec
@@ -130,6 +131,32 @@ def _check_tensor_parallel(cfg: RunConfig, algorithm: Algorithm) -> None:
         raise ConfigError(f"tensor_parallel={spec!r}: algorithm {cfg.algorithm!r} averages during "
                           "the backward pass, which also runs the tensor-parallel collectives; use overlap=false "
                           "(--tensor-parallel)")
+    # Muon orthogonalises each weight matrix whole (Newton-Schulz), but a process holds a block of it
+    # (SUMMA's transposed), so its rows and columns would be scaled block by block
+    if parse_spec(cfg.optimizer)[0] == "muon":
+        raise ConfigError(f"tensor_parallel={spec!r}: --optimizer {cfg.optimizer!r} orthogonalises each weight "
+                          "matrix whole, but each process holds only a block of it; use --optimizer sgd or adamw "
+                          "(--tensor-parallel)")
+    if parse_spec(cfg.algorithm)[0] == "muloco":
+        raise ConfigError(f"tensor_parallel={spec!r}: algorithm {cfg.algorithm!r} runs Muon on each weight matrix "
+                          "whole, but each process holds only a block of it; use diloco (inner=adamw or sgd) "
+                          "(--tensor-parallel)")
     sizes = transformer_sizes(cfg.task)
-    check_layout(parse_layout(spec), world_size=cfg.processes(server=False), dim=sizes["dim"], heads=sizes["heads"],
-                 vocab=sizes["vocab"], batch=None if cfg.batch_size == "full" else int(cfg.batch_size))
+    layout, full = parse_layout(spec), cfg.batch_size == "full"
+    check_layout(layout, world_size=cfg.processes(server=False), dim=sizes["dim"], heads=sizes["heads"],
+                 vocab=sizes["vocab"], batch=None if full else int(cfg.batch_size))
+    if full and layout.summa:  # each worker's batch is its shard, split d*q ways
+        check_full_batch(layout, _shard_sizes(cfg))
+
+
+def _shard_sizes(cfg: RunConfig) -> list[int]:
+    """Each worker's number of training samples as the run splits them (``Run`` in run/loop.py): the
+    task's own split, else the partition's. This loads the task's data, so only the check that needs
+    the sizes asks (a full batch under 2-D / 2.5-D)."""
+    task = build_task(cfg.task, num_workers=cfg.workers, seed=cfg.seed, data_dir=cfg.data_dir)
+    shards = task.worker_indices
+    if shards is None:
+        with naming_flag("partition"):
+            shards = build_partition(cfg.partition, labels=task.partition_labels(), num_workers=cfg.workers,
+                                     seed=cfg.seed)
+    return [len(s) for s in shards]

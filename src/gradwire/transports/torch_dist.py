@@ -189,8 +189,10 @@ class TorchTransport(Transport):
         workers are a sub-group of the processes (gradwire/parallel) and the processes also count
         ``others`` (tensor-parallel collectives, each group's counts in one process): this
         transport's bytes (counted in full by worker 0's process, plus subgroup bytes) and
-        ``others`` summed over every process. Every process calls it at the same points; the
-        16-byte all-reduce is bookkeeping, not training traffic, and not counted. Returns the sums,
+        ``others`` summed over every process. Every process calls it at the same points; its
+        all-reduce of 1 + len(others) int64 counters (a tensor of 8·(2 + L) bytes with tensor
+        parallelism's unlabelled count and L layer labels: 152 for SUMMA's 17 labels at 2 layers)
+        is bookkeeping, not training traffic, and not counted. Returns the sums,
         ``[this transport's bytes, *others]``."""
         own = (self.bytes_sent - before if self.rank == 0 else 0) + self.group_bytes
         t = torch.tensor([own, *others], dtype=torch.int64)
