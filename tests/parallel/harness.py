@@ -197,7 +197,8 @@ def short_run(layout: str, workers: int, compressor: str, world: int, rank: int,
         tp_loss = tp.model.loss(r.model.load(flat)(x), y)
         losses = tp.mesh.tp.gather(tp_loss.reshape(1).contiguous(), 0, label=None)
         dense_flat = tp.model.gather_dense(flat, tp.dense and tp.dense.module)
-        result = {"moved": bool((flat != start).any()), "tp_loss": tp_loss.item(),
+        draw = torch.rand(1, generator=r.ctx.generator(r.ctx.local_ranks[0], "compress")).item()
+        result = {"moved": bool((flat != start).any()), "tp_loss": tp_loss.item(), "compress_draw": draw,
                   "dp_bytes": [s["dp_bytes"] for s in steps], "tp_layer_bytes": [s["tp_layer_bytes"] for s in steps],
                   "shard_sizes": r.shard_sizes}
         if tp.mesh.tp.index == 0:

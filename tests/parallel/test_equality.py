@@ -145,6 +145,10 @@ def test_compressed_runs_keep_every_shared_tensor_one_value(scenario, world, req
             torch.testing.assert_close(got["tp_loss"], got["dense_loss"], rtol=1e-12, atol=0, msg=key)
             if parse_layout(layout).kind == "1d":  # every rank computed the whole loss on its own
                 assert len(set(got["tp_losses"])) == 1, (key, got["tp_losses"])
+            # each rank's compressor draws its own random numbers (one stream per tensor-parallel rank:
+            # a worker's shards were rounded with the same draws, correlated)
+            draws = [ranks[first + t][key]["compress_draw"] for t in range(P)]
+            assert len(set(draws)) == P, (key, draws)
 
 
 def test_uncompressed_data_parallel_bytes_are_exact(four, four_dir):

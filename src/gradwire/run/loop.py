@@ -149,7 +149,8 @@ class Run:
         self.oracle = GradientOracle(self.model, loss_fn, workers, l2=self.task.l2)
         self.ctx = Context(world_size=cfg.workers, local_ranks=self.transport.local_ranks, transport=self.transport,
                            oracle=self.oracle, stragglers=STRAGGLERS.build(cfg.stragglers, seed=cfg.seed),
-                           clock=self.clock, seed=cfg.seed, shard_sizes=tuple(self.shard_sizes), device=self.device,
+                           clock=self.clock, seed=self._algorithm_seed(), shard_sizes=tuple(self.shard_sizes),
+                           device=self.device,
                            shared_data=cfg.partition == "shared" and self.task.worker_indices is None,
                            inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"),
                            param_shapes=tuple(self.model.shapes), outer_state=cfg.outer_state,
@@ -165,6 +166,14 @@ class Run:
             flag = "" if re.search(r"\(--[\w-]+\)$", str(e)) else " (--algorithm)"  # its flag, once
             raise ConfigError(f"algorithm {cfg.algorithm!r}: {e}{flag}") from None
         self._build_driver()
+
+    def _algorithm_seed(self) -> int:
+        """The seed of the algorithm's random streams (``Context.generator``): the run's, and under
+        tensor parallelism one per tensor-parallel rank, so that the shards of one worker are not rounded
+        with the same draws (equal across the data-parallel group, as PowerSGD's shared draws need)."""
+        if not self.tensor_parallel:
+            return self.cfg.seed
+        return hash_seed(self.cfg.seed, "tensor-parallel", self.tensor_parallel.mesh.tp_rank)
 
     def _build_driver(self) -> None:
         """The checkpointer of every stateful piece, and the driver that steps them."""

@@ -196,7 +196,11 @@ class TorchTransport(Transport):
         ``[this transport's bytes, *others]``."""
         own = (self.bytes_sent - before if self.rank == 0 else 0) + self.group_bytes
         t = torch.tensor([own, *others], dtype=torch.int64)
-        dist.all_reduce(t)  # not through _guard: its time is not communication time either
+        try:  # not through _guard: its time is not communication time either
+            dist.all_reduce(t)
+        except RuntimeError as e:  # a dead peer, as in _guard: one line, not gloo's traceback
+            raise CommunicationError(f"rank {self.rank}: the step's byte counters failed (timeout {self.timeout_s:g} "
+                                     f"s; a peer is missing or died): {str(e).splitlines()[0]}") from None
         self.group_bytes = 0
         sums = t.tolist()
         self.bytes_sent = before + sum(sums)
