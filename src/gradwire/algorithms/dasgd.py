@@ -80,7 +80,7 @@ class DaSGD(LocalSGD):
         self.handle, self.started_at = None, -1
 
     def state_dict(self):
-        in_flight = {"finish_s": self.handle.finish_state()} if self.handle is not None else {}
+        in_flight = self.handle.finish_state() if self.handle is not None else {}
         return super().state_dict() | {"snapshot": {str(r): t for r, t in self.snapshot.items()},
                                        "started_at": self.started_at} | in_flight
 
@@ -90,4 +90,4 @@ class DaSGD(LocalSGD):
             t.copy_(state["snapshot"][str(r)])
         self.started_at = int(state["started_at"])
         self.handle, self.resend = None, self.started_at >= 0
-        self.finish_s = Handle.finish_of(state.get("finish_s"))
+        self.finish_s = Handle.finish_of(state)

@@ -340,7 +340,7 @@ class StreamingDiLoCo(Algorithm):
         return {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(), "theta": self.theta,
                 "outer": {str(p): o.state_dict() for p, o in enumerate(self.outer)},
                 "codec": self.averager.state_dict(),
-                "in_flight": {str(p): {"started_at": e["started_at"], "finish_s": e["handle"].finish_state(),
+                "in_flight": {str(p): {"started_at": e["started_at"], **e["handle"].finish_state(),
                                        "payloads": {str(r): t for r, t in e["payloads"].items()}}
                               for p, e in self.in_flight.items()},
                 **({"eager": self._eager_state()} if self.eager else {})}
@@ -358,7 +358,7 @@ class StreamingDiLoCo(Algorithm):
             o.load_state_dict(state["outer"][str(p)])
         self.averager.load_state_dict(state["codec"])
         device = self.theta.device  # byte payloads load on the CPU (checkpoint.floats_to moves floats only)
-        self.in_flight = {int(p): {"started_at": int(e["started_at"]), "finish_s": Handle.finish_of(e.get("finish_s")),
+        self.in_flight = {int(p): {"started_at": int(e["started_at"]), "finish_s": Handle.finish_of(e),
                                    "payloads": {int(r): t.to(device) for r, t in e["payloads"].items()}}
                           for p, e in state["in_flight"].items()}
         self.resend = bool(self.in_flight)

@@ -27,7 +27,6 @@ mode exactly once.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -72,15 +71,15 @@ class Handle:
         """Finish at ``finish_s`` instead (a collective restarted after a resume keeps its first finish)."""
         self.finish_s = finish_s
 
-    def finish_state(self) -> torch.Tensor:
-        """``finish_s`` for a checkpoint (NaN where the transport does not know it): what
-        :meth:`Transport.restart` takes back through :meth:`finish_of`."""
-        return torch.tensor(math.nan if self.finish_s is None else self.finish_s, dtype=torch.float64)
+    def finish_state(self) -> dict:
+        """``{"finish_s": ...}`` for a checkpoint entry, where the transport knows it (the simulator),
+        else nothing: what :meth:`Transport.restart` takes back through :meth:`finish_of`."""
+        return {} if self.finish_s is None else {"finish_s": torch.tensor(self.finish_s, dtype=torch.float64)}
 
     @staticmethod
-    def finish_of(state: torch.Tensor | None) -> float | None:
-        """The finish time a checkpoint saved (None: unknown, or a checkpoint from before it was saved)."""
-        return None if state is None or math.isnan(float(state)) else float(state)
+    def finish_of(state: dict) -> float | None:
+        """The finish time a checkpoint entry saved (None: unknown, or a checkpoint from before it was)."""
+        return float(state["finish_s"]) if "finish_s" in state else None
 
 
 class Transport(ABC):
