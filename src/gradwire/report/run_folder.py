@@ -198,11 +198,25 @@ def read_complete_jsonl(path: Path) -> tuple[list[dict], int]:
     return rows, skipped
 
 
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of steps <= ``step`` (a resumed run rewrites what came after its checkpoint)."""
-    if path.exists():
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        path.write_text("".join(x + "\n" for x in keep))
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the rows of steps <= ``last_step`` (a resumed run rewrites what came after its
+    checkpoint). A line that is no whole JSON row is dropped: a crash while it was written cut it
+    off, so it is the file's last and came after the checkpoint. The kept rows replace the file
+    atomically (a crash here leaves the old file, which this reads again on the next resume)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= last_step:
+            keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    tmp.replace(path)
 
 
 class RunFolder:
@@ -213,9 +227,12 @@ class RunFolder:
         self._metrics = self._steps = None
         self.scalars = None  # --tensorboard: report/tensorboard.py's writer of the same rows
 
-    def open(self, config: dict, setup_info: dict, resumed_step: int | None) -> None:
+    def open(self, config: dict, setup_info: dict, resumed_step: int | None, *,
+             evaluates_at_resumed_step: bool = True) -> None:
         """Write the config and start the logs; ``resumed_step``: the checkpoint's step, whose later
-        rows are dropped and rewritten."""
+        rows are dropped and rewritten. ``evaluates_at_resumed_step`` False: the metrics row at that
+        step goes too (the last step of a finished run that is continued: the longer run does not
+        evaluate there)."""
         self.backend = config.get("backend", "sim")
         if not self.enabled:
             return
@@ -224,8 +241,8 @@ class RunFolder:
         if setup_info:
             write_json(self.out / "algorithm.json", setup_info)
         if resumed_step is not None:
-            for name in ("metrics.jsonl", "steps.jsonl"):
-                _truncate_jsonl(self.out / name, resumed_step)
+            _truncate_jsonl(self.out / "steps.jsonl", resumed_step)
+            _truncate_jsonl(self.out / "metrics.jsonl", resumed_step - (0 if evaluates_at_resumed_step else 1))
             self.records = read_jsonl(self.out / "metrics.jsonl")
         if config.get("tensorboard"):
             from gradwire.report.tensorboard import ScalarWriter

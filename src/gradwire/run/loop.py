@@ -56,6 +56,10 @@ from gradwire.transports.sim import SimTransport
 from gradwire.transports.stragglers import STRAGGLERS
 
 
+# ``steps`` for Algorithm.evaluates_at that no step reaches: its regular evaluation steps alone
+NO_LAST_STEP = 0
+
+
 def _refuse_one_process_backend_under_torchrun(cfg: RunConfig) -> None:
     """``--backend sim`` (or threads) is the whole cluster in one process: under torchrun with
     several processes each would believe it is the one writer."""
@@ -342,7 +346,14 @@ def check_resume(cfg: RunConfig) -> None:
     same = all(ran.get(k, v) == v for k, v in cfg.to_dict().items() if k in checkpoint.MUST_MATCH)
     saved = checkpoint.latest(out / "checkpoint") is not None
     finished = summary.get("status") == "finished"
-    if finished and summary.get("steps") == cfg.steps and same:
+    done = summary.get("steps")
+    if finished and isinstance(done, int) and done > cfg.steps:
+        # resuming from its checkpoint would rewrite every row after it and end at --steps: the run cut short
+        raise ConfigError(f"steps={cfg.steps}: run folder {out} holds a run that finished at step {done}, more "
+                          f"than --steps {cfg.steps}; resuming would cut it short and drop its rows after its "
+                          f"checkpoint: pass --steps {done} or more to continue it, --overwrite to replace it, or "
+                          "choose another --out (--steps)")
+    if finished and done == cfg.steps and same:
         raise AlreadyFinished(str(out), summary, continuable=saved)  # (another configuration: the checkpoint names it)
     if saved:
         return
@@ -401,7 +412,11 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
             if r.algorithm.evaluates_at(r.step, cfg.eval_every, cfg.steps):
                 r.driver.before_evaluation()  # every process, at the same steps
                 evaluator.record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
-                r.window.clear()
+                if r.step < cfg.steps or r.algorithm.evaluates_at(r.step, cfg.eval_every, NO_LAST_STEP):
+                    # (an evaluation only because this is the last step keeps its window in the
+                    # checkpoint: a continuation to more --steps then reports the batch_loss of a
+                    # run made that long at once)
+                    r.window.clear()
                 if records:
                     bar.set_postfix(loss=f"{records[-1]['train_loss']:.4g}", acc=f"{records[-1]['test_acc']:.3f}")
             if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
