@@ -223,3 +223,21 @@ def test_a_run_continued_to_more_steps_has_the_rows_of_one_run(tmp_path, data_di
     for name in ("metrics.jsonl", "steps.jsonl"):
         assert _rows(tmp_path / "split" / name) == _rows(tmp_path / "whole" / name), name
     assert [r["step"] for r in read_jsonl(tmp_path / "split" / "metrics.jsonl")] == [0, 3, 6, 9, 12, 15]
+
+
+def test_a_line_cut_off_by_a_crash_does_not_stop_the_resume(tmp_path, data_dir):
+    """A crash while a row was written leaves a cut last line in steps.jsonl and metrics.jsonl:
+    --resume drops it with the other rows after the checkpoint (it was a JSONDecodeError traceback
+    on every --resume) and ends with the rows of a run never interrupted."""
+    common = [*TINY[:4], "--eval-every", "3", "--checkpoint-every", "5", "--data-dir", str(data_dir)]
+    assert main(["run", *common, "--steps", "15", "--out", str(tmp_path / "whole")]) == 0
+    split = tmp_path / "split"
+    assert main(["run", *common, "--steps", "11", "--out", str(split)]) == 0
+    (split / "summary.json").unlink()  # a crash: no summary, a row half written
+    for name in ("steps.jsonl", "metrics.jsonl"):
+        with open(split / name, "a") as f:
+            f.write('{"step": 12, "loss": 0.2')
+    assert main(["run", *common, "--steps", "15", "--out", str(split), "--resume"]) == 0
+    for name in ("metrics.jsonl", "steps.jsonl"):
+        assert _rows(split / name) == _rows(tmp_path / "whole" / name), name
+    assert not list(split.glob("*.tmp"))

@@ -303,3 +303,29 @@ def test_help_says_what_a_run_without_out_writes(capsys):
         main(["run", "--help"])
     text = "".join(capsys.readouterr().out.split())  # argparse wraps the help; compare without spaces
     assert "--outOUTrunfolder(default:afreshruns/<label>-<YYYYmmdd-HHMMSS>)" in text
+
+
+def test_rows_truncated_for_a_resume_replace_the_file_atomically(tmp_path, monkeypatch):
+    """A resumed run's steps.jsonl keeps the rows up to its checkpoint; a crash while the kept rows
+    are written (here: a full disk halfway) leaves the file as it was, never a half file that
+    lost rows before the checkpoint."""
+    from pathlib import Path
+
+    from gradwire.report import run_folder
+
+    path = tmp_path / "steps.jsonl"
+    original = "".join(json.dumps({"step": k, "loss": 1.0 / k}) + "\n" for k in range(1, 9)) + '{"step": 9, "lo'
+    path.write_text(original)
+    real_write_text = Path.write_text
+
+    def full_disk(self, data, *args, **kwargs):
+        real_write_text(self, data[: len(data) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError):
+        run_folder._truncate_jsonl(path, 5)
+    assert path.read_text() == original
+    monkeypatch.setattr(Path, "write_text", real_write_text)
+    run_folder._truncate_jsonl(path, 5)
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
