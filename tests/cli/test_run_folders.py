@@ -329,3 +329,63 @@ def test_rows_truncated_for_a_resume_replace_the_file_atomically(tmp_path, monke
     monkeypatch.setattr(Path, "write_text", real_write_text)
     run_folder._truncate_jsonl(path, 5)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def _all_files(folder) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".gradwire.lock"}
+
+
+def test_overwrite_refused_once_the_run_is_built_keeps_the_old_run(tmp_path, data_dir, capsys):
+    """--overwrite with a setting refused only while the run is built (a batch larger than every
+    shard): exit 2, and the old run's metrics, summary and checkpoint are all still there, byte for
+    byte (they were deleted before the refusal). A good --overwrite then replaces them."""
+    out = tmp_path / "o"
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2")) == 0
+    before = _all_files(out)
+    assert {"metrics.jsonl", "summary.json", "checkpoint/latest"} <= {str(p) for p in before}
+    capsys.readouterr()
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2", "--batch-size", "5000",
+                     "--overwrite")) == 2
+    assert "batch" in one_error_line(capsys)
+    assert _all_files(out) == before
+    assert sorted(p.name for p in out.iterdir()) == sorted([".gradwire.lock", *{p.parts[0] for p in before}])
+    assert main(tiny(data_dir, "--out", str(out), "--lr", "0.5", "--overwrite")) == 0
+    assert json.loads((out / "config.json").read_text())["lr"] == 0.5
+    assert not (out / "checkpoint").exists() and not (out / ".gradwire-replaced").exists()
+
+
+def test_a_run_set_aside_by_a_killed_overwrite_comes_back(tmp_path, data_dir, capsys):
+    """An --overwrite run killed after it set the old run aside and before it wrote anything: the
+    next claim of the folder puts the old run back (here --resume finds it finished)."""
+    from gradwire.report.run_folder import set_aside
+
+    out = tmp_path / "o"
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2")) == 0
+    before = _all_files(out)
+    set_aside(out)
+    assert not (out / "summary.json").exists()
+    capsys.readouterr()
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2", "--resume")) == 0
+    assert "already finished at step 4" in capsys.readouterr().out
+    assert _all_files(out) == before
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--resume-or-start"])
+def test_resume_of_a_folder_being_written_names_the_writer(tmp_path, data_dir, capsys, flag):
+    """Another process has just started writing the folder (no checkpoint yet): --resume says so,
+    naming its pid (it said "nothing to resume: ... holds a run (config.json) but no checkpoint"),
+    and --resume-or-start does not start a second writer."""
+    from gradwire.report.run_folder import FolderLock
+
+    out = tmp_path / "busy"
+    held = FolderLock(out).acquire()
+    try:
+        (out / "config.json").write_text("{}")
+        assert main(tiny(data_dir, "--out", str(out), flag)) == 2
+        assert one_error_line(capsys) == (f"gradwire run: error: run folder {out} is being written by another "
+                                          f"gradwire process (pid {os.getpid()}); wait for it to end or choose "
+                                          "another --out")
+        assert sorted(p.name for p in out.iterdir()) == [".gradwire.lock", "config.json"]
+    finally:
+        held.release()

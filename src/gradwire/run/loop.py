@@ -55,7 +55,6 @@ from gradwire.transports.network import NETWORKS
 from gradwire.transports.sim import SimTransport
 from gradwire.transports.stragglers import STRAGGLERS
 
-
 # ``steps`` for Algorithm.evaluates_at that no step reaches: its regular evaluation steps alone
 NO_LAST_STEP = 0
 
@@ -312,9 +311,15 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
 
         print(f"gradwire run: replica starting ({cfg.fault_tolerance})", file=sys.stderr, flush=True)
     _refuse_one_process_backend_under_torchrun(cfg)
-    check_resume(cfg)  # every process: they all see the folder
     writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock
+    # the lock first: a folder another process is writing is said to be that, not judged by its files
     lock = claim(cfg.out, overwrite=cfg.overwrite, resume=cfg.resuming) if writer else None
+    try:
+        check_resume(cfg, existed=None if lock is None else not lock.created)  # every process: they all see it
+    except BaseException:
+        if lock is not None:
+            lock.discard()  # refused: the lock file (and folder) the claim made go again
+        raise
     signals = StopSignals(deferred=cfg.backend == "sim")
     try:
         if cfg.backend == "threads":
@@ -327,14 +332,15 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
             lock.release()
 
 
-def check_resume(cfg: RunConfig) -> None:
+def check_resume(cfg: RunConfig, *, existed: bool | None = None) -> None:
     """``--resume`` and ``--resume-or-start``, before anything is written: a run that finished
     ``--steps`` steps raises AlreadyFinished (nothing to do, nothing rewritten); a folder without a
     checkpoint is a ConfigError for ``--resume`` (a mistyped --out must not start a long run from
     step 0 unnoticed), and ``--resume-or-start`` starts there from step 0, unless the folder holds a
     finished run: starting again would replace it, which only --overwrite may ask (an unfinished
     run without a checkpoint is what a restarted attempt of ``launch --max-restarts`` finds, and
-    starts again)."""
+    starts again). ``existed``: whether the folder was there before this process's claim made it
+    (None: whether it is there now)."""
     if not cfg.resuming or cfg.overwrite:  # (both: claim refuses the pair)
         return
     if cfg.resume and cfg.resume_or_start:
@@ -365,8 +371,9 @@ def check_resume(cfg: RunConfig) -> None:
     if cfg.resume_or_start:
         return
     found = holds_run(out)
+    there = out.is_dir() if existed is None else existed
     what = (f"holds a run ({found}) but no checkpoint to continue it (checkpoint/latest; --checkpoint-every K "
-            "saves one)" if found else "holds no run" if out.is_dir() else "does not exist")
+            "saves one)" if found else "holds no run" if there else "does not exist")
     raise ConfigError(f"resume=true: nothing to resume: run folder {out} {what}; check --out, or pass "
                       "--resume-or-start to start from step 0 when there is no checkpoint (--resume)")
 
