@@ -389,3 +389,41 @@ def test_resume_of_a_folder_being_written_names_the_writer(tmp_path, data_dir, c
         assert sorted(p.name for p in out.iterdir()) == [".gradwire.lock", "config.json"]
     finally:
         held.release()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_the_threads_backend_stops_with_its_summary(tmp_path, data_dir, capsys, monkeypatch, signum):
+    """A stop signal to a --backend threads run: every process's loop stops at its next step, and
+    the summary says 'stopped', exit 128 + the signal (SIGTERM ended it with no summary, SIGINT
+    wrote 'failed': "cannot schedule new futures after shutdown"). --resume continues it from its
+    last regular checkpoint."""
+    import threading
+
+    from gradwire.run import loop
+
+    original = loop.Run.train_step
+
+    def train_step(self):
+        info = original(self)
+        if self.step == 3 and self.process_rank == 0:
+            os.kill(os.getpid(), signum)
+        return info
+
+    monkeypatch.setattr(loop.Run, "train_step", train_step)
+    out = tmp_path / "o"
+    previous = signal.getsignal(signum)
+    def args(steps: int, *more: str) -> list[str]:
+        return tiny(data_dir, "--backend", "threads", "--out", str(out), "--steps", str(steps), "--checkpoint-every",
+                    "2", *more)
+
+    assert main(args(100000)) == 128 + signum
+    assert signal.getsignal(signum) is previous
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("gradwire-process-")]  # all ended
+    summary = json.loads((out / "summary.json").read_text())
+    stop, name = summary["steps"], signal.Signals(signum).name
+    assert summary["status"] == "stopped" and summary["stopped_by"] == name and 3 <= stop < 100000
+    assert summary["error"] == f"stopped by {name} at step {stop}"
+    assert f"gradwire run: stopped by {name} at step {stop}; {out / 'summary.json'} written" in capsys.readouterr().err
+    monkeypatch.setattr(loop.Run, "train_step", original)
+    assert main(args(stop + 2, "--resume")) == 0
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished"

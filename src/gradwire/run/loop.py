@@ -33,7 +33,7 @@ import torch
 from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.config import RunConfig, naming_flag
-from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, Stopped
+from gradwire.errors import AlreadyFinished, CommunicationError, ConfigError, DivergenceError, Stopped
 from gradwire.fault.kill import fault_point_from_env
 from gradwire.report.progress import ProgressLines, progress_mode
 from gradwire.report.run_folder import claim, holds_run, read_json_or_empty
@@ -57,6 +57,9 @@ from gradwire.transports.stragglers import STRAGGLERS
 
 # ``steps`` for Algorithm.evaluates_at that no step reaches: its regular evaluation steps alone
 NO_LAST_STEP = 0
+# seconds: the threads backend's main thread waits for its processes in slices this long, so that a
+# signal's handler runs between them whichever thread the signal reached
+JOIN_SLICE_S = 0.2
 
 
 def _refuse_one_process_backend_under_torchrun(cfg: RunConfig) -> None:
@@ -270,18 +273,20 @@ class Run:
         return True
 
 
-def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
+def run_threads(cfg: RunConfig, *, progress: bool | None = None, signals: StopSignals | None = None) -> dict:
     """``--backend threads``: every process of a real run as a thread (``transports/threads.py``);
-    returns process 0's summary, or raises the first process's error."""
+    returns process 0's summary, or raises the first process's error. ``signals``: SIGTERM and
+    SIGINT, heard by the main thread, which waits here; each process's loop stops at its next step
+    (a process that waits on one already stopped stops too: the hub fails that wait at once)."""
     from gradwire.transports.threads import Hub, ThreadTransport
 
     world = check_combination(cfg).processes
     hub, results, errors = Hub(cfg.timeout_s), {}, {}
+    cfg = resolved(cfg)
 
     def process(rank: int) -> None:
         try:
-            results[rank] = run(cfg, progress=progress if rank == 0 else False,
-                                transport=ThreadTransport(hub, world, rank))
+            results[rank] = _run(cfg, progress if rank == 0 else False, ThreadTransport(hub, world, rank), signals)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors[rank] = e
             hub.died(rank, f"{type(e).__name__}: {e}".splitlines()[0][:120])
@@ -290,7 +295,11 @@ def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     for t in threads:
         t.start()
     for t in threads:  # every wait inside is bounded by the timeout
-        t.join()
+        while t.is_alive():
+            try:
+                t.join(timeout=JOIN_SLICE_S)  # in slices: the main thread runs the signal handlers
+            except Stopped:  # a second signal: the processes are stopping already; their summary comes
+                continue
     if errors:
         raise errors[min(errors)]
     return results[0]
@@ -320,11 +329,13 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
         if lock is not None:
             lock.discard()  # refused: the lock file (and folder) the claim made go again
         raise
-    signals = StopSignals(deferred=cfg.backend == "sim")
+    # the simulator and the threads backend stop between steps (the threads: the main thread hears the
+    # signal, the loops stop); the simulator checkpoints the step reached, where the state is whole
+    signals = StopSignals(deferred=cfg.backend != "torch", checkpoints=cfg.backend == "sim")
     try:
-        if cfg.backend == "threads":
-            return run_threads(cfg, progress=progress)
         signals.install()
+        if cfg.backend == "threads":
+            return run_threads(cfg, progress=progress, signals=signals)
         return _run(cfg, progress, None, signals)
     finally:
         signals.restore()
@@ -416,7 +427,7 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
     try:
         while r.step < cfg.steps:
             if signals is not None and signals.pending is not None:  # between steps: the state is whole
-                if cfg.checkpoint_every and r.step % cfg.checkpoint_every:  # (else saved at this step)
+                if signals.checkpoints and cfg.checkpoint_every and r.step % cfg.checkpoint_every:  # (else saved)
                     r.save_checkpoint()
                 signals.stop_now()
             info = r.train_step()
@@ -445,7 +456,15 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
         stopped = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
         status, error = "stopped", f"stopped by {signal.Signals(stopped.signum).name} at step {r.step}"
         raise stopped from None
-    except BaseException as e:  # a communication error, a bad checkpoint: say so
+    except CommunicationError as e:
+        if signals is None or signals.pending is None:
+            status, error = "failed", f"{type(e).__name__}: {e}"
+            raise
+        # a stop asked while another process (threads) stopped first: its collective failed for the stop
+        stopped = Stopped(signals.pending)
+        status, error = "stopped", f"stopped by {signal.Signals(stopped.signum).name} at step {r.step}"
+        raise stopped from None
+    except BaseException as e:  # a bad checkpoint, a bug: say so
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
     finally:
