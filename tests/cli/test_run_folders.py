@@ -427,3 +427,22 @@ def test_the_threads_backend_stops_with_its_summary(tmp_path, data_dir, capsys, 
     monkeypatch.setattr(loop.Run, "train_step", original)
     assert main(args(stop + 2, "--resume")) == 0
     assert json.loads((out / "summary.json").read_text())["status"] == "finished"
+
+
+def test_a_stop_before_training_says_nothing_was_written(tmp_path, data_dir, capsys, monkeypatch):
+    """A stop while the run is built (on the torch backend: a rank blocked in the rendezvous, which
+    hears the signal only when it returns) ends with one line saying nothing was written; it said
+    "metrics so far are in the run folder" on every rank, with no folder there."""
+    from gradwire.errors import Stopped
+    from gradwire.run import loop
+
+    def stopped_while_built(cfg, transport=None):
+        raise Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "Run", stopped_while_built)
+    out = tmp_path / "o"
+    assert main(tiny(data_dir, "--out", str(out))) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gradwire run: stopped by SIGTERM before training began (while the run was built: its data, its processes' "
+        "rendezvous); nothing of it was written"]
+    assert not out.exists()
