@@ -58,3 +58,19 @@ def test_a_restarted_overwrite_run_resumes_its_first_attempt(tmp_path, data_dir,
     assert main(restarted_command(argv)) == 0, capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["resumed_from_step"] == 2 and summary["steps"] == 6
+
+
+def test_launch_restarts_an_overwrite_run_from_its_checkpoint(tmp_path, data_dir):
+    """End to end on the torch backend: worker 1's process is killed after step 5 of a run that
+    --overwrite started over an old one; the restarted group resumes from step 4 and finishes."""
+    from tests.helpers import gw
+
+    out = tmp_path / "o"
+    common = ["--task", "digits-logreg", "--data-dir", str(data_dir), "--out", str(out), "--no-curves"]
+    assert gw("run", *common, "--workers", "2", "--steps", "4").returncode == 0
+    p = gw("launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", "run", *common, "--steps", "10",
+           "--eval-every", "5", "--checkpoint-every", "4", "--overwrite", env=dict(os.environ, GRADWIRE_KILL_AT="1:5"),
+           timeout=300)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == 10 and summary["resumed_from_step"] == 4
