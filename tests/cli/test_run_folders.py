@@ -336,18 +336,21 @@ def _all_files(folder) -> dict:
             if p.is_file() and p.name != ".gradwire.lock"}
 
 
-def test_overwrite_refused_once_the_run_is_built_keeps_the_old_run(tmp_path, data_dir, capsys):
-    """--overwrite with a setting refused only while the run is built (a batch larger than every
-    shard): exit 2, and the old run's metrics, summary and checkpoint are all still there, byte for
-    byte (they were deleted before the refusal). A good --overwrite then replaces them."""
+@pytest.mark.parametrize("refused, needle", [
+    (["--batch-size", "5000"], "batch"),  # larger than every shard
+    (["--workers", "64", "--partition", "dirichlet:alpha=0.001"], "would get no data"),  # an empty shard
+])
+def test_overwrite_refused_once_the_run_is_built_keeps_the_old_run(tmp_path, data_dir, capsys, refused, needle):
+    """--overwrite with a setting refused only while the run is built: exit 2, and the old run's
+    metrics, summary and checkpoint are all still there, byte for byte (they were deleted before
+    the refusal). A good --overwrite then replaces them."""
     out = tmp_path / "o"
     assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2")) == 0
     before = _all_files(out)
     assert {"metrics.jsonl", "summary.json", "checkpoint/latest"} <= {str(p) for p in before}
     capsys.readouterr()
-    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2", "--batch-size", "5000",
-                     "--overwrite")) == 2
-    assert "batch" in one_error_line(capsys)
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2", *refused, "--overwrite")) == 2
+    assert needle in one_error_line(capsys)
     assert _all_files(out) == before
     assert sorted(p.name for p in out.iterdir()) == sorted([".gradwire.lock", *{p.parts[0] for p in before}])
     assert main(tiny(data_dir, "--out", str(out), "--lr", "0.5", "--overwrite")) == 0
