@@ -6,9 +6,10 @@ Layout inside the run folder::
     checkpoint/step-00000120/rank3.pt    (torch backend: each rank its own workers' state)
     checkpoint/latest                    ("step-00000120", written last)
 
-Each file is written to a temporary name and renamed, and ``latest`` is replaced only after
-every rank has written (a barrier), so a crash at any moment leaves the previous checkpoint
-intact. Files hold tensors, numbers and strings only and are read with
+Each file is written to a temporary name, fsynced and renamed (the folder fsynced after), and
+``latest`` is replaced (the same way) only after every rank has written (a barrier), and older
+step folders removed only after that, so a crash or a power loss at any moment leaves the
+previous checkpoint intact. Files hold tensors, numbers and strings only and are read with
 ``torch.load(weights_only=True)``: a checkpoint cannot run code.
 
 Each file also holds ``sha256``: the digest of a canonical serialization of everything else in it
@@ -90,10 +91,31 @@ def _feed(h, obj) -> None:
         h.update(f"{type(obj).__name__}{len(text)}:".encode() + text)
 
 
+def _fsync_folder(folder: Path) -> None:
+    """Make the names in ``folder`` (a rename, a new entry) durable: a rename is in the folder's
+    data, which the file's own fsync does not write."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _atomic_save(obj, path: Path) -> None:
+    """``obj`` at ``path``, whole or not at all, also after a power loss: written to a temporary
+    name and fsynced (else the rename can reach the disk before the data: an empty or partial file
+    under the final name), renamed, then the folder fsynced (the rename itself)."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (a full disk: nothing half-written stays behind)
+        raise
+    _fsync_folder(path.parent)
 
 
 def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barrier=None,
@@ -102,7 +124,9 @@ def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barr
     ``elapsed``: the run's wall-clock figures at the checkpoint (``wall_time_s``, ``eval_time_s``),
     beside the state, not in it: the state is what a resumed run must equal bit for bit."""
     stepdir = Path(folder) / f"step-{step:08d}"
-    stepdir.mkdir(parents=True, exist_ok=True)
+    if not stepdir.is_dir():
+        stepdir.mkdir(parents=True, exist_ok=True)
+        _fsync_folder(Path(folder))  # the new step folder's name is durable before `latest` names it
     kept = {k: config[k] for k in MUST_MATCH} | ({"steps": config["steps"]} if "steps" in config else {})
     payload = {"format": FORMAT, "step": step, "config": kept, "state": state}
     if elapsed:
@@ -117,11 +141,16 @@ def save(folder: Path, step: int, label: str, state: dict, config: dict, *, barr
 
 
 def mark_latest(folder: Path, step: int, *, keep: int = 1) -> None:
-    """Point ``latest`` at ``step`` (atomically) and remove older step folders."""
+    """Point ``latest`` at ``step`` (atomically and durably) and only then remove older step
+    folders: until the new ``latest`` is on disk, the old one may be what a crash leaves."""
     name = f"step-{step:08d}"
     tmp = Path(folder) / "latest.tmp"
-    tmp.write_text(name + "\n")
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, Path(folder) / "latest")
+    _fsync_folder(Path(folder))
     old = sorted(p for p in Path(folder).glob("step-*") if p.is_dir() and p.name < name)
     for p in old[: max(0, len(old) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)

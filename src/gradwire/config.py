@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import struct
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -268,6 +269,12 @@ def _step_size(value: float, key: str, dtype: str, *, positive: bool) -> None:
     if value > largest:
         raise ConfigError(f"{key}={value:g} is too large for dtype {dtype} (at most {largest:.4g}); a step that "
                           f"size cannot be applied {_flag(key)}")
+    # a positive value below half the smallest float32 (about 1.4e-45) becomes 0 there: nothing trains
+    # (a Python float is a float64 already, so none rounds to 0 under --dtype float64)
+    if positive and dtype == "float32" and struct.unpack("<f", struct.pack("<f", value))[0] == 0.0:
+        raise ConfigError(f"{key}={value:g} rounds to 0 in dtype {dtype} (its smallest positive number is about "
+                          f"1.4e-45), so no step would change the model; pass a larger value or --dtype float64 "
+                          f"{_flag(key)}")
 
 
 def check_out_folder(out: str) -> None:

@@ -34,6 +34,8 @@ def one_error_line(capsys, argv, tmp_path, data_dir) -> str:
     (["--lr", "inf"], ["lr=inf", "finite number > 0"]),
     (["--lr", "nan"], ["lr=nan", "finite number > 0"]),
     (["--lr", "-0.1"], ["lr=-0.1", "finite number > 0"]),
+    # a rate that is 0 in the training dtype trains nothing (it ran, exit 0)
+    (["--lr", "1e-46"], ["lr=1e-46 rounds to 0 in dtype float32", "--dtype float64", "(--lr)"]),
     (["--weight-decay", "nan"], ["weight_decay=nan", "finite number >= 0"]),
     (["--weight-decay", "1e39"], ["weight_decay=1e+39", "too large for dtype float32"]),
     # the seed: blamed on itself, not on the partition

@@ -180,3 +180,64 @@ def test_resume_without_out_names_the_folder_to_give(tmp_path, data_dir, capsys,
     monkeypatch.chdir(tmp_path)
     assert main(tiny(data_dir, flag)) == 2
     assert "--resume continues the run in --out" in capsys.readouterr().err
+
+
+def _rows(path) -> list[dict]:
+    """A run folder's rows without the wall-clock figures (which differ between any two runs)."""
+    return [{k: v for k, v in row.items() if k not in ("wall_time_s", "eval_time_s")} for row in read_jsonl(path)]
+
+
+def _files(folder) -> dict:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".gradwire.lock"}
+
+
+def test_resume_with_fewer_steps_than_a_finished_run_is_refused(tmp_path, data_dir, capsys):
+    """--steps below a finished run's would resume from its checkpoint and cut it short, dropping
+    the rows after that checkpoint (it did, exit 0): refused, naming both counts, nothing touched."""
+    out = tmp_path / "done"
+    assert main(tiny(data_dir, "--out", str(out), "--steps", "8", "--checkpoint-every", "3")) == 0
+    before = _files(out)
+    capsys.readouterr()
+    for flag in ("--resume", "--resume-or-start"):
+        assert main(tiny(data_dir, "--out", str(out), "--steps", "7", "--checkpoint-every", "3", flag)) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"gradwire run: error: steps=7: run folder {out} holds a run that finished at step 8, more than --steps "
+            "7; resuming would cut it short and drop its rows after its checkpoint: pass --steps 8 or more to "
+            "continue it, --overwrite to replace it, or choose another --out (--steps)"]
+        assert _files(out) == before
+
+
+@pytest.mark.parametrize("first", [10, 11])
+def test_a_run_continued_to_more_steps_has_the_rows_of_one_run(tmp_path, data_dir, first):
+    """Evaluated every 3 steps (and at the last), checkpointed every 5: a run of ``first`` steps
+    continued to 15 from its checkpoint at step 10 writes the rows of a 15-step run bit for bit.
+    first=10: step 10 was evaluated only because it was the last; the continued run has no row
+    there, and its batch_loss at 12 still averages steps 10 to 12 (the row stayed and the window
+    was emptied). first=11: the checkpoint lies between evaluations, its window holds step 10's
+    loss (a resume that lost it passed every other test: they all checkpoint where it is empty)."""
+    common = [*TINY[:4], "--eval-every", "3", "--checkpoint-every", "5", "--data-dir", str(data_dir)]
+    assert main(["run", *common, "--steps", "15", "--out", str(tmp_path / "whole")]) == 0
+    assert main(["run", *common, "--steps", str(first), "--out", str(tmp_path / "split")]) == 0
+    assert main(["run", *common, "--steps", "15", "--out", str(tmp_path / "split"), "--resume"]) == 0
+    assert json.loads((tmp_path / "split" / "summary.json").read_text())["resumed_from_step"] == 10
+    for name in ("metrics.jsonl", "steps.jsonl"):
+        assert _rows(tmp_path / "split" / name) == _rows(tmp_path / "whole" / name), name
+    assert [r["step"] for r in read_jsonl(tmp_path / "split" / "metrics.jsonl")] == [0, 3, 6, 9, 12, 15]
+
+
+def test_a_line_cut_off_by_a_crash_does_not_stop_the_resume(tmp_path, data_dir):
+    """A crash while a row was written leaves a cut last line in steps.jsonl and metrics.jsonl:
+    --resume drops it with the other rows after the checkpoint (it was a JSONDecodeError traceback
+    on every --resume) and ends with the rows of a run never interrupted."""
+    common = [*TINY[:4], "--eval-every", "3", "--checkpoint-every", "5", "--data-dir", str(data_dir)]
+    assert main(["run", *common, "--steps", "15", "--out", str(tmp_path / "whole")]) == 0
+    split = tmp_path / "split"
+    assert main(["run", *common, "--steps", "11", "--out", str(split)]) == 0
+    (split / "summary.json").unlink()  # a crash: no summary, a row half written
+    for name in ("steps.jsonl", "metrics.jsonl"):
+        with open(split / name, "a") as f:
+            f.write('{"step": 12, "loss": 0.2')
+    assert main(["run", *common, "--steps", "15", "--out", str(split), "--resume"]) == 0
+    for name in ("metrics.jsonl", "steps.jsonl"):
+        assert _rows(split / name) == _rows(tmp_path / "whole" / name), name
+    assert not list(split.glob("*.tmp"))

@@ -303,3 +303,149 @@ def test_help_says_what_a_run_without_out_writes(capsys):
         main(["run", "--help"])
     text = "".join(capsys.readouterr().out.split())  # argparse wraps the help; compare without spaces
     assert "--outOUTrunfolder(default:afreshruns/<label>-<YYYYmmdd-HHMMSS>)" in text
+
+
+def test_rows_truncated_for_a_resume_replace_the_file_atomically(tmp_path, monkeypatch):
+    """A resumed run's steps.jsonl keeps the rows up to its checkpoint; a crash while the kept rows
+    are written (here: a full disk halfway) leaves the file as it was, never a half file that
+    lost rows before the checkpoint."""
+    from pathlib import Path
+
+    from gradwire.report import run_folder
+
+    path = tmp_path / "steps.jsonl"
+    original = "".join(json.dumps({"step": k, "loss": 1.0 / k}) + "\n" for k in range(1, 9)) + '{"step": 9, "lo'
+    path.write_text(original)
+    real_write_text = Path.write_text
+
+    def full_disk(self, data, *args, **kwargs):
+        real_write_text(self, data[: len(data) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError):
+        run_folder._truncate_jsonl(path, 5)
+    assert path.read_text() == original
+    monkeypatch.setattr(Path, "write_text", real_write_text)
+    run_folder._truncate_jsonl(path, 5)
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def _all_files(folder) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".gradwire.lock"}
+
+
+@pytest.mark.parametrize("refused, needle", [
+    (["--batch-size", "5000"], "batch"),  # larger than every shard
+    (["--workers", "64", "--partition", "dirichlet:alpha=0.001"], "would get no data"),  # an empty shard
+])
+def test_overwrite_refused_once_the_run_is_built_keeps_the_old_run(tmp_path, data_dir, capsys, refused, needle):
+    """--overwrite with a setting refused only while the run is built: exit 2, and the old run's
+    metrics, summary and checkpoint are all still there, byte for byte (they were deleted before
+    the refusal). A good --overwrite then replaces them."""
+    out = tmp_path / "o"
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2")) == 0
+    before = _all_files(out)
+    assert {"metrics.jsonl", "summary.json", "checkpoint/latest"} <= {str(p) for p in before}
+    capsys.readouterr()
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2", *refused, "--overwrite")) == 2
+    assert needle in one_error_line(capsys)
+    assert _all_files(out) == before
+    assert sorted(p.name for p in out.iterdir()) == sorted([".gradwire.lock", *{p.parts[0] for p in before}])
+    assert main(tiny(data_dir, "--out", str(out), "--lr", "0.5", "--overwrite")) == 0
+    assert json.loads((out / "config.json").read_text())["lr"] == 0.5
+    assert not (out / "checkpoint").exists() and not (out / ".gradwire-replaced").exists()
+
+
+def test_a_run_set_aside_by_a_killed_overwrite_comes_back(tmp_path, data_dir, capsys):
+    """An --overwrite run killed after it set the old run aside and before it wrote anything: the
+    next claim of the folder puts the old run back (here --resume finds it finished)."""
+    from gradwire.report.run_folder import set_aside
+
+    out = tmp_path / "o"
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2")) == 0
+    before = _all_files(out)
+    set_aside(out)
+    assert not (out / "summary.json").exists()
+    capsys.readouterr()
+    assert main(tiny(data_dir, "--out", str(out), "--checkpoint-every", "2", "--resume")) == 0
+    assert "already finished at step 4" in capsys.readouterr().out
+    assert _all_files(out) == before
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--resume-or-start"])
+def test_resume_of_a_folder_being_written_names_the_writer(tmp_path, data_dir, capsys, flag):
+    """Another process has just started writing the folder (no checkpoint yet): --resume says so,
+    naming its pid (it said "nothing to resume: ... holds a run (config.json) but no checkpoint"),
+    and --resume-or-start does not start a second writer."""
+    from gradwire.report.run_folder import FolderLock
+
+    out = tmp_path / "busy"
+    held = FolderLock(out).acquire()
+    try:
+        (out / "config.json").write_text("{}")
+        assert main(tiny(data_dir, "--out", str(out), flag)) == 2
+        assert one_error_line(capsys) == (f"gradwire run: error: run folder {out} is being written by another "
+                                          f"gradwire process (pid {os.getpid()}); wait for it to end or choose "
+                                          "another --out")
+        assert sorted(p.name for p in out.iterdir()) == [".gradwire.lock", "config.json"]
+    finally:
+        held.release()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_the_threads_backend_stops_with_its_summary(tmp_path, data_dir, capsys, monkeypatch, signum):
+    """A stop signal to a --backend threads run: every process's loop stops at its next step, and
+    the summary says 'stopped', exit 128 + the signal (SIGTERM ended it with no summary, SIGINT
+    wrote 'failed': "cannot schedule new futures after shutdown"). --resume continues it from its
+    last regular checkpoint."""
+    import threading
+
+    from gradwire.run import loop
+
+    original = loop.Run.train_step
+
+    def train_step(self):
+        info = original(self)
+        if self.step == 3 and self.process_rank == 0:
+            os.kill(os.getpid(), signum)
+        return info
+
+    monkeypatch.setattr(loop.Run, "train_step", train_step)
+    out = tmp_path / "o"
+    previous = signal.getsignal(signum)
+    def args(steps: int, *more: str) -> list[str]:
+        return tiny(data_dir, "--backend", "threads", "--out", str(out), "--steps", str(steps), "--checkpoint-every",
+                    "2", *more)
+
+    assert main(args(100000)) == 128 + signum
+    assert signal.getsignal(signum) is previous
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("gradwire-process-")]  # all ended
+    summary = json.loads((out / "summary.json").read_text())
+    stop, name = summary["steps"], signal.Signals(signum).name
+    assert summary["status"] == "stopped" and summary["stopped_by"] == name and 3 <= stop < 100000
+    assert summary["error"] == f"stopped by {name} at step {stop}"
+    assert f"gradwire run: stopped by {name} at step {stop}; {out / 'summary.json'} written" in capsys.readouterr().err
+    monkeypatch.setattr(loop.Run, "train_step", original)
+    assert main(args(stop + 2, "--resume")) == 0
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished"
+
+
+def test_a_stop_before_training_says_nothing_was_written(tmp_path, data_dir, capsys, monkeypatch):
+    """A stop while the run is built (on the torch backend: a rank blocked in the rendezvous, which
+    hears the signal only when it returns) ends with one line saying nothing was written; it said
+    "metrics so far are in the run folder" on every rank, with no folder there."""
+    from gradwire.errors import Stopped
+    from gradwire.run import loop
+
+    def stopped_while_built(cfg, transport=None):
+        raise Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "Run", stopped_while_built)
+    out = tmp_path / "o"
+    assert main(tiny(data_dir, "--out", str(out))) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gradwire run: stopped by SIGTERM before training began (while the run was built: its data, its processes' "
+        "rendezvous); nothing of it was written"]
+    assert not out.exists()

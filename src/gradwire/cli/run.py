@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given
 from gradwire.config import read_config_file
-from gradwire.errors import AlreadyFinished
+from gradwire.errors import AlreadyFinished, Stopped
 
 EPILOG = """examples:
   gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
@@ -75,6 +76,14 @@ def main(ns) -> int:
         if reports:
             print(f"gradwire run: {e}")
         return 0
+    except Stopped as e:
+        if e.step is not None:  # stopped in training: the summary's line (cli/__init__.py)
+            raise
+        # stopped while the run was built (its data, the torch backend's rendezvous): no folder of it
+        # was written, on any rank (it said "metrics so far are in the run folder")
+        print(f"gradwire run: stopped by {signal.Signals(e.signum).name} before training began (while the run "
+              "was built: its data, its processes' rendezvous); nothing of it was written", file=sys.stderr)
+        return 128 + e.signum
     if not reports:
         return 0
     info_path = Path(cfg.out) / "algorithm.json"

@@ -24,7 +24,7 @@ cannot be told which is which, so the supervisor tells it, per rank:
   without it;
 - ``--resume-on-restart``: in a restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0) CMD gets
   ``--resume-or-start``, so a restarted group resumes from the last checkpoint (or starts again
-  from step 0 when none was saved).
+  from step 0 when none was saved), and loses ``--overwrite`` (``restarted_command``).
 
 Only the standard library: it starts in milliseconds and holds no torch.
 """
@@ -81,6 +81,20 @@ def end_like(code: int) -> None:
     sys.exit(code)
 
 
+def restarted_command(cmd: list[str]) -> list[str]:
+    """The run command of a restarted attempt: with ``--resume-or-start`` (a checkpoint continues,
+    none yet: step 0 again), unless it asks to resume itself. ``--overwrite`` goes (the first
+    attempt replaced the folder already, and the run refuses it beside a resume flag: with it no
+    restart could ever start); a ``--config`` file may set ``overwrite: true``, so ``--no-overwrite``
+    then follows it (flags override the file)."""
+    if {"--resume", "--resume-or-start"} & set(cmd):
+        return cmd
+    kept = [arg for arg in cmd if arg != "--overwrite"]
+    if any(arg == "--config" or arg.startswith("--config=") for arg in cmd):
+        kept.append("--no-overwrite")
+    return [*kept, "--resume-or-start"]
+
+
 def supervise(cmd: list[str], *, server_algorithm: bool, resume_on_restart: bool = False,
               launcher_pid: int | None = None) -> int:
     """Run ``cmd`` as described in the module docstring; returns the exit code to end with (a
@@ -90,9 +104,8 @@ def supervise(cmd: list[str], *, server_algorithm: bool, resume_on_restart: bool
     set_parent_death_signal(libc, signal.SIGTERM)
     if os.getppid() != parent:  # the launcher died before we could ask to be told
         return -signal.SIGTERM
-    if (resume_on_restart and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
-            and not {"--resume", "--resume-or-start"} & set(cmd)):
-        cmd = [*cmd, "--resume-or-start"]  # no checkpoint saved yet: start again from step 0
+    if resume_on_restart and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        cmd = restarted_command(cmd)
     me = os.getpid()
 
     def in_child() -> None:  # after fork, before exec

@@ -31,6 +31,9 @@ RUN_MARKERS = ("summary.json", "metrics.jsonl", "steps.jsonl", "config.json", "c
 RUN_FILES = ("config.json", "algorithm.json", "metrics.jsonl", "steps.jsonl", "summary.json", "curves.png",
              "report.html")
 LOCK_NAME = ".gradwire.lock"
+# An --overwrite run sets the old run aside here, and removes it only once it starts writing: a setting
+# refused while the run is built (a batch larger than a shard, an algorithm's set-up) puts it back.
+REPLACED_NAME = ".gradwire-replaced"
 
 
 def holds_run(folder: Path, *, files_only: bool = False) -> str | None:
@@ -56,15 +59,62 @@ def refuse_existing(folder: Path, *, overwrite: bool, resume: bool) -> None:
                           "or --resume to continue it (or choose another --out)")
 
 
+RUN_FOLDERS = ("checkpoint", "timeline", "tensorboard")
+
+
 def clear_run(folder: Path) -> None:
     """Remove an earlier run's files and checkpoint/ from ``folder`` (nothing else in it)."""
     folder = Path(folder)
     for name in RUN_FILES:
         for path in (folder / name, folder / (name + ".tmp")):
             path.unlink(missing_ok=True)
-    shutil.rmtree(folder / "checkpoint", ignore_errors=True)
-    shutil.rmtree(folder / "timeline", ignore_errors=True)
-    shutil.rmtree(folder / "tensorboard", ignore_errors=True)
+    for name in RUN_FOLDERS:
+        shutil.rmtree(folder / name, ignore_errors=True)
+
+
+def _run_entries(folder: Path) -> list[Path]:
+    """What :func:`clear_run` removes, as far as it is there."""
+    names = [n for name in RUN_FILES for n in (name, name + ".tmp")] + list(RUN_FOLDERS)
+    return [folder / name for name in names if (folder / name).exists()]
+
+
+def set_aside(folder: Path) -> None:
+    """Move the run in ``folder`` into ``folder/.gradwire-replaced`` (renames, within the folder):
+    --overwrite's old run, kept until the new run writes (:func:`drop_replaced`) or is refused
+    before that (:func:`put_back`)."""
+    folder = Path(folder)
+    aside = folder / REPLACED_NAME
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir()
+    for path in _run_entries(folder):
+        os.replace(path, aside / path.name)
+
+
+def put_back(folder: Path) -> None:
+    """Undo :func:`set_aside`: whatever the refused run made goes, the old run comes back."""
+    folder = Path(folder)
+    aside = folder / REPLACED_NAME
+    if not aside.is_dir():
+        return
+    clear_run(folder)
+    for path in aside.iterdir():
+        os.replace(path, folder / path.name)
+    aside.rmdir()
+
+
+def drop_replaced(folder: Path) -> None:
+    """The new run starts writing: the run it replaces goes for good."""
+    shutil.rmtree(Path(folder) / REPLACED_NAME, ignore_errors=True)
+
+
+def _recover_replaced(folder: Path) -> None:
+    """A run set aside by an --overwrite run that was killed before it wrote anything comes back
+    (a folder that holds a newer run keeps it, and the old one goes)."""
+    if (folder / REPLACED_NAME).is_dir():
+        if holds_run(folder) is None:
+            put_back(folder)
+        else:
+            drop_replaced(folder)
 
 
 class FolderLock:
@@ -121,6 +171,7 @@ class FolderLock:
     def release(self, *, discard: bool = False) -> None:
         if self._file is None:
             return
+        put_back(self.folder)  # an --overwrite run refused before it wrote: the old run comes back
         alone = self.created and self.folder.is_dir() and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]
         if (discard and self.made_file) or alone:  # still locked: no other writer is inside
             (self.folder / LOCK_NAME).unlink(missing_ok=True)
@@ -141,14 +192,16 @@ def require_named(out: str | Path) -> None:
 
 def claim(folder: str | Path, *, overwrite: bool, resume: bool) -> FolderLock:
     """Lock ``folder`` for this process and check that writing it loses nothing unasked: refused
-    when it holds a run unless ``overwrite`` (the old run's files are removed) or ``resume``."""
+    when it holds a run unless ``overwrite`` (the old run's files are set aside, removed when the
+    new run starts writing, and put back by ``FolderLock.release`` if it never did) or ``resume``."""
     require_named(folder)  # before Path(), which reads "" as "."
     folder = Path(folder)
     lock = FolderLock(folder).acquire()  # first: a folder another run is writing is said to be that
     try:
+        _recover_replaced(folder)
         refuse_existing(folder, overwrite=overwrite, resume=resume)
         if overwrite:
-            clear_run(folder)
+            set_aside(folder)  # removed once the run is built and writes (RunFolder.open), else put back
     except BaseException:
         lock.discard()  # refused: the lock file (and folder) it made go again
         raise
@@ -198,11 +251,25 @@ def read_complete_jsonl(path: Path) -> tuple[list[dict], int]:
     return rows, skipped
 
 
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines of steps <= ``step`` (a resumed run rewrites what came after its checkpoint)."""
-    if path.exists():
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        path.write_text("".join(x + "\n" for x in keep))
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the rows of steps <= ``last_step`` (a resumed run rewrites what came after its
+    checkpoint). A line that is no whole JSON row is dropped: a crash while it was written cut it
+    off, so it is the file's last and came after the checkpoint. The kept rows replace the file
+    atomically (a crash here leaves the old file, which this reads again on the next resume)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= last_step:
+            keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    tmp.replace(path)
 
 
 class RunFolder:
@@ -213,19 +280,24 @@ class RunFolder:
         self._metrics = self._steps = None
         self.scalars = None  # --tensorboard: report/tensorboard.py's writer of the same rows
 
-    def open(self, config: dict, setup_info: dict, resumed_step: int | None) -> None:
+    def open(self, config: dict, setup_info: dict, resumed_step: int | None, *,
+             evaluates_at_resumed_step: bool = True) -> None:
         """Write the config and start the logs; ``resumed_step``: the checkpoint's step, whose later
-        rows are dropped and rewritten."""
+        rows are dropped and rewritten. ``evaluates_at_resumed_step`` False: the metrics row at that
+        step goes too (the last step of a finished run that is continued: the longer run does not
+        evaluate there)."""
         self.backend = config.get("backend", "sim")
         if not self.enabled:
             return
         self.out.mkdir(parents=True, exist_ok=True)
+        if resumed_step is None:
+            drop_replaced(self.out)  # built and writing: the run --overwrite replaces goes now
         write_json(self.out / "config.json", config)
         if setup_info:
             write_json(self.out / "algorithm.json", setup_info)
         if resumed_step is not None:
-            for name in ("metrics.jsonl", "steps.jsonl"):
-                _truncate_jsonl(self.out / name, resumed_step)
+            _truncate_jsonl(self.out / "steps.jsonl", resumed_step)
+            _truncate_jsonl(self.out / "metrics.jsonl", resumed_step - (0 if evaluates_at_resumed_step else 1))
             self.records = read_jsonl(self.out / "metrics.jsonl")
         if config.get("tensorboard"):
             from gradwire.report.tensorboard import ScalarWriter

@@ -10,7 +10,8 @@ from gradwire.report.run_folder import RunFolder
 
 def open_run_folder(run, resumed: bool) -> RunFolder:
     """The folder of ``run``, opened (written only by the writing process); a resumed run keeps its
-    rows up to the checkpoint's step."""
+    rows up to the checkpoint's step (its metrics row there only where this run evaluates: a
+    finished run continued to more steps evaluated its old last step only because it was last)."""
     folder = RunFolder(run.cfg.out, enabled=run.is_writer, curves=run.cfg.curves)
     algorithm = run.algorithm
     folder.open(run.cfg.to_dict() | {"algorithm_resolved": algorithm.spec(),
@@ -18,7 +19,8 @@ def open_run_folder(run, resumed: bool) -> RunFolder:
                                      "shard_sizes": run.shard_sizes,
                                      "num_parameters": run.model.numel, "evaluates": algorithm.evaluates,
                                      "torch_version": torch.__version__},
-                algorithm.setup_info(), run.step if resumed else None)
+                algorithm.setup_info(), run.step if resumed else None,
+                evaluates_at_resumed_step=algorithm.evaluates_at(run.step, run.cfg.eval_every, run.cfg.steps))
     return folder
 
 

@@ -33,7 +33,7 @@ import torch
 from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.config import RunConfig, naming_flag
-from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, Stopped
+from gradwire.errors import AlreadyFinished, CommunicationError, ConfigError, DivergenceError, Stopped
 from gradwire.fault.kill import fault_point_from_env
 from gradwire.report.progress import ProgressLines, progress_mode
 from gradwire.report.run_folder import claim, holds_run, read_json_or_empty
@@ -54,6 +54,12 @@ from gradwire.transports.clocks import SimClock, WallClock
 from gradwire.transports.network import NETWORKS
 from gradwire.transports.sim import SimTransport
 from gradwire.transports.stragglers import STRAGGLERS
+
+# ``steps`` for Algorithm.evaluates_at that no step reaches: its regular evaluation steps alone
+NO_LAST_STEP = 0
+# seconds: the threads backend's main thread waits for its processes in slices this long, so that a
+# signal's handler runs between them whichever thread the signal reached
+JOIN_SLICE_S = 0.2
 
 
 def _refuse_one_process_backend_under_torchrun(cfg: RunConfig) -> None:
@@ -276,18 +282,20 @@ class Run:
         return True
 
 
-def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
+def run_threads(cfg: RunConfig, *, progress: bool | None = None, signals: StopSignals | None = None) -> dict:
     """``--backend threads``: every process of a real run as a thread (``transports/threads.py``);
-    returns process 0's summary, or raises the first process's error."""
+    returns process 0's summary, or raises the first process's error. ``signals``: SIGTERM and
+    SIGINT, heard by the main thread, which waits here; each process's loop stops at its next step
+    (a process that waits on one already stopped stops too: the hub fails that wait at once)."""
     from gradwire.transports.threads import Hub, ThreadTransport
 
     world = check_combination(cfg).processes
     hub, results, errors = Hub(cfg.timeout_s), {}, {}
+    cfg = resolved(cfg)
 
     def process(rank: int) -> None:
         try:
-            results[rank] = run(cfg, progress=progress if rank == 0 else False,
-                                transport=ThreadTransport(hub, world, rank))
+            results[rank] = _run(cfg, progress if rank == 0 else False, ThreadTransport(hub, world, rank), signals)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors[rank] = e
             hub.died(rank, f"{type(e).__name__}: {e}".splitlines()[0][:120])
@@ -296,7 +304,11 @@ def run_threads(cfg: RunConfig, *, progress: bool | None = None) -> dict:
     for t in threads:
         t.start()
     for t in threads:  # every wait inside is bounded by the timeout
-        t.join()
+        while t.is_alive():
+            try:
+                t.join(timeout=JOIN_SLICE_S)  # in slices: the main thread runs the signal handlers
+            except Stopped:  # a second signal: the processes are stopping already; their summary comes
+                continue
     if errors:
         raise errors[min(errors)]
     return results[0]
@@ -317,14 +329,22 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
 
         print(f"gradwire run: replica starting ({cfg.fault_tolerance})", file=sys.stderr, flush=True)
     _refuse_one_process_backend_under_torchrun(cfg)
-    check_resume(cfg)  # every process: they all see the folder
     writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock
+    # the lock first: a folder another process is writing is said to be that, not judged by its files
     lock = claim(cfg.out, overwrite=cfg.overwrite, resume=cfg.resuming) if writer else None
-    signals = StopSignals(deferred=cfg.backend == "sim")
     try:
-        if cfg.backend == "threads":
-            return run_threads(cfg, progress=progress)
+        check_resume(cfg, existed=None if lock is None else not lock.created)  # every process: they all see it
+    except BaseException:
+        if lock is not None:
+            lock.discard()  # refused: the lock file (and folder) the claim made go again
+        raise
+    # the simulator and the threads backend stop between steps (the threads: the main thread hears the
+    # signal, the loops stop); the simulator checkpoints the step reached, where the state is whole
+    signals = StopSignals(deferred=cfg.backend != "torch", checkpoints=cfg.backend == "sim")
+    try:
         signals.install()
+        if cfg.backend == "threads":
+            return run_threads(cfg, progress=progress, signals=signals)
         return _run(cfg, progress, None, signals)
     finally:
         signals.restore()
@@ -332,14 +352,15 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
             lock.release()
 
 
-def check_resume(cfg: RunConfig) -> None:
+def check_resume(cfg: RunConfig, *, existed: bool | None = None) -> None:
     """``--resume`` and ``--resume-or-start``, before anything is written: a run that finished
     ``--steps`` steps raises AlreadyFinished (nothing to do, nothing rewritten); a folder without a
     checkpoint is a ConfigError for ``--resume`` (a mistyped --out must not start a long run from
     step 0 unnoticed), and ``--resume-or-start`` starts there from step 0, unless the folder holds a
     finished run: starting again would replace it, which only --overwrite may ask (an unfinished
     run without a checkpoint is what a restarted attempt of ``launch --max-restarts`` finds, and
-    starts again)."""
+    starts again). ``existed``: whether the folder was there before this process's claim made it
+    (None: whether it is there now)."""
     if not cfg.resuming or cfg.overwrite:  # (both: claim refuses the pair)
         return
     if cfg.resume and cfg.resume_or_start:
@@ -349,9 +370,18 @@ def check_resume(cfg: RunConfig) -> None:
     summary = read_json_or_empty(out / "summary.json")
     ran = read_json_or_empty(out / "config.json")
     same = all(ran.get(k, v) == v for k, v in cfg.to_dict().items() if k in checkpoint.MUST_MATCH)
-    saved = checkpoint.latest(out / "checkpoint") is not None
+    stepdir = checkpoint.latest(out / "checkpoint")
+    saved = stepdir is not None
     finished = summary.get("status") == "finished"
-    if finished and summary.get("steps") == cfg.steps and same:
+    done = summary.get("steps")
+    # (a checkpoint past --steps is refused by its load, naming its step)
+    if finished and isinstance(done, int) and done > cfg.steps and saved and _step_of(stepdir) <= cfg.steps:
+        # resuming from its checkpoint would rewrite every row after it and end at --steps: the run cut short
+        raise ConfigError(f"steps={cfg.steps}: run folder {out} holds a run that finished at step {done}, more "
+                          f"than --steps {cfg.steps}; resuming would cut it short and drop its rows after its "
+                          f"checkpoint: pass --steps {done} or more to continue it, --overwrite to replace it, or "
+                          "choose another --out (--steps)")
+    if finished and done == cfg.steps and same:
         raise AlreadyFinished(str(out), summary, continuable=saved)  # (another configuration: the checkpoint names it)
     if saved:
         return
@@ -363,10 +393,16 @@ def check_resume(cfg: RunConfig) -> None:
     if cfg.resume_or_start:
         return
     found = holds_run(out)
+    there = out.is_dir() if existed is None else existed
     what = (f"holds a run ({found}) but no checkpoint to continue it (checkpoint/latest; --checkpoint-every K "
-            "saves one)" if found else "holds no run" if out.is_dir() else "does not exist")
+            "saves one)" if found else "holds no run" if there else "does not exist")
     raise ConfigError(f"resume=true: nothing to resume: run folder {out} {what}; check --out, or pass "
                       "--resume-or-start to start from step 0 when there is no checkpoint (--resume)")
+
+
+def _step_of(stepdir: Path) -> int:
+    """The step of a checkpoint's step folder (``step-00000120``: 120)."""
+    return int(stepdir.name.split("-")[-1])
 
 
 def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None) -> dict:
@@ -400,7 +436,7 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
     try:
         while r.step < cfg.steps:
             if signals is not None and signals.pending is not None:  # between steps: the state is whole
-                if cfg.checkpoint_every and r.step % cfg.checkpoint_every:  # (else saved at this step)
+                if signals.checkpoints and cfg.checkpoint_every and r.step % cfg.checkpoint_every:  # (else saved)
                     r.save_checkpoint()
                 signals.stop_now()
             info = r.train_step()
@@ -410,7 +446,11 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
             if r.algorithm.evaluates_at(r.step, cfg.eval_every, cfg.steps):
                 r.driver.before_evaluation()  # every process, at the same steps
                 evaluator.record({k: v for k, v in info.items() if k not in ("loss", "gradients")})
-                r.window.clear()
+                if r.step < cfg.steps or r.algorithm.evaluates_at(r.step, cfg.eval_every, NO_LAST_STEP):
+                    # (an evaluation only because this is the last step keeps its window in the
+                    # checkpoint: a continuation to more --steps then reports the batch_loss of a
+                    # run made that long at once)
+                    r.window.clear()
                 if records:
                     bar.set_postfix(loss=f"{records[-1]['train_loss']:.4g}", acc=f"{records[-1]['test_acc']:.3f}")
             if cfg.checkpoint_every and r.step % cfg.checkpoint_every == 0:
@@ -425,7 +465,15 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
         stopped = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
         status, error = "stopped", f"stopped by {signal.Signals(stopped.signum).name} at step {r.step}"
         raise stopped from None
-    except BaseException as e:  # a communication error, a bad checkpoint: say so
+    except CommunicationError as e:
+        if signals is None or signals.pending is None:
+            status, error = "failed", f"{type(e).__name__}: {e}"
+            raise
+        # a stop asked while another process (threads) stopped first: its collective failed for the stop
+        stopped = Stopped(signals.pending)
+        status, error = "stopped", f"stopped by {signal.Signals(stopped.signum).name} at step {r.step}"
+        raise stopped from None
+    except BaseException as e:  # a bad checkpoint, a bug: say so
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
     finally:

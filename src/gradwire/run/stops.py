@@ -14,12 +14,14 @@ from gradwire.errors import Stopped
 
 class StopSignals:
     """SIGTERM and SIGINT while a run trains, handled in the main thread only (the previous handlers
-    come back after). ``deferred`` (the simulator): the first signal asks the loop to stop after the
-    step it is in, where the state is whole and can be checkpointed; a second one stops at once.
-    Otherwise (a real backend, possibly blocked on its peers) a signal stops the run at once."""
+    come back after). ``deferred`` (the simulator, the threads backend): the first signal asks the
+    loop (every process's, on threads) to stop after the step it is in; a second one stops the
+    main thread at once. ``checkpoints`` (the simulator): the loop checkpoints the step it stops at,
+    where the state is whole (on threads the processes may stop at different steps). Otherwise (the
+    torch backend, possibly blocked on its peers) a signal stops the run at once."""
 
-    def __init__(self, deferred: bool):
-        self.deferred, self.pending, self.stopping = deferred, None, False
+    def __init__(self, deferred: bool, checkpoints: bool = False):
+        self.deferred, self.checkpoints, self.pending, self.stopping = deferred, checkpoints, None, False
         self._previous: dict = {}
 
     def install(self) -> None:
