@@ -11,7 +11,7 @@ import torch
 
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
-from gradwire.fault.replica import merge_rank_keyed
+from gradwire.fault.replica import merge_own
 from gradwire.run.combination import check_combination
 from gradwire.transports.ft_spec import INSTALL, parse
 
@@ -62,22 +62,23 @@ def test_without_torchft_the_flag_says_how_to_install_it(monkeypatch):
 
 def test_merge_keeps_the_peers_shared_state_and_this_workers_own():
     peer = {"x": torch.ones(2), "opt": {"momentum": torch.full((2,), 3.0)},
-            "codec": {"error_feedback": {"0": torch.full((2,), 9.0)}, "generators": {"0": torch.tensor([1])}},
-            "outer": {"0": {"m": torch.ones(1)}}, "data": {"0": {"position": 40}}}
+            "codec": {"error_feedback": {"0": torch.full((2,), 9.0)}, "generators": {"0": torch.tensor([1])},
+                      "powersgd": {"q": {"0": torch.ones(2)}, "errors": {"0": {"0": torch.ones(2)}}}},
+            "outer": {"0": {"m": torch.ones(1)}}}
     own = {"x": torch.zeros(2), "opt": {"momentum": torch.zeros(2)},
-           "codec": {"error_feedback": {"2": torch.zeros(2)}, "generators": {"2": torch.tensor([7])}},
-           "outer": {"0": {"m": torch.zeros(1)}}, "data": {"2": {"position": 0}}}
-    merged = merge_rank_keyed(peer, own, "0", "2")
+           "codec": {"error_feedback": {"2": torch.zeros(2)}, "generators": {"2": torch.tensor([7])},
+                     "powersgd": {"q": {}, "errors": {}}},  # (both filled at the first step)
+           "outer": {}}
+    merged = merge_own(peer, own)
     assert torch.equal(merged["x"], torch.ones(2)) and torch.equal(merged["opt"]["momentum"], torch.full((2,), 3.0))
-    assert torch.equal(merged["outer"]["0"]["m"], torch.ones(1))  # keyed by fragment "0" in both: shared
+    assert torch.equal(merged["outer"]["0"]["m"], torch.ones(1))  # keyed by fragment "0": shared
     assert set(merged["codec"]["error_feedback"]) == {"2"} and torch.equal(merged["codec"]["error_feedback"]["2"],
                                                                            torch.zeros(2))
     assert merged["codec"]["generators"] == {"2": own["codec"]["generators"]["2"]}
-    assert merged["data"] == {"2": {"position": 0}}
-    # PowerSGD's error memories appear at a worker's first step: not yet there is this worker's too
-    lazy = merge_rank_keyed({"errors": {"0": {"w": torch.ones(2)}}, "q": {"w": torch.ones(2)}},
-                            {"errors": {}, "q": {"w": torch.zeros(2)}}, "0", "2")
-    assert lazy["errors"] == {} and torch.equal(lazy["q"]["w"], torch.ones(2))
+    # PowerSGD's Q keyed by tensor "0", as the peer replica 0's errors are: Q is the peer's, the
+    # errors (not yet made by this worker) its own
+    assert torch.equal(merged["codec"]["powersgd"]["q"]["0"], torch.ones(2))
+    assert merged["codec"]["powersgd"]["errors"] == {}
 
 
 def test_recovery_phases_are_read_back_from_the_step_records():

@@ -61,19 +61,35 @@ class _QuorumSeen:
         return getattr(self._client, name)
 
 
-def merge_rank_keyed(peer, own, peer_key: str, own_key: str):
-    """``peer``'s state with its per-worker parts replaced by ``own``'s.
+# The per-worker parts of an algorithm's state: the dicts at these paths of its ``state_dict`` hold
+# one entry per local worker, keyed by the worker's rank (each worker's own memory: its residuals,
+# its generators, its local model). Declared here rather than inferred from the keys: dicts keyed
+# by tensor index ("0", "1", ...: PowerSGD's Q and P, DiLoCo's outer state) look the same as one
+# keyed by rank 0, and some per-worker dicts are empty until the first step (PowerSGD's errors).
+# tests/fault/test_ft_recover.py finds every rank-keyed dict of every algorithm a replica can run
+# and fails on one that is missing here.
+PER_WORKER_PATHS = frozenset(tuple(path.split("/")) for path in (
+    "codec/generators", "codec/error_feedback", "codec/powersgd/errors",  # compressors (averaging/)
+    "generators",                                    # dqsgd's quantiser draws
+    "replicas/x", "replicas/opt", "pace/ready",      # local models and their optimizers (replicas.py)
+    "snapshot", "snapshots",                         # DaSGD's and LSGD's delayed copies
+    "momentum", "m", "h_i", "accumulators",          # DeMo's, signSGD's, DIANA's, SparseLoCo's memories
+    "window/values", "window/count",                 # LSGD's loss windows
+))
 
-    gradwire keeps per-worker state in dicts keyed by the worker's rank (``{"2": residual}``): a
-    dict that holds only the peer's rank in ``peer`` and only this worker's in ``own``, or nothing
-    yet (PowerSGD fills its error memories at the first step), is per-worker, and this worker's
-    own value is kept; everything else is shared by the replicas (parameters, optimizer moments,
-    PowerSGD's Q, the outer optimizer) and is the peer's."""
-    if isinstance(peer, dict) and isinstance(own, dict):
-        if peer_key != own_key and set(peer) == {peer_key} and set(own) <= {own_key}:
-            return own
-        return {k: merge_rank_keyed(v, own[k], peer_key, own_key) if k in own else v for k, v in peer.items()}
-    return peer
+
+def merge_own(peer, own, paths=PER_WORKER_PATHS, at: tuple = ()):
+    """``peer``'s state with the dicts at ``paths`` (the per-worker parts) taken from ``own``: the
+    shared parts (parameters, optimizer moments, PowerSGD's Q and P, the outer optimizer) are the
+    peer's, each worker's own memory is this worker's."""
+    if not isinstance(peer, dict):
+        return peer
+    own = own if isinstance(own, dict) else {}
+    merged = {}
+    for key, value in peer.items():
+        path = (*at, str(key))
+        merged[key] = own.get(key, {}) if path in paths else merge_own(value, own.get(key), paths, path)
+    return merged
 
 
 class ReplicaDriver:
@@ -135,21 +151,29 @@ class ReplicaDriver:
     def recover(self, state: dict) -> None:
         """Install a peer's state: the shared parts are the peer's; this worker's own parts are
         what the algorithm's setup gives at the transferred parameters (error-feedback residuals
-        and PowerSGD's error memories reset, local replicas at the global model); its data shard
-        continues where a worker that took part in every step would be (the steps it missed:
-        skipped, counted by every replica in ``skipped_samples``)."""
-        rank, oracle = self.transport.rank, self.ctx.oracle
+        and PowerSGD's error memories reset, local replicas at the global model: ``merge_own``);
+        its data shard continues where a worker that took part in every step would be (the steps it
+        missed: skipped, counted by every replica in ``skipped_samples``). The run's per-process
+        figures stay this process's own: its loss window (the losses it computed since the last
+        evaluation), its communication time, and its gradient count for straggler draws (set, like
+        its data position, to a worker's that took part in every step)."""
+        rank, oracle, counters = self.transport.rank, self.ctx.oracle, self.counters
         start = time.perf_counter()
+        own_window, own_comm_s = list(counters.window), self.transport.comm_time_s
         self.setup(state["global"].clone())
-        own = {"algorithm": self.algorithm.state_dict(), "data": oracle.state_dict()}
-        own = copy.deepcopy(own)
-        merged = merge_rank_keyed(state["run"], state["run"] | own, state["rank"], str(rank))
+        own_algorithm = copy.deepcopy(self.algorithm.state_dict())
+        peer = state["run"]
         committed = self.manager.current_step()  # the quorum's step, set by torchft before this call
         worker = oracle.workers[rank]
         worker.load_state_dict({"epoch": 0, "position": 0})
         for _ in range(committed):  # the batches of the steps this shard took part in, or skipped
             worker.next_batch()
-        merged["data"], merged["step"] = oracle.state_dict(), committed
+        merged = peer | {
+            "step": committed, "algorithm": merge_own(peer["algorithm"], own_algorithm),
+            "data": oracle.state_dict(), "window": own_window,
+            # counted only where straggler draws are made real (the peer's holds its own rank then)
+            "gradient_counts": {str(rank): committed} if peer["gradient_counts"] else {},
+            "transport": peer["transport"] | {"comm_time_s": own_comm_s}}
         self.state.load_state_dict(merged)
         self.skipped_samples = int(state["skipped_samples"])
         received = self.checkpoints.last_received or {}
