@@ -51,10 +51,11 @@ class CountingAlgorithm:
 
     def step(self, ctx, step):
         self.steps += 1
+        ctx.gradient(0, None)  # as sync reports it: a gradient of every worker of the run
         self.state = {"x": self.state["x"] + 1}
         if self.steps in self.fail_calls:  # a collective failed after the state had moved
             raise CommunicationError("allreduce: Connection closed by peer")
-        return {"loss": 1.0}
+        return {"loss": 1.0, "gradients": ctx.world_size}
 
     def state_dict(self):
         return dict(self.state)
@@ -66,7 +67,8 @@ class CountingAlgorithm:
 def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgorithm]:
     algorithm = CountingAlgorithm()
     state = SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None)
-    ctx = SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}, oracle=state)
+    ctx = SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}, oracle=state, world_size=3,
+                          gradient=lambda rank, params: (1.0, None))
     transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None, reconfigured=False),
                                 participants=[0], state_dict=dict, load_state_dict=lambda s: None,
                                 state_bytes=0, exchange_bytes=0)
@@ -76,6 +78,7 @@ def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgor
     d.manager = ScriptedManager(transport.pg, quorums)
     d.samples, d.skipped_samples, d.events, d.healed = [8, 8, 8], 0, [], None
     d.full_at, d.leave_at, d.hold_at, d.marks, d.received_bytes, d.at_start = set(), None, {}, None, 0, None
+    d.count_gradients()
     return d, d.manager, algorithm
 
 
@@ -136,3 +139,14 @@ def test_step_zeros_evaluation_waits_for_the_first_quorum():
     late.at_start = lambda: seen.append("evaluated")
     late.counters.step = 1
     assert late.step()["ft"]["participants"] == [0, 1, 2] and len(seen) == 1 and late.at_start is None
+
+
+def test_a_steps_gradients_are_its_quorums_not_every_worker_of_the_run():
+    """The algorithm reports a gradient for each of the run's 3 workers; a step of two replicas
+    computed two, and the run's count (the sum of the steps') must say so."""
+    d, manager, algorithm = driver([([0, 1, 2], None), ([0, 1], None), ([0, 1, 2], None), ([0, 1], None)])
+    algorithm.fail_calls = {3}  # step 3's first attempt computes, then its collective fails
+    assert d.step()["gradients"] == 3
+    assert d.step()["gradients"] == 2
+    assert d.step()["gradients"] == 2  # the failed attempt's computation is not counted (it was undone)
+    assert algorithm.steps == 4 and manager.votes == [True, True, False, True]

@@ -127,6 +127,7 @@ class ReplicaDriver:
         seen = self.manager._client = _QuorumSeen(self.manager._client)
         transport.pg.tag = lambda: rendezvous_tag(seen.last.replica_ids, seen.last.max_step)
         self.received_bytes = 0  # fetched from a peer, not yet in a committed step's ledger
+        self.count_gradients()
         self.at_start = None  # the run's step-0 evaluation, until the first quorum (run/drivers.py)
         # fault scripting for tests and benchmarks (fault/harness.py): GRADWIRE_FT_FULL_AT=S1,S2 makes
         # steps S1, S2 commit only with every replica (they wait for one that is away);
@@ -142,6 +143,19 @@ class ReplicaDriver:
         holds = scripted_steps("GRADWIRE_FT_HOLD_AT", "STEP:FILE[,STEP:FILE]", fields=2, last_is_text=True)
         self.hold_at = {int(step): path for step, path in holds}
         self.marks["manager"] = time.time()
+
+    def count_gradients(self) -> None:
+        """Count the gradients this replica computes (``own_gradients``; every gradient goes through
+        ``ctx.gradient``). The algorithms report a step's gradients for every worker of the run
+        (``ctx.world_size``); a step of a quorum has only its participants' (:meth:`step`)."""
+        self.own_gradients = 0
+        compute = self.ctx.gradient
+
+        def counted(*args, **kwargs):
+            self.own_gradients += 1
+            return compute(*args, **kwargs)
+
+        self.ctx.gradient = counted
 
     # -- what a healthy replica sends, and what a recovering one makes of it ---------------------
     def state_dict(self) -> dict:
@@ -277,6 +291,7 @@ class ReplicaDriver:
             if manager.errored() is None and self.transport.pg.reconfigured:
                 # a new group: every member adds up the state its members fetched (the ledger)
                 self.transport.count_state_transfer(self.received_bytes)
+            computed = self.own_gradients
             if manager.errored() is None:
                 try:
                     info = self.algorithm.step(ctx, counters.step)
@@ -299,6 +314,8 @@ class ReplicaDriver:
                     ft["failures"], self.events = self.events, []
                 if self.leave_at == counters.step:
                     self.leave()
+                if "gradients" in info:  # the quorum's: every participant computes as many as this one
+                    info["gradients"] = (self.own_gradients - computed) * len(ranks)
                 return info | {"ft": ft}
             # not committed: a collective, the process group's rebuild or a transfer failed here or
             # on a peer; torchft numbers the next quorum anew, so that its group is built afresh
