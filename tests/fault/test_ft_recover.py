@@ -169,3 +169,14 @@ def test_every_rank_keyed_dict_of_a_replicas_algorithm_is_declared_per_worker(tm
         checked.append(flags["algorithm"])
     assert {"sync", "diloco", "local", "demo", "diana", "signsgd", "sparseloco"} <= set(checked)
     assert PER_WORKER_PATHS <= found  # none declared that no algorithm has
+
+
+def test_a_peer_of_another_configuration_is_refused_in_one_line_naming_it(replicas):
+    from gradwire.errors import ConfigError
+
+    peer = replicas(0, compressor="powersgd:rank=2")
+    healed = replicas(2, compressor="topk:ratio=0.25", error_feedback=True)
+    train_alone(peer, 1)
+    with pytest.raises(ConfigError, match=r"^replica 2: the state replica 0 sent at step 1 does not fit this run") as e:
+        heal(healed, peer)
+    assert "\n" not in str(e.value)

@@ -48,13 +48,18 @@ def scripted_steps(variable: str, form: str, *, fields: int = 1, last_is_text: b
 
 class _QuorumSeen:
     """torchft's ``ManagerClient``, keeping the last quorum it answered (its members and step name
-    the quorum's gloo rendezvous: transports/ft.py, ``rendezvous_tag``)."""
+    the quorum's gloo rendezvous: transports/ft.py, ``rendezvous_tag``) and the last error of a
+    quorum request (``failed``: the only error of ``Manager.start_quorum`` that is asked again)."""
 
     def __init__(self, client):
-        self._client, self.last = client, None
+        self._client, self.last, self.failed = client, None, None
 
     def _quorum(self, *args, **kwargs):
-        self.last = self._client._quorum(*args, **kwargs)
+        try:
+            self.last = self._client._quorum(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - torchft reports an unreachable Lighthouse as several types
+            self.failed = e
+            raise
         return self.last
 
     def __getattr__(self, name):
@@ -110,7 +115,8 @@ class ReplicaDriver:
         ft = self.ft
         self.skipped_samples = 0     # samples of the shards of replicas absent from committed steps
         self.events: list[dict] = []  # this step's failed attempts and quorum requests (in its steps.jsonl record)
-        self.healed: dict | None = None
+        self.healed: dict | None = None  # the heal of the step under way (kept through its retries)
+        self.heals = 0  # the states installed from a peer
         self.checkpoints = SafeHTTPTransport(ft.host, timedelta(seconds=ft.timeout_s))
         self.manager = Manager(
             pg=transport.pg, load_state_dict=self.recover, state_dict=self.state_dict,
@@ -188,8 +194,13 @@ class ReplicaDriver:
             # counted only where straggler draws are made real (the peer's holds its own rank then)
             "gradient_counts": {str(rank): committed} if peer["gradient_counts"] else {},
             "transport": peer["transport"] | {"comm_time_s": own_comm_s}}
-        self.state.load_state_dict(merged)
+        try:
+            self.state.load_state_dict(merged)
+        except ConfigError as e:  # (the peer runs another configuration: no retry can fix it)
+            raise ConfigError(f"replica {rank}: the state replica {state['rank']} sent at step {committed} does not "
+                              f"fit this run ({e}); every replica must run the same configuration") from None
         self.skipped_samples = int(state["skipped_samples"])
+        self.heals += 1
         received = self.checkpoints.last_received or {}
         self.received_bytes += received.get("bytes", 0)
         self.healed = {"from": int(state["rank"]), "at_step": committed, "bytes": received.get("bytes", 0),
@@ -197,16 +208,16 @@ class ReplicaDriver:
         # the fetch's parts: waiting for the source to serialise, the bytes on the wire, torch.load
         self.healed |= {k: received[k] for k in ("wait_source_s", "wire_s", "load_s") if k in received}
 
-    def _record_quorum(self, began: float, seconds: float) -> None:
-        """The quorum call on the run's timeline: a WAIT, less the state transfer inside it, a COMM
-        with its bytes (report/recovery.py)."""
+    def _record_quorum(self, began: float, seconds: float, healed: dict | None) -> None:
+        """The quorum call on the run's timeline: a WAIT, less the state transfer inside it (``healed``:
+        the heal of this call), a COMM with its bytes (report/recovery.py)."""
         timeline, rank = self.ctx.timeline, self.transport.rank
         if not timeline.enabled:
             return
-        transfer = self.healed["transfer_s"] if self.healed is not None else 0.0
+        transfer = healed["transfer_s"] if healed is not None else 0.0
         timeline.add(rank, WAIT, began, began + seconds - transfer)
-        if self.healed is not None:
-            timeline.add(rank, COMM, began + seconds - transfer, began + seconds, nbytes=self.healed["bytes"])
+        if healed is not None:
+            timeline.add(rank, COMM, began + seconds - transfer, began + seconds, nbytes=healed["bytes"])
 
     def _snapshot(self) -> dict:
         return copy.deepcopy({"algorithm": self.algorithm.state_dict(), "data": self.ctx.oracle.state_dict(),
@@ -248,18 +259,20 @@ class ReplicaDriver:
         # Lighthouse to answer: quorum_timeout_s each
         wait_deadline = quorum_deadline = time.monotonic() + self.ft.quorum_timeout_s
         attempt = failures = 0
+        self.healed = None  # (an attempt that heals sets it; it stays with the step until it commits)
         while True:
             attempt += 1
-            self.healed = None
+            heals = self.heals
             t0, began = time.perf_counter(), ctx.timeline.now() if ctx.timeline.enabled else 0.0
             if not self._quorum(quorum_deadline):
                 continue
+            healed_now = self.heals != heals
             quorum_deadline = time.monotonic() + self.ft.quorum_timeout_s
             quorum_s = time.perf_counter() - t0
             self._mark("quorum", t0)
             if self.at_start is not None:
                 evaluate, self.at_start = self.at_start, None
-                if manager.current_step() == 0 and self.healed is None:
+                if manager.current_step() == 0 and not healed_now:
                     # the job's start: step 0 is evaluated as in every run, and the step goes on in
                     # this quorum (the others wait in its first collective, for at most timeout_s:
                     # past that the attempt fails and is retried). Asking for the quorum again
@@ -268,8 +281,8 @@ class ReplicaDriver:
                     # skips it (its state is a peer's; its first evaluation is the others' next)
                     counters.step = 0
                     evaluate()
-            self._record_quorum(began, quorum_s)
-            if self.healed is not None:
+            self._record_quorum(began, quorum_s, self.healed if healed_now else None)
+            if healed_now:
                 snap = self._snapshot()  # a retry starts from the transferred state
             counters.step = manager.current_step() + 1  # committed steps + 1 (a healed replica jumps ahead)
             ctx.oracle.step = ctx.timeline.step = counters.step
@@ -329,13 +342,22 @@ class ReplicaDriver:
                                          f"{failures} attempts (the last failure: {last})")
 
     def _quorum(self, deadline: float) -> bool:
-        """``Manager.start_quorum``; False when the Lighthouse could not be reached (it restarts, a
-        link is down) and there is time left to ask again; raises once ``deadline`` has passed."""
+        """``Manager.start_quorum``; False when the quorum request failed (the Lighthouse restarts,
+        a link is down) and there is time left to ask again; raises once ``deadline`` has passed.
+
+        Only the request's own failure is asked again. With ``use_async_quorum=False`` torchft also
+        installs a peer's state inside ``start_quorum`` (:meth:`recover`), after it has moved its
+        step to the quorum's: a failed install asked again would not heal again, and the replica
+        would compute and commit on a half-installed state. It raises instead (a transfer that
+        failed is not raised: torchft reports it to the Manager, the attempt is not committed, and
+        the next quorum heals again)."""
         try:  # one request waits at most timeout_s, so that a lost Lighthouse is asked again in time
             left = max(deadline - time.monotonic(), 0.001)
             self.manager.start_quorum(timeout=timedelta(seconds=min(self.ft.timeout_s, left)))
             return True
         except Exception as e:  # noqa: BLE001 - torchft reports an unreachable Lighthouse as several types
+            if e is not getattr(self.manager._client, "failed", None):
+                raise
             if time.monotonic() >= deadline:
                 raise CommunicationError(f"replica {self.transport.rank}: no quorum within quorum_timeout_s="
                                          f"{self.ft.quorum_timeout_s:g} s: {str(e).splitlines()[0][:160]}") from None
