@@ -145,6 +145,7 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
     from gradwire.fault.transfer import TRANSFER_CHUNK, SafeHTTPTransport
 
     server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=0.5))
+    server.start()
     try:
         state = {"x": torch.arange(6 * 1024 * 1024, dtype=torch.float32)}  # 24 MiB: beyond the sockets' buffers
         server.send_checkpoint([1], 3, state, timedelta(seconds=5))
@@ -163,6 +164,8 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
         assert torch.equal(torch.load(io.BytesIO(got), weights_only=True)["x"], state["x"])
 
         # a reader that takes the first bytes and stalls: after 4 timeouts it finds the stream cut short
+        # (the state staged again: the server drops it once fetched, and a timeout after staging)
+        server.send_checkpoint([1, 2], 3, state, timedelta(seconds=5))
         address = urllib.parse.urlsplit(server.metadata())
         with socket.create_connection((address.hostname, address.port), timeout=5) as peer:
             peer.sendall(f"GET {address.path}3 HTTP/1.1\r\nHost: {address.hostname}\r\n\r\n".encode())
@@ -177,6 +180,75 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
             while chunk := peer.recv(1 << 20):  # what the buffers held, then the server's close
                 received += len(chunk)
         assert 0 < received < whole, (received, whole)
+        server.send_checkpoint([1], 3, state, timedelta(seconds=5))
         assert fetch(0.0) == got  # the server still serves the next peer whole
     finally:
         server.shutdown()
+
+
+def test_the_state_server_drops_a_state_once_every_recipient_has_it_or_a_timeout_after_staging():
+    """A source holds its serialised state only for the recipients the quorum named: dropped after
+    the last one's fetch (a later request for it is refused, 404), or ``timeout`` after staging when
+    one never comes; and a server that is never started (the Lighthouse unreachable) serves nothing."""
+    import time
+    import urllib.error
+    from datetime import timedelta
+
+    from gradwire.fault.transfer import SafeHTTPTransport
+
+    server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=2))
+    with pytest.raises(RuntimeError, match="has not been started"):
+        server.metadata()
+    server.start()
+    try:
+        state = {"x": torch.arange(1000, dtype=torch.float32)}
+        server.send_checkpoint([1, 2], 4, state, timedelta(seconds=5))
+        first = server.recv_checkpoint(0, server.metadata(), 4, timedelta(seconds=5))
+        assert server._served is not None  # recipient 2 has not fetched yet
+        second = server.recv_checkpoint(0, server.metadata(), 4, timedelta(seconds=5))
+        assert torch.equal(first["x"], state["x"]) and torch.equal(second["x"], state["x"])
+        assert server._served is None
+        with pytest.raises(urllib.error.HTTPError, match="404"):  # (after the server's wait for a staging)
+            server.recv_checkpoint(0, server.metadata(), 4, timedelta(seconds=30))
+        server.send_checkpoint([1], 5, state, timedelta(seconds=5))  # its recipient never comes
+        deadline = time.monotonic() + 60
+        while server._served is not None:
+            assert time.monotonic() < deadline, "the state was never dropped"
+            time.sleep(0.05)
+    finally:
+        server.shutdown()
+
+
+def test_a_state_transfer_is_bounded_as_a_whole_not_only_each_read():
+    """A source that sends a byte every 20 ms never lets one socket read wait the 0.5 s timeout; the
+    fetch still ends at timeout_s, with a TimeoutError."""
+    import socket
+    import threading
+    import time
+    from datetime import timedelta
+
+    from gradwire.fault.transfer import SafeHTTPTransport
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1 << 16)
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not stop.is_set():
+                conn.sendall(b"x")
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    recipient = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=0.5))
+    try:
+        with pytest.raises(TimeoutError, match=r"not complete within timeout_s=0.5 s"):
+            recipient.recv_checkpoint(0, f"http://127.0.0.1:{listener.getsockname()[1]}/checkpoint/", 1,
+                                      timedelta(seconds=0.5))
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        listener.close()

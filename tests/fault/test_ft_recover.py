@@ -180,3 +180,69 @@ def test_a_peer_of_another_configuration_is_refused_in_one_line_naming_it(replic
     with pytest.raises(ConfigError, match=r"^replica 2: the state replica 0 sent at step 1 does not fit this run") as e:
         heal(healed, peer)
     assert "\n" not in str(e.value)
+
+
+# -- a Lighthouse that cannot be reached when a replica starts ----------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _unreachable(tmp_path, data_dir, port: int, **ft) -> RunConfig:
+    spec = ",".join(f"{k}={v}" for k, v in ({"min_replicas": 1, "timeout_s": 1, "quorum_timeout_s": 3,
+                                              "lighthouse": f"127.0.0.1:{port}"} | ft).items())
+    return RunConfig(backend="torch", workers=3, task="digits-logreg", steps=4, batch_size=BATCH,
+                     out=str(tmp_path / "replica-0"), data_dir=str(data_dir), fault_tolerance=f"torchft:{spec}")
+
+
+def _state_servers() -> int:
+    import threading
+
+    return sum(t.name == "gradwire-state-server" and t.is_alive() for t in threading.enumerate())
+
+
+def test_an_unreachable_lighthouse_ends_the_start_in_one_line_and_leaves_no_state_server(tmp_path, data_dir,
+                                                                                       monkeypatch):
+    import torchft
+
+    from gradwire.errors import CommunicationError
+    from gradwire.run.loop import Run
+
+    attempts, real = [], torchft.Manager
+    monkeypatch.setattr(torchft, "Manager", lambda *a, **kw: attempts.append(1) or real(*a, **kw))
+    port, servers = _free_port(), _state_servers()
+    with pytest.raises(CommunicationError) as e:
+        Run(_unreachable(tmp_path, data_dir, port))
+    assert str(e.value).startswith(f"replica 0: the Lighthouse at 127.0.0.1:{port} could not be reached within "
+                                   "quorum_timeout_s=3 s: failed to connect") and "\n" not in str(e.value)
+    assert len(attempts) >= 2  # asked again until quorum_timeout_s (each attempt waits timeout_s=1 s)
+    assert _state_servers() == servers
+
+
+def test_a_lighthouse_that_comes_up_after_the_replica_is_waited_for(tmp_path, data_dir, monkeypatch):
+    import torchft
+    from torchft.coordination import LighthouseServer
+
+    from gradwire.run.loop import Run
+
+    port, started, real = _free_port(), [], torchft.Manager
+
+    def manager(*args, **kwargs):  # the first attempt finds no Lighthouse; then it starts
+        try:
+            return real(*args, **kwargs)
+        except RuntimeError:
+            started.append(LighthouseServer(bind=f"127.0.0.1:{port}", min_replicas=1))
+            raise
+
+    monkeypatch.setattr(torchft, "Manager", manager)
+    run = Run(_unreachable(tmp_path, data_dir, port, quorum_timeout_s=60))
+    try:
+        assert len(started) == 1 and run.driver.replica.manager is not None
+        assert run.driver.replica.checkpoints.metadata().startswith("http://127.0.0.1:")  # serving, once made
+    finally:
+        run.transport.close()
+        started[0].shutdown()
+    assert run.driver.replica.checkpoints._server is None  # closing the transport stopped the state server

@@ -118,16 +118,30 @@ class ReplicaDriver:
         self.healed: dict | None = None  # the heal of the step under way (kept through its retries)
         self.heals = 0  # the states installed from a peer
         self.checkpoints = SafeHTTPTransport(ft.host, timedelta(seconds=ft.timeout_s))
-        self.manager = Manager(
-            pg=transport.pg, load_state_dict=self.recover, state_dict=self.state_dict,
-            min_replica_size=ft.min_replicas, use_async_quorum=False,
-            timeout=timedelta(seconds=ft.timeout_s), quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
-            connect_timeout=timedelta(seconds=ft.timeout_s), rank=0, world_size=1,
-            store_addr=ft.host, store_port=transport.store.port, lighthouse_addr=ft.lighthouse_url,
-            replica_id=f"gradwire_{ft.replica}", hostname=ft.host,
-            heartbeat_interval=timedelta(milliseconds=ft.heartbeat_ms),
-            checkpoint_transport=self.checkpoints, init_sync=False, max_retries=None)  # retries: step()
-        transport.manager = self.manager
+        # torchft's Manager connects to the Lighthouse as it is made (RuntimeError when it cannot
+        # within connect_timeout): a Lighthouse that starts after the replicas, or restarts, is
+        # waited for up to quorum_timeout_s, as a quorum would be
+        deadline = time.monotonic() + ft.quorum_timeout_s
+        while True:
+            try:
+                self.manager = Manager(
+                    pg=transport.pg, load_state_dict=self.recover, state_dict=self.state_dict,
+                    min_replica_size=ft.min_replicas, use_async_quorum=False,
+                    timeout=timedelta(seconds=ft.timeout_s), quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
+                    connect_timeout=timedelta(seconds=ft.timeout_s), rank=0, world_size=1,
+                    store_addr=ft.host, store_port=transport.store.port, lighthouse_addr=ft.lighthouse_url,
+                    replica_id=f"gradwire_{ft.replica}", hostname=ft.host,
+                    heartbeat_interval=timedelta(milliseconds=ft.heartbeat_ms),
+                    checkpoint_transport=self.checkpoints, init_sync=False, max_retries=None)  # retries: step()
+                break
+            except RuntimeError as e:
+                if time.monotonic() >= deadline:
+                    raise CommunicationError(f"replica {ft.replica}: the Lighthouse at {ft.lighthouse} could not be "
+                                             f"reached within quorum_timeout_s={ft.quorum_timeout_s:g} s: "
+                                             f"{str(e).splitlines()[0][:160]}") from None
+                time.sleep(ft.heartbeat_ms / 1000)
+        self.checkpoints.start()  # (after the Manager: a replica that cannot reach the Lighthouse leaves no server)
+        transport.manager, transport.closing = self.manager, self.close
         # torchft asks for a quorum, then configures the group with it: the group's rendezvous is
         # named by that quorum's members and step as well as its number (Manager._client: private)
         seen = self.manager._client = _QuorumSeen(self.manager._client)
@@ -389,4 +403,6 @@ class ReplicaDriver:
         os._exit(0)
 
     def close(self) -> None:
+        """Stop the state server (and drop the state it may still hold for a recipient); the run
+        closes it through its transport (``FtTransport.close``)."""
         self.checkpoints.shutdown()
