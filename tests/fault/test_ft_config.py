@@ -29,6 +29,8 @@ def test_spec_parses_and_default_is_off():
     assert (ft.min_replicas, ft.timeout_s, ft.replica, ft.lighthouse_url) == (2, 10.0, 1, "http://127.0.0.1:29510")
     assert parse("none") is None
     assert check_combination(cfg(GOOD)).cfg.fault_tolerance == GOOD
+    for lighthouse in ("http://lighthouse.example:29510", "[::1]:29510"):  # a scheme, an IPv6 address
+        assert parse(f"torchft:lighthouse={lighthouse}").lighthouse == lighthouse
 
 
 @pytest.mark.parametrize("spec, kw, says", [
@@ -39,7 +41,12 @@ def test_spec_parses_and_default_is_off():
     (GOOD.replace("replica=1", "replica=3"), {}, "replica=3 must be in [0, --workers 3)"),
     (GOOD + ",quorum_timeout_s=5", {}, "quorum_timeout_s=5 is shorter than timeout_s=10"),
     (GOOD + ",quorum_timeout_s=inf", {}, "timeouts must be > 0 and finite"),
-    (GOOD + ",heartbeat_ms=20000", {}, "heartbeat_ms=20000 must be shorter than timeout_s=10"),
+    (GOOD + ",heartbeat_ms=20000", {}, "heartbeat_ms=20000 must be shorter than timeout_s=10 s: the Lighthouse's "
+                                       "heartbeat_timeout_ms must lie between the two"),
+    (GOOD.replace("127.0.0.1:29510", "not-a-host-port"), {},
+     "lighthouse='not-a-host-port' must be HOST:PORT with a port in [1, 65535]"),
+    (GOOD.replace("127.0.0.1:29510", "127.0.0.1:99999"), {}, "lighthouse='127.0.0.1:99999' must be HOST:PORT"),
+    (GOOD.replace("127.0.0.1:29510", ":29510"), {}, "lighthouse=':29510' must be HOST:PORT"),
     (GOOD, {"timeout_s": 5}, "timeout_s=10 exceeds --timeout-s 5"),
     (GOOD, {"backend": "sim"}, "needs --backend torch"),
     (GOOD, {"algorithm": "sync:backups=1"}, "server-mode algorithms"),

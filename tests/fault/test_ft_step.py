@@ -150,8 +150,12 @@ def test_failed_attempts_are_retried_from_the_steps_start_and_recorded():
     assert "failures" not in d.step()["ft"]  # a record holds its own step's failures only
 
 
-def test_max_retries_failed_votes_end_the_run_with_one_line():
+def test_a_step_is_retried_max_retries_times_then_the_next_failed_vote_ends_the_run_with_one_line():
+    """max_retries=2: a first attempt and two retries (torchft's meaning): two failed votes are
+    retried, the third in a row ends the run."""
     rebuild = RuntimeError("connectFullMesh: connection refused")
+    d, manager, algorithm = driver([([0, 1, 2], rebuild)] * 2 + [([0, 1, 2], None)], max_retries=2)
+    assert d.step()["ft"]["attempts"] == 3 and manager.votes == [False, False, True]
     d, manager, algorithm = driver([([0, 1, 2], rebuild)] * 3, max_retries=2)
     with pytest.raises(CommunicationError, match=r"step 1 was not committed in 3 attempts \(the last failure: "
                                                  r"connectFullMesh: connection refused\)"):
