@@ -11,7 +11,7 @@ import torch
 
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
-from gradwire.fault.replica import merge_rank_keyed
+from gradwire.fault.replica import merge_own
 from gradwire.run.combination import check_combination
 from gradwire.transports.ft_spec import INSTALL, parse
 
@@ -29,6 +29,8 @@ def test_spec_parses_and_default_is_off():
     assert (ft.min_replicas, ft.timeout_s, ft.replica, ft.lighthouse_url) == (2, 10.0, 1, "http://127.0.0.1:29510")
     assert parse("none") is None
     assert check_combination(cfg(GOOD)).cfg.fault_tolerance == GOOD
+    for lighthouse in ("http://lighthouse.example:29510", "[::1]:29510"):  # a scheme, an IPv6 address
+        assert parse(f"torchft:lighthouse={lighthouse}").lighthouse == lighthouse
 
 
 @pytest.mark.parametrize("spec, kw, says", [
@@ -39,7 +41,12 @@ def test_spec_parses_and_default_is_off():
     (GOOD.replace("replica=1", "replica=3"), {}, "replica=3 must be in [0, --workers 3)"),
     (GOOD + ",quorum_timeout_s=5", {}, "quorum_timeout_s=5 is shorter than timeout_s=10"),
     (GOOD + ",quorum_timeout_s=inf", {}, "timeouts must be > 0 and finite"),
-    (GOOD + ",heartbeat_ms=20000", {}, "heartbeat_ms=20000 must be shorter than timeout_s=10"),
+    (GOOD + ",heartbeat_ms=20000", {}, "heartbeat_ms=20000 must be shorter than timeout_s=10 s: the Lighthouse's "
+                                       "heartbeat_timeout_ms must lie between the two"),
+    (GOOD.replace("127.0.0.1:29510", "not-a-host-port"), {},
+     "lighthouse='not-a-host-port' must be HOST:PORT with a port in [1, 65535]"),
+    (GOOD.replace("127.0.0.1:29510", "127.0.0.1:99999"), {}, "lighthouse='127.0.0.1:99999' must be HOST:PORT"),
+    (GOOD.replace("127.0.0.1:29510", ":29510"), {}, "lighthouse=':29510' must be HOST:PORT"),
     (GOOD, {"timeout_s": 5}, "timeout_s=10 exceeds --timeout-s 5"),
     (GOOD, {"backend": "sim"}, "needs --backend torch"),
     (GOOD, {"algorithm": "sync:backups=1"}, "server-mode algorithms"),
@@ -62,22 +69,23 @@ def test_without_torchft_the_flag_says_how_to_install_it(monkeypatch):
 
 def test_merge_keeps_the_peers_shared_state_and_this_workers_own():
     peer = {"x": torch.ones(2), "opt": {"momentum": torch.full((2,), 3.0)},
-            "codec": {"error_feedback": {"0": torch.full((2,), 9.0)}, "generators": {"0": torch.tensor([1])}},
-            "outer": {"0": {"m": torch.ones(1)}}, "data": {"0": {"position": 40}}}
+            "codec": {"error_feedback": {"0": torch.full((2,), 9.0)}, "generators": {"0": torch.tensor([1])},
+                      "powersgd": {"q": {"0": torch.ones(2)}, "errors": {"0": {"0": torch.ones(2)}}}},
+            "outer": {"0": {"m": torch.ones(1)}}}
     own = {"x": torch.zeros(2), "opt": {"momentum": torch.zeros(2)},
-           "codec": {"error_feedback": {"2": torch.zeros(2)}, "generators": {"2": torch.tensor([7])}},
-           "outer": {"0": {"m": torch.zeros(1)}}, "data": {"2": {"position": 0}}}
-    merged = merge_rank_keyed(peer, own, "0", "2")
+           "codec": {"error_feedback": {"2": torch.zeros(2)}, "generators": {"2": torch.tensor([7])},
+                     "powersgd": {"q": {}, "errors": {}}},  # (both filled at the first step)
+           "outer": {}}
+    merged = merge_own(peer, own)
     assert torch.equal(merged["x"], torch.ones(2)) and torch.equal(merged["opt"]["momentum"], torch.full((2,), 3.0))
-    assert torch.equal(merged["outer"]["0"]["m"], torch.ones(1))  # keyed by fragment "0" in both: shared
+    assert torch.equal(merged["outer"]["0"]["m"], torch.ones(1))  # keyed by fragment "0": shared
     assert set(merged["codec"]["error_feedback"]) == {"2"} and torch.equal(merged["codec"]["error_feedback"]["2"],
                                                                            torch.zeros(2))
     assert merged["codec"]["generators"] == {"2": own["codec"]["generators"]["2"]}
-    assert merged["data"] == {"2": {"position": 0}}
-    # PowerSGD's error memories appear at a worker's first step: not yet there is this worker's too
-    lazy = merge_rank_keyed({"errors": {"0": {"w": torch.ones(2)}}, "q": {"w": torch.ones(2)}},
-                            {"errors": {}, "q": {"w": torch.zeros(2)}}, "0", "2")
-    assert lazy["errors"] == {} and torch.equal(lazy["q"]["w"], torch.ones(2))
+    # PowerSGD's Q keyed by tensor "0", as the peer replica 0's errors are: Q is the peer's, the
+    # errors (not yet made by this worker) its own
+    assert torch.equal(merged["codec"]["powersgd"]["q"]["0"], torch.ones(2))
+    assert merged["codec"]["powersgd"]["errors"] == {}
 
 
 def test_recovery_phases_are_read_back_from_the_step_records():
@@ -144,6 +152,7 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
     from gradwire.fault.transfer import TRANSFER_CHUNK, SafeHTTPTransport
 
     server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=0.5))
+    server.start()
     try:
         state = {"x": torch.arange(6 * 1024 * 1024, dtype=torch.float32)}  # 24 MiB: beyond the sockets' buffers
         server.send_checkpoint([1], 3, state, timedelta(seconds=5))
@@ -162,6 +171,8 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
         assert torch.equal(torch.load(io.BytesIO(got), weights_only=True)["x"], state["x"])
 
         # a reader that takes the first bytes and stalls: after 4 timeouts it finds the stream cut short
+        # (the state staged again: the server drops it once fetched, and a timeout after staging)
+        server.send_checkpoint([1, 2], 3, state, timedelta(seconds=5))
         address = urllib.parse.urlsplit(server.metadata())
         with socket.create_connection((address.hostname, address.port), timeout=5) as peer:
             peer.sendall(f"GET {address.path}3 HTTP/1.1\r\nHost: {address.hostname}\r\n\r\n".encode())
@@ -176,6 +187,75 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
             while chunk := peer.recv(1 << 20):  # what the buffers held, then the server's close
                 received += len(chunk)
         assert 0 < received < whole, (received, whole)
+        server.send_checkpoint([1], 3, state, timedelta(seconds=5))
         assert fetch(0.0) == got  # the server still serves the next peer whole
     finally:
         server.shutdown()
+
+
+def test_the_state_server_drops_a_state_once_every_recipient_has_it_or_a_timeout_after_staging():
+    """A source holds its serialised state only for the recipients the quorum named: dropped after
+    the last one's fetch (a later request for it is refused, 404), or ``timeout`` after staging when
+    one never comes; and a server that is never started (the Lighthouse unreachable) serves nothing."""
+    import time
+    import urllib.error
+    from datetime import timedelta
+
+    from gradwire.fault.transfer import SafeHTTPTransport
+
+    server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=2))
+    with pytest.raises(RuntimeError, match="has not been started"):
+        server.metadata()
+    server.start()
+    try:
+        state = {"x": torch.arange(1000, dtype=torch.float32)}
+        server.send_checkpoint([1, 2], 4, state, timedelta(seconds=5))
+        first = server.recv_checkpoint(0, server.metadata(), 4, timedelta(seconds=5))
+        assert server._served is not None  # recipient 2 has not fetched yet
+        second = server.recv_checkpoint(0, server.metadata(), 4, timedelta(seconds=5))
+        assert torch.equal(first["x"], state["x"]) and torch.equal(second["x"], state["x"])
+        assert server._served is None
+        with pytest.raises(urllib.error.HTTPError, match="404"):  # (after the server's wait for a staging)
+            server.recv_checkpoint(0, server.metadata(), 4, timedelta(seconds=30))
+        server.send_checkpoint([1], 5, state, timedelta(seconds=5))  # its recipient never comes
+        deadline = time.monotonic() + 60
+        while server._served is not None:
+            assert time.monotonic() < deadline, "the state was never dropped"
+            time.sleep(0.05)
+    finally:
+        server.shutdown()
+
+
+def test_a_state_transfer_is_bounded_as_a_whole_not_only_each_read():
+    """A source that sends a byte every 20 ms never lets one socket read wait the 0.5 s timeout; the
+    fetch still ends at timeout_s, with a TimeoutError."""
+    import socket
+    import threading
+    import time
+    from datetime import timedelta
+
+    from gradwire.fault.transfer import SafeHTTPTransport
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1 << 16)
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not stop.is_set():
+                conn.sendall(b"x")
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    recipient = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=0.5))
+    try:
+        with pytest.raises(TimeoutError, match=r"not complete within timeout_s=0.5 s"):
+            recipient.recv_checkpoint(0, f"http://127.0.0.1:{listener.getsockname()[1]}/checkpoint/", 1,
+                                      timedelta(seconds=0.5))
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        listener.close()

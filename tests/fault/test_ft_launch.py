@@ -43,3 +43,29 @@ def test_launch_refuses_a_replica_index_in_the_spec(tmp_path):
     p = gw("launch", "--nproc-per-node", "2", "--", "run", "--fault-tolerance", "torchft:replica=1",
            "--out", str(tmp_path / "run"), timeout=120)
     assert p.returncode != 0 and "drop replica= from --fault-tolerance" in p.stderr
+
+
+@pytest.mark.multiprocess
+def test_launch_checks_the_run_with_the_replica_count_before_starting_anything(tmp_path):
+    p = gw("launch", "--nproc-per-node", "3", "--max-restarts", "2", "--", "run", "--task", "synthetic-logreg",
+           "--fault-tolerance", "torchft:min_replicas=4", "--out", str(tmp_path / "run"), timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == ("gradwire launch: error: fault_tolerance min_replicas=4 must be in "
+                                                 "[1, --workers 3] (--fault-tolerance)")
+    assert "Lighthouse at" not in p.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(660)
+def test_launch_does_not_restart_a_replica_that_exits_with_a_configuration_error(tmp_path, data_dir):
+    """A batch larger than a replica's shard is found only when the replica loads its data: each
+    exits 2, and a restart would only say it again."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="warn")
+    p = gw("launch", "--nproc-per-node", "2", "--max-restarts", "2", "--", "run", "--task", "synthetic-logreg",
+           "--batch-size", "100000", "--fault-tolerance", "torchft:min_replicas=2,timeout_s=10",
+           "--out", str(tmp_path / "run"), "--data-dir", str(data_dir), env=env, timeout=600)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "restarting it" not in p.stderr
+    assert all(f"replica {k} exited with 2 (bad input, its message is above); not restarted" in p.stderr
+               for k in range(2))
+    assert p.stderr.count("batch_size=100000 is larger than the smallest shard") == 2  # once a replica, none restarted

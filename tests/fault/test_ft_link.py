@@ -1,9 +1,12 @@
 """A replica's link degraded, then cut, then back (network namespaces, gloo, 3 torchft replicas).
 
 Replicas 0 and 1 and the Lighthouse run in one network namespace, replica 2 in another, joined
-by one veth link (gradwire/fault/netns.py). The link is throttled (tc tbf, 1 Mbit/s) for steps 3
-to KILL, then cut (side a's end set down: a partition, no process is signalled) after step KILL
-(the replicas wait for the test at those two points: GRADWIRE_FT_HOLD_AT), and restored once
+by one veth link (gradwire/fault/netns.py). The link is throttled (tc tbf, 1 Mbit/s, a 4 kB
+burst) for steps 3 to KILL, where each step's allreduce of digits-mlp's 19 kB of parameters
+crosses it in chunks larger than the burst (the bucket's counters show the rate limit holding them
+back, so a throttle that did nothing fails the test), then cut (side a's end set down: a
+partition, no process is signalled) after step KILL (the replicas wait for the test at those two
+points: GRADWIRE_FT_HOLD_AT), and restored once
 replica 0 has committed step BACK-1: the survivors go on without replica 2, which is dropped from
 the quorum; back on the network it finds itself behind, recovers from a peer and ends
 bit-identical to them; and the whole run equals, bitwise, a fault-free run replayed with the same
@@ -53,7 +56,9 @@ def link():
 def test_link_degraded_then_cut_survivors_go_on_replica_rejoins_and_equals_a_replay(tmp_path, data_dir, link):
     from gradwire.fault.harness import ReplicaSet
 
-    algorithm = ["--task", "synthetic-logreg", "--algorithm", "sync"]  # dense: each step's bytes are a formula
+    # dense sync: each step's bytes are a formula; digits-mlp (4810 float32): a step's allreduce
+    # crosses the link in chunks (a ring's, B/3 each) beyond the throttle's 4 kB burst
+    algorithm = ["--task", "digits-mlp", "--algorithm", "sync"]
     args = [*algorithm, "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every", str(STEPS),
             "--batch-size", str(BATCH), "--data-dir", str(data_dir), "--no-curves"]  # as replicas_run has them
     # timeout_s=3: a collective in flight when the link goes down fails after 3 s, not the default 10
@@ -67,10 +72,11 @@ def test_link_degraded_then_cut_survivors_go_on_replica_rejoins_and_equals_a_rep
         rs.start_all()
         for k in range(3):
             rs.wait_for_step(k, 2, WAIT_S)
-        link.throttle("1mbit")  # degraded: every replica still takes part
+        link.throttle("1mbit", burst="4kb")  # degraded: every replica still takes part
         throttled.touch()
         for k in range(3):
             rs.wait_for_step(k, KILL, WAIT_S)
+        paced = link.stats()  # (before the qdisc and its counters go)
         link.unthrottle()
         link.cut()
         cut.touch()
@@ -96,6 +102,13 @@ def test_link_degraded_then_cut_survivors_go_on_replica_rejoins_and_equals_a_rep
     assert [rec[-1]["ft"]["skipped_samples"] for rec in faulty.values()] == [BATCH * (BACK - 1 - last)] * 3
     states = [final_state(rs.folder(k))["algorithm"] for k in range(3)]
     gradient = states[0]["x"].numel() * states[0]["x"].element_size()  # one dense allreduce a step
+    # the throttle acted on the steps' traffic: each end's token bucket carried at least the share of
+    # steps 3..KILL's allreduces that must cross the link ((n-1)/n of the buffer each way, a step) and
+    # held packets back for want of tokens (overlimits: traffic beyond the burst, paced to the rate)
+    for side in "ab":
+        assert paced[side]["kind"] == "tbf", paced
+        assert paced[side]["sent_bytes"] >= (KILL - 2) * gradient * 2 // 3, (paced, gradient)
+        assert paced[side]["overlimits"] > 0, paced
     check_ledger(survivor, {BACK: healed[0]["ft"]["healed"]["bytes"]}, {1, last + 1, BACK},
                  lambda n, step: ledger.allreduce(gradient, n))
     assert all(torch.equal(s["x"], states[0]["x"]) for s in states[1:])  # bit-identical after the rejoin

@@ -151,6 +151,7 @@ def test_sigkill_then_recovery_equals_a_fault_free_replay_bitwise(tmp_path, data
     assert f"skipped on the shards of absent replicas: {BATCH * (BACK - 1 - KILL)}" in page
     faulty_states = [final_state(rs.folder(k))["algorithm"] for k in range(3)]
     check_shared_state(faulty_states)
+    check_own_figures(rs, faulty)
     if not replayed:  # (the suite's time: the replay is shown for sync and DiLoCo)
         return
     code, replay_rs, replay = replicas_run(tmp_path / "replay", data_dir, args, {"GRADWIRE_FT_LEAVE_AT": f"2:{KILL}"})
@@ -173,6 +174,22 @@ def test_sigkill_then_recovery_equals_a_fault_free_replay_bitwise(tmp_path, data
     for a, b in zip(faulty_states, replay_states, strict=True):  # replica k: the same state in both runs
         a, b = ({k: v for k, v in s.items() if k != "pace"} for s in (a, b))  # pace: wall-clock readings
         assert differing(a, b) == []
+
+
+def check_own_figures(rs, records) -> None:
+    """What each replica must hold of its own at the end, the healed replica 2 included (the replay
+    heals through the same recovery, so only expected values can catch a wrong one): its data
+    position, as if it had drawn a batch at every step, the ones it missed too (a recovery that did
+    not move it would leave it at the steps since its return); the loss window that its last
+    evaluation averaged, its own losses only (the peer's losses before the heal are not in it); and
+    every step's gradients, the quorum's participants' (one each: a step of two computed two)."""
+    for k in range(3):
+        assert final_state(rs.folder(k))["data"] == {str(k): {"epoch": 0, "position": STEPS * BATCH}}
+        evaluated = [m for m in read_jsonl(rs.folder(k) / "metrics.jsonl") if m["step"] == STEPS]
+        losses = [r["loss"] for r in records[k]]  # replica 2: from its return (step BACK) on
+        assert evaluated[-1]["batch_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-12)
+        assert [r["gradients"] for r in records[k]] == [len(r["ft"]["participants"]) for r in records[k]]
+    assert records[2][0]["step"] == BACK and len(records[0]) == STEPS
 
 
 def check_shared_state(faulty_states: list[dict]) -> None:

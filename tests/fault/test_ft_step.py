@@ -8,26 +8,40 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 pytest.importorskip("torchft")
 
-from gradwire.errors import CommunicationError  # noqa: E402 - after the skip: fault/replica.py imports torchft
+from gradwire.errors import CommunicationError, ConfigError  # noqa: E402 - after the skip: fault/replica.py imports torchft
 from gradwire.fault.replica import ReplicaDriver  # noqa: E402
+from gradwire.tasks.oracle import WorkerData  # noqa: E402
 from gradwire.transports.ft_spec import FaultTolerance  # noqa: E402
 
 
 class ScriptedManager:
-    """Each start_quorum takes the next quorum (its members, and an error torchft would report,
-    e.g. a failed gloo rebuild); should_commit votes as torchft does for one replica group."""
+    """Each start_quorum takes the next quorum: its members, an error torchft would report (e.g. a
+    failed gloo rebuild) and, optionally, a peer's state to heal from (torchft moves its step to the
+    peer's, then calls the driver's ``recover`` inside start_quorum); members that are an exception
+    make the quorum request itself fail with it (the Lighthouse unreachable: torchft's client
+    raises). should_commit votes as torchft does for one replica group."""
 
     def __init__(self, pg, quorums):
         self.pg, self.quorums, self.step = pg, list(quorums), 0
         self.votes: list[bool] = []
         self._min_replica_size, self._errored = 1, None
+        self._client = SimpleNamespace(failed=None)  # (fault/replica.py's _QuorumSeen)
+        self._quorum_future = None
+        self.recover = None
 
     def start_quorum(self, timeout):
-        members, self._errored = self.quorums.pop(0)
+        members, self._errored, *heal = self.quorums.pop(0)
+        if isinstance(members, Exception):
+            self._client.failed = members
+            raise members
         self.pg._global_ranks = members
+        if heal:
+            self.step = heal[0]["run"]["step"]
+            self.recover(heal[0])
 
     def current_step(self):
         return self.step
@@ -51,10 +65,11 @@ class CountingAlgorithm:
 
     def step(self, ctx, step):
         self.steps += 1
+        ctx.gradient(0, None)  # as sync reports it: a gradient of every worker of the run
         self.state = {"x": self.state["x"] + 1}
         if self.steps in self.fail_calls:  # a collective failed after the state had moved
             raise CommunicationError("allreduce: Connection closed by peer")
-        return {"loss": 1.0}
+        return {"loss": 1.0, "gradients": ctx.world_size}
 
     def state_dict(self):
         return dict(self.state)
@@ -63,19 +78,51 @@ class CountingAlgorithm:
         self.state = dict(state)
 
 
+class RunState:
+    """The run's checkpointer as recover() uses it: what it installs goes to the algorithm and the
+    data; a state whose algorithm part is not the algorithm's does not fit (ConfigError, as
+    run/checkpointer.py says it)."""
+
+    def __init__(self, algorithm, oracle):
+        self.algorithm, self.oracle, self.installed = algorithm, oracle, None
+
+    def load_state_dict(self, state):
+        if "x" not in state["algorithm"]:
+            raise ConfigError("checkpoint does not fit this run (its state has no 'x')")
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.oracle.load_state_dict(state["data"])
+        self.installed = state
+
+
+def peer_state(step: int, algorithm=None) -> dict:
+    """What replica 1 sends at ``step`` (fault/replica.py, ReplicaDriver.state_dict)."""
+    run = {"step": step, "gradients": 3 * step, "window": [0.5], "algorithm": algorithm or {"x": step},
+           "data": {"1": {"epoch": 0, "position": 8 * step}}, "clock": {"now": 1.0}, "gradient_counts": {},
+           "transport": {"bytes_sent": 1000, "comm_time_s": 9.0}}
+    return {"rank": "1", "run": run, "global": torch.zeros(1), "skipped_samples": 16}
+
+
 def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgorithm]:
     algorithm = CountingAlgorithm()
-    state = SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None)
-    ctx = SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}, oracle=state)
+    worker = WorkerData(torch.zeros(100, 1), torch.zeros(100), batch_size=8, seed=0, rank=0)
+    oracle = SimpleNamespace(workers={0: worker}, state_dict=lambda: {"0": worker.state_dict()},
+                             load_state_dict=lambda s: worker.load_state_dict(s["0"]))
+    ctx = SimpleNamespace(timeline=SimpleNamespace(enabled=False), gradient_counts={}, oracle=oracle, world_size=3,
+                          gradient=lambda rank, params: (1.0, None))
     transport = SimpleNamespace(rank=0, world_size=3, pg=SimpleNamespace(_global_ranks=None, reconfigured=False),
                                 participants=[0], state_dict=dict, load_state_dict=lambda s: None,
-                                state_bytes=0, exchange_bytes=0)
+                                state_bytes=0, exchange_bytes=0, comm_time_s=0.0)
     d = ReplicaDriver.__new__(ReplicaDriver)  # its state, without torchft's Manager and servers
-    d.ctx, d.algorithm, d.transport, d.counters = ctx, algorithm, transport, SimpleNamespace(step=0)
+    d.ctx, d.algorithm, d.transport = ctx, algorithm, transport
+    d.counters = SimpleNamespace(step=0, window=[])
+    d.state, d.setup = RunState(algorithm, oracle), lambda params: algorithm.load_state_dict({"x": 0})
+    d.checkpoints = SimpleNamespace(last_received={"bytes": 1234, "seconds": 0.01})
     d.ft = FaultTolerance(**({"min_replicas": 2, "heartbeat_ms": 1, "quorum_timeout_s": 30.0} | ft))
     d.manager = ScriptedManager(transport.pg, quorums)
-    d.samples, d.skipped_samples, d.events, d.healed = [8, 8, 8], 0, [], None
+    d.manager.recover = d.recover
+    d.samples, d.skipped_samples, d.events, d.healed, d.heals = [8, 8, 8], 0, [], None, 0
     d.full_at, d.leave_at, d.hold_at, d.marks, d.received_bytes, d.at_start = set(), None, {}, None, 0, None
+    d.count_gradients()
     return d, d.manager, algorithm
 
 
@@ -103,8 +150,12 @@ def test_failed_attempts_are_retried_from_the_steps_start_and_recorded():
     assert "failures" not in d.step()["ft"]  # a record holds its own step's failures only
 
 
-def test_max_retries_failed_votes_end_the_run_with_one_line():
+def test_a_step_is_retried_max_retries_times_then_the_next_failed_vote_ends_the_run_with_one_line():
+    """max_retries=2: a first attempt and two retries (torchft's meaning): two failed votes are
+    retried, the third in a row ends the run."""
     rebuild = RuntimeError("connectFullMesh: connection refused")
+    d, manager, algorithm = driver([([0, 1, 2], rebuild)] * 2 + [([0, 1, 2], None)], max_retries=2)
+    assert d.step()["ft"]["attempts"] == 3 and manager.votes == [False, False, True]
     d, manager, algorithm = driver([([0, 1, 2], rebuild)] * 3, max_retries=2)
     with pytest.raises(CommunicationError, match=r"step 1 was not committed in 3 attempts \(the last failure: "
                                                  r"connectFullMesh: connection refused\)"):
@@ -136,3 +187,47 @@ def test_step_zeros_evaluation_waits_for_the_first_quorum():
     late.at_start = lambda: seen.append("evaluated")
     late.counters.step = 1
     assert late.step()["ft"]["participants"] == [0, 1, 2] and len(seen) == 1 and late.at_start is None
+
+
+def test_a_steps_gradients_are_its_quorums_not_every_worker_of_the_run():
+    """The algorithm reports a gradient for each of the run's 3 workers; a step of two replicas
+    computed two, and the run's count (the sum of the steps') must say so."""
+    d, manager, algorithm = driver([([0, 1, 2], None), ([0, 1], None), ([0, 1, 2], None), ([0, 1], None)])
+    algorithm.fail_calls = {3}  # step 3's first attempt computes, then its collective fails
+    assert d.step()["gradients"] == 3
+    assert d.step()["gradients"] == 2
+    assert d.step()["gradients"] == 2  # the failed attempt's computation is not counted (it was undone)
+    assert algorithm.steps == 4 and manager.votes == [True, True, False, True]
+
+
+def test_a_failed_quorum_request_is_asked_again_and_recorded():
+    lost = RuntimeError('status: Cancelled, message: "Timeout expired"')
+    d, manager, algorithm = driver([(lost, None), ([0, 1, 2], None)])
+    d.counters.step = 1  # (the run loop's train_step has moved it to the step under way)
+    info = d.step()
+    assert info["ft"]["attempts"] == 2 and manager.votes == [True] and algorithm.steps == 1
+    assert info["ft"]["failures"] == [{"step": 1, "quorum_error": str(lost)}]
+
+
+def test_a_state_that_fails_to_install_ends_the_run_instead_of_a_retry_that_would_commit_on_it():
+    """torchft installs a peer's state inside start_quorum, after moving its step to the peer's: a
+    failure there asked again as a quorum error would leave the next quorum without a heal, and the
+    replica would compute and commit on what was half installed."""
+    wrong = peer_state(7, algorithm={"powersgd": {}})  # a peer of another configuration
+    d, manager, algorithm = driver([([0, 1, 2], None, wrong), ([0, 1, 2], None)])
+    with pytest.raises(ConfigError, match=r"replica 0: the state replica 1 sent at step 7 does not fit this run"):
+        d.step()
+    assert manager.votes == [] and algorithm.steps == 0
+
+
+def test_a_heal_is_recorded_with_the_step_that_commits_after_a_failed_attempt():
+    d, manager, algorithm = driver([([0, 1, 2], None, peer_state(7)), ([0, 1, 2], None)])
+    algorithm.fail_calls = {1}  # the attempt that healed computes, then its collective fails
+    info = d.step()
+    assert manager.votes == [False, True] and info["ft"]["attempts"] == 2
+    assert info["ft"]["healed"]["from"] == 1 and info["ft"]["healed"]["at_step"] == 7
+    assert info["ft"]["healed"]["bytes"] == 1234 and d.received_bytes == 0  # (counted in the committed step)
+    assert algorithm.state == {"x": 8} and d.counters.step == 8  # the retry started from the installed state
+    assert d.skipped_samples == 16 and d.ctx.oracle.workers[0].position == 7 * 8  # a batch per committed step
+    manager.quorums.append(([0, 1, 2], None))
+    assert "healed" not in d.step()["ft"]  # the next step's record has none

@@ -4,9 +4,11 @@ this machine and, unless the spec names one, a Lighthouse for them in the launch
 Unlike a torchrun group, the replicas are independent processes: one that dies is restarted (up
 to ``--max-restarts`` times per replica; it recovers from a peer, docs/fault_tolerance.md) while
 the others keep training. Replica K writes ``OUT/replica-K``; its spec gets ``replica=K`` and the
-Lighthouse's address. The launcher exits 0 once every replica has finished with 0, 1 when one
-failed with no restart left, 128 + the signal when stopped by SIGTERM or SIGINT (forwarded to
-every replica).
+Lighthouse's address. The run's settings are checked as ``gradwire run`` checks them, with the
+replica count as ``--workers``, before anything starts; a replica that exits 2 (a ConfigError:
+bad input, which a restart cannot fix) is not restarted. The launcher exits 0 once every replica
+has finished with 0, 2 when every one that failed exited 2, 1 when one failed otherwise with no
+restart left, 128 + the signal when stopped by SIGTERM or SIGINT (forwarded to every replica).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 from gradwire.errors import ConfigError
 from gradwire.transports.ft_spec import parse, require_torchft
 
+CONFIG_ERROR_EXIT = 2  # gradwire's exit status for bad input (cli/__init__.py)
+
 
 def launch_replicas(ns, run_args: list[str], cfg) -> int:
     require_torchft()
@@ -30,6 +34,16 @@ def launch_replicas(ns, run_args: list[str], cfg) -> int:
         raise ConfigError("--fault-tolerance under gradwire launch runs the replicas of one node (--nnodes 1); on "
                           "several machines start each replica with gradwire run and one Lighthouse")
     n = ns.nproc_per_node
+    if n < 1:
+        raise ConfigError(f"--nproc-per-node {n} must be >= 1")
+    if ns.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {ns.max_restarts} must be >= 0")
+    from gradwire.run.combination import check_combination
+
+    # every check gradwire run makes, with the replica count, before a Lighthouse or a replica starts
+    # (the spec has no Lighthouse yet when this launcher starts one: any address stands in for it)
+    probe = cfg.fault_tolerance if ft.lighthouse else f"{cfg.fault_tolerance},lighthouse={ft.host}:1"
+    check_combination(cfg.replace(backend="torch", workers=n, fault_tolerance=probe))
     lighthouse, spec = None, cfg.fault_tolerance
     if not ft.lighthouse:
         from torchft.coordination import LighthouseServer
@@ -55,7 +69,11 @@ def launch_replicas(ns, run_args: list[str], cfg) -> int:
             for k, p in procs.items():
                 if k in done or p.poll() is None:
                     continue
-                if p.returncode != 0 and restarts[k] < ns.max_restarts:
+                if p.returncode == CONFIG_ERROR_EXIT:
+                    print(f"gradwire launch: replica {k} exited with {p.returncode} (bad input, its message is "
+                          "above); not restarted", file=sys.stderr)
+                    done[k] = p.returncode
+                elif p.returncode != 0 and restarts[k] < ns.max_restarts:
                     restarts[k] += 1
                     print(f"gradwire launch: replica {k} ended with {p.returncode}; restarting it ({restarts[k]} of "
                           f"{ns.max_restarts}); it recovers from a peer", file=sys.stderr)
@@ -88,5 +106,5 @@ def launch_replicas(ns, run_args: list[str], cfg) -> int:
     if failed:
         print("gradwire launch: error: " + "; ".join(f"replica {k} exited with {c}" for k, c in sorted(failed.items())),
               file=sys.stderr)
-        return 1
+        return CONFIG_ERROR_EXIT if set(failed.values()) == {CONFIG_ERROR_EXIT} else 1
     return 0

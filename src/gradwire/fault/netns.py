@@ -12,12 +12,15 @@ machine's own network or loopback. A process runs on a side through :meth:`prefi
   silently (its connections see nothing until their own timeouts).
 * :meth:`restore` sets it up again.
 * :meth:`throttle` puts a token-bucket rate limit (``tc ... tbf``) on both ends (this kernel has
-  no ``netem``, so no loss or delay model); :meth:`unthrottle` removes it.
+  no ``netem``, so no loss or delay model); :meth:`unthrottle` removes it. :meth:`stats` reads
+  what each end's qdisc has counted: the bytes it sent, and how often the bucket held a packet back
+  (``overlimits``: traffic beyond the burst, which the rate limit then paced).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -87,6 +90,20 @@ class Link:
                             "rate", rate, "burst", burst, "latency", latency],
                            check=True, capture_output=True, timeout=30)
         self.throttled = True
+
+    def stats(self) -> dict[str, dict]:
+        """Each side's root qdisc on its end of the link: ``{"kind", "sent_bytes", "overlimits"}``
+        (``tc -s qdisc``; kind ``tbf`` while throttled, the default one otherwise)."""
+        out = {}
+        for side in "ab":
+            text = subprocess.run(["tc", "-s", "-n", self.ns[side], "qdisc", "show", "dev", DEVICES[side]],
+                                  check=True, capture_output=True, text=True, timeout=30).stdout
+            root = re.search(r"qdisc (\S+) \S+ root.*?Sent (\d+) bytes \d+ pkt \(dropped \d+, overlimits (\d+)",
+                             text, re.S)
+            if root is None:
+                raise RuntimeError(f"no root qdisc in tc's answer for {self.ns[side]}: {text!r}")
+            out[side] = {"kind": root[1], "sent_bytes": int(root[2]), "overlimits": int(root[3])}
+        return out
 
     def unthrottle(self) -> None:
         for side in "ab":

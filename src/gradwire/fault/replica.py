@@ -48,32 +48,53 @@ def scripted_steps(variable: str, form: str, *, fields: int = 1, last_is_text: b
 
 class _QuorumSeen:
     """torchft's ``ManagerClient``, keeping the last quorum it answered (its members and step name
-    the quorum's gloo rendezvous: transports/ft.py, ``rendezvous_tag``)."""
+    the quorum's gloo rendezvous: transports/ft.py, ``rendezvous_tag``) and the last error of a
+    quorum request (``failed``: the only error of ``Manager.start_quorum`` that is asked again)."""
 
     def __init__(self, client):
-        self._client, self.last = client, None
+        self._client, self.last, self.failed = client, None, None
 
     def _quorum(self, *args, **kwargs):
-        self.last = self._client._quorum(*args, **kwargs)
+        try:
+            self.last = self._client._quorum(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - torchft reports an unreachable Lighthouse as several types
+            self.failed = e
+            raise
         return self.last
 
     def __getattr__(self, name):
         return getattr(self._client, name)
 
 
-def merge_rank_keyed(peer, own, peer_key: str, own_key: str):
-    """``peer``'s state with its per-worker parts replaced by ``own``'s.
+# The per-worker parts of an algorithm's state: the dicts at these paths of its ``state_dict`` hold
+# one entry per local worker, keyed by the worker's rank (each worker's own memory: its residuals,
+# its generators, its local model). Declared here rather than inferred from the keys: dicts keyed
+# by tensor index ("0", "1", ...: PowerSGD's Q and P, DiLoCo's outer state) look the same as one
+# keyed by rank 0, and some per-worker dicts are empty until the first step (PowerSGD's errors).
+# tests/fault/test_ft_recover.py finds every rank-keyed dict of every algorithm a replica can run
+# and fails on one that is missing here.
+PER_WORKER_PATHS = frozenset(tuple(path.split("/")) for path in (
+    "codec/generators", "codec/error_feedback", "codec/powersgd/errors",  # compressors (averaging/)
+    "generators",                                    # dqsgd's quantiser draws
+    "replicas/x", "replicas/opt", "pace/ready",      # local models and their optimizers (replicas.py)
+    "snapshot", "snapshots",                         # DaSGD's and LSGD's delayed copies
+    "momentum", "m", "h_i", "accumulators",          # DeMo's, signSGD's, DIANA's, SparseLoCo's memories
+    "window/values", "window/count",                 # LSGD's loss windows
+))
 
-    gradwire keeps per-worker state in dicts keyed by the worker's rank (``{"2": residual}``): a
-    dict that holds only the peer's rank in ``peer`` and only this worker's in ``own``, or nothing
-    yet (PowerSGD fills its error memories at the first step), is per-worker, and this worker's
-    own value is kept; everything else is shared by the replicas (parameters, optimizer moments,
-    PowerSGD's Q, the outer optimizer) and is the peer's."""
-    if isinstance(peer, dict) and isinstance(own, dict):
-        if peer_key != own_key and set(peer) == {peer_key} and set(own) <= {own_key}:
-            return own
-        return {k: merge_rank_keyed(v, own[k], peer_key, own_key) if k in own else v for k, v in peer.items()}
-    return peer
+
+def merge_own(peer, own, paths=PER_WORKER_PATHS, at: tuple = ()):
+    """``peer``'s state with the dicts at ``paths`` (the per-worker parts) taken from ``own``: the
+    shared parts (parameters, optimizer moments, PowerSGD's Q and P, the outer optimizer) are the
+    peer's, each worker's own memory is this worker's."""
+    if not isinstance(peer, dict):
+        return peer
+    own = own if isinstance(own, dict) else {}
+    merged = {}
+    for key, value in peer.items():
+        path = (*at, str(key))
+        merged[key] = own.get(key, {}) if path in paths else merge_own(value, own.get(key), paths, path)
+    return merged
 
 
 class ReplicaDriver:
@@ -94,23 +115,39 @@ class ReplicaDriver:
         ft = self.ft
         self.skipped_samples = 0     # samples of the shards of replicas absent from committed steps
         self.events: list[dict] = []  # this step's failed attempts and quorum requests (in its steps.jsonl record)
-        self.healed: dict | None = None
+        self.healed: dict | None = None  # the heal of the step under way (kept through its retries)
+        self.heals = 0  # the states installed from a peer
         self.checkpoints = SafeHTTPTransport(ft.host, timedelta(seconds=ft.timeout_s))
-        self.manager = Manager(
-            pg=transport.pg, load_state_dict=self.recover, state_dict=self.state_dict,
-            min_replica_size=ft.min_replicas, use_async_quorum=False,
-            timeout=timedelta(seconds=ft.timeout_s), quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
-            connect_timeout=timedelta(seconds=ft.timeout_s), rank=0, world_size=1,
-            store_addr=ft.host, store_port=transport.store.port, lighthouse_addr=ft.lighthouse_url,
-            replica_id=f"gradwire_{ft.replica}", hostname=ft.host,
-            heartbeat_interval=timedelta(milliseconds=ft.heartbeat_ms),
-            checkpoint_transport=self.checkpoints, init_sync=False, max_retries=None)  # retries: step()
-        transport.manager = self.manager
+        # torchft's Manager connects to the Lighthouse as it is made (RuntimeError when it cannot
+        # within connect_timeout): a Lighthouse that starts after the replicas, or restarts, is
+        # waited for up to quorum_timeout_s, as a quorum would be
+        deadline = time.monotonic() + ft.quorum_timeout_s
+        while True:
+            try:
+                self.manager = Manager(
+                    pg=transport.pg, load_state_dict=self.recover, state_dict=self.state_dict,
+                    min_replica_size=ft.min_replicas, use_async_quorum=False,
+                    timeout=timedelta(seconds=ft.timeout_s), quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
+                    connect_timeout=timedelta(seconds=ft.timeout_s), rank=0, world_size=1,
+                    store_addr=ft.host, store_port=transport.store.port, lighthouse_addr=ft.lighthouse_url,
+                    replica_id=f"gradwire_{ft.replica}", hostname=ft.host,
+                    heartbeat_interval=timedelta(milliseconds=ft.heartbeat_ms),
+                    checkpoint_transport=self.checkpoints, init_sync=False, max_retries=None)  # retries: step()
+                break
+            except RuntimeError as e:
+                if time.monotonic() >= deadline:
+                    raise CommunicationError(f"replica {ft.replica}: the Lighthouse at {ft.lighthouse} could not be "
+                                             f"reached within quorum_timeout_s={ft.quorum_timeout_s:g} s: "
+                                             f"{str(e).splitlines()[0][:160]}") from None
+                time.sleep(ft.heartbeat_ms / 1000)
+        self.checkpoints.start()  # (after the Manager: a replica that cannot reach the Lighthouse leaves no server)
+        transport.manager, transport.closing = self.manager, self.close
         # torchft asks for a quorum, then configures the group with it: the group's rendezvous is
         # named by that quorum's members and step as well as its number (Manager._client: private)
         seen = self.manager._client = _QuorumSeen(self.manager._client)
         transport.pg.tag = lambda: rendezvous_tag(seen.last.replica_ids, seen.last.max_step)
         self.received_bytes = 0  # fetched from a peer, not yet in a committed step's ledger
+        self.count_gradients()
         self.at_start = None  # the run's step-0 evaluation, until the first quorum (run/drivers.py)
         # fault scripting for tests and benchmarks (fault/harness.py): GRADWIRE_FT_FULL_AT=S1,S2 makes
         # steps S1, S2 commit only with every replica (they wait for one that is away);
@@ -127,6 +164,19 @@ class ReplicaDriver:
         self.hold_at = {int(step): path for step, path in holds}
         self.marks["manager"] = time.time()
 
+    def count_gradients(self) -> None:
+        """Count the gradients this replica computes (``own_gradients``; every gradient goes through
+        ``ctx.gradient``). The algorithms report a step's gradients for every worker of the run
+        (``ctx.world_size``); a step of a quorum has only its participants' (:meth:`step`)."""
+        self.own_gradients = 0
+        compute = self.ctx.gradient
+
+        def counted(*args, **kwargs):
+            self.own_gradients += 1
+            return compute(*args, **kwargs)
+
+        self.ctx.gradient = counted
+
     # -- what a healthy replica sends, and what a recovering one makes of it ---------------------
     def state_dict(self) -> dict:
         return {"rank": str(self.transport.rank), "run": self.state.state_dict(),
@@ -135,23 +185,36 @@ class ReplicaDriver:
     def recover(self, state: dict) -> None:
         """Install a peer's state: the shared parts are the peer's; this worker's own parts are
         what the algorithm's setup gives at the transferred parameters (error-feedback residuals
-        and PowerSGD's error memories reset, local replicas at the global model); its data shard
-        continues where a worker that took part in every step would be (the steps it missed:
-        skipped, counted by every replica in ``skipped_samples``)."""
-        rank, oracle = self.transport.rank, self.ctx.oracle
+        and PowerSGD's error memories reset, local replicas at the global model: ``merge_own``);
+        its data shard continues where a worker that took part in every step would be (the steps it
+        missed: skipped, counted by every replica in ``skipped_samples``). The run's per-process
+        figures stay this process's own: its loss window (the losses it computed since the last
+        evaluation), its communication time, and its gradient count for straggler draws (set, like
+        its data position, to a worker's that took part in every step)."""
+        rank, oracle, counters = self.transport.rank, self.ctx.oracle, self.counters
         start = time.perf_counter()
+        own_window, own_comm_s = list(counters.window), self.transport.comm_time_s
         self.setup(state["global"].clone())
-        own = {"algorithm": self.algorithm.state_dict(), "data": oracle.state_dict()}
-        own = copy.deepcopy(own)
-        merged = merge_rank_keyed(state["run"], state["run"] | own, state["rank"], str(rank))
+        own_algorithm = copy.deepcopy(self.algorithm.state_dict())
+        peer = state["run"]
         committed = self.manager.current_step()  # the quorum's step, set by torchft before this call
         worker = oracle.workers[rank]
         worker.load_state_dict({"epoch": 0, "position": 0})
         for _ in range(committed):  # the batches of the steps this shard took part in, or skipped
             worker.next_batch()
-        merged["data"], merged["step"] = oracle.state_dict(), committed
-        self.state.load_state_dict(merged)
+        merged = peer | {
+            "step": committed, "algorithm": merge_own(peer["algorithm"], own_algorithm),
+            "data": oracle.state_dict(), "window": own_window,
+            # counted only where straggler draws are made real (the peer's holds its own rank then)
+            "gradient_counts": {str(rank): committed} if peer["gradient_counts"] else {},
+            "transport": peer["transport"] | {"comm_time_s": own_comm_s}}
+        try:
+            self.state.load_state_dict(merged)
+        except ConfigError as e:  # (the peer runs another configuration: no retry can fix it)
+            raise ConfigError(f"replica {rank}: the state replica {state['rank']} sent at step {committed} does not "
+                              f"fit this run ({e}); every replica must run the same configuration") from None
         self.skipped_samples = int(state["skipped_samples"])
+        self.heals += 1
         received = self.checkpoints.last_received or {}
         self.received_bytes += received.get("bytes", 0)
         self.healed = {"from": int(state["rank"]), "at_step": committed, "bytes": received.get("bytes", 0),
@@ -159,16 +222,16 @@ class ReplicaDriver:
         # the fetch's parts: waiting for the source to serialise, the bytes on the wire, torch.load
         self.healed |= {k: received[k] for k in ("wait_source_s", "wire_s", "load_s") if k in received}
 
-    def _record_quorum(self, began: float, seconds: float) -> None:
-        """The quorum call on the run's timeline: a WAIT, less the state transfer inside it, a COMM
-        with its bytes (report/recovery.py)."""
+    def _record_quorum(self, began: float, seconds: float, healed: dict | None) -> None:
+        """The quorum call on the run's timeline: a WAIT, less the state transfer inside it (``healed``:
+        the heal of this call), a COMM with its bytes (report/recovery.py)."""
         timeline, rank = self.ctx.timeline, self.transport.rank
         if not timeline.enabled:
             return
-        transfer = self.healed["transfer_s"] if self.healed is not None else 0.0
+        transfer = healed["transfer_s"] if healed is not None else 0.0
         timeline.add(rank, WAIT, began, began + seconds - transfer)
-        if self.healed is not None:
-            timeline.add(rank, COMM, began + seconds - transfer, began + seconds, nbytes=self.healed["bytes"])
+        if healed is not None:
+            timeline.add(rank, COMM, began + seconds - transfer, began + seconds, nbytes=healed["bytes"])
 
     def _snapshot(self) -> dict:
         return copy.deepcopy({"algorithm": self.algorithm.state_dict(), "data": self.ctx.oracle.state_dict(),
@@ -210,18 +273,20 @@ class ReplicaDriver:
         # Lighthouse to answer: quorum_timeout_s each
         wait_deadline = quorum_deadline = time.monotonic() + self.ft.quorum_timeout_s
         attempt = failures = 0
+        self.healed = None  # (an attempt that heals sets it; it stays with the step until it commits)
         while True:
             attempt += 1
-            self.healed = None
+            heals = self.heals
             t0, began = time.perf_counter(), ctx.timeline.now() if ctx.timeline.enabled else 0.0
             if not self._quorum(quorum_deadline):
                 continue
+            healed_now = self.heals != heals
             quorum_deadline = time.monotonic() + self.ft.quorum_timeout_s
             quorum_s = time.perf_counter() - t0
             self._mark("quorum", t0)
             if self.at_start is not None:
                 evaluate, self.at_start = self.at_start, None
-                if manager.current_step() == 0 and self.healed is None:
+                if manager.current_step() == 0 and not healed_now:
                     # the job's start: step 0 is evaluated as in every run, and the step goes on in
                     # this quorum (the others wait in its first collective, for at most timeout_s:
                     # past that the attempt fails and is retried). Asking for the quorum again
@@ -230,8 +295,8 @@ class ReplicaDriver:
                     # skips it (its state is a peer's; its first evaluation is the others' next)
                     counters.step = 0
                     evaluate()
-            self._record_quorum(began, quorum_s)
-            if self.healed is not None:
+            self._record_quorum(began, quorum_s, self.healed if healed_now else None)
+            if healed_now:
                 snap = self._snapshot()  # a retry starts from the transferred state
             counters.step = manager.current_step() + 1  # committed steps + 1 (a healed replica jumps ahead)
             ctx.oracle.step = ctx.timeline.step = counters.step
@@ -253,6 +318,7 @@ class ReplicaDriver:
             if manager.errored() is None and self.transport.pg.reconfigured:
                 # a new group: every member adds up the state its members fetched (the ledger)
                 self.transport.count_state_transfer(self.received_bytes)
+            computed = self.own_gradients
             if manager.errored() is None:
                 try:
                     info = self.algorithm.step(ctx, counters.step)
@@ -275,6 +341,8 @@ class ReplicaDriver:
                     ft["failures"], self.events = self.events, []
                 if self.leave_at == counters.step:
                     self.leave()
+                if "gradients" in info:  # the quorum's: every participant computes as many as this one
+                    info["gradients"] = (self.own_gradients - computed) * len(ranks)
                 return info | {"ft": ft}
             # not committed: a collective, the process group's rebuild or a transfer failed here or
             # on a peer; torchft numbers the next quorum anew, so that its group is built afresh
@@ -288,13 +356,22 @@ class ReplicaDriver:
                                          f"{failures} attempts (the last failure: {last})")
 
     def _quorum(self, deadline: float) -> bool:
-        """``Manager.start_quorum``; False when the Lighthouse could not be reached (it restarts, a
-        link is down) and there is time left to ask again; raises once ``deadline`` has passed."""
+        """``Manager.start_quorum``; False when the quorum request failed (the Lighthouse restarts,
+        a link is down) and there is time left to ask again; raises once ``deadline`` has passed.
+
+        Only the request's own failure is asked again. With ``use_async_quorum=False`` torchft also
+        installs a peer's state inside ``start_quorum`` (:meth:`recover`), after it has moved its
+        step to the quorum's: a failed install asked again would not heal again, and the replica
+        would compute and commit on a half-installed state. It raises instead (a transfer that
+        failed is not raised: torchft reports it to the Manager, the attempt is not committed, and
+        the next quorum heals again)."""
         try:  # one request waits at most timeout_s, so that a lost Lighthouse is asked again in time
             left = max(deadline - time.monotonic(), 0.001)
             self.manager.start_quorum(timeout=timedelta(seconds=min(self.ft.timeout_s, left)))
             return True
         except Exception as e:  # noqa: BLE001 - torchft reports an unreachable Lighthouse as several types
+            if e is not getattr(self.manager._client, "failed", None):
+                raise
             if time.monotonic() >= deadline:
                 raise CommunicationError(f"replica {self.transport.rank}: no quorum within quorum_timeout_s="
                                          f"{self.ft.quorum_timeout_s:g} s: {str(e).splitlines()[0][:160]}") from None
@@ -326,4 +403,6 @@ class ReplicaDriver:
         os._exit(0)
 
     def close(self) -> None:
+        """Stop the state server (and drop the state it may still hold for a recipient); the run
+        closes it through its transport (``FtTransport.close``)."""
         self.checkpoints.shutdown()

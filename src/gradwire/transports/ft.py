@@ -95,6 +95,7 @@ class FtTransport(Transport):
                               timeout=timedelta(seconds=ft.timeout_s))
         self.participants: list[int] = [self.rank]  # the quorum's workers, in its process group's rank order
         self.manager = None  # torchft's Manager, made by the step driver with the state functions
+        self.closing = None  # () -> None: the step driver's own close (its state server), run by close()
 
     def errored(self) -> bool:
         return self.manager is not None and self.manager.errored() is not None
@@ -200,6 +201,9 @@ class FtTransport(Transport):
         raise NotImplementedError("point-to-point messages (server modes) are not supported with --fault-tolerance")
 
     def close(self) -> None:
+        if self.closing is not None:
+            self.closing()
+            self.closing = None
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None

@@ -30,7 +30,8 @@ class FaultTolerance:
     lighthouse: str = ""         # HOST:PORT of the Lighthouse (gradwire launch starts one)
     replica: int = 0             # this process's replica index = its worker rank and data shard
     host: str = "127.0.0.1"      # the address this replica's servers advertise to its peers
-    max_retries: int = 10        # consecutive failed commit votes on one step before the run fails
+    max_retries: int = 10        # retries of a step whose commit vote failed (max_retries + 1 failed votes in
+                                 # a row end the run: torchft's own meaning of it)
 
     @property
     def lighthouse_url(self) -> str:
@@ -49,7 +50,15 @@ def parse(spec: str) -> FaultTolerance | None:
     if unknown:
         raise ConfigError(f"fault_tolerance={spec!r}: unknown key {unknown[0]!r}; valid keys: {', '.join(KEYS)}")
     types = {f: type(getattr(FaultTolerance(), f)) for f in KEYS}
-    return FaultTolerance(**{k: convert(v, types[k], what=f"fault_tolerance key {k}") for k, v in raw.items()})
+    ft = FaultTolerance(**{k: convert(v, types[k], what=f"fault_tolerance key {k}") for k, v in raw.items()})
+    if ft.lighthouse:
+        address = ft.lighthouse.split("://", 1)[-1]  # (http://HOST:PORT as torchft writes it is fine too)
+        host, colon, port = address.rpartition(":")
+        if not (colon and host and "/" not in address and port.isascii() and port.isdigit()
+                and 1 <= int(port) <= 65535):
+            raise ConfigError(f"fault_tolerance lighthouse={ft.lighthouse!r} must be HOST:PORT with a port in "
+                              "[1, 65535], e.g. lighthouse=127.0.0.1:29510")
+    return ft
 
 
 def require_torchft() -> None:
@@ -88,8 +97,13 @@ def check(spec: str, *, workers: int, backend: str, step_timeout_s: float, needs
         raise ConfigError(f"fault_tolerance={spec!r}: timeouts must be > 0 and finite (at most "
                           f"{threading.TIMEOUT_MAX:g} s), heartbeat_ms > 0, max_retries >= 0")
     if ft.heartbeat_ms >= 1000 * ft.timeout_s:
+        # deaths are decided by the Lighthouse (a replica silent for its heartbeat_timeout_ms is left
+        # out), which must hear a live one more often than that; a dead one is left out within one
+        # quorum request (at most timeout_s) only if heartbeat_timeout_ms < timeout_s
         raise ConfigError(f"fault_tolerance heartbeat_ms={ft.heartbeat_ms} must be shorter than timeout_s="
-                          f"{ft.timeout_s:g} s: a live replica would be taken for dead between two heartbeats")
+                          f"{ft.timeout_s:g} s: the Lighthouse's heartbeat_timeout_ms must lie between the two (above "
+                          "it a live replica is left out between heartbeats; below timeout_s a dead one is left out "
+                          "within one quorum request)")
     if ft.quorum_timeout_s < ft.timeout_s:
         raise ConfigError(f"fault_tolerance quorum_timeout_s={ft.quorum_timeout_s:g} is shorter than timeout_s="
                           f"{ft.timeout_s:g}: a quorum waits for the slowest replica's last step (a collective "
