@@ -492,7 +492,11 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
                 status, error, finish_error = "failed", f"{type(e).__name__}: {e}", e
         result = summary(r, folder, status, error, resumed, extra)
         folder.finish(result, cfg.label())
+        try:  # leave the process group, and a replica its Lighthouse, on every path (gloo's threads
+            r.transport.close()  # abort the process otherwise; a Manager would go on heartbeating)
+        except Exception:
+            if status == "finished" and finish_error is None:
+                raise
         if finish_error is not None:
             raise finish_error
-    r.transport.close()  # leave the process group cleanly (gloo's threads abort the process otherwise)
     return result
