@@ -165,8 +165,9 @@ def start_group(ns) -> int:
         cfg = run_options(rest[1:])[0]
         if cfg.fault_tolerance != "none":
             from gradwire.fault.launch import launch_replicas
+            from gradwire.run.combination import check_combination
 
-            return launch_replicas(ns, rest[1:], cfg)
+            return launch_replicas(ns, rest[1:], cfg, check_combination)
     argv = torchrun_argv(ns)
     if ns.ifname:  # the children inherit the environment
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = ns.ifname

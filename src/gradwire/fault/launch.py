@@ -25,7 +25,10 @@ from gradwire.transports.ft_spec import parse, require_torchft
 CONFIG_ERROR_EXIT = 2  # gradwire's exit status for bad input (cli/__init__.py)
 
 
-def launch_replicas(ns, run_args: list[str], cfg) -> int:
+def launch_replicas(ns, run_args: list[str], cfg, check) -> int:
+    """Start a Lighthouse (unless the spec names one) and ``ns.nproc_per_node`` replicas of ``gradwire
+    run``; ``check(cfg)`` is every check ``gradwire run`` makes (the caller's ``check_combination``: the
+    run layer sits above this one), applied with the replica count before anything starts."""
     require_torchft()
     ft = parse(cfg.fault_tolerance)
     if "replica=" in cfg.fault_tolerance:
@@ -38,12 +41,10 @@ def launch_replicas(ns, run_args: list[str], cfg) -> int:
         raise ConfigError(f"--nproc-per-node {n} must be >= 1")
     if ns.max_restarts < 0:
         raise ConfigError(f"--max-restarts {ns.max_restarts} must be >= 0")
-    from gradwire.run.combination import check_combination
-
     # every check gradwire run makes, with the replica count, before a Lighthouse or a replica starts
     # (the spec has no Lighthouse yet when this launcher starts one: any address stands in for it)
     probe = cfg.fault_tolerance if ft.lighthouse else f"{cfg.fault_tolerance},lighthouse={ft.host}:1"
-    check_combination(cfg.replace(backend="torch", workers=n, fault_tolerance=probe))
+    check(cfg.replace(backend="torch", workers=n, fault_tolerance=probe))
     lighthouse, spec = None, cfg.fault_tolerance
     if not ft.lighthouse:
         from torchft.coordination import LighthouseServer
