@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gradwire.cli import main
 from gradwire.cli.supervise import restarted_command
 
@@ -74,3 +76,62 @@ def test_launch_restarts_an_overwrite_run_from_its_checkpoint(tmp_path, data_dir
     assert p.returncode == 0, p.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == 10 and summary["resumed_from_step"] == 4
+
+
+@pytest.mark.parametrize("how", ["failed", "killed"])
+def test_a_restarted_overwrite_run_that_failed_before_writing_starts_afresh(tmp_path, data_dir, capsys, monkeypatch,
+                                                                          how):
+    """First attempt: --overwrite of an old finished run fails while the run is built (a rank never
+    joined: ``failed``) or is killed there (its set-aside old run left behind: ``killed``); the
+    restarted attempt (--resume-or-start, no --overwrite) replaces the old run with a new one from
+    step 0. It found the old run back and said 'already finished' (exit 0, the old run kept)."""
+    from gradwire.report.run_folder import set_aside
+    from gradwire.run import loop
+
+    out = tmp_path / "o"
+    base = ["run", "--task", "digits-logreg", "--workers", "2", "--eval-every", "2", "--checkpoint-every", "2",
+            "--data-dir", str(data_dir), "--out", str(out), "--no-curves"]
+    assert main([*base, "--steps", "6", "--lr", "0.05"]) == 0  # the old run
+    argv = [*base, "--steps", "6", "--lr", "0.02", "--overwrite"]
+    if how == "failed":
+        def never_joined(self, *args, **kwargs):
+            raise RuntimeError("rank 1 never joined the rendezvous")
+
+        monkeypatch.setattr(loop.Run, "__init__", never_joined)
+        with pytest.raises(RuntimeError, match="never joined"):
+            main(argv)
+        monkeypatch.undo()
+    else:
+        set_aside(out)  # what a kill right after the claim leaves
+    capsys.readouterr()
+    assert main(restarted_command(argv)) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary.get("resumed_from_step") is None
+    assert json.loads((out / "config.json").read_text())["lr"] == 0.02  # the new run's
+    assert not (out / ".gradwire-replaced").exists()
+
+
+def test_an_overwrite_refused_while_built_puts_the_old_run_back_and_a_plain_claim_recovers_a_killed_one(
+        tmp_path, data_dir):
+    """A refusal (ConfigError) while the run is built, and a kill after the claim followed by a plain
+    run's claim, both leave the old run as it was; so does a kill in the middle of setting it aside
+    (its half-made aside is moved back whole, whatever the next claim)."""
+    from gradwire.report.run_folder import REPLACED_NAME, _run_entries, claim, set_aside
+
+    out = tmp_path / "o"
+    base = ["run", "--task", "digits-logreg", "--workers", "2", "--eval-every", "2", "--data-dir", str(data_dir),
+            "--out", str(out), "--no-curves", "--steps", "4"]
+    assert main(base) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".gradwire.lock"}
+    assert main([*base, "--batch-size", "5000", "--overwrite"]) == 2  # refused once the run is built
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".gradwire.lock"} == before
+    set_aside(out)
+    claim(out, overwrite=False, resume=True).release()  # a plain --resume's claim: the old run back
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".gradwire.lock"} == before
+    aside = out / REPLACED_NAME  # killed after moving one entry of the old run
+    aside.mkdir()
+    first = _run_entries(out)[0]
+    first.rename(aside / first.name)
+    claim(out, overwrite=False, resume=True, replacing=True).release()
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".gradwire.lock"} == before
+    assert not aside.exists()

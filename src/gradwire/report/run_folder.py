@@ -78,16 +78,21 @@ def _run_entries(folder: Path) -> list[Path]:
     return [folder / name for name in names if (folder / name).exists()]
 
 
+SET_ASIDE_DONE = ".complete"  # in the aside folder once every entry is in it
+
+
 def set_aside(folder: Path) -> None:
     """Move the run in ``folder`` into ``folder/.gradwire-replaced`` (renames, within the folder):
     --overwrite's old run, kept until the new run writes (:func:`drop_replaced`) or is refused
-    before that (:func:`put_back`)."""
+    before that (:func:`put_back`). The renames are one by one: a marker says they all happened, and
+    an aside without it (a kill in between) is only ever moved back whole (:func:`_recover_replaced`)."""
     folder = Path(folder)
     aside = folder / REPLACED_NAME
     shutil.rmtree(aside, ignore_errors=True)
     aside.mkdir()
     for path in _run_entries(folder):
         os.replace(path, aside / path.name)
+    (aside / SET_ASIDE_DONE).touch()
 
 
 def put_back(folder: Path) -> None:
@@ -96,9 +101,12 @@ def put_back(folder: Path) -> None:
     aside = folder / REPLACED_NAME
     if not aside.is_dir():
         return
-    clear_run(folder)
+    if (aside / SET_ASIDE_DONE).exists():  # else the new run never started: the folder holds the rest
+        clear_run(folder)
     for path in aside.iterdir():
-        os.replace(path, folder / path.name)
+        if path.name != SET_ASIDE_DONE:
+            os.replace(path, folder / path.name)
+    (aside / SET_ASIDE_DONE).unlink(missing_ok=True)
     aside.rmdir()
 
 
@@ -107,14 +115,19 @@ def drop_replaced(folder: Path) -> None:
     shutil.rmtree(Path(folder) / REPLACED_NAME, ignore_errors=True)
 
 
-def _recover_replaced(folder: Path) -> None:
-    """A run set aside by an --overwrite run that was killed before it wrote anything comes back
-    (a folder that holds a newer run keeps it, and the old one goes)."""
-    if (folder / REPLACED_NAME).is_dir():
-        if holds_run(folder) is None:
-            put_back(folder)
-        else:
-            drop_replaced(folder)
+def _recover_replaced(folder: Path, *, replacing: bool) -> None:
+    """What an --overwrite run killed before it wrote anything left: its set-aside old run. A
+    ``replacing`` claim (``--resume-or-start``: what a restarted attempt of that --overwrite run gets)
+    finishes the replacement, and the old run goes; any other claim gets the old run back. A folder
+    that holds a newer run keeps it, and the old one goes; an aside left half made (killed during
+    :func:`set_aside`) is always moved back whole."""
+    aside = folder / REPLACED_NAME
+    if not aside.is_dir():
+        return
+    if not (aside / SET_ASIDE_DONE).exists() or (holds_run(folder) is None and not replacing):
+        put_back(folder)
+    else:
+        drop_replaced(folder)
 
 
 class FolderLock:
@@ -168,10 +181,16 @@ class FolderLock:
         run is in the folder), and the folder if this lock made it and nothing else is in it."""
         self.release(discard=True)
 
-    def release(self, *, discard: bool = False) -> None:
+    def release(self, *, discard: bool = False, restore: bool = True) -> None:
+        """Unlock. An --overwrite run that ends before it wrote anything puts the old run back when
+        ``restore`` (refused, or stopped: the replacement did not happen), and drops it otherwise (it
+        failed: a restarted attempt, which comes without --overwrite, starts the new run afresh)."""
         if self._file is None:
             return
-        put_back(self.folder)  # an --overwrite run refused before it wrote: the old run comes back
+        if restore:
+            put_back(self.folder)
+        else:
+            drop_replaced(self.folder)
         alone = self.created and self.folder.is_dir() and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]
         if (discard and self.made_file) or alone:  # still locked: no other writer is inside
             (self.folder / LOCK_NAME).unlink(missing_ok=True)
@@ -190,15 +209,17 @@ def require_named(out: str | Path) -> None:
                           "leave --out off for a fresh folder under runs/")
 
 
-def claim(folder: str | Path, *, overwrite: bool, resume: bool) -> FolderLock:
+def claim(folder: str | Path, *, overwrite: bool, resume: bool, replacing: bool = False) -> FolderLock:
     """Lock ``folder`` for this process and check that writing it loses nothing unasked: refused
     when it holds a run unless ``overwrite`` (the old run's files are set aside, removed when the
-    new run starts writing, and put back by ``FolderLock.release`` if it never did) or ``resume``."""
+    new run starts writing, and put back by ``FolderLock.release`` if it was refused before) or
+    ``resume``. ``replacing``: a --resume-or-start claim, which finishes an --overwrite that a kill
+    cut short (:func:`_recover_replaced`)."""
     require_named(folder)  # before Path(), which reads "" as "."
     folder = Path(folder)
     lock = FolderLock(folder).acquire()  # first: a folder another run is writing is said to be that
     try:
-        _recover_replaced(folder)
+        _recover_replaced(folder, replacing=replacing)
         refuse_existing(folder, overwrite=overwrite, resume=resume)
         if overwrite:
             set_aside(folder)  # removed once the run is built and writes (RunFolder.open), else put back

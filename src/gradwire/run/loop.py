@@ -331,7 +331,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     _refuse_one_process_backend_under_torchrun(cfg)
     writer = cfg.backend != "torch" or os.environ.get("RANK", "0") == "0"  # the others must not lock
     # the lock first: a folder another process is writing is said to be that, not judged by its files
-    lock = claim(cfg.out, overwrite=cfg.overwrite, resume=cfg.resuming) if writer else None
+    lock = claim(cfg.out, overwrite=cfg.overwrite, resume=cfg.resuming, replacing=cfg.resume_or_start) \
+        if writer else None
     try:
         check_resume(cfg, existed=None if lock is None else not lock.created)  # every process: they all see it
     except BaseException:
@@ -341,15 +342,21 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     # the simulator and the threads backend stop between steps (the threads: the main thread hears the
     # signal, the loops stop); the simulator checkpoints the step reached, where the state is whole
     signals = StopSignals(deferred=cfg.backend != "torch", checkpoints=cfg.backend == "sim")
+    failed = False  # not refused nor stopped: a restarted attempt may follow, without --overwrite
     try:
         signals.install()
         if cfg.backend == "threads":
             return run_threads(cfg, progress=progress, signals=signals)
         return _run(cfg, progress, None, signals)
+    except (ConfigError, Stopped, AlreadyFinished):
+        raise
+    except BaseException:
+        failed = True
+        raise
     finally:
         signals.restore()
         if lock is not None:
-            lock.release()
+            lock.release(restore=not failed)
 
 
 def check_resume(cfg: RunConfig, *, existed: bool | None = None) -> None:
