@@ -41,7 +41,7 @@ REFUSALS = [
     (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="async"), "server-mode algorithms",
      "(--fault-tolerance)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="streaming-diloco:overlap=1"),
-     "use overlap=0 (or diloco)", "(--fault-tolerance)"),
+     "use streaming-diloco with overlap=0 and no eager", "(--fault-tolerance)"),
     (TP | dict(fault_tolerance=FT), "--tensor-parallel are not supported with it", "(--fault-tolerance)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, timeout_s=5), "timeout_s=10 exceeds --timeout-s 5",
      "(--fault-tolerance)"),

@@ -50,8 +50,10 @@ def test_spec_parses_and_default_is_off():
     (GOOD, {"timeout_s": 5}, "timeout_s=10 exceeds --timeout-s 5"),
     (GOOD, {"backend": "sim"}, "needs --backend torch"),
     (GOOD, {"algorithm": "sync:backups=1"}, "server-mode algorithms"),
-    (GOOD, {"algorithm": "streaming-diloco:overlap=1"}, "use overlap=0 (or diloco)"),
-    (GOOD, {"algorithm": "streaming-diloco:overlap=0,eager=true"}, "without eager"),
+    (GOOD, {"algorithm": "streaming-diloco:overlap=1"}, "use streaming-diloco with overlap=0 and no eager"),
+    (GOOD, {"algorithm": "streaming-diloco:overlap=0,eager=true"}, "eager=true"),
+    # a healed replica would start the average its peers merged long ago (or never started)
+    (GOOD, {"algorithm": "dasgd:period=4,delay=2"}, "dasgd with delay > 0"),
 ])
 def test_settings_that_cannot_work_are_refused_in_one_line(spec, kw, says):
     with pytest.raises(ConfigError) as e:

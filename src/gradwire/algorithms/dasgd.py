@@ -15,8 +15,11 @@ on the torch backend the collective runs in the background (``async_op``).
 
 Each worker keeps its parameters at t (the snapshot) until the merge, one replica more than local
 SGD. d may be at most τ, so at most one average is in flight. A checkpoint taken while one is in
-flight stores the snapshots; on resume the average is started again from them (an in-flight
-collective is part of no process's state), which gives the same numbers but sends it twice.
+flight stores the snapshots and the average's finish time; on resume the average is started again
+from them (an in-flight collective is part of no process's state) through ``Transport.restart``:
+the same numbers, counted once, finishing when it first would have. With d > 0 an average stays in
+flight across steps (``carries_rounds``), which ``--fault-tolerance`` refuses: a replica that heals
+meanwhile would start a collective its peers finished long ago.
 Evaluation uses the last merged average (``evaluates = "last_average"``, local SGD's default).
 """
 
@@ -40,6 +43,10 @@ class DaSGD(LocalSGD):
     # local SGD's 0.8 (1.6 on mnist1d-mlp) ended in a NaN at step 500 on seed 2 there; 1.4 learns on
     # seeds 0-4 (docs/defaults.md, seventh round)
     default_lr = 0.7
+
+    @property
+    def carries_rounds(self) -> bool:
+        return self.delay > 0  # the average of step t is merged d steps later
 
     def __init__(self, *, period: int = 4, delay: int = 1):
         super().__init__(period=period)

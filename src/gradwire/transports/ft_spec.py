@@ -79,9 +79,10 @@ def check(spec: str, *, workers: int, backend: str, step_timeout_s: float, needs
         raise ConfigError(f"fault_tolerance={spec!r} runs allreduce algorithms of one process per replica; "
                           "server-mode algorithms and --tensor-parallel are not supported with it")
     if carries_rounds:
-        raise ConfigError(f"fault_tolerance={spec!r}: streaming-diloco with overlap > 0 keeps outer rounds in flight "
-                          "across steps (with eager=true, each replica's own outer parameters), which a quorum "
-                          "change would cut; use overlap=0 (or diloco), without eager")
+        raise ConfigError(f"fault_tolerance={spec!r}: the algorithm keeps a collective round in flight across "
+                          "steps (streaming-diloco with overlap > 0 or eager=true, dasgd with delay > 0), which a "
+                          "quorum change would cut; use streaming-diloco with overlap=0 and no eager (or diloco), "
+                          "or dasgd:delay=0 (or local)")
     if not ft.lighthouse:
         raise ConfigError(f"fault_tolerance={spec!r} needs lighthouse=HOST:PORT (gradwire launch "
                           "--fault-tolerance starts one)")
