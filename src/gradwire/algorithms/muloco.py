@@ -76,13 +76,15 @@ def ns_coefficients_of(name: str, steps: int) -> tuple[tuple[float, float, float
     return POLAR_EXPRESS[:steps]
 
 
-def frobenius_norm(x: torch.Tensor) -> torch.Tensor:
-    """Each matrix's Frobenius norm (shape (k, 1, 1)), measured on the matrix divided by the power of two
-    at or below its largest |entry| (exact): a float32 matrix with an entry past about 1.8e19 has an
-    infinite plain norm, and Newton-Schulz returned zeros. Wherever the plain norm is finite and normal,
-    the result is the same."""
+def frobenius_normalized(x: torch.Tensor, extra: float = 1.0, eps: float = 1e-7) -> torch.Tensor:
+    """Each matrix of the batch ``x`` (k, m, n) over (its Frobenius norm · ``extra`` + ``eps``), computed
+    on the matrix divided by the power of two at or below its largest |entry| (exact), with eps divided
+    alike, and never multiplied back: a float32 matrix whose sum of squares (past about 1.8e19 an entry)
+    or whose norm itself (past about 3.4e38) leaves the range came out all zeros. Wherever the plain
+    formula stays in range, the result is the same, bit for bit."""
     scale = power_of_two_below(x.abs().amax(dim=(-2, -1), keepdim=True))
-    return torch.linalg.matrix_norm(x / scale, keepdim=True) * scale
+    y = x / scale
+    return y / (torch.linalg.matrix_norm(y, keepdim=True) * extra + eps / scale)
 
 
 def newton_schulz(u: torch.Tensor, steps: int = 5, eps: float = 1e-7, coefficients: str = "jordan") -> torch.Tensor:
@@ -99,7 +101,7 @@ def newton_schulz(u: torch.Tensor, steps: int = 5, eps: float = 1e-7, coefficien
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = x.mT
-    x = x / (frobenius_norm(x) * NS_SCHEDULES[coefficients] + eps)
+    x = frobenius_normalized(x, NS_SCHEDULES[coefficients], eps)
     k, m, n = x.shape
     y, gram, poly = x.new_empty(k, m, n), x.new_empty(k, m, m), x.new_empty(k, m, m)
     for a, b, c in abc:

@@ -73,7 +73,7 @@ def write(dst: torch.Tensor, values: torch.Tensor) -> None:
 
 
 def power_of_two_below(amax: torch.Tensor) -> torch.Tensor:
-    """The power of two at or below each non-negative finite ``amax`` (1 for 0), in its dtype: dividing
+    """The power of two at or below each non-negative finite ``amax`` (0.5 for 0), in its dtype: dividing
     a tensor by it is exact and brings its largest |entry| into [1, 2), so a sum of squares taken
     afterwards neither overflows nor underflows (a float32 entry past about 1.8e19 squares to inf)."""
     _, exponent = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1); 0 gives e = 0

@@ -16,7 +16,8 @@ class StopSignals:
     """SIGTERM and SIGINT while a run trains, handled in the main thread only (the previous handlers
     come back after). ``deferred`` (the simulator, the threads backend): the first signal asks the
     loop (every process's, on threads) to stop after the step it is in; a second one stops the
-    main thread at once. ``checkpoints`` (the simulator): the loop checkpoints the step it stops at,
+    main thread at once on the simulator, while on threads it is ignored (the process threads are
+    stopping, each within its next step or its current wait's timeout, and write the summary). ``checkpoints`` (the simulator): the loop checkpoints the step it stops at,
     where the state is whole (on threads the processes may stop at different steps). Otherwise (the
     torch backend, possibly blocked on its peers) a signal stops the run at once."""
 
