@@ -118,6 +118,19 @@ def test_variants_that_would_share_a_folder_are_refused(tmp_path, data_dir, caps
     assert not (tmp_path / "c").exists()
 
 
+def test_a_variant_named_with_dots_stays_inside_the_comparison(tmp_path, data_dir):
+    """A variant named ``..`` (or ``.``, ``.x``) is a folder inside the comparison: ``..`` wrote its run
+    into the folder above, and ``.`` beside comparison.md."""
+    from gradwire.cli.flags import slug
+
+    assert [slug(t) for t in ("..", ".", ".x", "a.b", "v1.0")] == ["run", "run", "x", "a.b", "v1.0"]
+    out = tmp_path / "parent" / "c"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out),
+                 "--variant", "--name .. --algorithm sync", "--variant", "--name .x --algorithm local"]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["run", "x"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["c"]
+
+
 @pytest.mark.parametrize("seeds", ["[0, 1]", "'0,1'"])
 def test_seeds_in_the_config_file(tmp_path, data_dir, seeds):
     cfg = tmp_path / "cmp.yaml"
@@ -181,3 +194,44 @@ def test_paired_percentages_stay_short():
            "test_loss_vs_first_min_pct": 1.5e9, "test_loss_vs_first_max_pct": 0.53}
     _, cells = seed_cells([row])
     assert "+2e+09 % (+1.5e+09 .. +0.53)" in cells[0]
+
+
+def test_the_mean_curve_averages_known_numbers_and_bands_their_range():
+    """Two seeds' curves with known numbers: the mean at the steps both reached, the least and greatest
+    as the band, a step one seed lacks left out."""
+    a = [{"step": 0, "test_loss": 2.0, "test_acc": 0.1}, {"step": 5, "test_loss": 1.0, "test_acc": 0.5},
+         {"step": 10, "test_loss": 0.5, "test_acc": 0.7}]
+    b = [{"step": 0, "test_loss": 4.0, "test_acc": 0.3}, {"step": 5, "test_loss": 2.0, "test_acc": 0.4}]
+    got = mean_curve([a, b])
+    assert [r["step"] for r in got] == [0, 5]
+    assert got[1]["test_loss"] == 1.5 and got[1]["test_loss:lo"] == 1.0 and got[1]["test_loss:hi"] == 2.0
+    assert got[0]["test_acc"] == pytest.approx(0.2) and (got[0]["test_acc:lo"], got[0]["test_acc:hi"]) == (0.1, 0.3)
+
+
+def test_a_seed_that_did_not_finish_is_left_out_of_the_mean_curve(tmp_path, data_dir, monkeypatch):
+    """As the table and the page's note say: a diverged seed's curve (cut short, its last loss huge)
+    is in no mean curve, on comparison.png and on the report page drawn again; it took the finished
+    seeds' curves down to the steps it reached, and its loss into their mean."""
+    from gradwire.report import compare, pages
+
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--seeds", "0,1",
+                 "--variant", "--algorithm sync"]) == 0
+    bad = out / "sync-seed1"
+    rows = [json.loads(line) for line in (bad / "metrics.jsonl").read_text().splitlines()][:1]
+    rows.append({**rows[0], "step": rows[0]["step"] + 1, "test_loss": 1e30})
+    (bad / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((bad / "summary.json").read_text()) | {"status": "diverged"}
+    (bad / "summary.json").write_text(json.dumps(summary))
+    good = [json.loads(line) for line in (out / "sync-seed0" / "metrics.jsonl").read_text().splitlines()]
+    drawn: dict = {}
+    real = pages.plot_runs
+    monkeypatch.setattr(pages, "plot_runs", lambda curves, *a, **k: drawn.update(curves) or real(curves, *a, **k))
+    (out / "comparison.png").unlink()
+    assert main(["report", str(out)]) == 0
+    assert list(drawn) == ["sync (mean of 1 seeds)"] and drawn["sync (mean of 1 seeds)"] == mean_curve([good])
+    drawn.clear()
+    monkeypatch.setattr(compare, "plot_runs", lambda curves, *a, **k: drawn.update(curves) or real(curves, *a, **k))
+    summaries = [json.loads((out / f"sync-seed{s}" / "summary.json").read_text()) for s in (0, 1)]
+    compare.write_report(out, summaries, [out / "sync-seed0", bad], "t", seeds=[0, 1], labels=["sync"])
+    assert list(drawn) == ["sync (mean of 1 seeds)"] and drawn["sync (mean of 1 seeds)"] == mean_curve([good])

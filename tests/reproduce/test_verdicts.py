@@ -35,10 +35,11 @@ def test_judge_checks_all_some_none_and_the_reason_names_each_check():
         judge_checks([fair])
 
 
-def backups(t_sync, t_b, t_a, acc_b, acc_a):
-    def v(t, acc):
-        return {"time_to_target": t, "final_acc": acc}
-    return {"target_acc": 0.6, "sync": v(t_sync, 0.63), "backups": v(t_b, acc_b), "async": v(t_a, acc_a)}
+def backups(t_sync, t_b, t_a, acc_b, acc_a, ran_sync=90.0, ran_a=30.0):
+    def v(t, acc, ran=40.0):
+        return {"time_to_target": t, "final_acc": acc, "sim_time_s": ran}
+    return {"target_acc": 0.6, "sync": v(t_sync, 0.63, ran_sync), "backups": v(t_b, acc_b),
+            "async": v(t_a, acc_a, ran_a)}
 
 
 def test_backup_workers():
@@ -46,6 +47,15 @@ def test_backup_workers():
     assert passed(backup_workers.judge(backups(60.0, 48.0, 47.0, 0.61, 0.55))) == [True, False, True]
     assert passed(backup_workers.judge(backups(60.0, 48.1, 40.0, 0.55, 0.55))) == [False, False, False]
     assert verdict(backup_workers.judge(backups(None, None, None, 0.5, 0.4))) == "partly"  # nobody reached it
+    # async never reached the target but stopped (9 s) before the backups reached it (11 s): not seen slower
+    assert passed(backup_workers.judge(backups(60.0, 11.0, None, 0.61, 0.55, ran_a=9.0)))[1] is False
+    assert passed(backup_workers.judge(backups(60.0, 11.0, None, 0.61, 0.55, ran_a=11.0)))[1] is True
+    # sync never reached it within its run: faster than 0.8 of that run only
+    assert passed(backup_workers.judge(backups(None, 50.0, None, 0.61, 0.55, ran_sync=60.0)))[0] is False
+    assert passed(backup_workers.judge(backups(None, 48.0, None, 0.61, 0.55, ran_sync=60.0)))[0] is True
+    # "higher" needs more than a tie (half a point), as every "beats" of the claims does
+    assert passed(backup_workers.judge(backups(60.0, 15.0, None, 0.565, 0.5601)))[2] is False
+    assert passed(backup_workers.judge(backups(60.0, 15.0, None, 0.566, 0.5601)))[2] is True
 
 
 def test_diana_optimum():
@@ -96,11 +106,12 @@ def test_lsgd_easgd():
 def test_dagc():
     (u, d), (fu, fd) = dagc.PAIRS["step"], dagc.PAIRS["fedavg"]
 
-    def m(mb_d, mid_d, tail_d, fed_d):
+    def m(mb_d, mid_d, tail_d, fed_d, fed_mb_d=2.0):
         return {"step": {u: {"mb": 10.0, "acc_mid": 0.5, "tail": 0.8},
                          d: {"mb": mb_d, "acc_mid": mid_d, "tail": tail_d}},
-                "fedavg": {fu: {"tail": 0.7}, fd: {"tail": fed_d}}}
+                "fedavg": {fu: {"tail": 0.7, "mb": 2.0}, fd: {"tail": fed_d, "mb": fed_mb_d}}}
     assert verdict(dagc.judge(m(10.2, 0.55, 0.8, 0.75))) == "reproduced"
+    assert verdict(dagc.judge(m(10.2, 0.55, 0.8, 0.75, fed_mb_d=4.0))) == "not"  # FedAvg pair: twice the bytes
     assert passed(dagc.judge(m(10.21, 0.5, 0.79, 0.7))) == [False, False, False, False]
     assert verdict(dagc.judge(m(10.21, 0.55, 0.8, 0.75))) == "not"  # 2.1% more bytes: not a fair comparison
     assert passed(dagc.judge(m(9.9, 0.6, 0.79, 0.71))) == [True, True, False, True]

@@ -171,8 +171,9 @@ def out_given(ns: argparse.Namespace) -> bool:
 
 def slug(text: str) -> str:
     """``text`` as a folder name: runs of other characters than letters, digits and ``.=+-`` become
-    one ``_``; at most 80 characters."""
-    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80] or "run"
+    one ``_``; no leading dot (``..`` or ``.`` would name the folder above, or this one, and ``.x`` a
+    hidden one); at most 80 characters."""
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_").lstrip(".")[:80] or "run"
 
 
 def fresh_out(name: str, cfg: RunConfig) -> str:

@@ -199,8 +199,10 @@ def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: 
             w.writerows(table)
         seed_lines = _seed_lines(seeds, table)
         runs = list(curves.values())
-        curves = {f"{label} (mean of {len(seeds)} seeds)": mean_curve([runs[k * n + v] for k in range(len(seeds))])
-                  for v, label in enumerate(labels)}
+        finished = {v: [runs[k * n + v] for k in range(len(seeds)) if summaries[k * n + v].get("status") == "finished"]
+                    for v in range(n)}  # a run that did not finish is left out of every figure (SEEDS_NOTE)
+        curves = {f"{label} (mean of {len(finished[v])} seeds)": mean_curve(finished[v])
+                  for v, label in enumerate(labels) if finished[v]}
         title = f"{title}, seeds {', '.join(map(str, seeds))}"
     elif (out / SEEDS_CSV).exists():
         (out / SEEDS_CSV).unlink()  # an earlier comparison's, with seeds, replaced by this one

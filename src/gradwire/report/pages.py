@@ -112,7 +112,8 @@ def _curves(runs: list[RunData], title: str, drawn: Path | None = None, variants
     else:
         curves = {r.label: r.metrics for r in with_metrics}
         if variants:
-            groups = {v: [r.metrics for r in with_metrics if re.fullmatch(re.escape(v) + r" seed \d+", r.label)]
+            groups = {v: [r.metrics for r in with_metrics if re.fullmatch(re.escape(v) + r" seed \d+", r.label)
+                          and r.summary.get("status") == "finished"]  # as the table: finished runs only
                       for v in variants}
             curves = {f"{v} (mean of {len(g)} seeds)": mean_curve(g) for v, g in groups.items() if g}
         png = _png(lambda buf: plot_runs(curves, buf, title, backends=[r.backend for r in with_metrics]))

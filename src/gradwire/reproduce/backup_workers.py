@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gradwire.config import RunConfig
 from gradwire.reproduce.claim import (
+    TIE,
     Check,
     Claim,
     Scale,
@@ -37,21 +38,26 @@ VARIANTS = {"sync": {"algorithm": "sync"},
 
 def judge(m: dict) -> list[Check]:
     """``m``: per variant (sync, backups, async) its ``time_to_target`` (simulated s, None if never),
-    ``final_acc`` and ``acc_at_async_end`` (test accuracy at the simulated time async finished)."""
+    ``sim_time_s`` (how long it ran), ``final_acc`` and ``acc_at_async_end`` (test accuracy at the
+    simulated time async finished). A variant that never reached the target was slower only as far as
+    it ran: one that stopped before the time it is compared at counts against the claim."""
     t_sync, t_b, t_a = (m[k]["time_to_target"] for k in ("sync", "backups", "async"))
+    ran_sync, ran_a = m["sync"]["sim_time_s"], m["async"]["sim_time_s"]
     target = m["target_acc"]
+    b_acc, a_acc = m["backups"]["final_acc"], m["async"]["final_acc"]
     return [
         Check(f"backups reach {target:.3f} test accuracy in <= {FASTER:.0%} of plain sync's simulated time",
-              t_b is not None and (t_sync is None or t_b <= FASTER * t_sync),
-              f"backups {fmt(t_b)} s, sync {fmt(t_sync)} s",
+              t_b is not None and t_b <= FASTER * (t_sync if t_sync is not None else ran_sync),
+              f"backups {fmt(t_b)} s, sync {fmt(t_sync) if t_sync is not None else f'not in its {fmt(ran_sync)}'} s",
               "the stragglers in this set-up do not slow plain sync down enough for dropping them to pay"),
         Check(f"backups reach {target:.3f} no later than async in simulated time",
-              t_b is not None and (t_a is None or t_b <= t_a),
-              f"backups {fmt(t_b)} s, async {fmt(t_a) if t_a is not None else 'never'}",
-              "async's stale gradients cost less here than the backups' remaining waits"),
+              t_b is not None and (t_b <= t_a if t_a is not None else t_b <= ran_a),
+              f"backups {fmt(t_b)} s, async {fmt(t_a) if t_a is not None else f'not in its {fmt(ran_a)} s'}",
+              "async's stale gradients cost less here than the backups' remaining waits (or async's run ended "
+              "before the backups reached the target, so it was not seen to be slower)"),
         Check("backups end with a higher test accuracy than async after the same number of gradient rounds",
-              m["backups"]["final_acc"] > m["async"]["final_acc"],
-              f"backups {m['backups']['final_acc']:.3f}, async {m['async']['final_acc']:.3f}",
+              b_acc > a_acc + TIE,
+              f"backups {b_acc:.3f}, async {a_acc:.3f}",
               "async SGD with its smaller step converges as well per gradient here"),
     ]
 

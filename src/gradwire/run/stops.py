@@ -17,9 +17,10 @@ class StopSignals:
     come back after). ``deferred`` (the simulator, the threads backend): the first signal asks the
     loop (every process's, on threads) to stop after the step it is in; a second one stops the
     main thread at once on the simulator, while on threads it is ignored (the process threads are
-    stopping, each within its next step or its current wait's timeout, and write the summary). ``checkpoints`` (the simulator): the loop checkpoints the step it stops at,
-    where the state is whole (on threads the processes may stop at different steps). Otherwise (the
-    torch backend, possibly blocked on its peers) a signal stops the run at once."""
+    stopping, each within its next step or its current wait's timeout, and write the summary).
+    ``checkpoints`` (the simulator): the loop checkpoints the step it stops at, where the state is
+    whole (on threads the processes may stop at different steps). Otherwise (the torch backend,
+    possibly blocked on its peers) a signal stops the run at once."""
 
     def __init__(self, deferred: bool, checkpoints: bool = False):
         self.deferred, self.checkpoints, self.pending, self.stopping = deferred, checkpoints, None, False
