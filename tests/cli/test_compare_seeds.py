@@ -235,3 +235,14 @@ def test_a_seed_that_did_not_finish_is_left_out_of_the_mean_curve(tmp_path, data
     summaries = [json.loads((out / f"sync-seed{s}" / "summary.json").read_text()) for s in (0, 1)]
     compare.write_report(out, summaries, [out / "sync-seed0", bad], "t", seeds=[0, 1], labels=["sync"])
     assert list(drawn) == ["sync (mean of 1 seeds)"] and drawn["sync (mean of 1 seeds)"] == mean_curve([good])
+
+
+def test_a_variant_name_with_a_bar_or_markup_keeps_the_markdown_table_whole(tmp_path, data_dir):
+    """comparison.md escapes a cell's ``|`` (a column more) and ``<`` (raw HTML in the markdown)."""
+    out = tmp_path / "c"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out),
+                 "--variant", "--name 'a|b <i>' --algorithm sync"]) == 0
+    rows = [line for line in (out / "comparison.md").read_text().splitlines() if line.startswith("| a")]
+    assert len(rows) == 1 and rows[0].startswith("| a\\|b &lt;i> |")
+    header = next(line for line in (out / "comparison.md").read_text().splitlines() if line.startswith("| variant"))
+    assert rows[0].replace("\\|", "").count("|") == header.count("|")

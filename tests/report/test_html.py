@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -87,10 +88,30 @@ def test_report_of_a_run_killed_mid_line_reads_the_complete_lines(comparison, tm
     html = (run_dir / "report.html").read_text()
     assert "killed/metrics.jsonl: 1 incomplete line skipped" in html and len(images(html)) >= 2
     assert str(tmp_path) not in html and "Run folder killed;" in html
-    out = json.loads((run_dir / "config.json").read_text())["out"]
-    assert out.startswith("/") and out not in html  # the config's out, where the run was made, is not shown
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["out"].startswith("/") and config["out"] not in html  # where the run was made: not shown
+    data_dir = str(Path(config["data_dir"]).resolve())  # the data cache, also an absolute path: its name only
+    assert Path(config["data_dir"]).is_absolute() and data_dir not in html and config["data_dir"] not in html
     html = (comparison / "report.html").read_text()
     assert str(comparison.parent) not in html and f"Comparison folder {comparison.name}:" in html
+    assert data_dir not in html
+
+
+def test_a_damaged_run_folder_still_gets_its_page(comparison, tmp_path, capsys):
+    """An empty timeline header (a run killed as it began), a summary without bytes_sent and a metrics row
+    without sim_time_s: the page is drawn, with blanks where the figures are missing (each gave a
+    traceback). The header is now written atomically."""
+    run_dir = tmp_path / "damaged"
+    shutil.copytree(comparison / "async", run_dir)
+    (run_dir / "timeline" / "sim.json").write_text("")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    del summary["bytes_sent"]
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    del rows[1]["sim_time_s"]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(run_dir)]) == 0, capsys.readouterr().err
+    assert "Traceback" not in capsys.readouterr().err and (run_dir / "report.html").exists()
 
 
 def test_a_comparison_page_fits_its_tables_and_draws_worker_charts_readably(comparison):

@@ -25,19 +25,22 @@ SEEDS_CSV = "comparison_seeds.csv"
 
 def row_of(summary: dict) -> dict:
     final = summary.get("final") or {}
-    return {"label": summary["label"], "status": summary["status"], "steps": summary["steps"],
+    sent = summary.get("bytes_sent")  # (a damaged summary may lack any figure: a blank cell, not a traceback)
+    return {"label": summary.get("label", "?"), "status": summary.get("status"), "steps": summary.get("steps"),
             "test_loss": final.get("test_loss"), "test_acc": final.get("test_acc"),
             "best_test_acc": summary.get("best_test_acc"), "train_loss": final.get("train_loss"),
-            "suboptimality": final.get("suboptimality"), "mb_sent": summary["bytes_sent"] / 1e6,
-            "sim_time_s": summary["sim_time_s"], "wall_time_s": summary["wall_time_s"]}
+            "suboptimality": final.get("suboptimality"), "mb_sent": None if sent is None else sent / 1e6,
+            "sim_time_s": summary.get("sim_time_s"), "wall_time_s": summary.get("wall_time_s")}
 
 
 def _fmt(v) -> str:
+    """A markdown table cell: numbers to 4 figures; text with its ``|`` escaped (a column more
+    otherwise) and ``<`` as an entity (raw HTML otherwise, in a name)."""
     if v is None:
         return "–"
     if isinstance(v, float):
         return f"{v:.3e}" if (abs(v) < 1e-3 and v != 0) else f"{v:.4g}"
-    return str(v)
+    return str(v).replace("|", "\\|").replace("<", "&lt;")
 
 
 def _finite(v) -> bool:
@@ -127,7 +130,7 @@ def seed_cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     head += ["MB sent (mean)"]
     cells = []
     for r in rows:
-        line = [str(r["label"]), f"{r['finished']} of {r['seeds']}"]
+        line = [_fmt(str(r["label"])), f"{r['finished']} of {r['seeds']}"]
         for key, _ in present:
             if r.get(f"{key}_mean") is None:
                 line += ["–", "–", "–"]

@@ -208,6 +208,16 @@ def _staleness_blocks(runs: list[RunData]) -> list:
     return [Heading("Staleness", 3), Image(_png(draw), alt="mean staleness of the applied gradients per step")]
 
 
+PATH_KEYS = ("out", "data_dir")  # a page shows these by their last part: an absolute path says where it was made
+
+
+def shown_config(config: dict) -> dict:
+    """``config`` as a page shows it: no ``out`` (the page is about that folder), and each other path
+    by its last part only."""
+    return {k: (Path(v).name if k in PATH_KEYS and isinstance(v, str) and v else v)
+            for k, v in config.items() if k != "out"}
+
+
 def _config_table(config: dict, keys=None) -> Table:
     keys = sorted(config) if keys is None else keys
     return Table(["key", "value"], [[k, json.dumps(config.get(k)) if isinstance(config.get(k), (list, dict))
@@ -231,7 +241,7 @@ def run_page(folder: Path) -> list:
               Heading("Curves"), *_curves([run], run.label, run.folder / "curves.png"),
               Heading("Timeline"), *_timeline_blocks(run), Heading("Workers"), *_worker_table([run]),
               *_staleness_blocks([run]), *recovery_blocks(run.steps), Heading("Resolved config"),
-              _config_table({k: v for k, v in run.config.items() if k != "out"})]  # (out: a path)
+              _config_table(shown_config(run.config))]
     if run.setup:
         blocks += [Heading("Algorithm set-up (algorithm.json)", 3), Preformatted(json.dumps(run.setup, indent=2))]
     return blocks
@@ -239,6 +249,8 @@ def run_page(folder: Path) -> list:
 
 def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
     runs = [RunData(d) for d in run_dirs]
+    for r in runs:
+        r.config = shown_config(r.config)
     ends = [window_end(r.timeline[0], TIMELINE_STEPS) for r in runs if r.timeline is not None and len(r.timeline[0])]
     xmax = max(ends) if ends else None  # one time axis for every variant's chart
     differing = sorted({k for r in runs for k in r.config if k not in ("out", "name")

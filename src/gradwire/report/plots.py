@@ -67,13 +67,15 @@ def plot_runs(records_by_label: dict[str, list[dict]], path: Path, title: str = 
         for j, (xkey, xlabel, scale) in enumerate(columns):
             ax = axes[i][j]
             for label, recs in records_by_label.items():
-                pts = [(rec[xkey] * scale, rec[key]) for rec in recs if rec.get(key) is not None]
+                pts = [(rec[xkey] * scale, rec[key]) for rec in recs  # a row without the axis: not drawn
+                       if rec.get(key) is not None and rec.get(xkey) is not None]
                 if log:
                     pts = [(x, y) for x, y in pts if y > 0]
                 if pts:
                     (line,) = ax.plot(*zip(*pts), label=label, marker="." if len(pts) < 30 else None)
                     band = [(rec[xkey] * scale, rec[f"{key}:lo"], rec[f"{key}:hi"]) for rec in recs
-                            if rec.get(key) is not None and f"{key}:lo" in rec and f"{key}:hi" in rec
+                            if rec.get(key) is not None and rec.get(xkey) is not None
+                            and f"{key}:lo" in rec and f"{key}:hi" in rec
                             and not (log and rec[f"{key}:lo"] <= 0)]
                     if band:
                         xs, lo, hi = zip(*band)

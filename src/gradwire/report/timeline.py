@@ -149,7 +149,9 @@ class Timeline:
         origin = time.time() - (self.clock.now if self.clock is not None else 0.0)
         header = {"format": 1, "clock": "simulated" if self.simulated else "wall", "origin_unix_s": origin,
                   "kinds": list(KIND_NAMES), "record": [[n, str(RECORD.fields[n][0])] for n in RECORD.names]}
-        (self.folder / f"{self.label}.json").write_text(json.dumps(header) + "\n")
+        tmp = self.folder / f"{self.label}.json.tmp"  # atomic: a kill never leaves half a header
+        tmp.write_text(json.dumps(header) + "\n")
+        tmp.replace(self.folder / f"{self.label}.json")
         self._file = open(path, "ab")  # noqa: SIM115 - closed in close()
 
     def close(self) -> None:
@@ -177,6 +179,15 @@ def _records(path: Path) -> np.ndarray:
     return np.frombuffer(data[:usable], dtype=RECORD).copy()
 
 
+def _header(path: Path) -> dict:
+    """A timeline file's header, or {} when it is missing or was cut short (a run killed as it began)."""
+    try:
+        header = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
 def read_timeline(run_dir: Path, *, overlapped: bool = True) -> tuple[np.ndarray, str] | None:
     """Every process's records of ``run_dir`` on one time axis (real backends: aligned by each
     file's origin, the earliest at 0), sorted by start, with ``DROPPED`` carried from the server's
@@ -192,7 +203,7 @@ def read_timeline(run_dir: Path, *, overlapped: bool = True) -> tuple[np.ndarray
         return None
     parts, origins, clock = [], [], "simulated"
     for path in files:
-        header = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").exists() else {}
+        header = _header(path.with_suffix(".json"))
         clock = header.get("clock", clock)
         parts.append(_records(path))
         origins.append(float(header.get("origin_unix_s", 0.0)))
