@@ -68,7 +68,8 @@ class RunData:
                        "status": "no summary.json (still running, or ended without one)",
                        "steps": last.get("step", 0), "final": last or None, "bytes_sent": last.get("bytes_sent", 0),
                        "sim_time_s": last.get("sim_time_s", 0.0), "wall_time_s": last.get("wall_time_s", 0.0),
-                       "best_test_acc": max((m.get("test_acc") or 0 for m in self.metrics), default=None)}
+                       "best_test_acc": max((m["test_acc"] for m in self.metrics if m.get("test_acc") is not None),
+                                            default=None)}
         self.summary = summary
         self.label = summary.get("label", self.folder.name)
         self.backend = self.config.get("backend", "sim")

@@ -61,7 +61,7 @@ def run(out: Path, scale: Scale) -> Claim:
         runs = [per_seed[s][name] for s in seeds]
         measured[key] = {"early": statistics.mean(head_mean(r.metrics, "test_acc") for r in runs),
                          "final": statistics.mean(r.final["test_acc"] for r in runs),
-                         "mb_sent": runs[0].summary["bytes_sent"] / 1e6,
+                         "mb_sent": statistics.mean(r.summary["bytes_sent"] / 1e6 for r in runs),  # as the others
                          "sim_time_s": statistics.mean(r.summary["sim_time_s"] for r in runs)}
     checks = judge(measured)
     verdict, reason = judge_checks(checks)
