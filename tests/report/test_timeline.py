@@ -376,3 +376,17 @@ def test_shards_of_one_worker_are_not_marked_overlapped(tmp_path):
     recs, _ = read_timeline(tmp_path)
     assert not (recs["kind"] == OVERLAP).any()
     assert per_worker(recs)[0]["comm_s"] == pytest.approx(0.5 + 0.4)  # as recorded
+
+
+def test_per_worker_totals_on_hand_built_records():
+    """Seconds per kind, bytes, dropped computations and the mean staleness of the server's verdicts
+    (NaN verdicts, messages that carry none, left out), each worker's own."""
+
+    rows = [(0, 1, COMPUTE, 0, 0.0, 1.0, 0, np.nan), (0, 1, COMM, 0, 1.0, 1.5, 100, np.nan),
+            (0, 2, COMPUTE, DROPPED, 1.5, 3.5, 0, np.nan), (1, 1, COMPUTE, 0, 0.0, 0.5, 0, np.nan),
+            (0, 1, SERVE, 0, 1.5, 1.5, 0, 2.0), (0, 2, SERVE, 0, 3.5, 3.5, 0, 4.0),
+            (0, 3, SERVE, 0, 4.0, 4.0, 0, np.nan), (1, 1, SERVE, 0, 0.5, 0.5, 0, 7.0)]
+    totals = per_worker(np.array(rows, dtype=RECORD))
+    assert totals[0]["compute_s"] == 3.0 and totals[0]["comm_s"] == 0.5 and totals[0]["bytes"] == 100
+    assert totals[0]["dropped"] == 1 and totals[0]["staleness_mean"] == 3.0
+    assert totals[1]["compute_s"] == 0.5 and totals[1]["dropped"] == 0 and totals[1]["staleness_mean"] == 7.0
