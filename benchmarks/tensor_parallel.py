@@ -80,11 +80,27 @@ def testbed(a) -> list[dict]:
     return rows
 
 
+def held_time(nbytes: int, sizes: list[int], net: RingNetwork, *, partial: bool) -> float:
+    """Seconds of one process assembling a tensor it uses whole and holds split over nested groups of
+    ``sizes`` (innermost first; parallel/comm.py's Partitioned), ``nbytes`` the whole tensor (this
+    process's block of it): forward, at each level one broadcast per member of its piece of that level's
+    part; backward, with ``partial`` gradients (SUMMA), the same reduces outermost first (priced as
+    broadcasts: the same bytes and steps); without (1-D), nothing."""
+    seconds, part, parts = 0.0, nbytes, []
+    for g in reversed(sizes):  # the part each level assembles, outermost (the whole) first
+        parts.append((g, part))
+        part //= g
+    for g, whole in reversed(parts):  # forward, innermost first
+        seconds += g * net.broadcast(whole // g, g).time_s
+    return seconds * (2 if partial else 1)
+
+
 def block_time(q: int, d: int, *, tokens: int, hidden: int, net: RingNetwork, flops: float, e: int = 2) -> dict:
     """One transformer block (qkv h->3h, out h->h, fc1 h->4h, fc2 4h->h), forward and backward, on
     a [q,q,d] mesh: the seconds of its collectives in order (each SUMMA step: 6 collectives of
-    an X or W block along a row or column of q ranks; then the depth all-reduce of each weight
-    block) and of its matmuls at ``flops`` per process; bytes per process (cost.summa_linear)."""
+    an X or W block along a row or column of q ranks; each weight block held split over the depth,
+    assembled forward and its gradient reduced to the pieces backward) and of its matmuls at
+    ``flops`` per process; bytes per process (cost.summa_linear)."""
     p = q * q * d
     comm = 0.0
     nbytes = 0
@@ -92,7 +108,7 @@ def block_time(q: int, d: int, *, tokens: int, hidden: int, net: RingNetwork, fl
         x_block = tokens // (d * q) * fan_in // q * e
         w_block = fan_in * fan_out // (q * q) * e
         comm += q * 3 * (net.broadcast(x_block, q).time_s + net.broadcast(w_block, q).time_s)
-        comm += net.allreduce(w_block, d).time_s
+        comm += held_time(w_block, [d], net, partial=True) if d > 1 else 0.0
         nbytes += cost.summa_linear(q, d, tokens, fan_in, fan_out, e, bias=False)
     compute = 6 * tokens * 12 * hidden * hidden / p / flops
     return {"comm_s": comm, "compute_s": compute, "total_s": comm + compute, "bytes_per_process": nbytes / p}
@@ -102,26 +118,35 @@ def lm_comm_time(layout: str, *, batch: int, context: int, dim: int, layers: int
                  e: int = 4) -> float:
     """Seconds of one process's tensor-parallel collectives in one training step of the test bed's
     model, on ``net``, one after another as the code issues them (the collectives of
-    :mod:`gradwire.parallel.cost`, priced instead of counted)."""
+    :mod:`gradwire.parallel.cost`, priced instead of counted), the tensors used whole by several ranks
+    held once (:func:`held_time`)."""
     lay = parse_layout(layout)
     t = batch * context
     if lay.kind == "1d":
-        return layers * 4 * net.allreduce(t * dim * e, lay.p).time_s
+        p = lay.p
+
+        def held(n: int) -> float:  # a tensor of n elements every rank uses whole
+            return held_time(n * e, [p], net, partial=False)
+
+        per_layer = (4 * net.allreduce(t * dim * e, p).time_s  # column inputs' gradients, row outputs
+                     + 4 * held(dim) + 2 * held(dim))          # two norms' weight and bias; row-parallel biases
+        return (held(vocab * dim) + held(context * dim) + layers * per_layer + 2 * held(dim)
+                + held(vocab * dim) + held(vocab))  # embeddings, blocks, final norm, read-out weight and bias
     q, d = lay.q, lay.d
     p = q * q * d
     local = t // (d * q)  # tokens of one process
 
-    def replicated(n: int) -> float:  # a gradient all-reduced over the column, then the depth
-        return net.allreduce(n * e, q).time_s + net.allreduce(n * e, d).time_s
+    def shared(n: int) -> float:  # a block of n elements used whole over the column and the depth
+        return held_time(n * e, [q, d], net, partial=True)
 
     def linear(fan_in: int, fan_out: int) -> float:
         x_block, w_block = local * fan_in // q * e, fan_in * fan_out // (q * q) * e
         return (q * 3 * (net.broadcast(x_block, q).time_s + net.broadcast(w_block, q).time_s)
-                + net.allreduce(w_block, d).time_s + replicated(fan_out // q))
+                + (held_time(w_block, [d], net, partial=True) if d > 1 else 0.0) + shared(fan_out // q))
 
-    norm = 4 * net.allreduce(local * e, q).time_s + 2 * replicated(dim // q)
+    norm = 4 * net.allreduce(local * e, q).time_s + 2 * shared(dim // q)
     block = 2 * norm + linear(dim, 3 * dim) + linear(dim, dim) + linear(dim, 4 * dim) + linear(4 * dim, dim)
-    return (replicated(vocab * dim // q) + replicated(context * dim // q) + layers * block + norm
+    return (shared(vocab * dim // q) + shared(context * dim // q) + layers * block + norm
             + linear(dim, vocab) + 3 * net.allreduce(local * e, q).time_s + net.allreduce(e, p).time_s)
 
 
