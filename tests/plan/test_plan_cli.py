@@ -2,6 +2,7 @@
 whose best answer is known, validation, and bad input (one line, exit 2)."""
 
 import json
+import math
 
 import pytest
 
@@ -225,3 +226,37 @@ def test_a_target_met_at_the_first_evaluation_is_planned_and_validated(tmp_path)
              "--target-loss", "100", "--validate", "16", "--validate-max-steps", "4")
     assert p["validation_summary"]["regret"] is None and p["validation_summary"]["best_measured"]["time_s"] == 0
     assert p["recommendation"]["measured_error"] is None  # (predicted - measured) / measured: measured 0
+
+
+def _last_within(folder, metric, deadline):
+    recs = [json.loads(line) for line in open(f"{folder}/metrics.jsonl")]
+    return [r[metric] for r in recs if r["sim_time_s"] <= deadline][-1]
+
+
+def test_a_deadline_is_validated_at_the_deadline(tmp_path):
+    # m=8 is predicted ~2.7 steps in 2 s: the validation run stops soon after 2 simulated seconds (not at
+    # --steps 30, ~12 s) and is scored on the objective it had at 2 s, not at its end
+    p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
+             "--workers", "1,2,4", "--max-workers", "8", "--deadline", "2", "--validate", "8")
+    (v,) = [v for v in p["validation"] if v["workers"] == 8]
+    summary = json.loads(open(f"{v['folder']}/summary.json").read())
+    assert v["steps_run"] < 30 and summary["sim_time_s"] >= 2.0
+    assert v["measured_objective"] == _last_within(v["folder"], "train_loss", 2.0)
+    assert v["measured_objective"] != json.loads(open(f"{v['folder']}/metrics.jsonl").readlines()[-1])["train_loss"]
+    assert v["error_objective"] == pytest.approx((v["predicted_objective"] - v["measured_objective"])
+                                                 / v["measured_objective"])
+
+
+def test_a_deadline_shorter_than_a_step_credits_no_step(tmp_path, capsys):
+    # 0.3 s: 30 steps of 10 ms alone, no step of 0.41 s (two 200 ms messages) with 2 or more workers
+    p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
+             "--workers", "1,2,4", "--max-workers", "8", "--deadline", "0.3")
+    rows = {r["workers"]: r for r in p["predictions"]}
+    assert rows[1]["steps_in_deadline"] == math.floor(0.3 / rows[1]["seconds_per_iteration"]) == 29
+    for m in (4, 8):
+        assert rows[m]["steps_in_deadline"] == 0 and rows[m]["objective"] is None
+        assert "no step within the deadline" in rows[m]["note"]
+    assert p["recommendation"]["workers"] == 1
+    err = bad(capsys, *TINY, "--out", str(tmp_path / "p2"), "--network", "ps:mbps=100,latency_ms=200",
+              "--stragglers", "none:compute_s=0.01", "--workers", "1,2,4", "--deadline", "0.001")
+    assert "deadline=0.001 s is shorter than one step of every candidate at every m" in err
