@@ -31,6 +31,22 @@ def test_nnls_recovers_theta_within_noise_and_stays_non_negative():
     np.testing.assert_allclose(fit(256), features([256]) @ theta, rtol=0.05)  # extrapolated 16x
 
 
+def test_one_worker_is_measured_not_fitted():
+    # Ernest (Venkataraman et al., NSDI 2016, eq. 1) on a ps network: 2(lat + m·B/bw) from m = 2 on,
+    # but one worker sends nothing (compute alone): the step at m = 1 -> 2 fits no θ >= 0
+    comm = lambda m: 0.01 + 2 * (0.2 + m * 20 / 12.5e6)  # noqa: E731
+    workers = [1, 2, 4, 8]
+    times = [0.01] + [comm(m) for m in workers[1:]]
+    fit = SystemModel.fit(workers, times)
+    assert fit.residual_rel < 1e-9 and fit(1) == 0.01
+    assert fit(16) == pytest.approx(comm(16), rel=1e-9) and fit(256) == pytest.approx(comm(256), rel=1e-9)
+    assert fit.to_dict()["measured"] == {"1": 0.01} and "m=1: 0.01 s measured" in fit.describe()
+    # with fewer than 3 counts >= 2 it stays in the fit, and the fit's error shows it
+    small = SystemModel.fit(workers[:3], times[:3])
+    assert small.measured == () and small.residual_rel > 0.2
+    assert SystemModel.fit(workers, times, single_apart=False).residual_rel > 0.2
+
+
 def test_nnls_refuses_non_positive_times():
     with pytest.raises(ValueError, match="positive time"):
         SystemModel.fit([1, 2, 4], [0.1, 0.0, 0.3])

@@ -49,6 +49,20 @@ def test_a_network_so_slow_that_the_fewest_workers_win(tmp_path, capsys):
     assert (tmp_path / "plan" / "plan.png").stat().st_size > 0
 
 
+def test_one_worker_is_left_out_of_the_system_fit(tmp_path):
+    # the default --workers 1,2,4,8: m = 1 runs no collective; fitted on m = 2, 4, 8 the ps allreduce
+    # is exactly θ0 + θ3·m, and the held-out m = 16 is predicted exactly (it missed by +78 % with m = 1 in)
+    p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
+             "--max-workers", "16", "--deadline", "2", "--validate", "16")
+    sys_fit = p["fits"]["sync"]["system"]
+    assert sys_fit["fit_rms_relative_error"] < 1e-6 and list(sys_fit["measured"]) == ["1"]
+    rows = {r["workers"]: r for r in p["predictions"]}
+    assert rows[1]["seconds_per_iteration"] == pytest.approx(0.01)
+    (v,) = [v for v in p["validation"] if v["workers"] == 16]
+    assert abs(v["error_seconds_per_iteration"]) < 1e-6
+    assert "system_fit_warning" not in p["recommendation"]
+
+
 def test_a_straggler_tail_where_backups_win_and_validation(tmp_path, capsys):
     # one step in ten is 20x slower: sync waits for the slowest of m, sync:backups=1 drops it
     p = plan(tmp_path, "--network", "ring:mbps=1000,latency_ms=0.1",
@@ -239,6 +253,7 @@ def test_a_deadline_is_validated_at_the_deadline(tmp_path):
     p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
              "--workers", "1,2,4", "--max-workers", "8", "--deadline", "2", "--validate", "8")
     (v,) = [v for v in p["validation"] if v["workers"] == 8]
+    assert "system_fit_warning" in p["recommendation"]  # m = 1 in the fit (test below)
     summary = json.loads(open(f"{v['folder']}/summary.json").read())
     assert v["steps_run"] < 30 and summary["sim_time_s"] >= 2.0
     assert v["measured_objective"] == _last_within(v["folder"], "train_loss", 2.0)
@@ -257,6 +272,10 @@ def test_a_deadline_shorter_than_a_step_credits_no_step(tmp_path, capsys):
         assert rows[m]["steps_in_deadline"] == 0 and rows[m]["objective"] is None
         assert "no step within the deadline" in rows[m]["note"]
     assert p["recommendation"]["workers"] == 1
+    # m = 1, 2, 4 (0.01, 0.41, 0.41 s) leave only two counts >= 2: m = 1 stays in the fit, which misses
+    assert p["fits"]["sync"]["system"]["fit_rms_relative_error"] > 0.2
+    assert "the system model misses its own profiling runs by sync" in p["recommendation"]["warning"]
+    assert "warning: " in capsys.readouterr().out
     err = bad(capsys, *TINY, "--out", str(tmp_path / "p2"), "--network", "ps:mbps=100,latency_ms=200",
               "--stragglers", "none:compute_s=0.01", "--workers", "1,2,4", "--deadline", "0.001")
     assert "deadline=0.001 s is shorter than one step of every candidate at every m" in err

@@ -497,6 +497,15 @@ def make_plan(req: PlanRequest, *, log=print, reuse: bool = False) -> dict:
             summary["mean_abs_error_objective"] = _mean_abs(v["error_objective"] for v in validation)
         plan["validation_summary"] = summary
     plan["recommendation"] = best | trust(best, validation, req.target is not None)
+    misfits = [(k, f["system"].residual_rel) for k, f in fits.items()
+               if "error" not in f and f["system"].residual_rel > TARGET_ERROR]
+    if misfits:  # Ernest's form does not hold on the profiled m: its predictions are no better than that
+        said = ", ".join(f"{k} {100 * e:.0f}%" for k, e in misfits)
+        note = (f"the system model misses its own profiling runs by {said} rms (beyond the planner's "
+                f"{100 * TARGET_ERROR:.0f}% target): its time per iteration is not to be trusted; profile at more "
+                "worker counts >= 2 (--workers)")
+        plan["recommendation"]["system_fit_warning"] = note
+        plan["recommendation"]["warning"] = "; ".join(w for w in (plan["recommendation"].get("warning"), note) if w)
     return _finite(plan)
 
 
