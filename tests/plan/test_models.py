@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gradwire.plan.convergence import ConvergenceModel, crossing
-from gradwire.plan.design import RunCost, a_criterion, choose_workers
+from gradwire.plan.design import RunCost, a_criterion, choose_workers, steps_wall
 from gradwire.plan.system_model import SystemModel, distinct_enough, features, log2_grid
 
 
@@ -89,9 +89,25 @@ def test_crossing_interpolates_in_log_loss():
 
 
 def test_run_cost_from_a_pilot():
-    cost = RunCost.from_pilot(wall_s=3.0, wall_at_first_eval_s=1.0, workers=2, steps=100)
+    cost = RunCost.from_pilot(wall_s=3.0, steps_wall_s=2.0, workers=2, steps=100)
     assert cost.setup_s == 1.0 and cost.per_worker_step_s == pytest.approx(0.01)
     assert cost(8, 50) == pytest.approx(1.0 + 8 * 50 * 0.01)
+
+
+def test_run_cost_keeps_per_run_overhead_out_of_the_per_worker_step_cost():
+    # a pilot at m=1 of 30 steps that took 0.8 s wall: 0.02 s before step 0, 0.06 s of steps between
+    # 0.1 s of evaluations, the rest (task build, summary, plots) after the last step
+    records = [{"step": 0, "wall_time_s": 0.02, "eval_time_s": 0.0},
+               {"step": 15, "wall_time_s": 0.10, "eval_time_s": 0.05},
+               {"step": 30, "wall_time_s": 0.18, "eval_time_s": 0.10}]
+    assert steps_wall(records) == pytest.approx(0.06)
+    cost = RunCost.from_pilot(wall_s=0.8, steps_wall_s=steps_wall(records), workers=1, steps=30)
+    assert cost.setup_s == pytest.approx(0.74) and cost.per_worker_step_s == pytest.approx(0.002)
+    # the review's case: runs at m = 2, 4 cost about the pilot's time each, not 2x and 4x of it, so a
+    # 3 s budget affords m = 1, 2, 4 (it was refused, 'raise --budget to about 8 s')
+    assert cost(2, 30) == pytest.approx(0.86) and cost(4, 30) == pytest.approx(0.98)
+    assert choose_workers([1, 2, 4], lambda m: cost(m, 30), 3.0, [1], 0.8) == [2, 4]
+    assert steps_wall(records[:1]) == 0.0
 
 
 def test_design_without_budget_runs_everything_and_with_one_stays_inside_it():

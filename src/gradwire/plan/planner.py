@@ -32,7 +32,7 @@ from pathlib import Path
 from gradwire.config import KEYS, RunConfig
 from gradwire.errors import ConfigError, DivergenceError
 from gradwire.plan.convergence import ConvergenceModel, crossing
-from gradwire.plan.design import RunCost, choose_workers
+from gradwire.plan.design import RunCost, choose_workers, steps_wall
 from gradwire.plan.system_model import SystemModel, distinct_enough, log2_grid
 from gradwire.report.run_folder import read_jsonl
 from gradwire.run.combination import check_combination
@@ -272,8 +272,7 @@ class Planner:
                 raise ConfigError(f"candidate {cand.label()!r} runs at none of --workers "
                                   f"{','.join(map(str, req.workers))}: {m.status}")
             records = read_jsonl(Path(m.folder) / "metrics.jsonl")
-            first = records[0]["wall_time_s"] if records else 0.0
-            costs[cand.label()] = RunCost.from_pilot(m.wall_time_s, first, m.workers, max(m.steps, 1))
+            costs[cand.label()] = RunCost.from_pilot(m.wall_time_s, steps_wall(records), m.workers, max(m.steps, 1))
 
         def cost(w: int) -> float:  # every candidate is profiled at the same m
             return sum(costs[c.label()](w, c.steps) for c in req.candidates)
