@@ -19,8 +19,8 @@ def no_run_curves(monkeypatch):
     monkeypatch.setattr("gradwire.report.plots.plot_runs", lambda records, path, *a, **k: path)
 
 
-TINY = ["--task", "synthetic-logreg:samples=256,dim=5", "--batch-size", "4", "--steps", "30", "--seed", "1",
-        "--lr", "0.05"]  # the step size these constructed cases were worked out for
+TINY = ["--task", "synthetic-logreg:samples=256,dim=5,hetero=0", "--batch-size", "4", "--steps", "30", "--seed", "1",
+        "--lr", "0.05"]  # the step size these constructed cases were worked out for; hetero=0: one data set at every m
 
 
 def plan(tmp_path, *args):
