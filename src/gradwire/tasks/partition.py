@@ -100,7 +100,7 @@ def volumes(*, skew: float = 10.0, _ctx: PartitionContext | None = None) -> list
     help="label skew: each class split over workers in Dir(alpha) proportions; optional volume skew",
     params={
         "alpha": "Dirichlet concentration (> 0): small = each worker sees few classes, large = iid",
-        "skew": "largest/smallest volume ratio (>= 1), met exactly as in 'volumes'; 1 = volumes as the label draws fall",
+        "skew": "largest/smallest volume ratio (>= 1), met exactly as in 'volumes'; 1 = as the label draws fall",
     },
 )
 def dirichlet(*, alpha: float = 0.5, skew: float = 1.0,
