@@ -279,3 +279,33 @@ def test_a_deadline_shorter_than_a_step_credits_no_step(tmp_path, capsys):
     err = bad(capsys, *TINY, "--out", str(tmp_path / "p2"), "--network", "ps:mbps=100,latency_ms=200",
               "--stragglers", "none:compute_s=0.01", "--workers", "1,2,4", "--deadline", "0.001")
     assert "deadline=0.001 s is shorter than one step of every candidate at every m" in err
+
+
+def test_a_deadline_validation_that_ends_before_the_deadline_is_rerun_longer(tmp_path):
+    """f(m) predicted 1 s a step where the run takes 0.1 s: the first validation run (1.3 x 2
+    predicted steps + 2 = 5) ends at 0.5 s, before D = 2 s, so it is rerun with the steps its own
+    pace needs (2 / 0.1 x 1.3 + 2 = 28) and scored at D."""
+    from gradwire.plan.planner import Measurement, Planner, PlanRequest
+
+    cand = RunConfig(task="synthetic-logreg:samples=256,dim=5,hetero=0", steps=30)
+    req = PlanRequest(candidates=[cand], workers=[1, 2, 4], max_workers=8, out=tmp_path, deadline_s=2.0,
+                      validate=[8])
+    planner = Planner(req, log=lambda *a, **k: None)
+    made = []
+
+    def measure(cfg, purpose):
+        made.append(cfg.steps)
+        t = 0.1 * cfg.steps
+        m = Measurement(cfg.label(), cfg.workers, cfg.steps, "finished", 0.1, t, 0.0, purpose, str(cfg.out),
+                        [], None, 0.5, 0.6 if t >= 2 else None, t >= 2)
+        planner.runs.append(m)
+        return m
+
+    planner.measure = measure
+    row = {"candidate": cand.label(), "workers": 8, "seconds_per_iteration": 1.0, "iterations": 2.0,
+           "objective": 0.7}
+    (v,) = planner.validate([row], row)
+    assert made == [5, 28]
+    assert v["steps_run"] == 28 and v["measured_objective"] == 0.6
+    assert v["error_objective"] == pytest.approx((0.7 - 0.6) / 0.6)
+    assert [r.steps for r in planner.runs] == [28]  # the short run is not kept as a measurement
