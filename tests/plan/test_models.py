@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gradwire.plan.convergence import ConvergenceModel, crossing
-from gradwire.plan.design import RunCost, a_criterion, choose_workers
+from gradwire.plan.design import RunCost, a_criterion, choose_workers, steps_wall
 from gradwire.plan.system_model import SystemModel, distinct_enough, features, log2_grid
 
 
@@ -29,6 +29,22 @@ def test_nnls_recovers_theta_within_noise_and_stays_non_negative():
     fit = SystemModel.fit(workers, times)
     assert min(fit.theta) >= 0
     np.testing.assert_allclose(fit(256), features([256]) @ theta, rtol=0.05)  # extrapolated 16x
+
+
+def test_one_worker_is_measured_not_fitted():
+    # Ernest (Venkataraman et al., NSDI 2016, eq. 1) on a ps network: 2(lat + m·B/bw) from m = 2 on,
+    # but one worker sends nothing (compute alone): the step at m = 1 -> 2 fits no θ >= 0
+    comm = lambda m: 0.01 + 2 * (0.2 + m * 20 / 12.5e6)  # noqa: E731
+    workers = [1, 2, 4, 8]
+    times = [0.01] + [comm(m) for m in workers[1:]]
+    fit = SystemModel.fit(workers, times)
+    assert fit.residual_rel < 1e-9 and fit(1) == 0.01
+    assert fit(16) == pytest.approx(comm(16), rel=1e-9) and fit(256) == pytest.approx(comm(256), rel=1e-9)
+    assert fit.to_dict()["measured"] == {"1": 0.01} and "m=1: 0.01 s measured" in fit.describe()
+    # with fewer than 3 counts >= 2 it stays in the fit, and the fit's error shows it
+    small = SystemModel.fit(workers[:3], times[:3])
+    assert small.measured == () and small.residual_rel > 0.2
+    assert SystemModel.fit(workers, times, single_apart=False).residual_rel > 0.2
 
 
 def test_nnls_refuses_non_positive_times():
@@ -73,9 +89,25 @@ def test_crossing_interpolates_in_log_loss():
 
 
 def test_run_cost_from_a_pilot():
-    cost = RunCost.from_pilot(wall_s=3.0, wall_at_first_eval_s=1.0, workers=2, steps=100)
+    cost = RunCost.from_pilot(wall_s=3.0, steps_wall_s=2.0, workers=2, steps=100)
     assert cost.setup_s == 1.0 and cost.per_worker_step_s == pytest.approx(0.01)
     assert cost(8, 50) == pytest.approx(1.0 + 8 * 50 * 0.01)
+
+
+def test_run_cost_keeps_per_run_overhead_out_of_the_per_worker_step_cost():
+    # a pilot at m=1 of 30 steps that took 0.8 s wall: 0.02 s before step 0, 0.06 s of steps between
+    # 0.1 s of evaluations, the rest (task build, summary, plots) after the last step
+    records = [{"step": 0, "wall_time_s": 0.02, "eval_time_s": 0.0},
+               {"step": 15, "wall_time_s": 0.10, "eval_time_s": 0.05},
+               {"step": 30, "wall_time_s": 0.18, "eval_time_s": 0.10}]
+    assert steps_wall(records) == pytest.approx(0.06)
+    cost = RunCost.from_pilot(wall_s=0.8, steps_wall_s=steps_wall(records), workers=1, steps=30)
+    assert cost.setup_s == pytest.approx(0.74) and cost.per_worker_step_s == pytest.approx(0.002)
+    # the review's case: runs at m = 2, 4 cost about the pilot's time each, not 2x and 4x of it, so a
+    # 3 s budget affords m = 1, 2, 4 (it was refused, 'raise --budget to about 8 s')
+    assert cost(2, 30) == pytest.approx(0.86) and cost(4, 30) == pytest.approx(0.98)
+    assert choose_workers([1, 2, 4], lambda m: cost(m, 30), 3.0, [1], 0.8) == [2, 4]
+    assert steps_wall(records[:1]) == 0.0
 
 
 def test_design_without_budget_runs_everything_and_with_one_stays_inside_it():

@@ -2,6 +2,7 @@
 whose best answer is known, validation, and bad input (one line, exit 2)."""
 
 import json
+import math
 
 import pytest
 
@@ -18,8 +19,8 @@ def no_run_curves(monkeypatch):
     monkeypatch.setattr("gradwire.report.plots.plot_runs", lambda records, path, *a, **k: path)
 
 
-TINY = ["--task", "synthetic-logreg:samples=256,dim=5", "--batch-size", "4", "--steps", "30", "--seed", "1",
-        "--lr", "0.05"]  # the step size these constructed cases were worked out for
+TINY = ["--task", "synthetic-logreg:samples=256,dim=5,hetero=0", "--batch-size", "4", "--steps", "30", "--seed", "1",
+        "--lr", "0.05"]  # the step size these constructed cases were worked out for; hetero=0: one data set at every m
 
 
 def plan(tmp_path, *args):
@@ -46,6 +47,20 @@ def test_a_network_so_slow_that_the_fewest_workers_win(tmp_path, capsys):
     assert "warning: not validated: --validate measures held-out worker counts" in out
     assert (tmp_path / "plan" / "plan.md").read_text().startswith("# Plan: reach train_loss <= 0.55")
     assert (tmp_path / "plan" / "plan.png").stat().st_size > 0
+
+
+def test_one_worker_is_left_out_of_the_system_fit(tmp_path):
+    # the default --workers 1,2,4,8: m = 1 runs no collective; fitted on m = 2, 4, 8 the ps allreduce
+    # is exactly θ0 + θ3·m, and the held-out m = 16 is predicted exactly (it missed by +78 % with m = 1 in)
+    p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
+             "--max-workers", "16", "--deadline", "2", "--validate", "16")
+    sys_fit = p["fits"]["sync"]["system"]
+    assert sys_fit["fit_rms_relative_error"] < 1e-6 and list(sys_fit["measured"]) == ["1"]
+    rows = {r["workers"]: r for r in p["predictions"]}
+    assert rows[1]["seconds_per_iteration"] == pytest.approx(0.01)
+    (v,) = [v for v in p["validation"] if v["workers"] == 16]
+    assert abs(v["error_seconds_per_iteration"]) < 1e-6
+    assert "system_fit_warning" not in p["recommendation"]
 
 
 def test_a_straggler_tail_where_backups_win_and_validation(tmp_path, capsys):
@@ -225,3 +240,72 @@ def test_a_target_met_at_the_first_evaluation_is_planned_and_validated(tmp_path)
              "--target-loss", "100", "--validate", "16", "--validate-max-steps", "4")
     assert p["validation_summary"]["regret"] is None and p["validation_summary"]["best_measured"]["time_s"] == 0
     assert p["recommendation"]["measured_error"] is None  # (predicted - measured) / measured: measured 0
+
+
+def _last_within(folder, metric, deadline):
+    recs = [json.loads(line) for line in open(f"{folder}/metrics.jsonl")]
+    return [r[metric] for r in recs if r["sim_time_s"] <= deadline][-1]
+
+
+def test_a_deadline_is_validated_at_the_deadline(tmp_path):
+    # m=8 is predicted ~2.7 steps in 2 s: the validation run stops soon after 2 simulated seconds (not at
+    # --steps 30, ~12 s) and is scored on the objective it had at 2 s, not at its end
+    p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
+             "--workers", "1,2,4", "--max-workers", "8", "--deadline", "2", "--validate", "8")
+    (v,) = [v for v in p["validation"] if v["workers"] == 8]
+    assert "system_fit_warning" in p["recommendation"]  # m = 1 in the fit (test below)
+    summary = json.loads(open(f"{v['folder']}/summary.json").read())
+    assert v["steps_run"] < 30 and summary["sim_time_s"] >= 2.0
+    assert v["measured_objective"] == _last_within(v["folder"], "train_loss", 2.0)
+    assert v["measured_objective"] != json.loads(open(f"{v['folder']}/metrics.jsonl").readlines()[-1])["train_loss"]
+    assert v["error_objective"] == pytest.approx((v["predicted_objective"] - v["measured_objective"])
+                                                 / v["measured_objective"])
+
+
+def test_a_deadline_shorter_than_a_step_credits_no_step(tmp_path, capsys):
+    # 0.3 s: 30 steps of 10 ms alone, no step of 0.41 s (two 200 ms messages) with 2 or more workers
+    p = plan(tmp_path, "--network", "ps:mbps=100,latency_ms=200", "--stragglers", "none:compute_s=0.01",
+             "--workers", "1,2,4", "--max-workers", "8", "--deadline", "0.3")
+    rows = {r["workers"]: r for r in p["predictions"]}
+    assert rows[1]["steps_in_deadline"] == math.floor(0.3 / rows[1]["seconds_per_iteration"]) == 29
+    for m in (4, 8):
+        assert rows[m]["steps_in_deadline"] == 0 and rows[m]["objective"] is None
+        assert "no step within the deadline" in rows[m]["note"]
+    assert p["recommendation"]["workers"] == 1
+    # m = 1, 2, 4 (0.01, 0.41, 0.41 s) leave only two counts >= 2: m = 1 stays in the fit, which misses
+    assert p["fits"]["sync"]["system"]["fit_rms_relative_error"] > 0.2
+    assert "the system model misses its own profiling runs by sync" in p["recommendation"]["warning"]
+    assert "warning: " in capsys.readouterr().out
+    err = bad(capsys, *TINY, "--out", str(tmp_path / "p2"), "--network", "ps:mbps=100,latency_ms=200",
+              "--stragglers", "none:compute_s=0.01", "--workers", "1,2,4", "--deadline", "0.001")
+    assert "deadline=0.001 s is shorter than one step of every candidate at every m" in err
+
+
+def test_a_deadline_validation_that_ends_before_the_deadline_is_rerun_longer(tmp_path):
+    """f(m) predicted 1 s a step where the run takes 0.1 s: the first validation run (1.3 x 2
+    predicted steps + 2 = 5) ends at 0.5 s, before D = 2 s, so it is rerun with the steps its own
+    pace needs (2 / 0.1 x 1.3 + 2 = 28) and scored at D."""
+    from gradwire.plan.planner import Measurement, Planner, PlanRequest
+
+    cand = RunConfig(task="synthetic-logreg:samples=256,dim=5,hetero=0", steps=30)
+    req = PlanRequest(candidates=[cand], workers=[1, 2, 4], max_workers=8, out=tmp_path, deadline_s=2.0,
+                      validate=[8])
+    planner = Planner(req, log=lambda *a, **k: None)
+    made = []
+
+    def measure(cfg, purpose):
+        made.append(cfg.steps)
+        t = 0.1 * cfg.steps
+        m = Measurement(cfg.label(), cfg.workers, cfg.steps, "finished", 0.1, t, 0.0, purpose, str(cfg.out),
+                        [], None, 0.5, 0.6 if t >= 2 else None, t >= 2)
+        planner.runs.append(m)
+        return m
+
+    planner.measure = measure
+    row = {"candidate": cand.label(), "workers": 8, "seconds_per_iteration": 1.0, "iterations": 2.0,
+           "objective": 0.7}
+    (v,) = planner.validate([row], row)
+    assert made == [5, 28]
+    assert v["steps_run"] == 28 and v["measured_objective"] == 0.6
+    assert v["error_objective"] == pytest.approx((0.7 - 0.6) / 0.6)
+    assert [r.steps for r in planner.runs] == [28]  # the short run is not kept as a measurement

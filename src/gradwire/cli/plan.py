@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", type=float, help="wall-clock seconds for all profiling runs together "
                    "(default: profile every --workers count)")
     p.add_argument("--validate", nargs="?", const="auto", help="also measure held-out worker counts M,... (bare: "
-                   "2x and 4x the largest profiled) and the recommendation; report predicted vs measured")
+                   "2x and 4x the largest --workers count) and the recommendation; report predicted vs measured")
     p.add_argument("--validate-max-steps", type=int, default=0, help="longest validation run in steps "
                    "(default 20x --steps)")
     p.add_argument("--work", type=float, default=1.0, help="s in Ernest's θ1·s/m term (default 1)")
@@ -84,7 +84,7 @@ def main(ns) -> int:
         parser = run_parser("gradwire plan --candidate")
         candidates += [config_from_args(parse_flag_string(parser, t, "--candidate"), base) for t in ns.candidate]
     workers = _int_list(ns.workers, "--workers")
-    if ns.validate == "auto":  # the next two powers of two above the profiled counts
+    if ns.validate == "auto":  # 2x and 4x the largest --workers count (known before any run; docs/planning.md)
         validate = [m for m in (2 * max(workers), 4 * max(workers)) if m <= ns.max_workers]
     else:
         validate = _int_list(ns.validate or "", "--validate")

@@ -13,7 +13,8 @@ budget. Without a budget every candidate is run.
 Cost here is the wall-clock time of a profiling run, whatever the backend: on the simulator the
 wall time of a run grows like m·steps (every simulated worker computes its gradient), and the
 simulated seconds it represents are not what the user waits for. The pilot gives both parts of
-``cost(m) = setup + m·steps·per_worker_step``.
+``cost(m) = setup + m·steps·per_worker_step``: the wall time of its steps (metrics.jsonl) per
+worker-step, and the rest of its wall time (building, evaluating, writing) as the setup.
 """
 
 from __future__ import annotations
@@ -39,11 +40,22 @@ class RunCost:
         return self.setup_s + workers * steps * self.per_worker_step_s
 
     @classmethod
-    def from_pilot(cls, wall_s: float, wall_at_first_eval_s: float, workers: int, steps: int) -> RunCost:
-        """From a pilot run's total wall time and the wall time when its step-0 evaluation was
-        written (everything before the first step: building the task, model, the evaluation)."""
-        setup = max(0.0, min(wall_at_first_eval_s, wall_s))
-        return cls(setup, max(wall_s - setup, 1e-9) / (workers * steps))
+    def from_pilot(cls, wall_s: float, steps_wall_s: float, workers: int, steps: int) -> RunCost:
+        """From a pilot run's total wall time and the wall time of its steps alone (``steps_wall``):
+        the steps are what grows like m·steps; everything else (building the task and model, the
+        evaluations, the summary and plots) is paid once per run, whatever m, and is the setup."""
+        steps_wall_s = max(0.0, min(steps_wall_s, wall_s))
+        return cls(wall_s - steps_wall_s, max(steps_wall_s, 1e-9) / (workers * steps))
+
+
+def steps_wall(records: list[dict]) -> float:
+    """Wall seconds a run spent in its steps, from its metrics.jsonl: the wall time between its
+    first and last evaluation less the evaluations in between (each row's ``wall_time_s`` is taken
+    before its evaluation, and ``eval_time_s`` sums the evaluations before it)."""
+    if len(records) < 2:
+        return 0.0
+    first, last = records[0], records[-1]
+    return max(0.0, (last["wall_time_s"] - last["eval_time_s"]) - (first["wall_time_s"] - first["eval_time_s"]))
 
 
 def a_criterion(rows: np.ndarray) -> float:

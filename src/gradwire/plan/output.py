@@ -46,6 +46,8 @@ def prediction_table(plan: dict) -> list[str]:
             mark.append(f"profiled (reached it in {_f(measured, 5)})" if measured is not None else "profiled")
         if r["extrapolated"]:
             mark.append("extrapolated >10x the profiled steps")
+        if r.get("note"):
+            mark.append(r["note"])
         last = r["time_s"] if goal_target else r["objective"]
         never = "never" if goal_target else "–"  # plan.json holds an unreachable target as null
         lines.append(f"| {r['candidate']} | {r['workers']} | {_f(r['seconds_per_iteration'])} | "

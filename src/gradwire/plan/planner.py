@@ -32,7 +32,7 @@ from pathlib import Path
 from gradwire.config import KEYS, RunConfig
 from gradwire.errors import ConfigError, DivergenceError
 from gradwire.plan.convergence import ConvergenceModel, crossing
-from gradwire.plan.design import RunCost, choose_workers
+from gradwire.plan.design import RunCost, choose_workers, steps_wall
 from gradwire.plan.system_model import SystemModel, distinct_enough, log2_grid
 from gradwire.report.run_folder import read_jsonl
 from gradwire.run.combination import check_combination
@@ -127,6 +127,8 @@ class Measurement:
     points: list[tuple[int, float]]    # (step, objective) of each evaluation
     reached: tuple[float, float] | None = None  # (iterations, seconds) to the target, interpolated
     final: float | None = None         # objective at the last evaluation
+    at_deadline: float | None = None   # objective at the last evaluation within --deadline (time <= D)
+    covers_deadline: bool = False      # whether the run's clock reached --deadline (else at_deadline is early)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "points"} | {"evaluations": len(self.points)}
@@ -228,9 +230,15 @@ class Planner:
         if ok and cfg.backend != "sim":  # rank 0's evaluations are inside a real run's elapsed time
             spi = seconds_per_step(read_jsonl(Path(cfg.out) / "steps.jsonl"), {int(r["step"]) for r in records}) or spi
         reached = crossing(records, self.req.target, metric) if self.req.target is not None else None
+        at_deadline, covers = None, False
+        if self.req.deadline_s is not None:  # the objective the run had reached when D seconds had passed
+            within = [float(r[metric]) for r in records if r.get(metric) is not None and math.isfinite(r[metric])
+                      and r["sim_time_s"] <= self.req.deadline_s]
+            at_deadline = within[-1] if within else None
+            covers = summary["sim_time_s"] >= self.req.deadline_s
         return Measurement(cfg.label(), cfg.workers, summary["steps"], summary["status"], spi, summary["sim_time_s"],
                            summary["wall_time_s"] if wall is None else wall, purpose, str(cfg.out), points, reached,
-                           points[-1][1] if points else None)
+                           points[-1][1] if points else None, at_deadline, covers)
 
     def load(self) -> None:
         """Read the runs an earlier plan left in OUT (the same candidates) instead of running them."""
@@ -264,8 +272,7 @@ class Planner:
                 raise ConfigError(f"candidate {cand.label()!r} runs at none of --workers "
                                   f"{','.join(map(str, req.workers))}: {m.status}")
             records = read_jsonl(Path(m.folder) / "metrics.jsonl")
-            first = records[0]["wall_time_s"] if records else 0.0
-            costs[cand.label()] = RunCost.from_pilot(m.wall_time_s, first, m.workers, max(m.steps, 1))
+            costs[cand.label()] = RunCost.from_pilot(m.wall_time_s, steps_wall(records), m.workers, max(m.steps, 1))
 
         def cost(w: int) -> float:  # every candidate is profiled at the same m
             return sum(costs[c.label()](w, c.steps) for c in req.candidates)
@@ -335,9 +342,15 @@ class Planner:
                     if hit is not None:  # the profiling run at this m reached the target: the fit's own check
                         row["measured_iterations"] = hit[0]
                 else:
+                    # the objective after the steps that end within D: floor(D / f(m)) of them (a step
+                    # cut off by the deadline has not updated the model); none fits: no objective
                     iters = req.deadline_s / spi
-                    row |= {"iterations": iters, "objective": float(conv.loss(max(iters, 1.0), m)),
+                    done = math.floor(iters * (1 + 1e-12))
+                    row |= {"iterations": iters, "steps_in_deadline": done,
+                            "objective": float(conv.loss(done, m)) if done >= 1 else None,
                             "extrapolated": iters > EXTRAPOLATED * fit["profiled_steps"]}
+                    if done < 1:
+                        row["note"] = f"no step within the deadline (one takes {spi:.4g} s)"
                 rows.append(row)
         return rows
 
@@ -353,7 +366,13 @@ class Planner:
                                   f"{req.max_workers}: the lowest predicted {req.metric} floor is {lowest:.4g} "
                                   f"({who} at m={req.max_workers}); choose --target-loss above it")
             return min(finite, key=lambda r: (r["time_s"], r["workers"]))
-        return min(rows, key=lambda r: (r["objective"], r["workers"]))
+        stepped = [r for r in rows if r["objective"] is not None]
+        if not stepped:
+            quickest = min(rows, key=lambda r: r["seconds_per_iteration"])
+            raise ConfigError(f"deadline={req.deadline_s:g} s is shorter than one step of every candidate at every m "
+                              f"(the quickest, {quickest['candidate']} at m={quickest['workers']}, is predicted to "
+                              f"take {quickest['seconds_per_iteration']:.4g} s); give a longer --deadline")
+        return min(stepped, key=lambda r: (r["objective"], r["workers"]))
 
     # -- validating ------------------------------------------------------------------------------------------
     def validate(self, rows: list[dict], best: dict) -> list[dict]:
@@ -370,15 +389,24 @@ class Planner:
             row = next((r for r in rows if r["candidate"] == cand.label() and r["workers"] == m), None)
             if row is None:
                 continue
-            if req.target is not None:
-                want = row["iterations"] * 1.3 + 2 if math.isfinite(row["iterations"]) else cap
-            else:
-                want = row["iterations"] + 1
-            steps = int(min(max(want, cand.steps), cap))
             meas = next((r for r in self.runs if r.purpose == "validate" and r.candidate == cand.label()
                          and r.workers == m), None)  # loaded from an earlier plan (Planner.load)
-            if meas is None:
-                meas = self.measure(self.config(cand, m, "validate", steps), "validate")
+            if req.target is not None:
+                want = row["iterations"] * 1.3 + 2 if math.isfinite(row["iterations"]) else cap
+                steps = int(min(max(want, cand.steps), cap))
+                if meas is None:
+                    meas = self.measure(self.config(cand, m, "validate", steps), "validate")
+            else:
+                # scored at D seconds (the last evaluation at or before D), so the run needs to pass D and
+                # no more: 1.3x the predicted steps + 2, not floored at --steps; where the prediction of
+                # f(m) was too high and the run ended before D, it is rerun longer (to the cap)
+                steps = int(min(max(math.ceil(row["iterations"] * 1.3) + 2, 1), cap))
+                while meas is None or (not meas.covers_deadline and meas.seconds_per_iteration and meas.steps < cap
+                                       and meas.purpose == "validate" and meas.status == "finished"):
+                    if meas is not None:  # too short: as many steps as its own pace needs to pass D, +30 %
+                        self.runs.remove(meas)
+                        steps = int(min(math.ceil(req.deadline_s / meas.seconds_per_iteration * 1.3) + 2, cap))
+                    meas = self.measure(self.config(cand, m, "validate", steps), "validate")
             out.append(self._compare(row, meas))
         return out
 
@@ -400,8 +428,9 @@ class Planner:
                     "predicted_iterations": row["iterations"],
                     "measured_iterations": meas.reached[0] if meas.reached else None}
         else:
-            res |= {"predicted_objective": row["objective"], "measured_objective": meas.final,
-                    "error_objective": err(row["objective"], meas.final)}
+            got = meas.at_deadline if meas.covers_deadline else None  # a run that ended before D measured no D
+            res |= {"predicted_objective": row["objective"], "measured_objective": got,
+                    "error_objective": err(row["objective"], got)}
         return res
 
     def measured_best(self) -> dict | None:
@@ -467,6 +496,15 @@ def make_plan(req: PlanRequest, *, log=print, reuse: bool = False) -> dict:
             summary["mean_abs_error_objective"] = _mean_abs(v["error_objective"] for v in validation)
         plan["validation_summary"] = summary
     plan["recommendation"] = best | trust(best, validation, req.target is not None)
+    misfits = [(k, f["system"].residual_rel) for k, f in fits.items()
+               if "error" not in f and f["system"].residual_rel > TARGET_ERROR]
+    if misfits:  # Ernest's form does not hold on the profiled m: its predictions are no better than that
+        said = ", ".join(f"{k} {100 * e:.0f}%" for k, e in misfits)
+        note = (f"the system model misses its own profiling runs by {said} rms (beyond the planner's "
+                f"{100 * TARGET_ERROR:.0f}% target): its time per iteration is not to be trusted; profile at more "
+                "worker counts >= 2 (--workers)")
+        plan["recommendation"]["system_fit_warning"] = note
+        plan["recommendation"]["warning"] = "; ".join(w for w in (plan["recommendation"].get("warning"), note) if w)
     return _finite(plan)
 
 

@@ -157,7 +157,7 @@ def solve_logreg(X: np.ndarray, y: np.ndarray, *, l2: float, l1: float, max_iter
     "synthetic-logreg",
     help="binary logistic regression, l2/l1-regularised, known F*; workers' features shifted by hetero",
     params={
-        "samples": "training samples in total (rounded down to a multiple of the worker count)",
+        "samples": "training samples in total (split n // k or one more per worker; all used whatever k)",
         "dim": "number of features (= parameters, no bias)",
         "l2": "weight of (l2/2)||w||^2",
         "l1": "weight of l1*||w||_1 (handled by the proximal step)",
@@ -179,10 +179,15 @@ def synthetic_logreg(
     if _ctx.check_only:
         return None
 
+    # What depends on the worker count k draws from streams of its own, so the main stream (w_true,
+    # every sample's noise and label draw) is the same for every k: with hetero = 0 the data set is
+    # the same at every k, and with hetero > 0 only the shifts hetero * mu_k differ (worker j's mu_j
+    # is the same whatever k). The data at k = 1 are those of the earlier one-stream version.
     rng = np.random.default_rng(_ctx.seed)
     w_true = rng.standard_normal(dim)
     w_true *= W_TRUE_NORM / np.linalg.norm(w_true)
-    mu = rng.standard_normal((k, dim))
+    mu = np.concatenate([rng.standard_normal((1, dim)),
+                         np.random.default_rng([_ctx.seed, 1]).standard_normal((k - 1, dim))])
     mu /= np.linalg.norm(mu, axis=1, keepdims=True)
 
     def draw(component: np.ndarray):
@@ -192,9 +197,9 @@ def synthetic_logreg(
         y = rng.random(len(component)) < expit(x.double().numpy() @ w_true)
         return x, torch.from_numpy(y.astype(np.int64))
 
-    per_worker = samples // k
-    x_train, y_train = draw(np.repeat(np.arange(k), per_worker))
-    x_test, y_test = draw(rng.integers(k, size=test_samples))
+    sizes = [len(part) for part in np.array_split(np.arange(samples), k)]  # n // k or one more each
+    x_train, y_train = draw(np.repeat(np.arange(k), sizes))
+    x_test, y_test = draw(np.random.default_rng([_ctx.seed, 2]).integers(k, size=test_samples))
 
     w_star, gap = solve_logreg(x_train.double().numpy(), y_train.numpy(), l2=l2, l1=l1)
     if not np.all(np.isfinite(w_star)) or not gap < 1e-9:
@@ -207,7 +212,7 @@ def synthetic_logreg(
         name="synthetic-logreg", x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
         num_classes=2, model_fn=partial(mlp, sizes=(dim, 1), dtype=_ctx.dtype, bias=False),
         loss_fn=logistic, l2=l2, l1=l1,
-        worker_indices=[torch.arange(i * per_worker, (i + 1) * per_worker) for i in range(k)],
+        worker_indices=list(torch.arange(samples).split(sizes)),
         w_star=torch.from_numpy(w_star),
     )
     # F* through the same code path as Task.objective, so objective(w_star) - f_star == 0 exactly.
