@@ -82,6 +82,10 @@ def test_diana_norms():
     quick = {"blocks": [5, 100], "steps_to_eps": {lab("inf", 5): 75, lab("2", 5): 80, lab("inf", 100): 90,
                                                   lab("2", 100): 90}}  # --quick runs two block sizes
     assert passed(diana_norms.judge(quick)) == [True, False, True, True]
+    # the same bytes per step for l2 and l-inf at each block size is a precondition: unequal is "not"
+    per = {lab(p, b): 1600.0 if b == 5 else 384.0 for p in ("inf", "2") for b in (5, 100)}
+    assert passed(diana_norms.judge(quick | {"bytes_per_step": per}))[0] is True
+    assert verdict(diana_norms.judge(quick | {"bytes_per_step": per | {lab("inf", 5): 1700.0}})) == "not"
 
 
 def test_lsgd_symmetry_counts_seeds():

@@ -29,7 +29,8 @@ def label(p: str, block: int) -> str:
 
 def judge(m: dict) -> list[Check]:
     """``m["steps_to_eps"]``: per ``label(p, block)`` the first evaluated step with |f - f*| <= EPS
-    (None if never); ``m["blocks"]``: the block sizes run (default ``BLOCKS``), smallest first."""
+    (None if never); ``m["blocks"]``: the block sizes run (default ``BLOCKS``), smallest first;
+    ``m["bytes_per_step"]`` (where given): each variant's, the fairness precondition."""
     s, blocks = m["steps_to_eps"], tuple(m.get("blocks", BLOCKS))
 
     def le(a, b):  # reached, and no later than b (which may never have)
@@ -39,7 +40,15 @@ def judge(m: dict) -> list[Check]:
         return a is not None and (b is None or a < b)
 
     whole = blocks[-1]
-    checks = [Check(f"for every block size, l-inf reaches {EPS:g} in no more steps than l2",
+    fair = []
+    if "bytes_per_step" in m:  # "fewer steps" is "fewer bytes" only if each pair sends the same per step
+        per = m["bytes_per_step"]
+        fair = [Check("l2 and l-inf send the same bytes per step at every block size",
+                      all(per[label("inf", b)] == per[label("2", b)] for b in blocks),
+                      "; ".join(f"block {b}: {fmt(per[label('inf', b)])} and {fmt(per[label('2', b)])}"
+                                for b in blocks),
+                      "the two wire formats differ", precondition=True)]
+    checks = fair + [Check(f"for every block size, l-inf reaches {EPS:g} in no more steps than l2",
                     all(le(s[label("inf", b)], s[label("2", b)]) for b in blocks),
                     "; ".join(f"block {b}: l-inf {fmt(s[label('inf', b)])}, l2 {fmt(s[label('2', b)])}"
                               for b in blocks),
