@@ -156,6 +156,11 @@ def mark_latest(folder: Path, step: int, *, keep: int = 1) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+def step_of(stepdir: Path) -> int:
+    """The step of a checkpoint's step folder (``step-00000120``: 120; :func:`save` names them)."""
+    return int(Path(stepdir).name.split("-")[-1])
+
+
 def latest(folder: Path) -> Path | None:
     marker = Path(folder) / "latest"
     if not marker.exists():

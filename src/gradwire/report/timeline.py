@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gradwire.report.run_folder import read_json_or_empty, write_json
+
 COMPUTE, COMM, WAIT, OVERLAP, QUEUED, SERVE = range(6)
 KIND_NAMES = ("compute", "comm", "wait", "overlap", "queued", "serve")
 DROPPED = 1  # flag: the computation's result was dropped (a late backup, a too-stale gradient)
@@ -127,9 +129,7 @@ class Timeline:
         path = self.folder / f"{self.label}.checkpoints.json"
         marks = json.loads(path.read_text()) if path.exists() else {}
         marks[str(step)] = {"records": self.written, "last_end": {str(w): t for w, t in self.last_end.items()}}
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(marks) + "\n")
-        tmp.replace(path)
+        write_json(path, marks)
 
     def resume_from(self, step: int) -> None:
         """A run resumed from the checkpoint of ``step``: keep the records it had (the file is cut
@@ -149,9 +149,7 @@ class Timeline:
         origin = time.time() - (self.clock.now if self.clock is not None else 0.0)
         header = {"format": 1, "clock": "simulated" if self.simulated else "wall", "origin_unix_s": origin,
                   "kinds": list(KIND_NAMES), "record": [[n, str(RECORD.fields[n][0])] for n in RECORD.names]}
-        tmp = self.folder / f"{self.label}.json.tmp"  # atomic: a kill never leaves half a header
-        tmp.write_text(json.dumps(header) + "\n")
-        tmp.replace(self.folder / f"{self.label}.json")
+        write_json(self.folder / f"{self.label}.json", header)  # atomic: a kill never leaves half a header
         self._file = open(path, "ab")  # noqa: SIM115 - closed in close()
 
     def close(self) -> None:
@@ -179,15 +177,6 @@ def _records(path: Path) -> np.ndarray:
     return np.frombuffer(data[:usable], dtype=RECORD).copy()
 
 
-def _header(path: Path) -> dict:
-    """A timeline file's header, or {} when it is missing or was cut short (a run killed as it began)."""
-    try:
-        header = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return header if isinstance(header, dict) else {}
-
-
 def read_timeline(run_dir: Path, *, overlapped: bool = True) -> tuple[np.ndarray, str] | None:
     """Every process's records of ``run_dir`` on one time axis (real backends: aligned by each
     file's origin, the earliest at 0), sorted by start, with ``DROPPED`` carried from the server's
@@ -203,7 +192,7 @@ def read_timeline(run_dir: Path, *, overlapped: bool = True) -> tuple[np.ndarray
         return None
     parts, origins, clock = [], [], "simulated"
     for path in files:
-        header = _header(path.with_suffix(".json"))
+        header = read_json_or_empty(path.with_suffix(".json"))  # ({} if a kill as it began left it empty)
         clock = header.get("clock", clock)
         parts.append(_records(path))
         origins.append(float(header.get("origin_unix_s", 0.0)))

@@ -382,7 +382,7 @@ def check_resume(cfg: RunConfig, *, existed: bool | None = None) -> None:
     finished = summary.get("status") == "finished"
     done = summary.get("steps")
     # (a checkpoint past --steps is refused by its load, naming its step)
-    if finished and isinstance(done, int) and done > cfg.steps and saved and _step_of(stepdir) <= cfg.steps:
+    if finished and isinstance(done, int) and done > cfg.steps and saved and checkpoint.step_of(stepdir) <= cfg.steps:
         # resuming from its checkpoint would rewrite every row after it and end at --steps: the run cut short
         raise ConfigError(f"steps={cfg.steps}: run folder {out} holds a run that finished at step {done}, more "
                           f"than --steps {cfg.steps}; resuming would cut it short and drop its rows after its "
@@ -405,11 +405,6 @@ def check_resume(cfg: RunConfig, *, existed: bool | None = None) -> None:
             "saves one)" if found else "holds no run" if there else "does not exist")
     raise ConfigError(f"resume=true: nothing to resume: run folder {out} {what}; check --out, or pass "
                       "--resume-or-start to start from step 0 when there is no checkpoint (--resume)")
-
-
-def _step_of(stepdir: Path) -> int:
-    """The step of a checkpoint's step folder (``step-00000120``: 120)."""
-    return int(stepdir.name.split("-")[-1])
 
 
 def _run(cfg: RunConfig, progress: bool | None, transport: Transport | None, signals: StopSignals | None) -> dict:
