@@ -105,6 +105,10 @@ def test_muloco_inner_steps_are_muon_with_the_spec_s_momentum(make_config, keys,
                                        atol=1e-12, msg=lambda m, s=step, k=w: f"worker {k} after step {s}: {m}")
     assert alg.outer[0].steps == 3  # three outer rounds: the inner state was kept across them
 
+
+def test_muloco_learns_and_resumes_bitwise(make_config):
+    """MuLoCo (inner_steps=3) learns on digits-mlp, and a run resumed after 4 steps ends bit for bit
+    where the run that never stopped does."""
     cfg = make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.003, steps=12,
                       stragglers="lognormal:sigma=0.5,compute_s=0.05")
     straight = Run(cfg)

@@ -139,7 +139,7 @@ def server_side_tcp_state(server_port: int, client_port: int) -> str | None:
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="watches the server's socket in /proc/net/tcp")
 def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
-    """The state server's timeout (1 s) bounds each chunk it writes, not the whole state: a peer
+    """The state server's timeout (2 s) bounds each chunk it writes, not the whole state: a peer
     that reads slowly but steadily gets every byte, in about four timeouts' worth of time (its
     sleeps make it so); a peer that stops reading is cut off once a write has waited a timeout (the
     server closes its end of the connection while the peer still reads nothing), and the server goes
@@ -153,9 +153,10 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
 
     from gradwire.fault.transfer import TRANSFER_CHUNK, SafeHTTPTransport
 
-    # 1 s, not less: a state is also dropped a timeout after staging unless its fetch has begun, and a
-    # loaded machine (the suite's workers on 2 cores) can take that long to start the request
-    server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=1.0))
+    # 2 s, not less: a state is also dropped a timeout after staging unless its fetch has begun, and
+    # each 1 MiB write must finish within it while the reader pauses; a loaded machine (the suite's
+    # workers on 2 cores) stalls threads for a good part of a second
+    server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=2.0))
     server.start()
     try:
         state = {"x": torch.arange(6 * 1024 * 1024, dtype=torch.float32)}  # 24 MiB: beyond the sockets' buffers
@@ -170,7 +171,7 @@ def test_a_slow_reader_gets_a_whole_state_and_only_a_stalled_one_is_dropped():
                     time.sleep(pause_s)
             return bytes(got)
 
-        got = fetch(0.16)  # about 6 MiB/s: the whole state takes about four timeouts to read
+        got = fetch(0.3)  # about 3 MiB/s: the whole state takes about 3.5 timeouts to read
         assert len(got) == whole
         assert torch.equal(torch.load(io.BytesIO(got), weights_only=True)["x"], state["x"])
 
@@ -207,7 +208,8 @@ def test_the_state_server_drops_a_state_once_every_recipient_has_it_or_a_timeout
 
     from gradwire.fault.transfer import SafeHTTPTransport
 
-    server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=2))
+    # 5 s: the first fetch must begin within a timeout of the staging for the state to be held
+    server = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=5))
     with pytest.raises(RuntimeError, match="has not been started"):
         server.metadata()
     server.start()
@@ -231,7 +233,7 @@ def test_the_state_server_drops_a_state_once_every_recipient_has_it_or_a_timeout
 
 
 def test_a_state_transfer_is_bounded_as_a_whole_not_only_each_read():
-    """A source that sends a byte every 20 ms never lets one socket read wait the 0.5 s timeout; the
+    """A source that sends a byte every 20 ms never lets one socket read wait the 2 s timeout; the
     fetch still ends at timeout_s, with a TimeoutError."""
     import socket
     import threading
@@ -254,11 +256,11 @@ def test_a_state_transfer_is_bounded_as_a_whole_not_only_each_read():
 
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
-    recipient = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=0.5))
+    recipient = SafeHTTPTransport("127.0.0.1", timeout=timedelta(seconds=2))
     try:
-        with pytest.raises(TimeoutError, match=r"not complete within timeout_s=0.5 s"):
+        with pytest.raises(TimeoutError, match=r"not complete within timeout_s=2 s"):
             recipient.recv_checkpoint(0, f"http://127.0.0.1:{listener.getsockname()[1]}/checkpoint/", 1,
-                                      timedelta(seconds=0.5))
+                                      timedelta(seconds=2))
     finally:
         stop.set()
         thread.join(timeout=30)

@@ -274,6 +274,11 @@ def test_tune_with_lrs_screens_those_rates_only_and_never_chooses_one(ttq, tmp_p
     assert not (out / "tuning").exists() and not (out / "tuning.json").exists()
     curve = json.loads((out / "w2" / "ddp" / "lr0.002-seed0" / "curve.json").read_text())
     assert curve["seed"] == ttq.TUNING_SEED and curve["steps"][-1] == 60
+    # the same screening with --pick (end to end through main): the better rate becomes the row's
+    assert ttq.main(["tune", "--rows", "ddp", "--lrs", "0.002,0.004", "--pick", "--n-steps", "60", "--workers", "2",
+                     "--out", str(out)]) == 0
+    best = min(screened["trials"], key=screened["trials"].get)
+    assert ttq.load_tuning(out)["ddp"] == float(best) and "not walked" in ttq.load_tuning(out)["ddp:note"]
 
 
 def test_pick_makes_the_best_screened_rate_the_chosen_one_and_says_it_was_not_walked(ttq, tmp_path):
