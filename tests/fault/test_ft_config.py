@@ -78,7 +78,7 @@ def test_merge_keeps_the_peers_shared_state_and_this_workers_own():
            "codec": {"error_feedback": {"2": torch.zeros(2)}, "generators": {"2": torch.tensor([7])},
                      "powersgd": {"q": {}, "errors": {}}},  # (both filled at the first step)
            "outer": {}}
-    merged = merge_own(peer, own)
+    merged = merge_own(peer, own, ["codec/error_feedback", "codec/generators", "codec/powersgd/errors"])
     assert torch.equal(merged["x"], torch.ones(2)) and torch.equal(merged["opt"]["momentum"], torch.full((2,), 3.0))
     assert torch.equal(merged["outer"]["0"]["m"], torch.ones(1))  # keyed by fragment "0": shared
     assert set(merged["codec"]["error_feedback"]) == {"2"} and torch.equal(merged["codec"]["error_feedback"]["2"],

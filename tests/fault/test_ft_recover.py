@@ -5,8 +5,8 @@ installed state is compared with what it must be: the peer's shared parts (param
 PowerSGD's Q and P, DiLoCo's outer state), this worker's own parts as a fresh setup makes them
 (error-feedback residuals and PowerSGD's errors empty or zero, local models at the global one),
 its data position where a worker that took part in every step would be, and its own per-process
-figures (loss window, communication time). And every rank-keyed dict of every algorithm a replica
-can run is declared per-worker (``PER_WORKER_PATHS``)."""
+figures (loss window, communication time). And every algorithm a replica can run declares exactly
+its rank-keyed dicts per-worker (``Algorithm.per_worker_state``)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ import torch
 from gradwire.config import RunConfig
 
 pytest.importorskip("torchft")
-
-from gradwire.fault.replica import PER_WORKER_PATHS  # noqa: E402 - after the skip: it imports torchft
 
 BATCH, TRAINED = 8, 3  # the peer's committed steps when the other replica heals from it
 
@@ -115,6 +113,19 @@ def test_error_feedback_resets_momentum_transfers_and_the_run_figures_are_its_ow
     assert healed.ctx.gradient_counts == {}  # (straggler draws are not made real here)
 
 
+def test_dagc_error_feedback_is_reset_and_its_thresholds_the_peers(replicas):
+    """DAGC keeps its residuals outside an averager (top-level ``error_feedback``, declared by
+    DAGC itself): a healed worker takes none of the peer's, and the shared thresholds are the peer's."""
+    peer, healed = replicas(0, algorithm="dagc", error_feedback=True), replicas(2, algorithm="dagc", error_feedback=True)
+    train_alone(peer, TRAINED)
+    sent = heal(healed, peer)
+    mine, theirs = healed.algorithm.state_dict(), sent["run"]["algorithm"]
+    assert list(theirs["error_feedback"]) == ["0"] and list(mine["error_feedback"]) == ["2"]
+    assert any(float(t.abs().max()) > 0 for t in theirs["error_feedback"]["0"].values())  # a residual to take
+    assert not any(t.any() for t in mine["error_feedback"]["2"].values())
+    assert torch.equal(mine["thresholds"], theirs["thresholds"]) and torch.equal(mine["x"], theirs["x"])
+
+
 def test_diloco_outer_state_is_the_peers_and_its_local_model_the_global_one(replicas):
     flags = {"algorithm": "diloco:inner_steps=2", "lr": 0.1}
     peer, healed = replicas(0, **flags), replicas(2, **flags)
@@ -140,10 +151,11 @@ def _rank_keyed(state, workers: set[str], at: tuple = ()) -> set[tuple]:
     return found
 
 
-def test_every_rank_keyed_dict_of_a_replicas_algorithm_is_declared_per_worker(tmp_path, data_dir):
+def test_each_algorithm_a_replica_runs_declares_exactly_its_rank_keyed_dicts_per_worker(tmp_path, data_dir):
     """On the simulator every worker is local, so a per-worker dict holds the 3 ranks; digits-logreg
     has 2 tensors, so no dict keyed by tensor index looks like one. Each algorithm a replica can run
-    (no server, no outer rounds in flight) with the compressors that keep per-worker memory."""
+    (no server, no outer rounds in flight), and the compressors and options that keep per-worker
+    memory; after 3 steps every per-worker dict is filled, so the declaration is checked both ways."""
     from gradwire.algorithms import ALGORITHMS
     from gradwire.run.combination import check_combination
     from gradwire.run.loop import Run
@@ -152,7 +164,10 @@ def test_every_rank_keyed_dict_of_a_replicas_algorithm_is_declared_per_worker(tm
     runs = [{"algorithm": name} for name in ALGORITHMS.names()] + [{"algorithm": "dasgd:delay=0"}]
     runs += [{"algorithm": "sync", "compressor": c, "error_feedback": ef} for c, ef in
              [("topk:ratio=0.25", True), ("powersgd:rank=2", False), ("powersgd:rank=2,alternate=true", False)]]
-    found, checked = set(), []
+    runs += [{"algorithm": "dagc", "error_feedback": True}, {"algorithm": "signsgd:momentum=0"},
+             {"algorithm": "local:eval=each"}, {"algorithm": "lsgd:eval=average"}, {"algorithm": "easgd:eval=average"},
+             {"algorithm": "diloco", "compressor": "topk:ratio=0.25", "error_feedback": True}]
+    checked = []
     for flags in runs:
         cfg = RunConfig(**({"backend": "sim", "workers": 3, "task": "digits-logreg", "steps": 4, "batch_size": 8,
                             "out": str(tmp_path / "run"), "data_dir": str(data_dir), "overwrite": True} | flags))
@@ -163,13 +178,14 @@ def test_every_rank_keyed_dict_of_a_replicas_algorithm_is_declared_per_worker(tm
         run = Run(cfg)
         for _ in range(3):
             run.train_step()
-        paths = _rank_keyed(run.algorithm.state_dict(), {"0", "1", "2"})
-        nested = {p for p in paths if any(p[:i] in PER_WORKER_PATHS for i in range(1, len(p)))}
-        assert paths - nested <= PER_WORKER_PATHS, (flags, sorted(paths - nested - PER_WORKER_PATHS))
-        found |= paths
-        checked.append(flags["algorithm"])
-    assert {"sync", "diloco", "local", "demo", "diana", "signsgd", "sparseloco"} <= set(checked)
-    assert PER_WORKER_PATHS <= found  # none declared that no algorithm has
+        found = {"/".join(p) for p in _rank_keyed(run.algorithm.state_dict(), {"0", "1", "2"})}
+        declared = set(run.algorithm.per_worker_state())
+        nested = {p for p in found if any(p.startswith(d + "/") for d in declared)}  # inside a declared one
+        assert found - nested == declared, (flags, sorted(found - nested), sorted(declared))
+        checked.append(flags)
+    names = {f["algorithm"].split(":")[0] for f in checked}
+    assert {"sync", "diloco", "local", "demo", "diana", "signsgd", "sparseloco", "dagc", "lsgd", "easgd"} <= names
+    assert {"algorithm": "dagc", "error_feedback": True} in checked
 
 
 def test_a_peer_of_another_configuration_is_refused_in_one_line_naming_it(replicas):

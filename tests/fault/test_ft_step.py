@@ -77,6 +77,9 @@ class CountingAlgorithm:
     def load_state_dict(self, state):
         self.state = dict(state)
 
+    def per_worker_state(self):
+        return ()
+
 
 class RunState:
     """The run's checkpointer as recover() uses it: what it installs goes to the algorithm and the

@@ -140,6 +140,12 @@ def make_averager(ctx: Context, cfg: CodecConfig, *, default: str = "none", mean
                           payloads=not mean_only)
 
 
+def nested(key: str, component) -> tuple[str, ...]:
+    """The per-worker paths of ``component`` (an averager, the local replicas: anything with
+    ``per_worker_state``) as paths of the state that holds its state at ``key``."""
+    return tuple(f"{key}/{path}" for path in component.per_worker_state())
+
+
 class Algorithm(Specced, ABC):
     """Base class; subclasses are registered in ALGORITHMS with their spec parameters."""
 
@@ -213,6 +219,16 @@ class Algorithm(Specced, ABC):
 
     @abstractmethod
     def load_state_dict(self, state: dict) -> None: ...
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        """The paths (``a/b``) in :meth:`state_dict` of the dicts that hold one entry per local
+        worker, keyed by its rank: each worker's own memory (residuals, generators, local model,
+        momentum), which a recovering replica keeps while it takes every other part from a peer
+        (``gradwire.fault.replica.merge_own``). Declared, not inferred from the keys: a dict keyed by
+        tensor index (PowerSGD's Q, DiLoCo's outer state) looks the same as one keyed by rank 0,
+        and some per-worker dicts are empty until the first step. tests/fault/test_ft_recover.py
+        checks, for every algorithm a replica can run, that these are exactly its rank-keyed dicts."""
+        return ()
 
     # -- server mode (algorithms/protocol.py): for algorithms whose needs_server is true --------------
 

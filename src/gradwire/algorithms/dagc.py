@@ -182,6 +182,9 @@ class DAGC(Algorithm):
         tau = f",tau={self.tau!r}" if self.tau else ""
         return f"dagc:budget={self.budget!r},mode={self.mode},local_steps={self.local_steps}{tau}"
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("error_feedback",) if self.ef is not None else ()
+
     def state_dict(self):
         state = {"x": self.x, "opt": self.opt.state_dict(), "thresholds": self.thresholds}
         if self.ef is not None:

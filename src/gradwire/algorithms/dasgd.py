@@ -86,6 +86,9 @@ class DaSGD(LocalSGD):
         self.average.copy_(average)
         self.handle, self.started_at = None, -1
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return super().per_worker_state() + ("snapshot",)
+
     def state_dict(self):
         in_flight = self.handle.finish_state() if self.handle is not None else {}
         return super().state_dict() | {"snapshot": {str(r): t for r, t in self.snapshot.items()},

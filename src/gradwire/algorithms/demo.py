@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, CodecConfig, make_averager
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, CodecConfig, make_averager, nested
 from gradwire.algorithms.optim import ScheduledRate, require_sgd
 from gradwire.algorithms.replicas import mean_or_nan
 from gradwire.spec import require
@@ -134,6 +134,9 @@ class DeMo(Algorithm):
 
     def eval_params(self):
         return self.x
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("momentum",) + nested("codec", self.averager)
 
     def state_dict(self):
         return {"x": self.x, "momentum": {str(r): m for r, m in self.momentum.items()}, "updates": self.updates,

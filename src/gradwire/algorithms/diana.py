@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager, soft_threshold_
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager, nested, soft_threshold_
 from gradwire.algorithms.optim import require_constant_lr, require_sgd
 from gradwire.spec import require
 
@@ -83,6 +83,9 @@ class DIANA(Algorithm):
 
     def spec(self):  # not spec_of: alpha and momentum as resolved at setup
         return f"diana:alpha={self.alpha:g},momentum={self.beta:g}"
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("h_i",) + nested("codec", self.averager)
 
     def state_dict(self):
         return {"x": self.x, "h": self.h, "v": self.v, "h_i": {str(r): t for r, t in self.h_i.items()},

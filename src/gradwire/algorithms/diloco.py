@@ -85,7 +85,7 @@ from dataclasses import replace
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager, nested
 from gradwire.algorithms.optim import AdamW, HeavyBall, ScheduledRate, require_sgd
 from gradwire.algorithms.placement import on_device, outer_copy
 from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan
@@ -335,6 +335,9 @@ class StreamingDiLoCo(Algorithm):
         return self.theta
 
     # -- checkpoints ------------------------------------------------------------------------------
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        return nested("replicas", self.replicas) + nested("pace", self.pace) + nested("codec", self.averager)
 
     def state_dict(self):
         return {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(), "theta": self.theta,

@@ -196,6 +196,9 @@ class DQSGD(Algorithm):
     def spec(self):  # not spec_of: only the mode in use, its value as repr
         return f"dqsgd:{self.mode}={self.value!r},bucket={self.bucket}"
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("generators",)  # each worker's quantiser draws
+
     def state_dict(self):
         return {"x": self.x, "opt": self.opt.state_dict(),
                 "control": torch.tensor([self.eps, self.reference], dtype=torch.float64),

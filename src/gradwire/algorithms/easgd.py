@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import Algorithm
+from gradwire.algorithms.base import Algorithm, nested
 from gradwire.algorithms.optim import require_constant_lr
 from gradwire.algorithms.protocol import ELASTIC, GO, JOIN, REPORT, Answer, Message, as_body
 from gradwire.algorithms.replicas import (
@@ -163,6 +163,9 @@ class EASGD(Algorithm):
         return (f"easgd:alpha={self.alpha:g},beta={self.beta:g},period={self.period}"
                 + (f",eval={self.evaluates}" if self.evaluates != "center" else "")
                 + (",async=true" if self.asynchronous else ""))
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        return nested("replicas", self.replicas) + (() if self.asynchronous else nested("pace", self.pace))
 
     def state_dict(self):
         state = {"replicas": self.replicas.state_dict(), "center": self.center}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, nested
 from gradwire.algorithms.replicas import EvaluatedReplicas, Pace, Replicas, mean_or_nan, require_plain_codec
 from gradwire.spec import require
 
@@ -76,6 +76,9 @@ class LocalSGD(Algorithm):
 
     def eval_params(self):
         return self.average if self.evaluates == "last_average" else self.evaluated.params
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        return nested("replicas", self.replicas) + nested("pace", self.pace)
 
     def state_dict(self):
         state = {"replicas": self.replicas.state_dict(), "pace": self.pace.state_dict(), "average": self.average}

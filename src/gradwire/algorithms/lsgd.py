@@ -57,7 +57,7 @@ from types import MappingProxyType
 
 import torch
 
-from gradwire.algorithms.base import Algorithm
+from gradwire.algorithms.base import Algorithm, nested
 from gradwire.algorithms.lsgd_async import GLOBAL_SCOPE, Round, RoundServer
 from gradwire.algorithms.optim import require_constant_lr
 from gradwire.algorithms.protocol import JOIN, LEAD, PULL, REPORT, UPLOAD, Answer, Message, as_body
@@ -326,6 +326,10 @@ class LeaderSGD(Algorithm):
         return text + f",eval={self.evaluates}" + (",async=true" if self.asynchronous else "")
 
     # -- checkpoint -----------------------------------------------------------------------------------
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        own = nested("replicas", self.replicas) + ("snapshots",)
+        return own if self.asynchronous else own + nested("pace", self.pace) + nested("window", self.window)
 
     def state_dict(self):
         state = {"replicas": self.replicas.state_dict(), "leader": self.leader, "leader_x": self.leader_x,

@@ -57,6 +57,9 @@ class Replicas:
         self.opt[rank].apply(grad)
         return loss
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("x", "opt")
+
     def state_dict(self) -> dict:
         return {"x": {str(r): t for r, t in self.x.items()},
                 "opt": {str(r): o.state_dict() for r, o in self.opt.items()}}
@@ -138,6 +141,9 @@ class LossWindow:
         last = [(self.count[rank] - 1 - k) % self.size for k in range(n)]
         return float(self.values[rank][last].mean())
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("values", "count")
+
     def state_dict(self) -> dict:
         return {"values": {str(r): v for r, v in self.values.items()},
                 "count": {str(r): n for r, n in self.count.items()}}
@@ -202,6 +208,9 @@ class Pace:
         until = ctx.clock.now if until is None else until
         for r in self.ready:
             self.ready[r] = max(self.ready[r], until)
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("ready",)
 
     def state_dict(self) -> dict:
         return {"ready": {str(r): torch.tensor(t, dtype=torch.float64) for r, t in self.ready.items()}}

@@ -88,6 +88,9 @@ class SignSGD(Algorithm):
     def eval_params(self):
         return self.x
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("m",) if self.m is not None else ()
+
     def state_dict(self):
         out = {"x": self.x, "updates": self.updates}
         if self.m is not None:

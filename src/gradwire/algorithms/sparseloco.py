@@ -94,6 +94,9 @@ class SparseLoCo(DiLoCo):
         self.in_flight[p] = {"started_at": step, "payloads": payloads}
         self._start_collective(ctx, p)
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return super().per_worker_state() + ("accumulators",)
+
     def state_dict(self):
         return super().state_dict() | {"accumulators": {str(r): e for r, e in self.accumulators.items()}}
 

@@ -44,7 +44,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, make_averager, nested
 from gradwire.algorithms.buckets import BucketPlan, BucketQueue
 from gradwire.algorithms.optim import make_optimizer
 from gradwire.algorithms.protocol import JOIN, PARAMS, Answer, GradientWorkers, Message, as_body
@@ -237,6 +237,9 @@ class SyncSGD(Algorithm):
 
     def eval_params(self):
         return self.x
+
+    def per_worker_state(self) -> tuple[str, ...]:
+        return nested("codec", self.averager)
 
     def state_dict(self):
         state = {"x": self.x, "opt": self.opt.state_dict(), "codec": self.averager.state_dict()}

@@ -79,6 +79,11 @@ class Averager(ABC):
         """What averaging does to this model, for algorithm.json (none by default)."""
         return {}
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        """The paths (``a/b``) in :meth:`state_dict` of the dicts that hold one entry per local
+        worker, keyed by its rank (its generator, its residual): see ``Algorithm.per_worker_state``."""
+        return ()
+
     @abstractmethod
     def state_dict(self) -> dict: ...
 

@@ -147,6 +147,9 @@ class CompressedMean(Averager):
         parts = [self.compressor.decode_sent(Packet(b, like.shape, like.dtype)) for b in buffers]
         return self.combine([m.reshape(-1) for m, _ in parts], [s.reshape(-1) for _, s in parts]).view(like.shape)
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("generators",) + (("error_feedback",) if self.ef is not None else ())
+
     def state_dict(self) -> dict:
         out = {"generators": {str(r): g.get_state() for r, g in self.gen.items()}}
         if self.ef is not None:

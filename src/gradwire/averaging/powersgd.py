@@ -441,6 +441,9 @@ class PowerSGDMean(Averager):
             info.update(floats_per_worker_step=floats, bytes_per_worker_step=floats * width)
         return {"powersgd": {**info, "floats_uncompressed": sum(self.numels)}}
 
+    def per_worker_state(self) -> tuple[str, ...]:
+        return ("powersgd/errors",)  # each worker's error memory; Q and P are shared
+
     def state_dict(self) -> dict:
         return {"powersgd": self.memory.state_dict()}  # the key of the layout before averaging/ existed
 

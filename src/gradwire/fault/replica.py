@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections.abc import Iterable
 from datetime import timedelta
 
 from gradwire.errors import CommunicationError, ConfigError
@@ -66,34 +67,21 @@ class _QuorumSeen:
         return getattr(self._client, name)
 
 
-# The per-worker parts of an algorithm's state: the dicts at these paths of its ``state_dict`` hold
-# one entry per local worker, keyed by the worker's rank (each worker's own memory: its residuals,
-# its generators, its local model). Declared here rather than inferred from the keys: dicts keyed
-# by tensor index ("0", "1", ...: PowerSGD's Q and P, DiLoCo's outer state) look the same as one
-# keyed by rank 0, and some per-worker dicts are empty until the first step (PowerSGD's errors).
-# tests/fault/test_ft_recover.py finds every rank-keyed dict of every algorithm a replica can run
-# and fails on one that is missing here.
-PER_WORKER_PATHS = frozenset(tuple(path.split("/")) for path in (
-    "codec/generators", "codec/error_feedback", "codec/powersgd/errors",  # compressors (averaging/)
-    "generators",                                    # dqsgd's quantiser draws
-    "replicas/x", "replicas/opt", "pace/ready",      # local models and their optimizers (replicas.py)
-    "snapshot", "snapshots",                         # DaSGD's and LSGD's delayed copies
-    "momentum", "m", "h_i", "accumulators",          # DeMo's, signSGD's, DIANA's, SparseLoCo's memories
-    "window/values", "window/count",                 # LSGD's loss windows
-))
+def merge_own(peer, own, per_worker: Iterable[str]):
+    """``peer``'s state with the dicts at the paths ``per_worker`` (``a/b``: the algorithm's
+    ``per_worker_state()``) taken from ``own``: the shared parts (parameters, optimizer moments,
+    PowerSGD's Q and P, the outer optimizer) are the peer's, each worker's own memory is this worker's."""
+    return _merge(peer, own, frozenset(tuple(path.split("/")) for path in per_worker), ())
 
 
-def merge_own(peer, own, paths=PER_WORKER_PATHS, at: tuple = ()):
-    """``peer``'s state with the dicts at ``paths`` (the per-worker parts) taken from ``own``: the
-    shared parts (parameters, optimizer moments, PowerSGD's Q and P, the outer optimizer) are the
-    peer's, each worker's own memory is this worker's."""
+def _merge(peer, own, paths: frozenset[tuple[str, ...]], at: tuple[str, ...]):
     if not isinstance(peer, dict):
         return peer
     own = own if isinstance(own, dict) else {}
     merged = {}
     for key, value in peer.items():
         path = (*at, str(key))
-        merged[key] = own.get(key, {}) if path in paths else merge_own(value, own.get(key), paths, path)
+        merged[key] = own.get(key, {}) if path in paths else _merge(value, own.get(key), paths, path)
     return merged
 
 
@@ -202,8 +190,9 @@ class ReplicaDriver:
         worker.load_state_dict({"epoch": 0, "position": 0})
         for _ in range(committed):  # the batches of the steps this shard took part in, or skipped
             worker.next_batch()
+        per_worker = self.algorithm.per_worker_state()
         merged = peer | {
-            "step": committed, "algorithm": merge_own(peer["algorithm"], own_algorithm),
+            "step": committed, "algorithm": merge_own(peer["algorithm"], own_algorithm, per_worker),
             "data": oracle.state_dict(), "window": own_window,
             # counted only where straggler draws are made real (the peer's holds its own rank then)
             "gradient_counts": {str(rank): committed} if peer["gradient_counts"] else {},
