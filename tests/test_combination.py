@@ -34,7 +34,7 @@ REFUSALS = [
      "holds only a block of it; use --optimizer sgd or adamw", "(--tensor-parallel)"),
     (TP | dict(tensor_parallel="2d:q=2", optimizer="muon:ns_steps=3"), "--optimizer 'muon:ns_steps=3'",
      "(--tensor-parallel)"),
-    (TP | dict(algorithm="muloco"), "algorithm 'muloco' runs Muon on each weight matrix whole, but each process "
+    (TP | dict(algorithm="muloco"), "algorithm 'muloco' updates each weight matrix whole (Muon), but each process "
      "holds only a block of it; use diloco (inner=adamw or sgd)", "(--tensor-parallel)"),
     (TP | dict(tensor_parallel="2d:q=2", workers=1, batch_size="full"),  # LM's 4000 bytes: 571 windows of 7
      "worker 0's 571 sequences are not a multiple of 2 (shards: [571])", "(--tensor-parallel)"),

@@ -116,7 +116,8 @@ def test_error_feedback_resets_momentum_transfers_and_the_run_figures_are_its_ow
 def test_dagc_error_feedback_is_reset_and_its_thresholds_the_peers(replicas):
     """DAGC keeps its residuals outside an averager (top-level ``error_feedback``, declared by
     DAGC itself): a healed worker takes none of the peer's, and the shared thresholds are the peer's."""
-    peer, healed = replicas(0, algorithm="dagc", error_feedback=True), replicas(2, algorithm="dagc", error_feedback=True)
+    flags = {"algorithm": "dagc", "error_feedback": True}
+    peer, healed = replicas(0, **flags), replicas(2, **flags)
     train_alone(peer, TRAINED)
     sent = heal(healed, peer)
     mine, theirs = healed.algorithm.state_dict(), sent["run"]["algorithm"]

@@ -72,7 +72,7 @@ def test_run_refuses_a_world_that_does_not_match(monkeypatch, tmp_path):
     (["--tensor-parallel", "1d:p=2", "--algorithm", "async"], "algorithm 'async' has a server"),
     (["--tensor-parallel", "1d:p=2", "--algorithm", "sync:overlap=true"], "use overlap=false"),
     (["--tensor-parallel", "1d:p=2", "--optimizer", "muon"], "orthogonalises each weight matrix whole"),
-    (["--tensor-parallel", "2.5d:q=2,d=2", "--algorithm", "muloco"], "runs Muon on each weight matrix whole"),
+    (["--tensor-parallel", "2.5d:q=2,d=2", "--algorithm", "muloco"], "updates each weight matrix whole (Muon)"),
     (["--tensor-parallel", "2d:q=2", "--workers", "1", "--batch-size", "full"],
      "worker 0's 571 sequences are not a multiple of 2"),
 ])

@@ -187,6 +187,13 @@ class Algorithm(Specced, ABC):
         tensor-parallel collectives too."""
         return False
 
+    @property
+    def updates_whole_matrices(self) -> bool:
+        """Whether its update of a weight matrix needs the whole matrix (Muon's Newton-Schulz
+        orthogonalisation inside MuLoCo): tensor parallelism, where a process holds a block of each,
+        refuses it (gradwire.run.combination)."""
+        return False
+
     def compressor_spec(self) -> str | None:
         """The compressor that really runs (``compressor_resolved`` in config.json), defaults
         included; None when the algorithm compresses nothing (it sends parameters or dense

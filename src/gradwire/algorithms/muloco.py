@@ -269,6 +269,10 @@ class MuLoCo(DiLoCo):
         self.shapes = ctx.param_shapes
         super().setup(ctx, params, optim, dataclasses.replace(codec, error_feedback=True))
 
+    @property
+    def updates_whole_matrices(self) -> bool:
+        return True  # Muon orthogonalises each weight matrix whole
+
     def _inner_optimizer(self, optim):
         scheduled = self.muon_lr_ratio > 0
         rate = dict(lr=self.muon_lr_ratio * optim.lr, lr_schedule=optim.lr_schedule, horizon=optim.horizon) \

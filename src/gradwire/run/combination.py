@@ -137,9 +137,9 @@ def _check_tensor_parallel(cfg: RunConfig, algorithm: Algorithm) -> None:
         raise ConfigError(f"tensor_parallel={spec!r}: --optimizer {cfg.optimizer!r} orthogonalises each weight "
                           "matrix whole, but each process holds only a block of it; use --optimizer sgd or adamw "
                           "(--tensor-parallel)")
-    if parse_spec(cfg.algorithm)[0] == "muloco":
-        raise ConfigError(f"tensor_parallel={spec!r}: algorithm {cfg.algorithm!r} runs Muon on each weight matrix "
-                          "whole, but each process holds only a block of it; use diloco (inner=adamw or sgd) "
+    if algorithm.updates_whole_matrices:
+        raise ConfigError(f"tensor_parallel={spec!r}: algorithm {cfg.algorithm!r} updates each weight matrix "
+                          "whole (Muon), but each process holds only a block of it; use diloco (inner=adamw or sgd) "
                           "(--tensor-parallel)")
     sizes = transformer_sizes(cfg.task)
     layout, full = parse_layout(spec), cfg.batch_size == "full"
