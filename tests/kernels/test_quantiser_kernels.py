@@ -139,3 +139,19 @@ def test_errors_match_the_reference(device, triton_kernels):
     packet.buffer[2] = 250
     with pytest.raises(ValueError, match="exponent byte above 142"):
         build("natural").decode(packet)
+
+
+@pytest.mark.parametrize("spec, patch", [
+    ("qsgd:levels=7", lambda last: (last & 0x0F) | 0xF0),  # the padding field holds 15 > 2s
+    ("qsgd:levels=4,format=1", lambda last: (last & 0x0F) | 0xF0),
+    ("terngrad", lambda last: 243),  # a byte of five trits holds at most 242
+], ids=["qsgd-7", "qsgd-4-format-1", "terngrad"])
+def test_a_symbol_out_of_range_in_the_padding_is_refused_on_both_paths(spec, patch, device):
+    """One element: every later symbol of its group is padding, which both decoders read."""
+    from gradwire.compress import CorruptPayload
+
+    packet = encode(spec, torch.tensor([0.5], device=device), 0, False)
+    packet.buffer[-1] = patch(int(packet.buffer[-1]))
+    for fused in (False, True):
+        with pytest.raises(CorruptPayload, match="symbol"):
+            decode(spec, packet, fused)

@@ -9,6 +9,7 @@ are, so those payloads are variable-size (``nbytes`` is None).
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 
 import torch
@@ -29,8 +30,14 @@ def keep_count(ratio: float, n: int) -> int:
     return min(n, math.ceil(Fraction(repr(ratio)) * n))
 
 
-def check_ratio(ratio: float) -> None:
+def check_ratio(ratio: float) -> float:
+    """``ratio`` as a Python float (a numpy scalar's repr would enter the spec and ``keep_count``),
+    checked to lie in (0, 1]."""
+    require(isinstance(ratio, numbers.Real) and not isinstance(ratio, bool),
+            f"ratio must be a number in (0, 1], got {ratio!r}")
+    ratio = float(ratio)
     require(0 < ratio <= 1, f"ratio must be in (0, 1], got {ratio}")
+    return ratio
 
 
 def check_finite(x: torch.Tensor, name: str) -> None:

@@ -60,8 +60,7 @@ class RandK(Compressor):
     stochastic = True
 
     def __init__(self, *, ratio: float = 0.01):
-        check_ratio(ratio)
-        self.ratio = ratio
+        self.ratio = check_ratio(ratio)
 
     def spec(self) -> str:  # not spec_of: repr keeps "ratio=1.0" as earlier records have it
         return f"randk:ratio={self.ratio!r}"

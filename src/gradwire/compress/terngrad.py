@@ -63,16 +63,17 @@ class TernGrad(GridCompressor):
         scaler = max(-float(lo), float(hi))
         if not math.isfinite(scaler):
             raise_non_finite(x, self.name)
-        if self.clip > 0:
+        if self.clip > 0 and float(lo) != float(hi):  # a constant tensor has σ = 0: nothing to clip to
             sq = reduce_f64(x, "l2sq")
             if not math.isfinite(sq):  # a float32 row sum of squares overflowed
                 sq = reduce_f64(x, "l2sq", torch.float64)
             mean = reduce_f64(x, "sum") / n
             variance = sq / n - mean * mean
-            if mean * mean > 0.5 * sq / n:  # E[x²] - mean² cancels (x far from 0): sum (x - mean)² instead
+            if mean * mean > 0.5 * sq / n:  # E[x²] - mean² cancels (x far from 0): sum (x - mean)² instead,
+                mean = reduce_f64(x, "sum", torch.float64) / n  # about an exact mean (float32 rows' error would add)
                 variance = centred_l2sq(x, mean) / n
             sigma = math.sqrt(max(variance, 0.0))
-            if 0 < self.clip * sigma < scaler:  # sigma = 0 (a constant tensor): nothing to clip to
+            if 0 < self.clip * sigma < scaler:
                 scaler = self.clip * sigma
         out = to_f32_up(torch.tensor([scaler], dtype=torch.float64, device=x.device))  # it bounds every unclipped |x_j|
         if not math.isfinite(float(out)):

@@ -84,7 +84,8 @@ def _decode(data_ptr, step_ptr, pow_ptr, out_ptr, bad_ptr, n, nbytes, bucket, le
     value = (q - levels).to(tl.float32) * step
     store_rounded(out_ptr, elem, value, valid, BF16)
     top = tl.load(pow_ptr + K)  # R^K: a field at or above it holds a digit >= R
-    fields = (group[:, None] * 8 + f[None, :]) * K < n
+    # every field on the wire is checked, the padding's too, as the reference decoder does
+    fields = (group[:, None] * 8 + f[None, :]) * W < nbytes * 8
     tl.store(bad_ptr + tl.program_id(0), tl.max(tl.where(fields & (v >= top), 1, 0)))
 
 
