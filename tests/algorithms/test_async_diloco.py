@@ -25,28 +25,32 @@ def test_one_replica_with_period_one_is_diloco(make_config):
         assert torch.equal(asynchronous.algorithm.theta, diloco.algorithm.theta)
 
 
-def delayed_nesterov_reference(theta, deltas, *, lr, momentum, period):
+def delayed_nesterov_reference(theta, deltas, *, lr, momentum, period, warmup=0):
     """Liu et al. 2024's delayed Nesterov on a sequence of arrivals, written from its description:
     every arrival moves θ by -η Δ/N; every N-th also updates the momentum with the mean of the N
-    buffered Δ and adds its Nesterov term."""
+    buffered Δ and adds its Nesterov term. ``warmup`` W: the j-th momentum update (0-based) uses
+    μ·min(1, j/W) (docs/diloco.md's ramp, counted in momentum updates, not arrivals)."""
     theta, m, buffer = theta.clone(), torch.zeros_like(theta), torch.zeros_like(theta)
     for k, delta in enumerate(deltas, start=1):
         buffer = buffer + delta
         if k % period:
             theta = theta - lr * delta / period
         else:
-            m = momentum * m + buffer / period
-            theta = theta - lr * (delta / period + momentum * m)
+            j = k // period - 1
+            mu = momentum * min(1.0, j / warmup) if warmup else momentum
+            m = mu * m + buffer / period
+            theta = theta - lr * (delta / period + mu * m)
             buffer = torch.zeros_like(theta)
     return theta
 
 
-@pytest.mark.parametrize("period", [0, 2])
-def test_every_arrival_follows_the_delayed_nesterov_rule(make_config, period):
+@pytest.mark.parametrize("period, warmup", [(0, 0), (2, 0), (2, 3)])
+def test_every_arrival_follows_the_delayed_nesterov_rule(make_config, period, warmup):
     """3 replicas, one 3x slower (so arrivals interleave unevenly and staleness varies): the
-    server's θ after each arrival equals the reference replayed on the Δ in arrival order."""
+    server's θ after each arrival equals the reference replayed on the Δ in arrival order; with a
+    warm-up whose ramp counts momentum updates, which differ from arrivals when N > 1."""
     cfg = make_config(algorithm=f"async-diloco:inner_steps=2,period={period},outer_lr=0.5,outer_momentum=0.9,"
-                                "outer_warmup=0",
+                                f"outer_warmup={warmup}",
                       dtype="float64", lr=0.01, workers=3, stragglers="slow:count=1,slowdown=3,compute_s=0.01")
     r = Run(cfg)
     alg = r.algorithm
@@ -58,7 +62,8 @@ def test_every_arrival_follows_the_delayed_nesterov_rule(make_config, period):
         if msg.kind == GRADIENT and not finished:
             deltas.append(msg.tensor(alg.theta).clone())
             stale.append(answer.staleness)
-            expected = delayed_nesterov_reference(start, deltas, lr=0.5, momentum=0.9, period=period or 3)
+            expected = delayed_nesterov_reference(start, deltas, lr=0.5, momentum=0.9, period=period or 3,
+                                                  warmup=warmup)
             torch.testing.assert_close(alg.theta, expected, rtol=0, atol=1e-12)
         return answer
 

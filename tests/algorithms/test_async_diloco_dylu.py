@@ -157,3 +157,23 @@ def test_real_driver_gives_a_slow_replica_fewer_steps(make_config):
 def test_bad_setting_is_refused_with_its_value(make_config):
     with pytest.raises(ConfigError, match="dylu"):
         Run(make_config(algorithm="async-diloco:dylu=sometimes"))
+
+
+@pytest.mark.parametrize("compressor", ["fp16", "qsgd:levels=8,bucket=64", "pquant:p=inf,block=32"])
+def test_a_payload_of_any_length_carries_its_seconds(make_config, compressor):
+    """The seconds ride after the codec's payload, whose length need not be a multiple of 8 (fp16 of an
+    odd count, a quantiser's stream): the server reads them back exactly, as the replicas measured them."""
+    r = Run(make_config(algorithm="async-diloco:inner_steps=2,dylu=true", lr=0.01, workers=3, compressor=compressor,
+                        stragglers="lognormal:sigma=0.5,compute_s=0.01"))
+    reported, on_message = [], r.algorithm.on_message
+
+    def read(msg, finished):
+        if msg.kind == GRADIENT and not finished:
+            reported.append((msg.worker, split_report(msg.body)[1], len(msg.body) % 8))
+        return on_message(msg, finished)
+
+    r.algorithm.on_message = read
+    for _ in range(3):
+        r.train_step()
+    assert reported and any(tail for _, _, tail in reported)  # some payload was not a multiple of 8 bytes
+    assert r.algorithm.speeds.seconds.sum() == pytest.approx(sum(s for _, s, _ in reported), rel=1e-12)

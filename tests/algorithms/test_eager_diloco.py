@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradwire.run.loop import Run
-from tests.algorithms.test_diloco import spec_values
+from tests.algorithms.test_diloco import COSINE, cosine_factor, spec_values
 from tests.helpers import record_inner_steps, through_bytes
 
 
@@ -15,13 +15,16 @@ from tests.helpers import record_inner_steps, through_bytes
     "streaming-diloco:inner_steps=4,fragments=2,overlap=2,inner=adamw,outer_warmup=2,eager=true",
     "streaming-diloco:inner_steps=3,fragments=3,overlap=1,outer_lr=0.5,outer_momentum=0.6,outer_warmup=0,"
     "inner=sgd,eager=true",  # η and μ not the defaults: the spec's own reach every worker's outer step
+    f"streaming-diloco:inner_steps=4,fragments=2,overlap=2,inner=sgd,outer_warmup=0,outer_schedule=inner,eager=true"
+    f"|{COSINE}",  # each proxy step at η f(t - 1), t the step its round starts
 ])
 def test_eager_outer_steps_match_a_reference(make_config, spec):
     """Each worker i keeps θ_i and a torch.optim.SGD (Nesterov) of its own; when fragment p's round
     starts it sends Δ_i = θ_{i,p} - x_{i,p}, steps θ_{i,p} at once on Δ_i / n + (1/n) Σ_{j≠i} Δ_j of
     the previous round (zero before the first average arrives) and restarts x_{i,p} <- θ_{i,p}; the
     average, τ steps later, changes no parameter. Inner steps are gradwire's own (taken as given)."""
-    r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3))
+    spec, _, schedule = spec.partition("|")
+    r = Run(make_config(algorithm=spec, dtype="float64", lr=0.01, workers=3, lr_schedule=schedule or "constant"))
     alg = r.algorithm
     v = spec_values(spec)  # the numbers the spec asked for (its keys, else the documented defaults), not alg's
     assert v["eager"] == "true" and v["outer_momentum"] > 0
@@ -53,6 +56,8 @@ def test_eager_outer_steps_match_a_reference(make_config, spec):
                 for i in range(n):
                     theta[i][p].grad = deltas[i] / n + others[i][p]
                     outer[i][p].param_groups[0]["momentum"] = momentum
+                    if v["outer_schedule"] == "inner":
+                        outer[i][p].param_groups[0]["lr"] = eta * cosine_factor(step - 1)
                     outer[i][p].step()
                     if not momentum:  # torch keeps no buffer at μ = 0: v_k = μ_k v_{k-1} + Δ_k
                         outer[i][p].state[theta[i][p]]["momentum_buffer"] = theta[i][p].grad.clone()

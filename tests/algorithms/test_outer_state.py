@@ -49,3 +49,21 @@ def test_outer_state_in_cpu_memory_gives_equal_results(make_config, device, algo
 def test_bad_outer_state_is_one_clear_error(make_config):
     with pytest.raises(ConfigError, match="outer_state='host': valid choices are device, cpu"):
         make_config(outer_state="host").validate()
+
+
+def test_sparseloco_keeps_its_accumulators_where_the_outer_state_is(make_config, device):
+    """SparseLoCo's error-feedback accumulators are outer state: with --outer-state cpu they live in
+    host memory beside θ while the replicas stay on the device, and the results are the placement's
+    alone (on the CPU both placements are one memory: bit for bit; with a GPU, float32's rounding)."""
+    exact = device.type == "cpu"
+    cfg = make_config(algorithm="sparseloco:inner_steps=2,chunk=64,k=4", lr=0.01, device=device.type)
+    runs = {where: Run(cfg.replace(outer_state=where)) for where in ("device", "cpu")}
+    for _ in range(6):
+        for r in runs.values():
+            r.train_step()
+    on_cpu = runs["cpu"].algorithm
+    assert all(e.device == on_cpu.theta.device for e in on_cpu.accumulators.values())
+    assert all(x.device.type == device.type for x in on_cpu.replicas.x.values())
+    same(runs["device"].algorithm.theta.cpu(), on_cpu.theta.cpu(), exact)
+    for a, b in zip(runs["device"].algorithm.accumulators.values(), on_cpu.accumulators.values(), strict=True):
+        same(a.cpu(), b.cpu(), exact)

@@ -65,7 +65,8 @@ class OuterReplicas:
         delta = self.held[rank] - self.replicas.x[rank]
         body = averager.encode(rank, delta, key="outer").buffer
         if self.report_seconds:
-            body = torch.cat([body, torch.tensor([self.seconds[rank]], dtype=torch.float64).view(torch.uint8)])
+            seconds = torch.tensor([self.seconds[rank]], dtype=torch.float64, device=body.device)
+            body = torch.cat([body, seconds.view(torch.uint8)])
         return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=mean_or_nan(losses), body=body)
 
     def apply(self, rank: int, reply: Message) -> None:
@@ -95,7 +96,8 @@ class OuterReplicas:
 
 def split_report(body: torch.Tensor) -> tuple[torch.Tensor, float]:
     """A message body sent with ``report_seconds``: the codec's payload and the phase's seconds."""
-    return body[:-8], float(body[-8:].view(torch.float64))
+    # copied: a float64 view needs an offset divisible by 8, and the payload's length need not be one
+    return body[:-8], float(body[-8:].clone().view(torch.float64))
 
 
 class ServerDiLoCo(Algorithm):

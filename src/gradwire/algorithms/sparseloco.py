@@ -80,14 +80,15 @@ class SparseLoCo(DiLoCo):
         if (self.aggregate, self.clip) != ("mean", "none"):  # the receiving end's rule; the wire is unchanged
             self.averager.combine_by(MessageCombine(aggregate=self.aggregate, clip=self.clip,
                                                     segments=[s.numel() for s in ctx.param_shapes]))
-        self.accumulators = {r: torch.zeros_like(params) for r in ctx.local_ranks}
+        # its error-feedback memory, kept where the outer state is (--outer-state: host memory or the device)
+        self.accumulators = {r: torch.zeros_like(self.theta) for r in ctx.local_ranks}
 
     def _start(self, ctx, p: int, step: int) -> None:
         """Sarfi et al. 2025, Algorithm 1: e_r <- β e_r + Δ_r, Δ̂_r = Q(TopK(e_r)), e_r <- e_r - Δ̂_r;
         the payloads of Δ̂_r start their all-gather."""
         a, b = self.ranges[p]
         for r, x in self.replicas.x.items():
-            self.accumulators[r][a:b].mul_(self.decay).add_(self.theta[a:b] - x[a:b])
+            self.accumulators[r][a:b].mul_(self.decay).add_(self.theta[a:b] - x[a:b].to(self.theta.device))
         payloads = self.averager.payloads({r: e[a:b] for r, e in self.accumulators.items()}, key=f"fragment{p}")
         for r, e in self.accumulators.items():
             e[a:b].sub_(self.averager.decode(payloads[r], e[a:b]))
