@@ -133,7 +133,8 @@ def test_muloco_with_overlap_is_streaming_diloco_with_muon_inside(make_config, m
     from gradwire.algorithms.diloco import StreamingDiLoCo
     from gradwire.algorithms.muloco import MuLoCo
 
-    common = dict(task="digits-mlp", lr=0.003, steps=12, compressor="pquant:p=inf,block=32", error_feedback=True)
+    # top-k: error feedback that scales nothing (a biased codec), which MuLoCo's rule and streaming-diloco's share
+    common = dict(task="digits-mlp", lr=0.003, steps=12, compressor="topk:ratio=0.1", error_feedback=True)
     outer = f"inner_steps=3,outer_lr=1,outer_momentum=0.5,{keys}"
     ours = Run(make_config(common, algorithm=f"muloco:{outer},muon_lr_ratio=10"))
     rule = ours.algorithm
@@ -161,7 +162,7 @@ def test_muloco_spec_has_diloco_s_outer_warmup(make_config):
     default = Run(make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.003)).algorithm
     assert default.outer_warmup == OUTER_WARMUP == 10
     ramped = Run(make_config(algorithm="muloco:inner_steps=3,outer_warmup=2", task="digits-mlp", lr=0.003))
-    assert [ramped.algorithm.outer_momentum_at(k) for k in range(4)] == pytest.approx([0, 0.25, 0.5, 0.5])
+    assert [ramped.algorithm.outer_momentum_at(k) for k in range(4)] == pytest.approx([0, 0.35, 0.7, 0.7])
     constant = Run(make_config(algorithm="muloco:inner_steps=3,outer_warmup=0", task="digits-mlp", lr=0.003))
     for run in (ramped, constant):
         for _ in range(9):  # three outer rounds
@@ -308,3 +309,31 @@ def test_muloco_ns_steps_and_coefficients_reach_every_muon_and_are_validated(mak
         MuLoCo(ns_steps=6, ns_coefficients="polar-express")
     with pytest.raises((ConfigError, ValueError), match="ns_coefficients.*'newton'"):
         MuLoCo(ns_coefficients="newton")
+
+
+def test_muloco_error_feedback_compresses_e_plus_delta_itself(make_config):
+    """MuLoCo's rule (Thérien et al. 2025): Δ̂ = Q(e + Δ), e <- e + Δ - Δ̂, with nothing scaled. Its
+    default 2-bit blocks of 32 are an unbiased quantiser with ω = 2.33, for which gradwire's generic
+    error feedback would send Q(Δ / (1 + ω)): 30 % of each delta. So in the first round (e = 0) every
+    block's kept values are ± that block's max |Δ| (rounded up to float32), and the residual is Δ - Δ̂."""
+    r = Run(make_config(algorithm="muloco:inner_steps=2,outer_warmup=0", task="digits-mlp", lr=0.003, workers=2))
+    alg = r.algorithm
+    seen = {}
+    payloads = alg.averager.payloads
+
+    def recorded(tensors, *, key):
+        seen.update({rank: t.clone() for rank, t in tensors.items()})
+        return payloads(tensors, key=key)
+
+    alg.averager.payloads = recorded
+    r.train_step()
+    r.train_step()  # the first round
+    assert seen
+    for rank, delta in seen.items():
+        decoded = delta - alg.averager.ef[rank].residual("fragment0")  # what the first round sent
+        n = delta.numel() // 32 * 32  # the whole blocks (a last partial block has its own max)
+        top = delta[:n].view(-1, 32).abs().amax(1, keepdim=True)
+        magnitudes = decoded[:n].view(-1, 32).abs()
+        kept = magnitudes > 0
+        assert kept.sum() > n // 4
+        torch.testing.assert_close(magnitudes[kept], top.expand_as(magnitudes)[kept], rtol=1e-6, atol=0)

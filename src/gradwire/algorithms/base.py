@@ -55,6 +55,9 @@ class OptimConfig:
 class CodecConfig:
     compressor: str = "none"     # compressor spec (gradwire.compress)
     error_feedback: bool = False # keep per-worker residuals (Seide 2014; Karimireddy 2019)
+    # error feedback sends a non-contractive compressor's input scaled by 1/(1+ω) (compress/error_feedback.py);
+    # False: unscaled, for a method whose paper specifies it so (MuLoCo)
+    scaled_error_feedback: bool = True
 
 
 @dataclass
@@ -137,7 +140,7 @@ def make_averager(ctx: Context, cfg: CodecConfig, *, default: str = "none", mean
     spec = cfg.compressor if cfg.compressor != "none" else default
     return build_averager(spec, workers=ctx.local_ranks, seed=ctx.seed, shapes=ctx.param_shapes,
                           error_feedback=cfg.error_feedback, generator=lambda r: ctx.generator(r, "compress"),
-                          payloads=not mean_only)
+                          payloads=not mean_only, scaled_error_feedback=cfg.scaled_error_feedback)
 
 
 def nested(key: str, component) -> tuple[str, ...]:

@@ -24,10 +24,11 @@ class CompressedMean(Averager):
     ``decode_mean``."""
 
     def __init__(self, compressor: Compressor, generators: dict[int, torch.Generator], *, error_feedback: bool,
-                 identity: bool = False):
+                 identity: bool = False, scaled_error_feedback: bool = True):
         self.compressor = compressor
         self.identity = identity  # the spec asked for no compression ("none")
-        self.ef = {r: ErrorFeedback(compressor) for r in generators} if error_feedback else None
+        self.ef = ({r: ErrorFeedback(compressor, scaled=scaled_error_feedback) for r in generators}
+                   if error_feedback else None)
         self.gen = generators
         self.combine: MessageCombine | None = None  # None: the plain mean of the decoded payloads
 

@@ -73,12 +73,15 @@ class ErrorFeedback:
     The state is a plain ``{key: tensor}`` dict, loadable with ``torch.load(weights_only=True)``.
     """
 
-    __slots__ = ("compressor", "residuals")
+    __slots__ = ("compressor", "residuals", "scaled")
 
-    def __init__(self, compressor: Compressor):
+    def __init__(self, compressor: Compressor, *, scaled: bool = True):
+        """``scaled=False``: encode the corrected tensor itself whatever the compressor's ω (the
+        rule of methods that specify it so, MuLoCo's outer deltas), not :func:`ef_scale` times it."""
         if not isinstance(compressor, Compressor):
             raise TypeError(f"ErrorFeedback wraps a Compressor, got {type(compressor).__name__}")
         self.compressor = compressor
+        self.scaled = scaled
         self.residuals: dict[str, torch.Tensor] = {}
 
     def encode(self, x: torch.Tensor, *, key: str, generator: torch.Generator | None = None) -> Packet:
@@ -92,7 +95,7 @@ class ErrorFeedback:
         corrected = x.detach().to(work, copy=True)
         if residual is not None:
             corrected.add_(residual.to(work))
-        lam = ef_scale(self.compressor, x.numel())
+        lam = ef_scale(self.compressor, x.numel()) if self.scaled else 1.0
         send = corrected if lam == 1.0 else corrected * lam  # C(lam v): a contraction (module docstring)
         packet = self.compressor.encode(send.to(x.dtype), generator=generator)
         self.residuals[key] = corrected.sub_(self.compressor.decode(packet).to(work))
