@@ -76,6 +76,9 @@ class HookState:
     * ``error_feedback``: keep what compression dropped, per parameter, and add it to the next
       gradient (Seide et al. 2014). Required for biased codecs (``topk``, ``threshold``, ``sign``);
       a small gain for unbiased ones; residuals cost a float32 copy of the compressed parameters.
+      Refused (ConfigError), like PowerSGD's own error memory, with DDP's
+      ``find_unused_parameters=True`` without ``static_graph``: DDP never applies what the hook
+      averaged for a parameter that no rank used in a step, so its residual would lose it.
     * ``seed``: random draws depend on (seed, rank, step, parameter index) only, so a run and its
       resumption draw the same numbers (a loaded state brings its run's seed and step).
     * ``timeout_s``: how long the sizes-first path (topk, threshold) waits for each collective
@@ -90,13 +93,22 @@ class HookState:
       the same as ranks are added. Its Q memories and errors are kept per parameter name in
       ``state_dict()["powersgd"]``. ``powersgd:rank=R,dtype=fp16`` (or ``bf16``) sends the factors
       in half the bytes. The buckets run on one communication thread per process, so the hook
-      returns at once and the backward pass goes on while they travel.
+      returns at once and the backward pass goes on while they travel. Under DDP's
+      ``find_unused_parameters=True`` (which needs ``powersgd:...,error_feedback=false``, above) the
+      last bucket's hook waits for the thread, so that DDP's own allreduce comes after the hook's
+      collectives on every rank.
     * ``non_finite``: what happens when a rank's codec refuses its gradient (a NaN or inf, or a
       value beyond fp16's range). ``"raise"`` (default): every rank raises DivergenceError naming
       the bucket and parameter. ``"propagate"``: every rank gets NaN for that bucket and training
       goes on, which is what mixed precision's ``torch.amp.GradScaler`` expects: it sees the
-      overflow, skips the step and lowers its scale. Residuals are left as they were. Not with
-      ``powersgd`` (its Q memories would keep the NaN).
+      overflow, skips the step and lowers its scale. Residuals are left as they were: what the
+      skipped step changed in them is put back, on every rank. Not with ``powersgd`` (its Q
+      memories would keep the NaN). With either, a summable cast's mean beyond its range (two fp16
+      shares whose sum overflows) is not finite: raised as DivergenceError, or propagated.
+    * ``grad_scaler``: the ``torch.amp.GradScaler`` that scales the loss, if any, so that residuals
+      (error feedback) are kept unscaled: multiplied by the step's scale when added to a gradient,
+      what is left divided by it (the scale read once per step). Without it a change of scale adds
+      the residuals at the wrong scale. Not with ``powersgd`` (its error memory is its own).
     * ``min_compress_numel``: lossy codecs only. Parameters with fewer elements (biases, norms) travel
       uncompressed, all of a bucket's in one packet: a codec call has a fixed cost of a few tenths
       of a millisecond, which for a bias buys nothing (PowerSGD likewise leaves vectors alone,
