@@ -31,9 +31,11 @@ The communication hook (``--hook``):
 
 ``bytes_sent`` counts all ranks together, as gradwire counts (ring collectives): an allreduce of B
 bytes is 2(W-1)B; PowerSGD's three allreduces (uncompressed tensors, Ps, Qs) likewise, from the
-shapes, exactly as PyTorch's hook decides what to compress; the gradwire hook's own counter
-(each rank's payload times its W-1 peers, an all-gather's ring count) summed over the ranks, times
-2/W for the codecs it allreduces (casts, PowerSGD), whose ring count is 2(W-1)B.
+shapes, exactly as PyTorch's hook decides what to compress; the gradwire hook's wire counter
+(``wire_bytes_sent``: each rank's bytes handed to the collectives, int64 payload sizes, padding to
+the longest rank and status bytes included, times its W-1 peers, an all-gather's ring count) summed
+over the ranks, times 2/W for the codecs it allreduces (casts, PowerSGD), whose ring count is
+2(W-1)B. ``gradwire run --backend torch`` counts the sizes and the padding too.
 """
 
 from __future__ import annotations
@@ -213,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     # all-gather's count, but W/2 times a ring allreduce's (2(W-1)B), the path of casts and PowerSGD
     allreduce_path = spec.split(":")[0] in ("none", "fp16", "bf16", "powersgd")
 
-    def gradwire_bytes() -> int:  # every rank's hook counter, summed (a collective: all ranks call it)
-        t = torch.tensor([float(hook_state.bytes_sent)], dtype=torch.float64)
+    def gradwire_bytes() -> int:  # every rank's wire counter, summed (a collective: all ranks call it)
+        t = torch.tensor([float(hook_state.wire_bytes_sent)], dtype=torch.float64)
         dist.all_reduce(t)
         return int(t.item() * (2 / world if allreduce_path else 1))
 

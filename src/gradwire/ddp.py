@@ -36,6 +36,7 @@ parameter name, residuals, random draws and results do not depend on how DDP gro
 # annotations with dist.GradBucket and Future[Tensor] as objects, and strings fail that check.
 
 import math
+import numbers
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -48,6 +49,7 @@ from gradwire.compress import Compressor, Packet, build
 from gradwire.compress.wire import work_dtype
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
 from gradwire.seeding import hash_seed
+from gradwire.spec import parse_spec
 from gradwire.transports import ledger
 
 _RAW = build("none")  # small parameters travel as they are (see _allgather)
@@ -56,6 +58,8 @@ NON_FINITE = ("raise", "propagate")  # what the hook does with a gradient its co
 
 STATE_KEYS = ("compressor", "error_feedback", "seed", "rank", "world_size", "step", "bytes_sent",
               "wire_bytes_sent", "residuals")
+# saved since it was checked on load; a state saved before lacks it and loads as before
+OPTIONAL_STATE_KEYS = ("min_compress_numel",)
 
 
 class HookState:
@@ -72,6 +76,9 @@ class HookState:
     * ``error_feedback``: keep what compression dropped, per parameter, and add it to the next
       gradient (Seide et al. 2014). Required for biased codecs (``topk``, ``threshold``, ``sign``);
       a small gain for unbiased ones; residuals cost a float32 copy of the compressed parameters.
+      Refused (ConfigError), like PowerSGD's own error memory, with DDP's
+      ``find_unused_parameters=True`` without ``static_graph``: DDP never applies what the hook
+      averaged for a parameter that no rank used in a step, so its residual would lose it.
     * ``seed``: random draws depend on (seed, rank, step, parameter index) only, so a run and its
       resumption draw the same numbers (a loaded state brings its run's seed and step).
     * ``timeout_s``: how long the sizes-first path (topk, threshold) waits for each collective
@@ -86,13 +93,22 @@ class HookState:
       the same as ranks are added. Its Q memories and errors are kept per parameter name in
       ``state_dict()["powersgd"]``. ``powersgd:rank=R,dtype=fp16`` (or ``bf16``) sends the factors
       in half the bytes. The buckets run on one communication thread per process, so the hook
-      returns at once and the backward pass goes on while they travel.
+      returns at once and the backward pass goes on while they travel. Under DDP's
+      ``find_unused_parameters=True`` (which needs ``powersgd:...,error_feedback=false``, above) the
+      last bucket's hook waits for the thread, so that DDP's own allreduce comes after the hook's
+      collectives on every rank.
     * ``non_finite``: what happens when a rank's codec refuses its gradient (a NaN or inf, or a
       value beyond fp16's range). ``"raise"`` (default): every rank raises DivergenceError naming
       the bucket and parameter. ``"propagate"``: every rank gets NaN for that bucket and training
       goes on, which is what mixed precision's ``torch.amp.GradScaler`` expects: it sees the
-      overflow, skips the step and lowers its scale. Residuals are left as they were. Not with
-      ``powersgd`` (its Q memories would keep the NaN).
+      overflow, skips the step and lowers its scale. Residuals are left as they were: what the
+      skipped step changed in them is put back, on every rank. Not with ``powersgd`` (its Q
+      memories would keep the NaN). With either, a summable cast's mean beyond its range (two fp16
+      shares whose sum overflows) is not finite: raised as DivergenceError, or propagated.
+    * ``grad_scaler``: the ``torch.amp.GradScaler`` that scales the loss, if any, so that residuals
+      (error feedback) are kept unscaled: multiplied by the step's scale when added to a gradient,
+      what is left divided by it (the scale read once per step). Without it a change of scale adds
+      the residuals at the wrong scale. Not with ``powersgd`` (its error memory is its own).
     * ``min_compress_numel``: lossy codecs only. Parameters with fewer elements (biases, norms) travel
       uncompressed, all of a bucket's in one packet: a codec call has a fixed cost of a few tenths
       of a millisecond, which for a bias buys nothing (PowerSGD likewise leaves vectors alone,
@@ -114,27 +130,24 @@ class HookState:
     __slots__ = ("averager", "compressor", "error_feedback", "process_group", "rank", "world_size", "seed",
                  "generator", "timeout_s", "min_compress_numel", "step", "bytes_sent", "wire_bytes_sent",
                  "device", "non_finite", "path", "reciprocal", "_params", "_shapes", "_thread", "_passes",
-                 "_failed_pass")
+                 "_failed_pass", "grad_scaler", "_scale", "_scale_pass", "_wait_last", "_before",
+                 "_before_pass", "_skipped_pass")
 
     def __init__(self, model: torch.nn.Module, compressor: str | Compressor = "none", *,
                  error_feedback: bool = False, seed: int = 0, process_group=None,
-                 timeout_s: float = 1800.0, min_compress_numel: int = 1024, non_finite: str = "raise"):
-        if non_finite not in NON_FINITE:
-            raise ConfigError(f"non_finite={non_finite!r}: valid choices are {', '.join(NON_FINITE)}")
+                 timeout_s: float = 1800.0, min_compress_numel: int = 1024, non_finite: str = "raise",
+                 grad_scaler: torch.amp.GradScaler | None = None):
+        _check_settings(compressor, error_feedback, seed, timeout_s, min_compress_numel, non_finite, grad_scaler)
         self.non_finite = non_finite
         # an unknown name: one error listing compressors and averagers; a Compressor: its spec
         spec = build_method(compressor).spec() if isinstance(compressor, str) else compressor.spec()
-        if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         # the settings are checked before the process group is asked for (refused below without one)
         grouped = dist.is_available() and dist.is_initialized()
         self.process_group = process_group
         self.rank = dist.get_rank(process_group) if grouped else 0
         self.world_size = dist.get_world_size(process_group) if grouped else 1
         self.seed, self.timeout_s = int(seed), float(timeout_s)
-        if not (isinstance(min_compress_numel, int) and min_compress_numel >= 0):
-            raise ConfigError(f"min_compress_numel must be an int >= 0, got {min_compress_numel!r}")
-        self.min_compress_numel = min_compress_numel
+        self.min_compress_numel = int(min_compress_numel)
         self.step = self.bytes_sent = self.wire_bytes_sent = 0
         module = model.module if isinstance(model, DistributedDataParallel) else model
         devices = {p.device for p in module.parameters()}
@@ -155,18 +168,48 @@ class HookState:
         if self.averager.remembers_means and non_finite != "raise":  # a NaN mean would stay in its memory
             raise ConfigError(f"non_finite={non_finite!r} does not combine with {spec}: its memory of past "
                               "means would keep the NaN; use non_finite='raise'")
+        # DDP's find_unused_parameters (without static_graph): DDP leaves the gradient of a parameter
+        # that no rank used this step as it was and never applies what the hook averaged for it, so
+        # a residual from which the hook subtracted what it "sent" would lose that part for good
+        dynamic_unused = (isinstance(model, DistributedDataParallel) and model.find_unused_parameters
+                          and not model.static_graph)
+        # an averager with its own collectives keeps its own error memory unless its spec turns it off
+        keeps_errors = (error_feedback if self.averager.carries_payloads else
+                        parse_spec(spec)[1].get("error_feedback", "false") == "true")
+        if dynamic_unused and keeps_errors:
+            raise ConfigError(
+                f"error feedback ({spec}{' with error_feedback=True' if error_feedback else ''}) does not combine "
+                "with DistributedDataParallel(find_unused_parameters=True): DDP does not apply the mean of a "
+                "parameter that no rank used in a step, so the part of its residual sent then would be lost; "
+                "use find_unused_parameters=False, static_graph=True, or no error feedback"
+                + ("" if self.averager.carries_payloads else " (powersgd:error_feedback=false)"))
+        if grad_scaler is not None and not self.averager.carries_payloads:
+            raise ConfigError(f"grad_scaler= does not combine with {spec}: its error memory is kept in the loss "
+                              "scale's units (grad_scaler= keeps the residuals of byte compressors); use "
+                              "grad_scaler=None")
         if not grouped:
             raise RuntimeError("gradwire.ddp: call torch.distributed.init_process_group() first")
         # byte payloads: the compressor and this rank's residuals; else the averager's own collectives
         self.compressor = self.averager.compressor if self.averager.carries_payloads else None
         self.error_feedback = self.averager.ef[self.rank] if self.compressor and self.averager.ef else None
         self.path = _path(self.averager)
-        # 1/world_size in float32: what the division multiplies by, as plain DDP does (_divide_checking)
+        # 1/world_size in float32: what the division multiplies a float32, bfloat16 or float16 bucket by,
+        # as plain DDP does (_divide_checking; a float64 bucket by the double 1/world_size)
         self.reciprocal = torch.full((1,), 1.0 / self.world_size, device=self.device)
         self._thread = None
         # backward passes seen (never saved or restored, unlike step: a step retried after
         # load_state_dict is a new pass), and the last whose PowerSGD bucket failed
         self._passes, self._failed_pass = 0, -1
+        # with a GradScaler, residuals are kept unscaled: the pass whose scale was read, and that scale
+        self.grad_scaler = grad_scaler if self.error_feedback is not None else None
+        self._scale, self._scale_pass = 1.0, -1
+        # PowerSGD under DDP's find_unused_parameters: the last bucket's hook waits for the thread
+        # (DDP then issues its allreduce of the used parameters, after the hook's on every rank)
+        self._wait_last = dynamic_unused and not self.averager.carries_payloads
+        # non_finite="propagate": residuals as they were before this pass encoded them, restored if
+        # any bucket of the pass comes back non-finite (the step is skipped)
+        self._before: dict[str, torch.Tensor | None] = {}
+        self._before_pass, self._skipped_pass = -1, -1
 
     def communication_thread(self) -> ThreadPoolExecutor:
         """The one thread that runs PowerSGD's buckets (started at the first), in submission order."""
@@ -179,7 +222,7 @@ class HookState:
         state = {"compressor": self.averager.spec(), "error_feedback": self.error_feedback is not None,
                  "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "step": self.step,
                  "bytes_sent": self.bytes_sent, "wire_bytes_sent": self.wire_bytes_sent,
-                 "residuals": residuals}
+                 "residuals": residuals, "min_compress_numel": self.min_compress_numel}
         if not self.averager.carries_payloads:  # its memory ("powersgd": Q and errors by parameter name)
             state.update(self.averager.state_dict())
         return state
@@ -191,7 +234,8 @@ class HookState:
             raise ConfigError(f"gradwire.ddp state lacks {missing}: not a HookState.state_dict()")
         mine = self.state_dict()
         saved = dict(state, compressor=resolved_spec(state["compressor"]))
-        for key in ("compressor", "error_feedback", "rank", "world_size"):
+        keys = ("compressor", "error_feedback", "rank", "world_size", *(k for k in OPTIONAL_STATE_KEYS if k in state))
+        for key in keys:
             if saved[key] != mine[key]:
                 raise ConfigError(
                     f"gradwire.ddp state was saved with {key}={state[key]!r}, this hook has {mine[key]!r}; "
@@ -225,9 +269,35 @@ def resolved_spec(spec: str) -> str:
         return spec
 
 
+def _check_settings(compressor, error_feedback, seed, timeout_s, min_compress_numel, non_finite,
+                    grad_scaler) -> None:
+    """Each setting's type and range, one ConfigError naming the argument, its value and what is valid
+    (before anything is built; a bool is refused where a number is wanted: True is no seed)."""
+    def integer(value) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    if not (isinstance(compressor, str) or callable(getattr(compressor, "spec", None))):
+        raise ConfigError(f"compressor={compressor!r}: valid values are a spec string (see `gradwire list`, "
+                          "e.g. 'qsgd:levels=4') or a gradwire Compressor")
+    if not isinstance(error_feedback, bool):
+        raise ConfigError(f"error_feedback={error_feedback!r}: valid values are True and False")
+    if not integer(seed):
+        raise ConfigError(f"seed={seed!r}: valid values are ints")
+    if not (isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool) and timeout_s > 0
+            and math.isfinite(timeout_s)):
+        raise ConfigError(f"timeout_s={timeout_s!r}: valid values are positive finite numbers of seconds")
+    if not (integer(min_compress_numel) and min_compress_numel >= 0):
+        raise ConfigError(f"min_compress_numel={min_compress_numel!r}: valid values are ints >= 0")
+    if not (isinstance(non_finite, str) and non_finite in NON_FINITE):
+        raise ConfigError(f"non_finite={non_finite!r}: valid choices are {', '.join(NON_FINITE)}")
+    if not (grad_scaler is None or isinstance(grad_scaler, torch.amp.GradScaler)):
+        raise ConfigError(f"grad_scaler={grad_scaler!r}: valid values are a torch.amp.GradScaler and None")
+
+
 def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = "none", *,
              error_feedback: bool = False, seed: int = 0, process_group=None,
-             timeout_s: float = 1800.0, min_compress_numel: int = 1024, non_finite: str = "raise") -> HookState:
+             timeout_s: float = 1800.0, min_compress_numel: int = 1024, non_finite: str = "raise",
+             grad_scaler: torch.amp.GradScaler | None = None) -> HookState:
     """Install the gradwire hook on ``ddp_model`` (before its first backward) and return its state.
 
     ``process_group`` defaults to the model's own. Unknown compressor specs raise ConfigError
@@ -239,7 +309,7 @@ def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = 
     group = process_group if process_group is not None else ddp_model.process_group
     state = HookState(ddp_model, compressor, error_feedback=error_feedback, seed=seed,
                       process_group=group, timeout_s=timeout_s, min_compress_numel=min_compress_numel,
-                      non_finite=non_finite)
+                      non_finite=non_finite, grad_scaler=grad_scaler)
     ddp_model.register_comm_hook(state, hook)
     return state
 
@@ -248,6 +318,11 @@ def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torc
     """The DDP communication hook: average ``bucket``'s gradients through ``state.averager``."""
     future = state.path(state, bucket)
     if bucket.is_last():
+        if state._wait_last:
+            # DDP (find_unused_parameters) issues an allreduce of its own once this hook returns: wait
+            # until the thread has run every bucket of the pass, so that on every rank it comes after
+            # all of the hook's collectives (their errors reach DDP through the futures, not here)
+            state.communication_thread().submit(lambda: None).result()
         state.step += 1
         state._passes += 1
     return future
@@ -333,15 +408,66 @@ def _layout(state: HookState, bucket: dist.GradBucket) -> list[tuple[int, str, i
 
 def _encode(state: HookState, grad: torch.Tensor, index: int, name: str) -> Packet:
     state.generator.manual_seed(hash_seed(state.seed, "compress", state.rank, state.step, index))
-    return state.averager.encode(state.rank, grad, key=name)  # with this rank's residuals, drawing from it
+    ef = state.error_feedback
+    if ef is None:
+        return state.averager.encode(state.rank, grad, key=name)  # drawing from this rank's generator
+    old = ef.residuals.get(name)  # never changed in place: encoding stores a new tensor
+    if state.non_finite == "propagate":  # kept until the pass is over, in case the step is skipped
+        if state._before_pass != state._passes:
+            state._before, state._before_pass = {}, state._passes
+        state._before.setdefault(name, old)
+    scale = _loss_scale(state) if state.grad_scaler is not None else None
+    if scale is not None and old is not None:
+        ef.residuals[name] = old * scale  # kept unscaled: in this step's loss-scaled units
+    try:
+        packet = state.averager.encode(state.rank, grad, key=name)  # with this rank's residuals
+    except ValueError:
+        _put_back(ef, name, old)
+        raise
+    if scale is not None:
+        ef.residuals[name].div_(scale)
+    return packet
 
 
-def _stop(state: HookState, error: DivergenceError, buffer: torch.Tensor) -> torch.Tensor:
+def _loss_scale(state: HookState) -> float:
+    """The GradScaler's scale of this backward pass, read once per pass (``get_scale`` waits for the
+    device): the loss was multiplied by it, and so is every gradient the hook sees."""
+    if state._scale_pass != state._passes:
+        state._scale, state._scale_pass = float(state.grad_scaler.get_scale()), state._passes
+    return state._scale
+
+
+def _put_back(ef, name: str, old: torch.Tensor | None) -> None:
+    if old is None:
+        ef.residuals.pop(name, None)
+    else:
+        ef.residuals[name] = old
+
+
+def _skip(state: HookState, backward: int) -> None:
+    """``non_finite="propagate"``: pass ``backward`` gave some bucket a non-finite mean, so the step is
+    skipped (GradScaler): every residual that the pass changed goes back to what it was. Called by
+    the failing bucket's completion and, should it come after, by every other bucket's (an encode
+    may have been under way when the failing bucket put the residuals back)."""
+    state._skipped_pass = backward
+    _restore_if_skipped(state, backward)
+
+
+def _restore_if_skipped(state: HookState, backward: int) -> None:
+    if state.error_feedback is None or state._skipped_pass != backward or state._before_pass != backward:
+        return
+    for name, old in list(state._before.items()):
+        _put_back(state.error_feedback, name, old)
+
+
+def _stop(state: HookState, error: DivergenceError, buffer: torch.Tensor, backward: int) -> torch.Tensor:
     """A bucket that some rank could not encode: raise ``error`` (``non_finite="raise"``), or return
     NaN for the whole bucket on every rank (``"propagate"``), so that a mixed-precision
-    ``GradScaler`` sees the overflow and skips the step, as it would without the hook."""
+    ``GradScaler`` sees the overflow and skips the step, as it would without the hook; the residuals
+    of pass ``backward`` are put back as they were (:func:`_skip`)."""
     if state.non_finite == "raise":
         raise error
+    _skip(state, backward)
     return torch.full_like(buffer, math.nan)
 
 
@@ -400,8 +526,13 @@ def _divide_checking(state: HookState, buffer: torch.Tensor) -> bool:
     float32 from memory, against 0.28 ms for ``div_`` and a sum; thread CPU time, one thread, this
     machine). Multiplying by float32(1/world_size) is what plain DDP does to a gradient as it copies
     it into its bucket (without a hook), so the mean is plain DDP's bit for bit at every world size
-    (tested at 2 and, fp32 and bf16, at 3: tests/ddp/test_hook_averager.py); PyTorch's ``allreduce_hook``
-    divides instead, which differs from it in the last bit where 1/world_size is inexact (3, 5, 6...)."""
+    (tested at 2 and, fp32, bf16 and fp64, at 3: tests/ddp/test_hook_averager.py); PyTorch's
+    ``allreduce_hook`` divides instead, which differs from it in the last bit where 1/world_size is
+    inexact (3, 5, 6...). A float64 bucket is multiplied by the double 1/world_size, as plain DDP does
+    (the fused op's float32 factor would differ), and checked by a second read."""
+    if buffer.dtype == torch.float64:  # plain DDP multiplies by the double 1/world_size (a float32 one differs)
+        buffer.mul_(1.0 / state.world_size)
+        return bool(torch.isfinite(buffer).all())
     if not _fused_unscale_supports(buffer):  # bf16 on CUDA: multiply as the fused op does, then check
         buffer.mul_(state.reciprocal)  # a float32 factor: the product in float32, rounded to the buffer's dtype
         return bool(torch.isfinite(buffer).all())
@@ -453,20 +584,31 @@ def _allreduce(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futur
     nbytes = ledger.broadcast(values.numel() * values.element_size(), state.world_size)
     state.bytes_sent += nbytes
     state.wire_bytes_sent += nbytes
-    step, index = state.step, bucket.index()
+    step, index, backward = state.step, bucket.index(), state._passes
     future = dist.all_reduce(values, group=state.process_group, async_op=True).get_future()
 
     # A refusal surfaces when DDP waits for the future, not here: raising now would leave the peers
     # waiting for this rank's allreduces of the later buckets (their hooks would still launch them).
     def finish(done: torch.futures.Future) -> torch.Tensor:
         total = done.value()[0]
-        if state.non_finite == "propagate":  # any rank's NaN is in the sum already: no host read
+        if state.non_finite == "propagate":  # any rank's NaN is in the sum already
+            if state.error_feedback is not None and not bool(torch.isfinite(total).all()):
+                _skip(state, backward)  # GradScaler skips the step: the residuals go back
+            else:
+                _restore_if_skipped(state, backward)
             return state.compressor.decode(Packet(total.view(torch.uint8), buffer.shape, buffer.dtype))
         if refused is not None:
             raise refused
         if total.numel() and bool(torch.isnan(total[0])):
             raise DivergenceError(f"gradwire.ddp: step {step}, bucket {index}: a peer's gradient was "
                                   "refused (see its error); every rank stops", step=step)
+        # every share was finite, but their sum can leave the wire dtype's range (fp16: 65504)
+        if not bool(torch.isfinite(total).all()):
+            at = int((~torch.isfinite(total)).nonzero()[0])
+            raise DivergenceError(
+                f"gradwire.ddp: step {step}, rank {state.rank}, bucket {index}: the mean is not finite "
+                f"({float(total[at])} at bucket element {at}): the sum of finite shares left the range of "
+                f"{wire_dtype} that {state.compressor.spec()} sends; every rank stops", step=step, worker=state.rank)
         return state.compressor.decode(Packet(total.view(torch.uint8), buffer.shape, buffer.dtype))
 
     return future.then(finish)
@@ -523,18 +665,19 @@ def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, 
     future = gather(received, send, group=state.process_group, async_op=True).get_future()
     state.bytes_sent += ledger.broadcast(sum(sizes), world)
     state.wire_bytes_sent += ledger.broadcast(total, world)
-    step, index = state.step, bucket.index()
+    step, index, backward = state.step, bucket.index(), state._passes
 
     def finish(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises a failed collective
         rows = received.view(world, total)
         if refused is not None:
-            return _stop(state, refused, buffer)
+            return _stop(state, refused, buffer, backward)
         failed = rows[:, 0].nonzero().view(-1).tolist()
         if failed:
             return _stop(state, DivergenceError(
                 f"gradwire.ddp: step {step}, bucket {index}: rank(s) {failed} could not encode their gradient "
-                "(see their error); every rank stops", step=step, worker=failed[0]), buffer)
+                "(see their error); every rank stops", step=step, worker=failed[0]), buffer, backward)
+        _restore_if_skipped(state, backward)
         return _decode_mean(state, buffer, layout, raw, small, [(rows[r, 1:], sizes) for r in range(world)])
 
     return future.then(finish)
@@ -553,13 +696,14 @@ def _gather_variable(state: HookState, bucket, layout, raw, small, packets, refu
         sizes = torch.full((len(layout),), -1, dtype=torch.int64, device=buffer.device)  # the peers stop too
     all_sizes = [torch.empty_like(sizes) for _ in range(world)]
     _wait(state, dist.all_gather(all_sizes, sizes, group=group, async_op=True), bucket, "payload sizes")
+    state.wire_bytes_sent += ledger.broadcast(sizes.numel() * ledger.SIZE_BYTES, world)  # sent, whatever follows
     failed = [r for r, s in enumerate(all_sizes) if bool((s < 0).any())]
     if refused is not None or failed:
         error = refused or DivergenceError(
             f"gradwire.ddp: step {state.step}, bucket {bucket.index()}: rank(s) {failed} could not encode "
             "their gradient (see their error); every rank stops", step=state.step, worker=failed[0])
         future = torch.futures.Future()
-        future.set_result(_stop(state, error, buffer))
+        future.set_result(_stop(state, error, buffer, state._passes))
         return future
     totals = [int(s.sum()) for s in all_sizes]
     send = torch.zeros(max(totals), dtype=torch.uint8, device=buffer.device)
@@ -567,7 +711,8 @@ def _gather_variable(state: HookState, bucket, layout, raw, small, packets, refu
     received = [torch.empty_like(send) for _ in range(world)]
     _wait(state, dist.all_gather(received, send, group=group, async_op=True), bucket, "payloads")
     state.bytes_sent += ledger.broadcast(totals[state.rank], world)
-    state.wire_bytes_sent += ledger.broadcast(sizes.numel() * ledger.SIZE_BYTES + send.numel(), world)
+    state.wire_bytes_sent += ledger.broadcast(send.numel(), world)  # padded to the longest rank's
+    _restore_if_skipped(state, state._passes)
     mean = _decode_mean(state, buffer, layout, raw, small,
                         [(received[r], all_sizes[r].tolist()) for r in range(world)])
     future = torch.futures.Future()
@@ -577,7 +722,8 @@ def _gather_variable(state: HookState, bucket, layout, raw, small, packets, refu
 
 def _decode_mean(state: HookState, buffer: torch.Tensor, layout, raw, small, payloads) -> torch.Tensor:
     """The mean of every rank's payload ``(bytes, size per parameter)``, decoded and summed in rank
-    order, so that every rank adds the same numbers in the same order."""
+    order, so that every rank adds the same numbers in the same order. (A 16-bit bucket's mean
+    cannot leave its range: every decoded value is within it, the codecs refuse any other.)"""
     mean = torch.zeros(buffer.numel(), dtype=work_dtype(buffer.dtype), device=buffer.device)
     for payload, rank_sizes in payloads:
         start = sum(size for size, r in zip(rank_sizes, raw, strict=True) if r)

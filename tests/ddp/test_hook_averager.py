@@ -28,12 +28,16 @@ CASES = [("none", False, CompressedMean, gwddp._allreduce_in_place),
          ("powersgd:rank=2", False, PowerSGDMean, gwddp._averager_collectives)]
 
 
+THREE_RANK_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+
+
 def none_and_plain_on_three_ranks(rank, world_size):
-    """Plain DDP and the none hook, 3 steps each, in fp32 and bf16: 1/3 is inexact, so dividing
-    (as allreduce_hook does) would differ from plain DDP's multiplication in the last bit."""
+    """Plain DDP and the none hook, 3 steps each, in fp32, bf16 and fp64: 1/3 is inexact, so dividing
+    (as allreduce_hook does) would differ from plain DDP's multiplication in the last bit, and so would
+    multiplying a float64 bucket by the float32 1/3."""
     x, y = make_data(rank, world_size)
     out = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in THREE_RANK_DTYPES:
         for spec in ("plain", "none"):
             model = DDP(make_model().to(dtype), bucket_cap_mb=0.004)
             if spec == "none":
@@ -153,6 +157,6 @@ def test_the_division_without_the_fused_op_gives_the_same_bits(world, dtype, mon
 @pytest.mark.timeout(120)
 def test_none_equals_plain_ddp_bit_for_bit_on_three_ranks(tmp_path):
     for out in launch(none_and_plain_on_three_ranks, tmp_path, world_size=3, timeout_s=100):
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in THREE_RANK_DTYPES:
             for a, b in zip(out[f"none-{dtype}"], out[f"plain-{dtype}"], strict=True):
                 assert torch.equal(a, b), dtype

@@ -1,0 +1,406 @@
+"""gradwire.ddp at its edges: DDP's find_unused_parameters, a mean that leaves a 16-bit wire's range,
+GradScaler and error feedback, residuals across a skipped step, exact byte counts, bad settings.
+
+In-process tests use a world of one gloo rank (FileStore, no port); the 2-rank scenarios run in one
+pair of processes (``suite``), the parent compares.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gradwire import ddp as gwddp
+from gradwire.errors import ConfigError
+from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params, part, poison, run_scenarios, train
+
+pytestmark = pytest.mark.xdist_group("ddp-edges-processes")
+
+SMALL_BUCKETS = 0.004  # MB: several buckets
+ONE_BUCKET = 25  # MB: the whole MLP in one bucket
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+# --- scenarios (run in the children) ----------------------------------------------------------
+
+def fp16_overflow(rank, world_size):
+    """Each rank's gradient is 1e5 (its share 5e4 fits fp16), the mean 1e5 does not."""
+    model = DDP(nn.Linear(4, 1, bias=False))
+    gwddp.register(model, "fp16", non_finite="raise")
+    try:
+        # through DDP's forward (which prepares its reducer), the gradient 1e5 on every rank
+        ((model(torch.ones(1, 4)) * 0).sum() + (model.module.weight * 1e5).sum()).backward()
+        return ("none", str(model.module.weight.grad.tolist()))
+    except Exception as e:  # noqa: BLE001 - the parent checks type and text
+        return (type(e).__name__, str(e))
+
+
+def propagate_keeps_residuals(rank, world_size):
+    """non_finite="propagate": rank 1's gradient turns NaN at step 2; the residuals (every rank's)
+    after that step must be those before it. One path each: sizes-first (topk), fixed-size (qsgd),
+    allreduce of a cast (fp16 with error feedback)."""
+    x, y = make_data(rank, world_size)
+    out = {}
+    for spec in ("topk:ratio=0.1", "qsgd:levels=4", "fp16"):
+        model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
+        state = gwddp.register(model, spec, error_feedback=True, non_finite="propagate", min_compress_numel=0)
+        poison(model, rank)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        steps = []
+        for step in range(4):
+            before = state.state_dict()["residuals"]
+            xb, yb = batch(x, y, step)
+            opt.zero_grad()
+            F.mse_loss(model(xb), yb).backward()
+            finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+            if finite:
+                opt.step()
+            steps.append({"finite": finite, "before": before, "after": state.state_dict()["residuals"]})
+        out[spec] = steps
+    return out
+
+
+def failed_bucket_bytes(rank, world_size):
+    """One bucket on the sizes-first path (topk), propagate: the step whose bucket fails still
+    all-gathered its sizes (8 bytes per parameter): the counters' increase over that step."""
+    x, y = make_data(rank, world_size)
+    model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
+    state = gwddp.register(model, "topk:ratio=0.1", non_finite="propagate", min_compress_numel=0)
+    poison(model, rank)
+    deltas = []
+    for step in range(3):
+        before = (state.bytes_sent, state.wire_bytes_sent)
+        xb, yb = batch(x, y, step)
+        model.zero_grad()
+        F.mse_loss(model(xb), yb).backward()
+        deltas.append((state.bytes_sent - before[0], state.wire_bytes_sent - before[1]))
+    return deltas
+
+
+def exact_bytes(rank, world_size, steps):
+    """Per step, this rank's payload bytes and wire bytes, one bucket (so a step is one all-gather of
+    sizes and one of padded payloads) for the two codecs whose sizes depend on the data."""
+    x, y = make_data(rank, world_size)
+    out = {}
+    for spec in ("topk:ratio=0.1", "threshold:tau=0.01"):
+        model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
+        state = gwddp.register(model, spec, error_feedback=True, min_compress_numel=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        rows = []
+        for step in range(steps):
+            before = (state.bytes_sent, state.wire_bytes_sent)
+            train(model, x, y, step, 1, opt)
+            rows.append((state.bytes_sent - before[0], state.wire_bytes_sent - before[1]))
+        out[spec] = rows
+    return out
+
+
+def draws(rank, world_size):
+    """qsgd's packets of one and the same tensor on each rank, at steps 0 and 1: the random draws
+    depend on the rank and the step."""
+    model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
+    state = gwddp.HookState(model, "qsgd:levels=4", seed=5, min_compress_numel=0)
+    grad = torch.linspace(-1.0, 1.0, 16 * 64)
+    packets = []
+    for step in (0, 1):
+        state.step = step
+        packets.append(gwddp._encode(state, grad, 0, "0.weight").buffer.clone())
+    return packets
+
+
+def resume_counters(rank, world_size, folder):
+    """topk with error feedback, 6 steps straight, and 3 + 3 through a state_dict: the counters."""
+    x, y = make_data(rank, world_size)
+
+    def fresh():
+        model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
+        return model, gwddp.register(model, "topk:ratio=0.1", error_feedback=True, min_compress_numel=0)
+
+    model, state = fresh()
+    train(model, x, y, 0, 6)
+    straight = (state.bytes_sent, state.wire_bytes_sent)
+    model, state = fresh()
+    opt = train(model, x, y, 0, 3)
+    saved = {"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
+    torch.save(saved, f"{folder}/counters-{rank}.pt")
+    model, state = fresh()
+    saved = torch.load(f"{folder}/counters-{rank}.pt", weights_only=True)
+    model.module.load_state_dict(saved["model"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt.load_state_dict(saved["opt"])
+    state.load_state_dict(saved["hook"])
+    train(model, x, y, 3, 3, opt)
+    return {"straight": straight, "resumed": (state.bytes_sent, state.wire_bytes_sent)}
+
+
+class Sometimes(nn.Module):
+    """An MLP whose second layer is used only when asked (DDP's find_unused_parameters case)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.side, self.out = nn.Linear(16, 64), nn.Linear(16, 64), nn.Linear(64, 1)
+
+    def forward(self, x, use: bool):
+        h = torch.tanh(self.a(x))
+        return self.out(h + torch.tanh(self.side(x)) if use else h)
+
+
+def powersgd_unused(rank, world_size):
+    """powersgd (no error memory, which find_unused_parameters refuses) with find_unused_parameters:
+    rank 0's communication thread is slowed before each collective, as under load, so that without
+    the last bucket's wait DDP's own allreduce of the used parameters would overtake the hook's."""
+    real = dist.all_reduce
+
+    def slowed(*args, **kwargs):
+        import threading
+        import time
+
+        if rank == 0 and threading.current_thread().name.startswith("gradwire"):
+            time.sleep(0.05)  # a slow thread, not a bound on anything: the test measures no time
+        return real(*args, **kwargs)
+
+    dist.all_reduce = slowed
+    try:
+        model = DDP(Sometimes(), bucket_cap_mb=0.004, find_unused_parameters=True)
+        state = gwddp.register(model, "powersgd:rank=2,error_feedback=false", timeout_s=20)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(rank)
+        for step in range(6):
+            xb, yb = torch.randn(32, 16, generator=g), torch.randn(32, 1, generator=g)
+            opt.zero_grad()
+            F.mse_loss(model(xb, step % 2 == 0), yb).backward()
+            opt.step()
+        return {"params": params(model), "step": state.step}
+    finally:
+        dist.all_reduce = real
+
+
+EXACT_STEPS = 6
+
+
+def suite(rank, world_size, folder):
+    # (powersgd_unused has a pair of processes of its own: a hook that gets the order of the
+    # collectives wrong makes gloo abort the process)
+    return run_scenarios([("fp16_overflow", lambda: fp16_overflow(rank, world_size)),
+                          ("propagate_keeps_residuals", lambda: propagate_keeps_residuals(rank, world_size)),
+                          ("failed_bucket_bytes", lambda: failed_bucket_bytes(rank, world_size)),
+                          ("exact_bytes", lambda: exact_bytes(rank, world_size, EXACT_STEPS)),
+                          ("draws", lambda: draws(rank, world_size)),
+                          ("resume_counters", lambda: resume_counters(rank, world_size, folder))])
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ddp-edges")
+    return launch(suite, folder, str(folder), timeout_s=150)
+
+
+# --- 2-rank tests (the parent compares) -------------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_powersgd_with_find_unused_parameters_issues_collectives_in_one_order(tmp_path):
+    """DDP allreduces its map of used parameters once the last bucket's hook has returned; the
+    hook's own collectives run on its communication thread. Every rank must issue them in one order
+    (else gloo reports a collective mismatch, or aborts)."""
+    ranks = launch(powersgd_unused, tmp_path, timeout_s=150)
+    assert ranks[0]["step"] == ranks[1]["step"] == 6
+    for a, b in zip(ranks[0]["params"], ranks[1]["params"], strict=True):
+        assert bool(torch.isfinite(a).all())
+        assert torch.equal(a, b)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_a_mean_beyond_fp16s_range_raises_naming_step_and_bucket(results):
+    for rank, (kind, text) in enumerate(part(results, "fp16_overflow")):
+        assert "DivergenceError" in kind + text, (kind, text)  # through DDP's future: a RuntimeError quoting it
+        assert f"step 0, rank {rank}, bucket 0" in text and "not finite" in text, text
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_propagate_leaves_every_ranks_residuals_as_they_were_across_a_skipped_step(results):
+    for rank, out in enumerate(part(results, "propagate_keeps_residuals")):
+        for spec, steps in out.items():
+            assert [s["finite"] for s in steps] == [True, True, False, True], (spec, rank)
+            skipped = steps[2]
+            assert sorted(skipped["after"]) == sorted(skipped["before"]), (spec, rank)
+            for name, residual in skipped["before"].items():
+                assert torch.equal(skipped["after"][name], residual), (spec, rank, name)
+            # the residuals do change on a step that is not skipped (else this would prove nothing)
+            changed = steps[3]
+            assert any(not torch.equal(changed["after"][n], r) for n, r in changed["before"].items()), spec
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_a_failed_sizes_first_bucket_counts_the_sizes_it_sent(results):
+    parameters = len(list(make_model().parameters()))
+    for deltas in part(results, "failed_bucket_bytes"):
+        assert deltas[0][0] > 0 and deltas[1][0] > 0  # the good steps sent payloads
+        # step 2 failed: no payload, but the int64 size of each parameter went to the one peer
+        assert deltas[2] == (0, 8 * parameters), deltas
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_wire_bytes_of_the_sizes_first_path_are_sizes_plus_the_longest_payload(results):
+    """Per step (one bucket, world size 2, so each rank's bytes reach one peer): 8 bytes per
+    parameter for the sizes, then every rank sends the longest rank's payload length (padding)."""
+    parameters = len(list(make_model().parameters()))
+    ranks = part(results, "exact_bytes")
+    for spec in ("topk:ratio=0.1", "threshold:tau=0.01"):
+        payload = [[p for p, _ in out[spec]] for out in ranks]
+        assert len(payload[0]) == EXACT_STEPS
+        # the ranks' payloads differ in length on some step, so that padding is really tested
+        assert any(a != b for a, b in zip(*payload, strict=True)), spec
+        for out in ranks:
+            for step, (_, wire) in enumerate(out[spec]):
+                assert wire == 8 * parameters + max(payload[0][step], payload[1][step]), (spec, step)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_random_draws_differ_between_ranks_and_between_steps(results):
+    (r0_step0, r0_step1), (r1_step0, r1_step1) = part(results, "draws")
+    assert not torch.equal(r0_step0, r1_step0)  # same gradient, same step, other rank: other draws
+    assert not torch.equal(r0_step0, r0_step1) and not torch.equal(r1_step0, r1_step1)  # other step
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_byte_counters_after_resuming_equal_the_straight_runs(results):
+    for out in part(results, "resume_counters"):
+        assert out["straight"][0] > 0
+        assert out["resumed"] == out["straight"], out
+
+
+# --- in-process tests -------------------------------------------------------------------------
+
+class Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+@pytest.mark.timeout(60)
+def test_error_feedback_with_find_unused_parameters_is_refused(one_rank):
+    model = DDP(Pair(), find_unused_parameters=True)
+    with pytest.raises(ConfigError, match=r"error feedback .*find_unused_parameters=True.*would be lost"):
+        gwddp.register(model, "topk:ratio=0.1", error_feedback=True)
+    with pytest.raises(ConfigError, match=r"error feedback \(powersgd.*find_unused_parameters=True"):
+        gwddp.register(DDP(Pair(), find_unused_parameters=True), "powersgd:rank=1")  # its own, on by default
+    # without error feedback, or without find_unused_parameters, accepted
+    gwddp.register(DDP(Pair(), find_unused_parameters=True), "topk:ratio=0.1")
+    gwddp.register(DDP(Pair(), find_unused_parameters=True), "powersgd:rank=1,error_feedback=false")
+    gwddp.register(DDP(Pair()), "topk:ratio=0.1", error_feedback=True)
+
+
+@pytest.mark.timeout(60)
+def test_grad_scaler_keeps_residuals_unscaled_across_a_scale_change(one_rank):
+    """topk with error feedback under a GradScaler whose scale goes 1024 -> 512: what was applied
+    (unscaled) plus the residual left equals the true gradients summed. The scales are powers of two,
+    so scaling the loss scales every gradient exactly; only the additions round."""
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=1024.0)):
+        torch.manual_seed(0)
+        model = DDP(nn.Linear(64, 64, bias=False))
+        reference = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        state = gwddp.register(model, "topk:ratio=0.1", error_feedback=True, grad_scaler=scaler)
+        applied, true = torch.zeros(64 * 64), torch.zeros(64 * 64)
+        for scale in (1024.0, 512.0):
+            used = scaler or reference
+            if scale != 1024.0:  # the scaler's own way to a new scale (after an overflow: halved)
+                used.update(new_scale=scale)
+            model.zero_grad()
+            used.scale(model(x).pow(2).mean()).backward()
+            assert used.get_scale() == scale
+            applied += model.module.weight.grad.reshape(-1) / scale  # what GradScaler's unscale gives
+            w = model.module.weight.detach().clone().requires_grad_()
+            (x @ w.T).pow(2).mean().backward()
+            true += w.grad.reshape(-1)
+        residual = state.error_feedback.residuals["weight"]
+        results[scaler is not None] = (applied, residual, true)
+    applied, residual, true = results[True]
+    torch.testing.assert_close(applied + residual, true, rtol=1e-5, atol=1e-6 * float(true.abs().max()))
+    # without the scaler the residual is in the last step's scaled units: the same check fails
+    applied, residual, true = results[False]
+    assert float((applied + residual / 512.0 - true).norm() / true.norm()) > 1e-2
+
+
+@pytest.mark.timeout(60)
+def test_grad_scaler_is_refused_with_powersgds_own_error_memory(one_rank):
+    with pytest.raises(ConfigError, match="grad_scaler= does not combine with powersgd"):
+        gwddp.register(DDP(Pair()), "powersgd:rank=1", grad_scaler=torch.amp.GradScaler("cpu"))
+
+
+@pytest.mark.timeout(60)
+def test_min_compress_numel_is_saved_and_a_different_one_refused_on_load(one_rank):
+    saved = gwddp.HookState(make_model(), "topk:ratio=0.1", min_compress_numel=0).state_dict()
+    assert saved["min_compress_numel"] == 0
+    with pytest.raises(ConfigError, match=r"min_compress_numel=0, this hook has 1024"):
+        gwddp.HookState(make_model(), "topk:ratio=0.1").load_state_dict(saved)
+    gwddp.HookState(make_model(), "topk:ratio=0.1", min_compress_numel=0).load_state_dict(saved)
+
+
+@pytest.mark.timeout(60)
+def test_load_state_dict_restores_the_byte_counters(one_rank):
+    state = gwddp.HookState(make_model(), "qsgd:levels=4")
+    saved = dict(state.state_dict(), bytes_sent=1234, wire_bytes_sent=1300)
+    fresh = gwddp.HookState(make_model(), "qsgd:levels=4")
+    fresh.load_state_dict(saved)
+    assert (fresh.bytes_sent, fresh.wire_bytes_sent) == (1234, 1300)
+
+
+BAD = [("compressor", 123, "compressor=123"), ("compressor", None, "compressor=None"),
+       ("seed", "abc", "seed='abc'"), ("seed", 1.7, "seed=1.7"), ("seed", True, "seed=True"),
+       ("error_feedback", "no", "error_feedback='no'"), ("error_feedback", 1, "error_feedback=1"),
+       ("min_compress_numel", True, "min_compress_numel=True"),
+       ("min_compress_numel", 1e3, "min_compress_numel=1000.0"), ("min_compress_numel", -1, "min_compress_numel=-1"),
+       ("timeout_s", True, "timeout_s=True"), ("timeout_s", float("inf"), "timeout_s=inf"),
+       ("grad_scaler", "yes", "grad_scaler='yes'")]
+
+
+@pytest.mark.parametrize(("argument", "value", "named"), BAD, ids=[b[2] for b in BAD])
+def test_each_bad_setting_is_one_config_error_naming_it(argument, value, named):
+    """Checked before any process group is asked for (none exists here): one line naming the
+    argument, the value and what is valid."""
+    with pytest.raises(ConfigError) as caught:
+        gwddp.HookState(make_model(), **{"compressor": "qsgd:levels=4", argument: value})
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith(named) and "valid" in text, text
+
+
+@pytest.mark.parametrize("world", [3, 5, 6, 7])
+def test_a_float64_bucket_is_divided_as_plain_ddp_divides_it(world):
+    """Plain DDP multiplies a float64 gradient by the double 1/world_size (reducer.cpp's mul_out by a
+    wrapped double scalar); a float32 reciprocal differs from it in the last bits where 1/world is
+    inexact."""
+    state = SimpleNamespace(world_size=world, reciprocal=torch.full((1,), 1.0 / world))
+    x = torch.randn(10000, generator=torch.Generator().manual_seed(world), dtype=torch.float64)
+    got = x.clone()
+    assert gwddp._divide_checking(state, got) is True
+    assert torch.equal(got, torch.mul(x, 1.0 / world))
+    y = x.clone()
+    y[7] = float("inf")
+    assert gwddp._divide_checking(state, y) is False
