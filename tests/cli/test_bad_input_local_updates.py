@@ -65,3 +65,12 @@ def test_nesterov_is_refused_where_the_algorithm_has_its_own_momentum(tmp_path, 
                  "digits-logreg", "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
     err = capsys.readouterr().err
     assert code == 2 and "--nesterov does not apply" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_signsgd_refuses_a_momentum_flag_it_would_ignore(tmp_path, data_dir, capsys):
+    """Signum's β is the spec's (signsgd:momentum=β); --momentum would be recorded and not used."""
+    code = main(["run", "--algorithm", "signsgd", "--momentum", "0.5", "--steps", "1", "--task", "digits-logreg",
+                 "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and "signsgd:momentum=β, 0.9 here): --momentum 0.5 does not apply" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

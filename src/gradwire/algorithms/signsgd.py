@@ -48,6 +48,8 @@ class SignSGD(Algorithm):
         require_sgd(optim, "signsgd (x <- x - γ·majority vote)")
         require(not optim.nesterov, "signsgd takes its momentum from its own spec (signsgd:momentum=β): --nesterov "
                 "does not apply (leave it off)")
+        require(not optim.momentum, f"signsgd takes its momentum from its own spec (signsgd:momentum=β, "
+                f"{self.momentum:g} here): --momentum {optim.momentum:g} does not apply (leave it off)")
         require(codec.compressor in ("none", "sign") and not codec.error_feedback,
                 "signsgd sends signs by definition: leave --compressor and --error-feedback unset")
         self.sign = build_compressor("sign")
