@@ -9,20 +9,20 @@ The layers, bottom to top (a module may import its own layer's package and any l
  1. config: typed values and names, each checked on its own (whether they combine is asked of the
     components by run/combination.py)
  2. tasks: data, models, partitions, gradient oracles
- 3. kernels, then compress: fused Triton twins of the hot codecs, below the byte compressors
-    (encode/decode a real buffer) that dispatch to them
- 4. transports: the transport contract, its clocks and straggler models, the simulator, threads,
+ 3. kernels: fused Triton twins of the hot codecs
+ 4. compress: the byte compressors (encode/decode a real buffer), which dispatch to the kernels
+ 5. transports: the transport contract, its clocks and straggler models, the simulator, threads,
     torch.distributed, the network cost model and the byte ledger
- 5. fault: fault tolerance on torchft above its transport (transports/ft.py, whose spec is
+ 6. fault: fault tolerance on torchft above its transport (transports/ft.py, whose spec is
     transports/ft_spec.py): the replica driver, live state transfer, the fault-injection harness
- 6. averaging: the mean over the participants (compressed mean, PowerSGD)
- 7. algorithms: what a worker computes and sends, and how messages combine
- 8. ddp: the DDP communication hook, a library entry point over averaging (above it, below any run)
- 9. parallel: tensor parallelism, whose layers talk through counted process-group collectives
-10. servers: the drivers of a run's steps (collective, the simulated and the real server)
-11. run: the run loop, which builds every layer below
-12. plan, reproduce: commands' engines that make runs
-13. cli, __main__: the command line: one module per command, the run flags the benchmarks share
+ 7. averaging: the mean over the participants (compressed mean, PowerSGD)
+ 8. algorithms: what a worker computes and sends, and how messages combine
+ 9. ddp: the DDP communication hook, a library entry point over averaging (above it, below any run)
+10. parallel: tensor parallelism, whose layers talk through counted process-group collectives
+11. servers: the drivers of a run's steps (collective, the simulated and the real server)
+12. run: the run loop, which builds every layer below
+13. plan, reproduce: commands' engines that make runs
+14. cli, __main__: the command line: one module per command, the run flags the benchmarks share
     (cli/flags.py), and starting and supervising processes (cli/launch.py, cli/supervise.py:
     torchrun)
 

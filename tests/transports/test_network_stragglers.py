@@ -45,6 +45,10 @@ def test_ring_costs_follow_formulas():
     assert c.bytes == 14 * 8000 and c.time_s == pytest.approx(14 * (0.001 + 1000 / BW))
     c = net.allgather([5, 50, 7])
     assert c.bytes == 2 * 62 and c.time_s == pytest.approx(2 * (0.001 + 50 / BW))
+    c = net.broadcast(100, 5)  # pipelined along the ring: every hop's latency, the bytes once
+    assert c.bytes == 4 * 100 and c.time_s == pytest.approx(4 * 0.001 + 100 / BW)
+    c = net.gather([5, 50, 7], 1)  # the root receives the others' buffers over its link
+    assert c.bytes == 12 and c.time_s == pytest.approx(0.001 + 12 / BW)
 
 
 def test_single_participant_costs_nothing():

@@ -101,6 +101,10 @@ class Transport(ABC):
     def __init__(self) -> None:
         self.bytes_sent = 0
         self.comm_time_s = 0.0
+        # bytes of subgroup collectives this process accounts for and has not yet summed into the
+        # global ``bytes_sent`` (``sync_counters``; 0 where one process counts every collective):
+        # checkpointed, so that a resume between two syncs loses none of them
+        self.group_bytes = 0
         self._lock = threading.Lock()  # a server's inbox receives on several threads
 
     def count(self, nbytes: int, seconds: float = 0.0) -> None:
@@ -115,12 +119,12 @@ class Transport(ABC):
     def uncounted(self) -> Iterator[None]:
         """Collectives inside the block are not charged (counters restored, timeline paused):
         evaluation's communication, kept out of what a run reports as its training cost."""
-        saved = self.bytes_sent, self.comm_time_s
+        saved = self.bytes_sent, self.comm_time_s, self.group_bytes
         try:
             with self.timeline.paused():
                 yield
         finally:
-            self.bytes_sent, self.comm_time_s = saved
+            self.bytes_sent, self.comm_time_s, self.group_bytes = saved
 
     def restart(self, start: Callable[[], Handle], finish_s: float | None) -> Handle:
         """A collective that was in flight when a checkpoint was taken, started again after the resume
@@ -207,11 +211,12 @@ class Transport(ABC):
         """Leave the process group (a real backend); nothing to do in one process."""
 
     def state_dict(self) -> dict:
-        return {"bytes_sent": self.bytes_sent, "comm_time_s": self.comm_time_s}
+        return {"bytes_sent": self.bytes_sent, "comm_time_s": self.comm_time_s, "group_bytes": self.group_bytes}
 
     def load_state_dict(self, state: dict) -> None:
         self.bytes_sent = int(state["bytes_sent"])
         self.comm_time_s = float(state["comm_time_s"])
+        self.group_bytes = int(state.get("group_bytes", 0))  # checkpoints from before it was saved: 0
 
     def node_of(self, rank: int) -> int:
         """The machine (node) that hosts ``rank``, numbered 0, 1, ...; algorithms that group the

@@ -5,9 +5,11 @@ server-mode algorithm), holds only that one's state, and meets the others throug
 collectives (subgroups included) and point-to-point messages, each wait bounded by the timeout.
 So the code path of a real backend (one worker per process, the real server driver with its inbox,
 checkpoints as a quiescent cut) runs and can be debugged in one process, without torchrun, a
-network or a GPU. Bytes are counted as the torch transport counts them for equal-size buffers (the
-ring formulas of the byte ledger, transports/ledger.py; every rank the global count; point-to-point messages at
-both ends). Time is real time (``WallClock``).
+network or a GPU. Bytes are counted with the ring formulas of the byte ledger (transports/ledger.py;
+every rank the global count; point-to-point messages at both ends), as the torch transport counts
+equal-size buffers whose size is announced; unannounced sizes (``size=None``) cost the torch
+transport a size exchange that a thread does not need, so there the counts differ by it. A
+collective's payloads are dropped once every member has read them. Time is real time (``WallClock``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Hub:
 
     def __init__(self, timeout_s: float):
         self.cond, self.slots, self.timeout_s = threading.Condition(), {}, timeout_s
+        self.readers: dict = {}  # key -> the ranks that have read a collective's slot (dropped when all have)
         self.mail: dict[tuple[int, int, int], collections.deque] = {}
         self.dead: dict[int, str] = {}  # process -> why its thread ended with an error
 
@@ -40,7 +43,8 @@ class Hub:
             self.dead[process] = reason
             self.cond.notify_all()
 
-    def meet(self, key, rank: int, payload, needed: list[int]) -> dict:
+    def meet(self, key, rank: int, payload, needed: list[int], members: int) -> dict:
+        """``members``: how many ranks take part (each calls once); the slot is dropped once all have read it."""
         with self.cond:
             self.slots.setdefault(key, {})[rank] = payload
             self.cond.notify_all()
@@ -52,7 +56,12 @@ class Hub:
                     f"did not complete within {self.timeout_s:g} s"
                 raise PeerLost(f"rank {rank}: collective {key[0]} over {list(key[1])} {why} "
                                f"(have {sorted(self.slots[key])})")
-            return dict(self.slots[key])
+            got = dict(self.slots[key])
+            readers = self.readers.setdefault(key, set())
+            readers.add(rank)
+            if len(readers) == members:  # every member has its copy: the payloads are no longer held
+                del self.slots[key], self.readers[key]
+            return got
 
     def post(self, src: int, dst: int, tag: int, buffer: torch.Tensor) -> None:
         with self.cond:
@@ -81,7 +90,6 @@ class ThreadTransport(Transport):
         self.hub, self.world_size, self.rank, self.local_ranks = hub, world_size, rank, (rank,)
         self.timeout_s = hub.timeout_s
         self.seq: dict = {}
-        self.group_bytes = 0
 
     def _meet(self, op: str, ranks, payload, needed=None) -> dict:
         ranks = self.participants(ranks)
@@ -90,7 +98,7 @@ class ThreadTransport(Transport):
         key = (op, tuple(ranks))
         n = self.seq[key] = self.seq.get(key, -1) + 1
         began = self.timeline.now() if self.timeline.enabled else 0.0
-        got = self.hub.meet(key + (n,), self.rank, payload, ranks if needed is None else needed)
+        got = self.hub.meet(key + (n,), self.rank, payload, ranks if needed is None else needed, len(ranks))
         if op != "sync_counters":  # bookkeeping, not training
             self.timeline.add_many(self.local_ranks, COMM, began, self.timeline.now() if self.timeline.enabled else 0.0)
         return got

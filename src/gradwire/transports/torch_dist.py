@@ -13,13 +13,16 @@ is bounded by the process group's timeout, so a missing peer raises instead of h
 
 Bytes are counted as the ring algorithms that gloo and NCCL use send them, the byte ledger's
 formulas (transports/ledger.py) that the simulator's ``ring`` network uses too: allreduce 2·(N-1)·B, allgather
-(N-1)·N·max n (padded), gather Σ of the non-root buffers, broadcast (N-1)·n, plus (N-1)·N·8 for a
+(N-1)·N·max n (padded), gather (N-1)·max n (the non-root buffers, padded), broadcast (N-1)·n, plus (N-1)·N·8 for a
 size exchange when the sizes are not known in advance. Every rank knows every size, so every
 rank holds the same global ``bytes_sent``, with no extra communication. Collectives over a subset
 of workers (multi-leader LSGD's groups) run on process groups that their members create on first
 use (``new_group(..., use_local_synchronization=True)``, so non-members need not take part); their
 bytes are accounted by each group's lowest rank and summed over ranks at evaluation steps
-(``sync_counters``), so the global count still equals the simulator's.
+(``sync_counters``; the part not yet summed is in each rank's checkpoint), so the global count
+still equals the simulator's. 16-bit tensors (the fp16/bf16 casts, PowerSGD's fp16 factors) are
+summed by gloo and NCCL in their own dtype, where the simulator and the threads backend add in
+float32: a sum beyond fp16's range is inf here only, and bf16 means may differ in the last bits.
 
 Point-to-point (``send`` / ``recv``, the server modes): worker w lives in process
 ``w + first_worker_process`` and ``SERVER`` is process 0. Each message is counted by the process
@@ -146,7 +149,6 @@ class TorchTransport(Transport):
         self.local_ranks = (self.rank,)
         self.timeout_s = timeout_s
         self._groups: dict[tuple[int, ...], object] = {}
-        self.group_bytes = 0  # bytes of subgroup collectives this rank accounts for (see sync_counters)
         self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
 
     def _all(self, ranks: Sequence[int] | None, what: str) -> list[int]:
@@ -310,6 +312,7 @@ class TorchTransport(Transport):
         if group is not self._world:
             if size is None:
                 raise NotImplementedError("a subgroup broadcast needs the buffer size announced (size=)")
+            self._check_announced(buffer, src, size)
             out = self._on_device(buffer) if self.rank == src else self._empty(size)
             self._guard(lambda: dist.broadcast(out, src=self._global[src], group=group), "broadcast")
             self._count(ledger.broadcast(size, len(ranks)), group, ranks)
@@ -319,10 +322,17 @@ class TorchTransport(Transport):
             self._guard(lambda: dist.broadcast(n, src=self._global[src], group=self._world), "size broadcast")
             self.bytes_sent += ledger.broadcast(ledger.SIZE_BYTES, len(ranks))
             size = int(n)
+        self._check_announced(buffer, src, size)
         out = self._on_device(buffer) if self.rank == src else self._empty(size)
         self._guard(lambda: dist.broadcast(out, src=self._global[src], group=self._world), "broadcast")
         self.bytes_sent += ledger.broadcast(size, len(ranks))
         return out
+
+    def _check_announced(self, buffer, src: int, size: int) -> None:
+        """The source's buffer has the announced size: gloo aborts the receiving process (no Python
+        error) when the sizes differ, so the sender refuses first, naming both."""
+        if self.rank == src and buffer.numel() != size:
+            raise ValueError(f"rank {self.rank}: broadcast of {buffer.numel()} bytes announced as {size} bytes")
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` contiguous on this process's device (NCCL carries device tensors only)."""
