@@ -24,6 +24,7 @@ EPILOG = """each --variant is a quoted list of run flags applied on top of the c
   gradwire compare --task mnist1d-mlp --steps 300 --out runs/cmp \\
       --variant "--algorithm sync" --variant "--algorithm sync:backups=2" \\
       --variant "--name qsgd-ef --compressor qsgd:levels=4 --error-feedback"
+A variant of one flag is given the same way: --variant "--error-feedback".
 A config file may hold the common keys and a list `variants:` of mappings of keys.
 With --seeds 0,1,2 every variant runs once per seed (folders VARIANT-seedS); comparison.md adds, per
 variant, the mean, standard deviation and range of its final losses and accuracy over the seeds, and
@@ -37,7 +38,8 @@ def add_parser(sub) -> None:
                        description="Run variants on the same task, seed and partition; writes "
                        "comparison.md, comparison.csv, comparison.png and report.html into --out.")
     add_run_flags(p)
-    p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable")
+    p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable; a single "
+                   "flag is a value too: --variant \"--error-feedback\" (or --variant=--error-feedback)")
     p.add_argument("--seeds", default=None, metavar="S,S,...",
                    help="run every variant once per seed (e.g. 0,1,2; replaces --seed) and add each variant's "
                         "mean, spread and paired difference from the first variant over the seeds")
@@ -173,11 +175,12 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
         raise ConfigError(f"resume=true: nothing to resume: compare folder {common.out} holds none of the variants' "
                           "runs; check --out, or pass --resume-or-start to start the comparison (--resume)")
     specs = [c.replace(resume=False, resume_or_start=True) for c in specs]
+    from gradwire.run.combination import resolved
     from gradwire.run.loop import check_resume
 
     for c in specs:  # before any variant runs: one that cannot continue stops the comparison here, not halfway
-        try:
-            check_resume(c)
+        try:  # resolved, as the run checks it: config.json holds the algorithm's --lr, --momentum, --lr-schedule
+            check_resume(resolved(c))
         except AlreadyFinished:
             pass
         except ConfigError:

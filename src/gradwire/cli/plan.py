@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
     add_run_flags(p, skip=("workers",))
     p.add_argument("--algorithms", help="comma-separated algorithm specs, e.g. sync,sync:backups=2,diana")
     p.add_argument("--compressors", help="comma-separated compressor specs, e.g. none,qsgd:levels=4")
-    p.add_argument("--candidate", action="append", help="run flags of one more candidate (quoted); repeatable")
+    p.add_argument("--candidate", action="append", help="run flags of one more candidate (quoted); repeatable; a "
+                   "single flag is a value too: --candidate \"--error-feedback\"")
     p.add_argument("--workers", default="1,2,4,8", help="worker counts the profiling may use (default 1,2,4,8; "
                    "at least 3 distinct)")
     p.add_argument("--max-workers", type=int, default=64, help="predict up to this many workers (default 64)")

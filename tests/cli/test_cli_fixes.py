@@ -1,0 +1,78 @@
+"""Command-line defects a new user met: each test here failed before its fix (the reviewer's list,
+tests/cli: --resume of a comparison without checkpoints, a --variant of one flag, a closed pipe,
+a comparison's title, configuration errors found before anything runs, --out folders)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gradwire.cli import main
+
+TINY = ["--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2"]
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_compare_resume_of_a_finished_comparison_without_checkpoints(tmp_path, data_dir, capsys):
+    """A comparison that saved no checkpoint and finished is kept as it is by --resume (exit 0, every
+    variant "already finished"): its variants' configs are resolved before they are compared with
+    config.json (--lr and --momentum are the algorithm's there)."""
+    out = tmp_path / "cmp"
+    common = ["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--no-html",
+              "--variant", "--algorithm sync", "--variant", "--name q --compressor qsgd:levels=4"]
+    assert main(common) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*.json*")}
+    capsys.readouterr()
+    assert main([*common, "--resume"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.count("already finished at step 4") == 2
+    assert {p: p.read_bytes() for p in out.rglob("*.json*")} == before
+
+
+def test_a_variant_of_one_flag(tmp_path, data_dir, capsys):
+    """``--variant "--error-feedback"`` is a value (argparse took it for an option: "expected one argument")."""
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--no-html",
+                 "--compressor", "qsgd:levels=4", "--variant", "--name plain", "--variant", "--error-feedback"]) == 0
+    assert json.loads((out / "sync_+_qsgd_levels=4_+_EF" / "config.json").read_text())["error_feedback"] is True
+
+
+def test_a_candidate_of_one_flag_is_read_as_a_value(tmp_path, capsys):
+    """plan's ``--candidate "--error-feedback"`` reaches plan's own checks (it was argparse's
+    "expected one argument"): here --error-feedback without a compressor, refused by name."""
+    code = main(["plan", "--task", "digits-logreg", "--steps", "2", "--target-loss", "1", "--out", str(tmp_path / "p"),
+                 "--candidate", "--error-feedback"])
+    assert code == 2
+    assert "--error-feedback needs --compressor" in one_line(capsys)
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_variant_flag_error_points_to_help_that_exists(tmp_path, capsys):
+    """A mistyped flag in a --variant points to `gradwire run --help` (there is no
+    `gradwire compare --variant --help`)."""
+    with pytest.raises(SystemExit) as e:
+        main(["compare", *TINY, "--out", str(tmp_path / "c"), "--variant", "--algoritm sync"])
+    assert e.value.code == 2
+    line = one_line(capsys)
+    assert "--algoritm" in line and "(see gradwire run --help" in line and "--variant --help" not in line
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("args", [["list"], ["reproduce", "--list"]])
+def test_a_closed_pipe_is_no_traceback(args):
+    """``gradwire list | head``: the reader closed the pipe; no BrokenPipeError traceback, and the
+    status a command killed by SIGPIPE has (141)."""
+    read, write = os.pipe()
+    os.close(read)  # a reader that has gone before anything was written
+    try:
+        p = subprocess.run([sys.executable, "-m", "gradwire", *args], stdout=write, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write)
+    assert p.stderr == "" and p.returncode == 141, p.stderr
