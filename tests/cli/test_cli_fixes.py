@@ -76,3 +76,54 @@ def test_a_closed_pipe_is_no_traceback(args):
     finally:
         os.close(write)
     assert p.stderr == "" and p.returncode == 141, p.stderr
+
+
+def test_a_comparisons_title_says_what_its_variants_share(tmp_path, data_dir, capsys):
+    """Variants that set their own task and workers: the title and the page's lead line no longer
+    describe the common flags' task and worker count (which no variant ran) as every variant's."""
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out),
+                 "--variant", "--algorithm sync", "--variant", "--name mlp4 --task digits-mlp --workers 4"]) == 0
+    title = (out / "comparison.md").read_text().splitlines()[0]
+    assert title == "# none stragglers, ps:mbps=100,latency_ms=1, variants differ in task and workers", title
+    html = (out / "report.html").read_text()
+    assert "gradwire comparison: none stragglers, ps:mbps=100,latency_ms=1, variants differ in task and workers" in html
+    assert "2 variants on the same seed and partition; they differ in task and workers (Config below)" in html
+    assert "same task" not in html
+
+
+def test_out_that_is_the_root_or_the_current_directory_is_refused(tmp_path, monkeypatch):
+    """(the root only through the check itself: a test never runs with --out /)"""
+    from gradwire.errors import ConfigError
+    from gradwire.report.run_folder import require_named
+
+    for out, needle in (("/", "is the file system's root"), ("/..", "is the file system's root"),
+                        (".", "is the current directory")):
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(ConfigError, match=needle):
+            require_named(out)
+    require_named("runs/x")
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_run_and_compare_refuse_out_dot(tmp_path, data_dir, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    variant = ["--variant", "--algorithm sync"] if command == "compare" else []
+    assert main([command, *TINY, "--data-dir", str(data_dir), "--out", ".", *variant]) == 2
+    assert "--out '.' is the current directory" in one_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_run_and_compare_refuse_a_folder_holding_other_runs(tmp_path, data_dir, capsys):
+    """``--out runs`` (the folder of every run) was taken as a run's folder: the run's files went in
+    beside the others' folders."""
+    runs = tmp_path / "runs"
+    assert main(["run", *TINY, "--data-dir", str(data_dir), "--out", str(runs / "a")]) == 0
+    capsys.readouterr()
+    assert main(["run", *TINY, "--data-dir", str(data_dir), "--out", str(runs)]) == 2
+    assert f"--out '{runs}' holds other results (a/ is a run, comparison or plan)" in one_line(capsys)
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(runs),
+                 "--variant", "--algorithm sync"]) == 2
+    assert "holds other results (a/" in one_line(capsys)
+    assert sorted(p.name for p in runs.iterdir()) == ["a"]

@@ -18,7 +18,13 @@ from gradwire.cli.flags import (
 )
 from gradwire.config import RunConfig, from_mapping, read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError
-from gradwire.report.run_folder import holds_run, read_json_or_empty, refuse_existing, require_named
+from gradwire.report.run_folder import (
+    holds_run,
+    read_json_or_empty,
+    refuse_existing,
+    refuse_others,
+    require_named,
+)
 
 EPILOG = """each --variant is a quoted list of run flags applied on top of the common ones, e.g.
   gradwire compare --task mnist1d-mlp --steps 300 --out runs/cmp \\
@@ -102,10 +108,11 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
                  for c in specs]
     for c in specs:
         c.check_values()  # before torch is imported (the second stage's modules import it)
-    from gradwire.run.combination import check_combination
+    from gradwire.run.combination import check_combination, check_started_here
 
-    for c in specs:
+    for c in specs:  # every variant before any runs: a later one's error must not stop the comparison halfway
         check_combination(c)
+        check_started_here(c)
     return common, specs
 
 
@@ -156,6 +163,8 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
     if found is not None:  # --overwrite would replace a comparison, not a run
         raise ConfigError(f"compare folder {root} holds a run ({found}): a comparison needs a folder of its own, "
                           "its runs in subfolders; choose another --out")
+    if not (root / "comparison.md").exists():  # not a comparison yet: its subfolders are the variants' alone
+        refuse_others(root, own=tuple(Path(c.out).name for c in specs))
     if (root / "comparison.md").exists() and not (common.overwrite or common.resuming):
         raise ConfigError(f"compare folder {root} already holds a comparison (comparison.md); pass --overwrite "
                           "to replace it or --resume to continue its runs (or choose another --out)")
@@ -191,6 +200,23 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
     return specs
 
 
+# what a comparison's title says of the variants' setting, where they all share it
+TITLE_KEYS = {"task": "{}", "workers": "{} workers", "stragglers": "{} stragglers", "network": "{}"}
+
+
+def comparison_title(specs: list[RunConfig]) -> str:
+    """The comparison's title: the task, workers, stragglers and network the variants share, then
+    those they differ in (the common flags' values would describe no variant that sets its own)."""
+    shared, varies = [], []
+    for key, form in TITLE_KEYS.items():
+        values = {getattr(c, key) for c in specs}
+        if len(values) == 1:
+            shared.append(form.format(values.pop()))
+        else:
+            varies.append(key)
+    return ", ".join([*shared, *([f"variants differ in {' and '.join(varies)}"] if varies else [])])
+
+
 def main(ns) -> int:
     common, specs = variants_of(ns)
     refuse_to_replace(common, specs)
@@ -217,7 +243,7 @@ def main(ns) -> int:
         print(f"  {s['status']}: test_acc={acc if acc is None else round(acc, 4)}, "
               f"{s['bytes_sent'] / 1e6:.2f} MB, {s['sim_time_s']:.1f} s "
               f"{'simulated' if c.backend == 'sim' else 'elapsed'}, {s['wall_time_s']:.1f} s wall", flush=True)
-    title = f"{common.task}, {common.workers} workers, {common.stragglers} stragglers, {common.network}"
+    title = comparison_title(specs)
     labels = None
     if len(seeds) > 1:  # the variants' own labels: those of the first seed's runs, less " seed S"
         labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]

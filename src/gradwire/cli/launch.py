@@ -18,11 +18,17 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from gradwire.cli.flags import config_from_args, run_parser
+
+# the file a supervised process creates when its run exits 2 (a configuration it refuses): the
+# supervisors of later attempts then refuse at once, and the launcher ends with exit 2
+from gradwire.cli.supervise import REFUSED_ENV
 from gradwire.config import read_config_file
-from gradwire.errors import ConfigError
+from gradwire.errors import AlreadyFinished, ConfigError
 
 EPILOG = """examples:
   gradwire launch --nproc-per-node 4 -- run --task mnist1d-cnn --algorithm diana --steps 500 --out runs/d4
@@ -73,12 +79,16 @@ def torchrun_argv(ns) -> list[str]:
                           "<= MAX")
     run_args = rest[1:]
     cfg, flags, in_file = run_options(run_args)
+    if "out" in flags | in_file:
+        from gradwire.report.run_folder import require_named
+
+        require_named(cfg.out)  # before the checks below probe the folder (--out / is refused)
     if "backend" in flags and cfg.backend != "torch":
         raise ConfigError(f"launch runs --backend torch; drop --backend {cfg.backend} from the run command")
     # --workers is counted below from the processes; until then the check takes one worker (a task's
     # samples per worker, say, are checked again once the count is known)
-    server = check_combination(cfg.replace(backend="torch", **({} if "workers" in flags else {"workers": 1}))
-                               ).needs_server
+    server = check_combination(cfg.replace(backend="torch", **({} if "workers" in flags else {"workers": 1})),
+                               workers_counted="workers" in flags).needs_server
     if not str(ns.nnodes).isdigit():
         if "workers" not in flags:
             raise ConfigError(f"--nnodes {ns.nnodes} is a range: pass --workers explicitly in the run command")
@@ -105,6 +115,8 @@ def torchrun_argv(ns) -> list[str]:
             run_args += ["--workers", str(workers)]
             cfg = cfg.replace(workers=workers)
     check_combination(cfg.replace(backend="torch"))  # with the worker count the run will have
+    if "out" in flags | in_file:  # (a default --out is a fresh folder)
+        check_folder(cfg.replace(backend="torch"), single_node=str(ns.nnodes) == "1")
     if "backend" not in flags:
         run_args += ["--backend", "torch"]
     supervisor = ["-m", "gradwire.cli.supervise", "--launcher-pid", str(os.getpid())]
@@ -127,6 +139,24 @@ def torchrun_argv(ns) -> list[str]:
     else:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     return argv + supervisor + [sys.executable, "-u", "-m", "gradwire", "run", *run_args]
+
+
+def check_folder(cfg, *, single_node: bool) -> None:
+    """The run folder's checks, before torchrun starts anything: a folder holding a run is replaced
+    only with --overwrite or continued with --resume (a refusal found by the started processes came
+    back, under --max-restarts, as a restarted attempt that resumed the old run), and --resume finds
+    something to continue. On several nodes the folder is rank 0's, wherever that lands: only the
+    first check, which a folder absent here passes."""
+    from pathlib import Path
+
+    from gradwire.report.run_folder import refuse_existing, require_named
+    from gradwire.run.combination import resolved
+    from gradwire.run.loop import check_resume
+
+    require_named(cfg.out)
+    refuse_existing(Path(cfg.out), overwrite=cfg.overwrite, resume=cfg.resuming)
+    if single_node:
+        check_resume(resolved(cfg))  # AlreadyFinished: nothing to start
 
 
 def add_parser(sub) -> None:
@@ -161,14 +191,29 @@ def start_group(ns) -> int:
     """Start the torchrun group (or, with --fault-tolerance, the replicas and a Lighthouse); the exit code."""
     rest = list(ns.rest or [])
     rest = rest[1:] if rest[:1] == ["--"] else rest
-    if rest[:1] == ["run"] and "--fault-tolerance" in " ".join(rest):  # replicas and a Lighthouse (fault/launch.py)
+    if rest[:1] == ["run"]:  # --fault-tolerance, as a flag or in the --config file: replicas and a Lighthouse
         cfg = run_options(rest[1:])[0]
         if cfg.fault_tolerance != "none":
             from gradwire.fault.launch import launch_replicas
             from gradwire.run.combination import check_combination
 
             return launch_replicas(ns, rest[1:], cfg, check_combination)
-    argv = torchrun_argv(ns)
+    try:
+        argv = torchrun_argv(ns)
+    except AlreadyFinished as e:  # --resume of a run that finished its --steps: nothing to start
+        print(f"gradwire launch: {e}")
+        return 0
+    refused = Path(tempfile.mkdtemp(prefix="gradwire-launch-")) / "refused"
+    os.environ[REFUSED_ENV] = str(refused)  # a process that refuses its configuration says so here
+    try:
+        return _torchrun(ns, argv, refused)
+    finally:
+        os.environ.pop(REFUSED_ENV, None)
+        refused.unlink(missing_ok=True)
+        refused.parent.rmdir()
+
+
+def _torchrun(ns, argv: list[str], refused: Path) -> int:
     if ns.ifname:  # the children inherit the environment
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = ns.ifname
     # torchrun sets OMP_NUM_THREADS=1 for its children when it is unset, with a banner each time; a
@@ -185,6 +230,10 @@ def start_group(ns) -> int:
         print(f"gradwire launch: stopped by {name}; every process was told to stop", file=sys.stderr)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
+        if refused.exists():  # exit 2: a process refused its configuration (its one line is above); no restart
+            print("gradwire launch: error: the run refused its configuration (exit 2, its message above); no "
+                  "restarted attempt ran it", file=sys.stderr)
+            return 2
         failures = "; ".join(f"rank {rank} exited with {f.exitcode}" for rank, f in e.failures.items())
         print(f"gradwire launch: error: worker processes failed ({failures}); see their messages above",
               file=sys.stderr)

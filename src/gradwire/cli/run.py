@@ -12,6 +12,7 @@ from pathlib import Path
 from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given
 from gradwire.config import read_config_file
 from gradwire.errors import AlreadyFinished, Stopped
+from gradwire.report.run_folder import require_named
 
 EPILOG = """examples:
   gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
@@ -61,7 +62,10 @@ def describe_setup(algorithm: str, info: dict, workers: int) -> str:
 
 
 def main(ns) -> int:
-    cfg = config_from_args(ns).check_values()  # before torch is imported: a mistyped value is reported at once
+    cfg = config_from_args(ns)
+    if out_given(ns):
+        require_named(cfg.out)  # before check_values probes the folder: --out / and --out . are refused
+    cfg = cfg.check_values()  # before torch is imported: a mistyped value is reported at once
     if ns.config and (variants := read_config_file(ns.config).get("variants")):
         print(f"gradwire run: {ns.config} lists {len(variants) if isinstance(variants, list) else 'its'} variants, "
               "which `gradwire compare` runs; this is one run of the file's common keys", file=sys.stderr)

@@ -263,9 +263,8 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
         table = read_seed_rows(seeds)
         variants = [str(r["label"]) for r in table]
         over_seeds = [Heading("Over seeds"), Paragraph(SEEDS_NOTE), Table(*seed_cells(table))]
-    what = ("runs (every variant once per seed) on the same task; the runs of one seed share the initial model, "
-            "batches and partition" if over_seeds else "variants on the same task, seed and partition")
-    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve().name}: {len(runs)} {what}."),
+    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve().name}: {len(runs)} "
+                        f"{_what_is_compared(differing, bool(over_seeds))}."),
               *[Paragraph(f"Note: {s}.") for s in skipped_lines(runs)],
               Heading("Summary"), _summary_table(runs), *over_seeds, Heading("Curves"),
               *_curves(runs, "all variants", Path(folder) / "comparison.png", variants),
@@ -278,6 +277,31 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
                    Table(["key"] + [r.label for r in runs], [[k] + [r.config.get(k) for r in runs] for k in differing])]
     blocks += [Paragraph("Common to every variant:"), _config_table(common)]
     return blocks
+
+
+# the keys that set what a variant trains on and where: the lead line says which the variants share
+SETTING_KEYS = ("task", "seed", "partition", "workers", "network", "stragglers")
+
+
+def _what_is_compared(differing: list[str], over_seeds: bool) -> str:
+    """The comparison page's lead line after its count of runs: what the variants share of the
+    task, seed, partition, workers, network and stragglers, and which of these they differ in."""
+    def listed(keys: list[str]) -> str:
+        return keys[0] if len(keys) == 1 else f"{', '.join(keys[:-1])} and {keys[-1]}"
+
+    varies = [k for k in SETTING_KEYS if k in differing and not (over_seeds and k == "seed")]
+    if over_seeds:
+        what = "runs (every variant once per seed)"
+        same = [k for k in ("task",) if k not in varies]
+        what += f" on the same {listed(same)}" if same else ""
+        what += "; the runs of one seed share the initial model, batches" + ("" if "partition" in varies
+                                                                             else " and partition")
+    else:
+        same = [k for k in ("task", "seed", "partition") if k not in varies]
+        what = "variants" + (f" on the same {listed(same)}" if same else "")
+    if varies:
+        what += f"; they differ in {listed(varies)} (Config below)"
+    return what
 
 
 def variant_dirs(folder: Path) -> list[Path]:
