@@ -127,3 +127,30 @@ def test_run_and_compare_refuse_a_folder_holding_other_runs(tmp_path, data_dir, 
                  "--variant", "--algorithm sync"]) == 2
     assert "holds other results (a/" in one_line(capsys)
     assert sorted(p.name for p in runs.iterdir()) == ["a"]
+
+
+def test_a_failure_that_a_stop_interrupted_is_said_first(tmp_path, capsys, monkeypatch):
+    """Under torch a peer's death fails the run (CommunicationError, summary.json: failed); torchrun's
+    SIGTERM then lands while the run ends and its Stopped (no step) replaced the failure: rank 0 said
+    "stopped by SIGTERM before training began ... nothing of it was written", exit 143."""
+    import signal
+
+    import gradwire.run.loop as loop
+    from gradwire.errors import CommunicationError, Stopped
+
+    out = tmp_path / "o"
+
+    def peer_dies(cfg, **_):
+        out.mkdir()
+        try:
+            raise CommunicationError("gloo: Connection closed by peer [127.0.0.1]:1234")
+        finally:  # the summary is written, then the stop lands (the run's signal handler raises it)
+            (out / "summary.json").write_text(json.dumps({"status": "failed", "steps": 2135}))
+            raise Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "run", peer_dies)
+    assert main(["run", *TINY, "--out", str(out)]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gradwire run: communication error: gloo: Connection closed by peer [127.0.0.1]:1234",
+                   f"gradwire run: then stopped by SIGTERM while the run ended ({out / 'summary.json'} says failed "
+                   "at step 2135)"], err

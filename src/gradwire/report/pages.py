@@ -304,15 +304,36 @@ def _what_is_compared(differing: list[str], over_seeds: bool) -> str:
     return what
 
 
-def variant_dirs(folder: Path) -> list[Path]:
-    """A comparison folder's variant run folders, in comparison.csv's order where it names them."""
+def variant_dirs(folder: Path, notes: list[str] | None = None) -> list[Path]:
+    """A comparison folder's variant run folders, in comparison.csv's order where it names them.
+    ``notes`` is told, a sentence each, of a variant the table names whose run folder (or summary)
+    is missing, and of a table that cannot be read or names none of the runs there (then every run
+    in the folder is shown)."""
+    notes = [] if notes is None else notes
     found = sorted(d for d in Path(folder).iterdir() if d.is_dir() and is_run(d))
     table = Path(folder) / "comparison.csv"
     if not table.exists():  # a comparison still running (or stopped before its report): every run in it
         return found
-    with open(table, newline="") as f:
-        labels = [row[0] for row in list(csv.reader(f))[1:] if row]
+    try:
+        with open(table, newline="") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        rows = [[f"unreadable: {e}"]]
+    if not rows or rows[0][:1] != ["label"]:  # not what gradwire compare writes (label,status,...)
+        if found:
+            notes.append(f"{table} is not a comparison table (its first line is not label,status,...): the page "
+                         f"shows every run in {folder} instead ({len(found)})")
+        return found
+    labels = [row[0] for row in rows[1:] if row]
     by_label = {read_json_or_empty(d / "summary.json").get("label"): d for d in found}
+    missing = [x for x in labels if x not in by_label]
+    if found and len(missing) == len(labels):
+        notes.append(f"{table} names none of the runs in {folder} (it names {', '.join(map(repr, labels)) or 'none'}): "
+                     f"the page shows every run in the folder instead ({len(found)})")
+        return found
+    for x in missing:
+        notes.append(f"{table} names variant {x!r}, but no run folder in {folder} holds its run (its folder or "
+                     "its summary.json is missing): the page leaves it out")
     # only the runs of the comparison the table is of: an earlier comparison's folders may remain beside them
     return [by_label[x] for x in labels if x in by_label]
 
@@ -330,13 +351,16 @@ def write_report(folder: str | Path, run_dirs: list[Path] | None = None, *, out:
         title = title or f"gradwire run: {RunData(folder).label}"
         skipped = skipped_lines([RunData(folder)])
     else:
-        run_dirs = variant_dirs(folder) if run_dirs is None else run_dirs
+        notes: list[str] = []
+        run_dirs = variant_dirs(folder, notes) if run_dirs is None else run_dirs
         if not run_dirs:
-            raise ConfigError(f"{folder} holds no run (config.json, metrics.jsonl) and no variant run folders; give "
-                              "a run folder (gradwire run --out) or a comparison folder (gradwire compare --out)")
+            why = f" ({'; '.join(notes)})" if notes else ""
+            raise ConfigError(f"{folder} holds no run (config.json, metrics.jsonl) and no variant run folders{why}; "
+                              "give a run folder (gradwire run --out) or a comparison folder (gradwire compare --out)")
         blocks = comparison_page(folder, run_dirs)
+        blocks[1:1] = [Paragraph(f"Note: {n}.") for n in notes]  # (after the lead line)
         title = title or f"gradwire comparison: {folder.name}"
-        skipped = skipped_lines([RunData(d) for d in run_dirs])
+        skipped = [*notes, *skipped_lines([RunData(d) for d in run_dirs])]
     for sentence in skipped if warn is not None else ():
         warn(sentence)
     return write_page(Path(out) if out is not None else folder / REPORT_NAME, title, blocks)
