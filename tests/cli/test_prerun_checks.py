@@ -138,3 +138,37 @@ def test_launch_ends_with_2_when_its_processes_refuse(tmp_path, data_dir):
     assert "batch_size=100000" in p.stderr and "lost" not in p.stderr
     assert p.stderr.count("gradwire launch: error: the run refused its configuration") == 1
     assert not (out / "summary.json").exists()
+
+
+@pytest.mark.multiprocess
+def test_a_restart_resumes_only_a_folder_an_attempt_claimed(tmp_path):
+    """--resume-or-start on a restarted attempt only once the run's claim of its folder said so: an
+    attempt that ended before its claim left the folder as it was (a run there is not ours to resume)."""
+    claimed = tmp_path / "claimed"
+    env = dict(os.environ, RANK="0", TORCHELASTIC_RESTART_COUNT="1", GRADWIRE_LAUNCH_CLAIMED=str(claimed))
+
+    def child_args() -> str:
+        p = subprocess.run([sys.executable, "-m", "gradwire.cli.supervise", "--resume-on-restart", sys.executable,
+                            "-c", "import sys; print(sys.argv[1:])", "--steps", "4", "--overwrite"],
+                           capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip()
+
+    assert child_args() == "['--steps', '4', '--overwrite']"
+    claimed.touch()
+    assert child_args() == "['--steps', '4', '--resume-or-start']"
+
+
+def test_the_claim_of_a_launched_run_says_so(tmp_path, monkeypatch):
+    from gradwire.errors import ConfigError
+    from gradwire.report.run_folder import claim
+
+    told = tmp_path / "claimed"
+    monkeypatch.setenv("GRADWIRE_LAUNCH_CLAIMED", str(told))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        claim(tmp_path / "old", overwrite=False, resume=False)
+    assert not told.exists()  # refused: not claimed
+    claim(tmp_path / "new", overwrite=False, resume=False).release()
+    assert told.exists()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from gradwire.cli.flags import config_from_args, run_parser
 
 # the file a supervised process creates when its run exits 2 (a configuration it refuses): the
 # supervisors of later attempts then refuse at once, and the launcher ends with exit 2
-from gradwire.cli.supervise import REFUSED_ENV
+from gradwire.cli.supervise import CLAIMED_ENV, REFUSED_ENV
 from gradwire.config import read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError
 
@@ -203,14 +204,17 @@ def start_group(ns) -> int:
     except AlreadyFinished as e:  # --resume of a run that finished its --steps: nothing to start
         print(f"gradwire launch: {e}")
         return 0
-    refused = Path(tempfile.mkdtemp(prefix="gradwire-launch-")) / "refused"
+    notes = Path(tempfile.mkdtemp(prefix="gradwire-launch-"))
+    refused, claimed = notes / "refused", notes / "claimed"
     os.environ[REFUSED_ENV] = str(refused)  # a process that refuses its configuration says so here
+    if str(ns.nnodes) == "1":  # rank 0's claim of the run folder says so here (every supervisor sees it)
+        os.environ[CLAIMED_ENV] = str(claimed)
     try:
         return _torchrun(ns, argv, refused)
     finally:
-        os.environ.pop(REFUSED_ENV, None)
-        refused.unlink(missing_ok=True)
-        refused.parent.rmdir()
+        for name in (REFUSED_ENV, CLAIMED_ENV):
+            os.environ.pop(name, None)
+        shutil.rmtree(notes, ignore_errors=True)
 
 
 def _torchrun(ns, argv: list[str], refused: Path) -> int:

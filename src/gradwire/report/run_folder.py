@@ -263,7 +263,13 @@ def claim(folder: str | Path, *, overwrite: bool, resume: bool, replacing: bool 
     except BaseException:
         lock.discard()  # refused: the lock file (and folder) it made go again
         raise
+    told = os.environ.get(CLAIMED_ENV)
+    if told:  # gradwire launch: a restarted attempt resumes only a folder that an attempt claimed (cli/supervise.py)
+        Path(told).touch()
     return lock
+
+
+CLAIMED_ENV = "GRADWIRE_LAUNCH_CLAIMED"  # (cli/supervise.py's, which imports nothing of gradwire)
 
 
 def write_json(path: Path, data: Any) -> None:
