@@ -43,8 +43,10 @@ less one for the server of sync:backups=b, async, easgd:async=true, lsgd:async=t
 Faults: any failure stops every process, except that with a server a worker process that dies
 is lost and the others finish the run. --max-restarts R restarts the group up to R times (a lost
 worker too: the group comes back whole; the last attempt carries on without it); each restarted
-attempt gets --resume-or-start (unless the run command says --resume, --resume-or-start or --no-resume itself):
-it continues from the last checkpoint, or starts again from step 0 when none was saved yet.
+attempt gets --resume-or-start (unless the run command says --resume, --resume-or-start or --no-resume itself)
+once an earlier attempt claimed the run folder: it continues from the last checkpoint, or starts again
+from step 0 when none was saved yet. A configuration the run refuses (exit 2) is not restarted, and
+launch exits 2; what can be checked before torchrun starts (the configuration, the run folder) is.
 Killing the launcher (SIGTERM, SIGINT, SIGKILL) stops every process it started."""
 
 
