@@ -25,8 +25,8 @@ from pathlib import Path
 
 from gradwire.cli.flags import config_from_args, run_parser
 
-# the file a supervised process creates when its run exits 2 (a configuration it refuses): the
-# supervisors of later attempts then refuse at once, and the launcher ends with exit 2
+# the files through which the supervised processes tell the launcher and later attempts that a run
+# refused its configuration (exit 2) and that rank 0 claimed the run folder (cli/supervise.py)
 from gradwire.cli.supervise import CLAIMED_ENV, REFUSED_ENV
 from gradwire.config import read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError
@@ -150,8 +150,6 @@ def check_folder(cfg, *, single_node: bool) -> None:
     back, under --max-restarts, as a restarted attempt that resumed the old run), and --resume finds
     something to continue. On several nodes the folder is rank 0's, wherever that lands: only the
     first check, which a folder absent here passes."""
-    from pathlib import Path
-
     from gradwire.report.run_folder import refuse_existing, require_named
     from gradwire.run.combination import resolved
     from gradwire.run.loop import check_resume
