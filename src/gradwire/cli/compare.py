@@ -41,8 +41,8 @@ that a 1 % difference can be told from seed-to-seed noise; the plot shows the me
 def add_parser(sub) -> None:
     p = sub.add_parser("compare", help="run several variants and write a side-by-side report",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Run variants (on the same task, seed and partition unless a variant sets its own); writes "
-                       "comparison.md, comparison.csv, comparison.png and report.html into --out.")
+                       description="Run variants (on the same task, seed and partition unless a variant sets "
+                       "its own); writes comparison.md, comparison.csv, comparison.png and report.html into --out.")
     add_run_flags(p)
     p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable; a single "
                    "flag is a value too: --variant \"--error-feedback\" (or --variant=--error-feedback)")
