@@ -68,7 +68,9 @@ def test_launch_refuses_too_many_backups_before_torchrun_starts(monkeypatch, cap
     code = main(["launch", "--nproc-per-node", "2", "--max-restarts", "2", "--", "run", "--algorithm",
                  "sync:backups=1", "--steps", "20", "--out", str(tmp_path / "o")])
     assert code == 2 and started == []
-    assert "backups=1 leaves no worker to aggregate with 1 worker" in one_line(capsys)
+    line = one_line(capsys)
+    assert "--nproc-per-node 2 starts 1 worker and the server, but" in line, line
+    assert "backups=1 leaves no worker to aggregate with 1 worker" in line
 
 
 def test_launch_refuses_a_folder_holding_a_run_before_torchrun_starts(monkeypatch, capsys, tmp_path, data_dir):

@@ -65,7 +65,7 @@ def _note(text: str) -> None:
 
 def torchrun_argv(ns) -> list[str]:
     """torchrun's own command line for ``gradwire launch`` (its launcher and rendezvous, not ours)."""
-    from gradwire.run.combination import check_combination
+    from gradwire.run.combination import TooFewWorkers, check_combination
 
     rest = list(ns.rest or [])
     if rest and rest[0] == "--":
@@ -117,7 +117,13 @@ def torchrun_argv(ns) -> list[str]:
                       f"replaces workers: {cfg.workers} of the config file")
             run_args += ["--workers", str(workers)]
             cfg = cfg.replace(workers=workers)
-    check_combination(cfg.replace(backend="torch"))  # with the worker count the run will have
+    try:
+        check_combination(cfg.replace(backend="torch"))  # with the worker count the run will have
+    except TooFewWorkers as e:
+        if "workers" in flags:
+            raise
+        counted = f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}{' and the server' if server else ''}"
+        raise ConfigError(f"--nproc-per-node {ns.nproc_per_node} starts {counted}, but {e}") from None
     if "out" in flags | in_file:  # (a default --out is a fresh folder)
         check_folder(cfg.replace(backend="torch"), single_node=str(ns.nnodes) == "1")
     if "backend" not in flags:
