@@ -15,6 +15,7 @@ arguments are checked.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -42,12 +43,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# options whose value is a quoted list of run flags: ``--variant "--error-feedback"`` is one value, not
+# an option, so it is read as ``--variant=--error-feedback`` (argparse takes a word that starts with a
+# dash for an option, "expected one argument")
+FLAG_LIST_OPTIONS = ("--variant", "--candidate")
+
+
+def join_flag_lists(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--variant X`` / ``--candidate X`` written ``--variant=X`` (up to a bare
+    ``--``, after which the words are another command's: ``gradwire launch ... -- run ...``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return out + argv[i:]
+        if word in FLAG_LIST_OPTIONS and i + 1 < len(argv):
+            out.append(f"{word}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from gradwire.errors import CommunicationError, ConfigError, DivergenceError
 
-    ns = build_parser().parse_args(argv)
+    ns = build_parser().parse_args(join_flag_lists(list(sys.argv[1:] if argv is None else argv)))
     try:
-        return ns.command_main(ns)
+        code = ns.command_main(ns)
+        sys.stdout.flush()  # here, so that a closed pipe is seen below and not at exit
+        return code
+    except BrokenPipeError:  # `gradwire list | head`: the reader has gone; no traceback
+        _drop_stdout()
+        return 128 + signal.SIGPIPE  # as a command killed by SIGPIPE ends (the shell's 141)
     except ConfigError as e:
         print(f"gradwire {ns.command}: error: {e}", file=sys.stderr)
         return 2
@@ -59,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     except KeyboardInterrupt as e:  # SIGTERM or SIGINT: the run wrote its summary ("stopped")
         return _stopped(ns.command, e)
+
+
+def _drop_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null, so that Python's own flush at exit finds
+    nowhere to fail (the Python docs' recipe, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _stopped(command: str, e: KeyboardInterrupt) -> int:

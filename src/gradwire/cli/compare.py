@@ -18,12 +18,19 @@ from gradwire.cli.flags import (
 )
 from gradwire.config import RunConfig, from_mapping, read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError
-from gradwire.report.run_folder import holds_run, read_json_or_empty, refuse_existing, require_named
+from gradwire.report.run_folder import (
+    holds_run,
+    read_json_or_empty,
+    refuse_existing,
+    refuse_others,
+    require_named,
+)
 
 EPILOG = """each --variant is a quoted list of run flags applied on top of the common ones, e.g.
   gradwire compare --task mnist1d-mlp --steps 300 --out runs/cmp \\
       --variant "--algorithm sync" --variant "--algorithm sync:backups=2" \\
       --variant "--name qsgd-ef --compressor qsgd:levels=4 --error-feedback"
+A variant of one flag is given the same way: --variant "--error-feedback".
 A config file may hold the common keys and a list `variants:` of mappings of keys.
 With --seeds 0,1,2 every variant runs once per seed (folders VARIANT-seedS); comparison.md adds, per
 variant, the mean, standard deviation and range of its final losses and accuracy over the seeds, and
@@ -34,10 +41,11 @@ that a 1 % difference can be told from seed-to-seed noise; the plot shows the me
 def add_parser(sub) -> None:
     p = sub.add_parser("compare", help="run several variants and write a side-by-side report",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Run variants on the same task, seed and partition; writes "
-                       "comparison.md, comparison.csv, comparison.png and report.html into --out.")
+                       description="Run variants (on the same task, seed and partition unless a variant sets "
+                       "its own); writes comparison.md, comparison.csv, comparison.png and report.html into --out.")
     add_run_flags(p)
-    p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable")
+    p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable; a single "
+                   "flag is a value too: --variant \"--error-feedback\" (or --variant=--error-feedback)")
     p.add_argument("--seeds", default=None, metavar="S,S,...",
                    help="run every variant once per seed (e.g. 0,1,2; replaces --seed) and add each variant's "
                         "mean, spread and paired difference from the first variant over the seeds")
@@ -100,10 +108,11 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
                  for c in specs]
     for c in specs:
         c.check_values()  # before torch is imported (the second stage's modules import it)
-    from gradwire.run.combination import check_combination
+    from gradwire.run.combination import check_combination, check_started_here
 
-    for c in specs:
+    for c in specs:  # every variant before any runs: a later one's error must not stop the comparison halfway
         check_combination(c)
+        check_started_here(c)
     return common, specs
 
 
@@ -154,6 +163,8 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
     if found is not None:  # --overwrite would replace a comparison, not a run
         raise ConfigError(f"compare folder {root} holds a run ({found}): a comparison needs a folder of its own, "
                           "its runs in subfolders; choose another --out")
+    if not (root / "comparison.md").exists():  # not a comparison yet: its subfolders are the variants' alone
+        refuse_others(root, own=tuple(Path(c.out).name for c in specs))
     if (root / "comparison.md").exists() and not (common.overwrite or common.resuming):
         raise ConfigError(f"compare folder {root} already holds a comparison (comparison.md); pass --overwrite "
                           "to replace it or --resume to continue its runs (or choose another --out)")
@@ -173,11 +184,12 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
         raise ConfigError(f"resume=true: nothing to resume: compare folder {common.out} holds none of the variants' "
                           "runs; check --out, or pass --resume-or-start to start the comparison (--resume)")
     specs = [c.replace(resume=False, resume_or_start=True) for c in specs]
+    from gradwire.run.combination import resolved
     from gradwire.run.loop import check_resume
 
     for c in specs:  # before any variant runs: one that cannot continue stops the comparison here, not halfway
-        try:
-            check_resume(c)
+        try:  # resolved, as the run checks it: config.json holds the algorithm's --lr, --momentum, --lr-schedule
+            check_resume(resolved(c))
         except AlreadyFinished:
             pass
         except ConfigError:
@@ -186,6 +198,23 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
                               f"checkpoint, so it cannot go on to --steps {c.steps}; run the comparison again with "
                               "--overwrite, or choose another --out (--resume)") from None
     return specs
+
+
+# what a comparison's title says of the variants' setting, where they all share it
+TITLE_KEYS = {"task": "{}", "workers": "{} workers", "stragglers": "{} stragglers", "network": "{}"}
+
+
+def comparison_title(specs: list[RunConfig]) -> str:
+    """The comparison's title: the task, workers, stragglers and network the variants share, then
+    those they differ in (the common flags' values would describe no variant that sets its own)."""
+    shared, varies = [], []
+    for key, form in TITLE_KEYS.items():
+        values = {getattr(c, key) for c in specs}
+        if len(values) == 1:
+            shared.append(form.format(values.pop()))
+        else:
+            varies.append(key)
+    return ", ".join([*shared, *([f"variants differ in {' and '.join(varies)}"] if varies else [])])
 
 
 def main(ns) -> int:
@@ -214,7 +243,7 @@ def main(ns) -> int:
         print(f"  {s['status']}: test_acc={acc if acc is None else round(acc, 4)}, "
               f"{s['bytes_sent'] / 1e6:.2f} MB, {s['sim_time_s']:.1f} s "
               f"{'simulated' if c.backend == 'sim' else 'elapsed'}, {s['wall_time_s']:.1f} s wall", flush=True)
-    title = f"{common.task}, {common.workers} workers, {common.stragglers} stragglers, {common.network}"
+    title = comparison_title(specs)
     labels = None
     if len(seeds) > 1:  # the variants' own labels: those of the first seed's runs, less " seed S"
         labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]

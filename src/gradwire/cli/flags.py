@@ -32,10 +32,15 @@ from gradwire.errors import ConfigError
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, with no usage dump."""
+    """An argument parser whose errors are one line, with no usage dump; ``help_hint``: where its
+    help is, when it has no --help of its own (a --variant's flags are `gradwire run`'s)."""
+
+    def __init__(self, *args, help_hint: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help_hint = help_hint
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.help_hint or self.prog + ' --help'})\n")
 
 
 def flag_of(key: str) -> str:
@@ -159,7 +164,8 @@ def parse_flag_string(parser: argparse.ArgumentParser, text: str, flag: str) -> 
 def run_parser(prog: str, *, add_help: bool = False) -> Parser:
     """A parser of run flags alone, as ``gradwire run`` reads them (a compare variant, a plan
     candidate, the run command after ``gradwire launch --``)."""
-    parser = Parser(prog=prog, add_help=add_help)
+    hint = None if add_help else "gradwire run --help for the run flags"
+    parser = Parser(prog=prog, add_help=add_help, help_hint=hint)
     add_run_flags(parser)
     return parser
 

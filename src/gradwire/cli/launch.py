@@ -16,13 +16,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from gradwire.cli.flags import config_from_args, run_parser
+
+# the files through which the supervised processes tell the launcher and later attempts that a run
+# refused its configuration (exit 2) and that rank 0 claimed the run folder (cli/supervise.py)
+from gradwire.cli.supervise import CLAIMED_ENV, REFUSED_ENV
 from gradwire.config import read_config_file
-from gradwire.errors import ConfigError
+from gradwire.errors import AlreadyFinished, ConfigError
 
 EPILOG = """examples:
   gradwire launch --nproc-per-node 4 -- run --task mnist1d-cnn --algorithm diana --steps 500 --out runs/d4
@@ -36,8 +43,10 @@ less one for the server of sync:backups=b, async, easgd:async=true, lsgd:async=t
 Faults: any failure stops every process, except that with a server a worker process that dies
 is lost and the others finish the run. --max-restarts R restarts the group up to R times (a lost
 worker too: the group comes back whole; the last attempt carries on without it); each restarted
-attempt gets --resume-or-start (unless the run command says --resume, --resume-or-start or --no-resume itself):
-it continues from the last checkpoint, or starts again from step 0 when none was saved yet.
+attempt gets --resume-or-start (unless the run command says --resume, --resume-or-start or --no-resume itself)
+once an earlier attempt claimed the run folder: it continues from the last checkpoint, or starts again
+from step 0 when none was saved yet. A configuration the run refuses (exit 2) is not restarted, and
+launch exits 2; what can be checked before torchrun starts (the configuration, the run folder) is.
 Killing the launcher (SIGTERM, SIGINT, SIGKILL) stops every process it started."""
 
 
@@ -56,7 +65,7 @@ def _note(text: str) -> None:
 
 def torchrun_argv(ns) -> list[str]:
     """torchrun's own command line for ``gradwire launch`` (its launcher and rendezvous, not ours)."""
-    from gradwire.run.combination import check_combination
+    from gradwire.run.combination import TooFewWorkers, check_combination
 
     rest = list(ns.rest or [])
     if rest and rest[0] == "--":
@@ -73,12 +82,16 @@ def torchrun_argv(ns) -> list[str]:
                           "<= MAX")
     run_args = rest[1:]
     cfg, flags, in_file = run_options(run_args)
+    if "out" in flags | in_file:
+        from gradwire.report.run_folder import require_named
+
+        require_named(cfg.out)  # before the checks below probe the folder (--out / is refused)
     if "backend" in flags and cfg.backend != "torch":
         raise ConfigError(f"launch runs --backend torch; drop --backend {cfg.backend} from the run command")
     # --workers is counted below from the processes; until then the check takes one worker (a task's
     # samples per worker, say, are checked again once the count is known)
-    server = check_combination(cfg.replace(backend="torch", **({} if "workers" in flags else {"workers": 1}))
-                               ).needs_server
+    server = check_combination(cfg.replace(backend="torch", **({} if "workers" in flags else {"workers": 1})),
+                               workers_counted="workers" in flags).needs_server
     if not str(ns.nnodes).isdigit():
         if "workers" not in flags:
             raise ConfigError(f"--nnodes {ns.nnodes} is a range: pass --workers explicitly in the run command")
@@ -104,7 +117,15 @@ def torchrun_argv(ns) -> list[str]:
                       f"replaces workers: {cfg.workers} of the config file")
             run_args += ["--workers", str(workers)]
             cfg = cfg.replace(workers=workers)
-    check_combination(cfg.replace(backend="torch"))  # with the worker count the run will have
+    try:
+        check_combination(cfg.replace(backend="torch"))  # with the worker count the run will have
+    except TooFewWorkers as e:
+        if "workers" in flags:
+            raise
+        counted = f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}{' and the server' if server else ''}"
+        raise ConfigError(f"--nproc-per-node {ns.nproc_per_node} starts {counted}, but {e}") from None
+    if "out" in flags | in_file:  # (a default --out is a fresh folder)
+        check_folder(cfg.replace(backend="torch"), single_node=str(ns.nnodes) == "1")
     if "backend" not in flags:
         run_args += ["--backend", "torch"]
     supervisor = ["-m", "gradwire.cli.supervise", "--launcher-pid", str(os.getpid())]
@@ -127,6 +148,22 @@ def torchrun_argv(ns) -> list[str]:
     else:
         raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
     return argv + supervisor + [sys.executable, "-u", "-m", "gradwire", "run", *run_args]
+
+
+def check_folder(cfg, *, single_node: bool) -> None:
+    """The run folder's checks, before torchrun starts anything: a folder holding a run is replaced
+    only with --overwrite or continued with --resume (a refusal found by the started processes came
+    back, under --max-restarts, as a restarted attempt that resumed the old run), and --resume finds
+    something to continue. On several nodes the folder is rank 0's, wherever that lands: only the
+    first check, which a folder absent here passes."""
+    from gradwire.report.run_folder import refuse_existing, require_named
+    from gradwire.run.combination import resolved
+    from gradwire.run.loop import check_resume
+
+    require_named(cfg.out)
+    refuse_existing(Path(cfg.out), overwrite=cfg.overwrite, resume=cfg.resuming)
+    if single_node:
+        check_resume(resolved(cfg))  # AlreadyFinished: nothing to start
 
 
 def add_parser(sub) -> None:
@@ -161,14 +198,32 @@ def start_group(ns) -> int:
     """Start the torchrun group (or, with --fault-tolerance, the replicas and a Lighthouse); the exit code."""
     rest = list(ns.rest or [])
     rest = rest[1:] if rest[:1] == ["--"] else rest
-    if rest[:1] == ["run"] and "--fault-tolerance" in " ".join(rest):  # replicas and a Lighthouse (fault/launch.py)
+    if rest[:1] == ["run"]:  # --fault-tolerance, as a flag or in the --config file: replicas and a Lighthouse
         cfg = run_options(rest[1:])[0]
         if cfg.fault_tolerance != "none":
             from gradwire.fault.launch import launch_replicas
             from gradwire.run.combination import check_combination
 
             return launch_replicas(ns, rest[1:], cfg, check_combination)
-    argv = torchrun_argv(ns)
+    try:
+        argv = torchrun_argv(ns)
+    except AlreadyFinished as e:  # --resume of a run that finished its --steps: nothing to start
+        print(f"gradwire launch: {e}")
+        return 0
+    notes = Path(tempfile.mkdtemp(prefix="gradwire-launch-"))
+    refused, claimed = notes / "refused", notes / "claimed"
+    os.environ[REFUSED_ENV] = str(refused)  # a process that refuses its configuration says so here
+    if str(ns.nnodes) == "1":  # rank 0's claim of the run folder says so here (every supervisor sees it)
+        os.environ[CLAIMED_ENV] = str(claimed)
+    try:
+        return _torchrun(ns, argv, refused)
+    finally:
+        for name in (REFUSED_ENV, CLAIMED_ENV):
+            os.environ.pop(name, None)
+        shutil.rmtree(notes, ignore_errors=True)
+
+
+def _torchrun(ns, argv: list[str], refused: Path) -> int:
     if ns.ifname:  # the children inherit the environment
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = ns.ifname
     # torchrun sets OMP_NUM_THREADS=1 for its children when it is unset, with a banner each time; a
@@ -185,6 +240,10 @@ def start_group(ns) -> int:
         print(f"gradwire launch: stopped by {name}; every process was told to stop", file=sys.stderr)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
+        if refused.exists():  # exit 2: a process refused its configuration (its one line is above); no restart
+            print("gradwire launch: error: the run refused its configuration (exit 2, its message above); no "
+                  "restarted attempt ran it", file=sys.stderr)
+            return 2
         failures = "; ".join(f"rank {rank} exited with {f.exitcode}" for rank, f in e.failures.items())
         print(f"gradwire launch: error: worker processes failed ({failures}); see their messages above",
               file=sys.stderr)

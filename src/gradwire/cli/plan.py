@@ -6,8 +6,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given, parse_flag_string, run_parser
+from gradwire.cli.flags import (
+    COMPARE_KEYS,
+    add_run_flags,
+    config_from_args,
+    fresh_out,
+    out_given,
+    parse_flag_string,
+    run_parser,
+)
+from gradwire.config import RunConfig, from_mapping, read_config_file
 from gradwire.errors import ConfigError
+from gradwire.report.run_folder import holds_run, refuse_others, require_named
 
 EPILOG = """examples:
   gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 100 --network ring:mbps=100 \\
@@ -33,9 +43,10 @@ def add_parser(sub) -> None:
     add_run_flags(p, skip=("workers",))
     p.add_argument("--algorithms", help="comma-separated algorithm specs, e.g. sync,sync:backups=2,diana")
     p.add_argument("--compressors", help="comma-separated compressor specs, e.g. none,qsgd:levels=4")
-    p.add_argument("--candidate", action="append", help="run flags of one more candidate (quoted); repeatable")
-    p.add_argument("--workers", default="1,2,4,8", help="worker counts the profiling may use (default 1,2,4,8; "
-                   "at least 3 distinct)")
+    p.add_argument("--candidate", action="append", help="run flags of one more candidate (quoted); repeatable; a "
+                   "single flag is a value too: --candidate \"--error-feedback\"")
+    p.add_argument("--workers", default=None, help="worker counts the profiling may use (default: workers in the "
+                   "--config file, else 1,2,4,8; at least 3 distinct)")
     p.add_argument("--max-workers", type=int, default=64, help="predict up to this many workers (default 64)")
     goal = p.add_mutually_exclusive_group()
     goal.add_argument("--target-loss", type=float, help="objective to reach (see --metric): minimise the time to it")
@@ -73,8 +84,55 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
 
 
+# run keys that plan sets for each of its runs itself: given to plan (or in its --config file) or to a
+# --candidate they would be ignored, so they are refused; why, for the message
+PLAN_SETS = {
+    "workers": "plan runs every candidate at the --workers counts of plan itself",
+    "out": "each run goes to OUT/profile/<candidate>/m<M> (or OUT/validate/...): give --out to plan itself",
+    "overwrite": "plan replaces its own profiling runs; --overwrite of plan itself replaces a plan",
+    "resume": "plan starts every profiling run afresh (it replaces them); a plan cannot be resumed",
+    "resume_or_start": "plan starts every profiling run afresh (it replaces them); a plan cannot be resumed",
+    "checkpoint_every": "plan's profiling runs are never resumed, so a checkpoint would be written for nothing",
+}
+PLAN_OWN = ("workers", "out", "overwrite")  # plan's own flags (or keys of its config file) of the same name
+
+
+def _refuse_plan_keys(given: dict, where: str, keys) -> None:
+    """A key in ``keys`` given with a value that asks for something (not None, False or 0)."""
+    given = {str(k).replace("-", "_"): v for k, v in given.items()}  # a file may spell them resume-or-start
+    for key in keys:
+        if given.get(key) not in (None, False, 0):
+            flag = "--" + key.replace("_", "-")
+            value = "" if isinstance(given[key], bool) else f" {given[key]}"
+            raise ConfigError(f"{where} sets {flag}{value}, which plan would ignore: {PLAN_SETS[key]} ({flag})")
+
+
+def workers_of(ns) -> str:
+    """plan's --workers, else ``workers`` in its --config file (a list, 2,4,8 or one count), else 1,2,4,8."""
+    if ns.workers is not None:
+        return ns.workers
+    if ns.config and "workers" in (file := read_config_file(ns.config)):
+        value = file["workers"]
+        return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    return "1,2,4,8"
+
+
 def main(ns) -> int:
-    base = config_from_args(argparse.Namespace(**{k: v for k, v in vars(ns).items() if k != "workers"}))  # a list here
+    own = [k for k in PLAN_SETS if k not in PLAN_OWN]
+    _refuse_plan_keys(vars(ns), "plan's command line", own)
+    if ns.config:
+        _refuse_plan_keys(read_config_file(ns.config), f"{ns.config}", own)
+    if ns.validate_max_steps < 0:
+        raise ConfigError(f"validate-max-steps={ns.validate_max_steps} must be >= 0 (0: 20x --steps) "
+                          "(--validate-max-steps)")
+    workers_text = workers_of(ns)
+    # the file's keys, less its worker counts (plan's --workers, above): then the flags given
+    in_file = {k: v for k, v in (read_config_file(ns.config) if ns.config else {}).items()
+               if k not in (*COMPARE_KEYS, "workers")}
+    base = config_from_args(argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in ("workers", "config")}),
+                            from_mapping(in_file, RunConfig()))
+    if out_given(ns):
+        require_named(base.out)  # before check_values probes the folder: --out / and --out . are refused
     base.check_values()  # before torch is imported
     candidates = [base.replace(algorithm=a, compressor=c, name="" if (ns.algorithms or ns.compressors) else base.name)
                   for a in spec_list(ns.algorithms or base.algorithm)
@@ -82,13 +140,24 @@ def main(ns) -> int:
     if ns.candidate:  # explicit candidates replace the implicit base one unless lists were given
         candidates = candidates if (ns.algorithms or ns.compressors) else []
         parser = run_parser("gradwire plan --candidate")
-        candidates += [config_from_args(parse_flag_string(parser, t, "--candidate"), base) for t in ns.candidate]
-    workers = _int_list(ns.workers, "--workers")
+        for text in ns.candidate:
+            sub = parse_flag_string(parser, text, "--candidate")
+            _refuse_plan_keys(vars(sub), f"--candidate {text!r}", PLAN_SETS)
+            if sub.config:
+                _refuse_plan_keys(read_config_file(sub.config), f"--candidate {text!r}'s {sub.config}", PLAN_SETS)
+            candidates.append(config_from_args(sub, base))
+    workers = _int_list(workers_text, "--workers")
     if ns.validate == "auto":  # 2x and 4x the largest --workers count (known before any run; docs/planning.md)
         validate = [m for m in (2 * max(workers), 4 * max(workers)) if m <= ns.max_workers]
     else:
         validate = _int_list(ns.validate or "", "--validate")
     out = Path(base.out if out_given(ns) else fresh_out("plan", base))
+    require_named(out)
+    found = holds_run(out, files_only=True) or ("comparison.md" if (out / "comparison.md").is_file() else None)
+    if found is not None:
+        raise ConfigError(f"plan folder {out} holds a run or a comparison ({found}): a plan needs a folder of its "
+                          "own; choose another --out")
+    refuse_others(out, own=("profile", "validate"))
     if (out / "plan.json").exists() and not base.overwrite:
         raise ConfigError(f"plan folder {out} already holds a plan (plan.json); pass --overwrite to replace it "
                           "(or choose another --out)")

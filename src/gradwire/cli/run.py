@@ -12,6 +12,7 @@ from pathlib import Path
 from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given
 from gradwire.config import read_config_file
 from gradwire.errors import AlreadyFinished, Stopped
+from gradwire.report.run_folder import require_named
 
 EPILOG = """examples:
   gradwire run --task mnist1d-cnn --workers 8 --algorithm sync:backups=2 --stragglers tail:p=0.05,slowdown=10
@@ -60,8 +61,41 @@ def describe_setup(algorithm: str, info: dict, workers: int) -> str:
     return "\n".join(lines)
 
 
+def _ended_by(stop: Stopped) -> BaseException | None:
+    """The failure a stop interrupted, or None: a signal that lands while a failed run ends (its
+    summary written, its process group left) raises Stopped there, which replaces the failure; the
+    failure is the Stopped's context (torchrun's SIGTERM to every process once a peer died, so that
+    a peer's CommunicationError came out as "stopped before training began")."""
+    seen = stop.__context__
+    while seen is not None and isinstance(seen, KeyboardInterrupt):
+        seen = seen.__context__
+    return seen
+
+
+def _failed_then_stopped(cfg, failure: BaseException, stop: Stopped, reports: bool) -> int:
+    """The failure's own line first (and exit code: 4 for a communication error, as cli/__init__.py
+    gives it), then one line for the stop that came while the run ended."""
+    from gradwire.errors import CommunicationError, ConfigError, DivergenceError
+
+    codes = ((ConfigError, "error", 2), (DivergenceError, "diverged", 3),
+             (CommunicationError, "communication error", 4))
+    what, code = next(((w, c) for kind, w, c in codes if isinstance(failure, kind)),
+                      (f"failed: {type(failure).__name__}", 1))
+    print(f"gradwire run: {what}: {failure}", file=sys.stderr)
+    summary = Path(cfg.out) / "summary.json"
+    status = json.loads(summary.read_text()) if reports and summary.is_file() else {}
+    written = (f"{summary} says {status.get('status')} at step {status.get('steps')}"
+               if status.get("status") not in (None, "running") else "rank 0 writes the summary")
+    print(f"gradwire run: then stopped by {signal.Signals(stop.signum).name} while the run ended ({written})",
+          file=sys.stderr)
+    return code
+
+
 def main(ns) -> int:
-    cfg = config_from_args(ns).check_values()  # before torch is imported: a mistyped value is reported at once
+    cfg = config_from_args(ns)
+    if out_given(ns):
+        require_named(cfg.out)  # before check_values probes the folder: --out / and --out . are refused
+    cfg = cfg.check_values()  # before torch is imported: a mistyped value is reported at once
     if ns.config and (variants := read_config_file(ns.config).get("variants")):
         print(f"gradwire run: {ns.config} lists {len(variants) if isinstance(variants, list) else 'its'} variants, "
               "which `gradwire compare` runs; this is one run of the file's common keys", file=sys.stderr)
@@ -79,6 +113,9 @@ def main(ns) -> int:
     except Stopped as e:
         if e.step is not None:  # stopped in training: the summary's line (cli/__init__.py)
             raise
+        failure = _ended_by(e)
+        if failure is not None:  # the run had failed, and the stop landed while it ended (torchrun stops the others)
+            return _failed_then_stopped(cfg, failure, e, reports)
         # stopped while the run was built (its data, the torch backend's rendezvous): no folder of it
         # was written, on any rank (it said "metrics so far are in the run folder")
         print(f"gradwire run: stopped by {signal.Signals(e.signum).name} before training began (while the run "

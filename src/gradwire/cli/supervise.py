@@ -22,9 +22,15 @@ cannot be told which is which, so the supervisor tells it, per rank:
   a stop the supervisor was asked for) it ends exactly as the child did, by the same signal or
   with the same code, so torchrun's report and ``--max-restarts`` see what they would have seen
   without it;
+- a child that exits 2 refused its configuration (one line says why): the supervisor ends with 2
+  at once, never "lost", and creates the file ``GRADWIRE_LAUNCH_REFUSED`` names, so that a
+  restarted attempt's supervisors end with 2 without running it and the launcher exits 2;
 - ``--resume-on-restart``: in a restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0) CMD gets
   ``--resume-or-start``, so a restarted group resumes from the last checkpoint (or starts again
-  from step 0 when none was saved), and loses ``--overwrite`` (``restarted_command``).
+  from step 0 when none was saved), and loses ``--overwrite`` (``restarted_command``); on one node
+  only once an earlier attempt claimed the run folder (the file ``GRADWIRE_LAUNCH_CLAIMED`` names
+  exists): an attempt that ended before its claim leaves the folder as it was, and a restart then
+  runs the command as given (an --overwrite still replaces, a run there is still refused).
 
 Only the standard library: it starts in milliseconds and holds no torch.
 """
@@ -39,6 +45,11 @@ import sys
 import time
 
 PR_SET_PDEATHSIG = 1
+CONFIG_ERROR = 2  # gradwire's exit code for a configuration it refuses (cli/__init__.py)
+REFUSED_ENV = "GRADWIRE_LAUNCH_REFUSED"  # the file that says so to the launcher and to later attempts (launch.py)
+# the file the run's claim of its folder creates (report/run_folder.py, CLAIMED_ENV there): a restarted
+# attempt resumes only a folder an earlier attempt claimed (single node: launch sets it only there)
+CLAIMED_ENV = "GRADWIRE_LAUNCH_CLAIMED"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 GRACE_S = 10  # seconds: once the launcher is gone, the child's time to stop on SIGTERM before SIGKILL
 POLL_S = 0.2  # seconds: the longest a forwarded signal waits; how often to look for the launcher
@@ -104,8 +115,13 @@ def supervise(cmd: list[str], *, server_algorithm: bool, resume_on_restart: bool
     set_parent_death_signal(libc, signal.SIGTERM)
     if os.getppid() != parent:  # the launcher died before we could ask to be told
         return -signal.SIGTERM
-    if resume_on_restart and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        cmd = restarted_command(cmd)
+    refused = os.environ.get(REFUSED_ENV)
+    restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+    if restarted and refused and os.path.exists(refused):  # an earlier attempt refused its configuration:
+        return CONFIG_ERROR  # no attempt may run it (a restart would resume a run the refusal protected)
+    claimed = os.environ.get(CLAIMED_ENV)
+    if resume_on_restart and restarted and (claimed is None or os.path.exists(claimed)):
+        cmd = restarted_command(cmd)  # (not when no earlier attempt claimed the folder: it holds nothing of ours)
     me = os.getpid()
 
     def in_child() -> None:  # after fork, before exec
@@ -144,6 +160,11 @@ def supervise(cmd: list[str], *, server_algorithm: bool, resume_on_restart: bool
         if not stop and os.getppid() != parent:  # the launcher is gone and no SIGTERM told us
             forward(signal.SIGTERM, None)
     rank = int(os.environ.get("RANK", "0"))
+    if code == CONFIG_ERROR and not stop:  # the run refused its configuration (its one line said why): not a
+        if refused:                        # lost worker, and nothing a restart would change
+            with open(refused, "a"):
+                pass
+        return code
     if code == 0 or not server_algorithm or rank == 0 or stop:
         return code
     restarts_left = (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))

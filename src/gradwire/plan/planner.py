@@ -35,7 +35,7 @@ from gradwire.plan.convergence import ConvergenceModel, crossing
 from gradwire.plan.design import RunCost, choose_workers, steps_wall
 from gradwire.plan.system_model import SystemModel, distinct_enough, log2_grid
 from gradwire.report.run_folder import read_jsonl
-from gradwire.run.combination import check_combination
+from gradwire.run.combination import TooFewWorkers, check_combination
 
 METRICS = ("train_loss", "suboptimality")
 EXTRAPOLATED = 10.0  # predicted iterations beyond this many times the profiled steps are flagged
@@ -96,11 +96,19 @@ class PlanRequest:
         if dupes:
             raise ConfigError(f"candidates share the label(s) {dupes}; give each --candidate a distinct --name")
         for c in self.candidates:
+            closed = None  # the refusal at a profiled m that is not open to the candidate
             for m in sorted(set(self.workers) | set(self.validate)):
                 try:
                     check_combination(c.replace(workers=m))
+                except TooFewWorkers as e:  # (sync:backups=2 at m <= 2) not open to it: refused when measured
+                    if m in self.workers and closed is None:
+                        closed = e
+                    continue
                 except ConfigError as e:
                     raise ConfigError(f"candidate {c.label()!r} at {m} workers: {e}") from None
+            if closed is not None and all(_too_few(c, m) for m in self.workers):  # before any candidate runs
+                raise ConfigError(f"candidate {c.label()!r} runs at none of --workers "
+                                  f"{','.join(map(str, self.workers))}: {closed}")
         if self.metric == "suboptimality":  # known only to tasks that know f*: ask them before any run
             from gradwire.tasks.base import build_task
 
@@ -109,6 +117,15 @@ class PlanRequest:
                     raise ConfigError(f"metric='suboptimality': task {c.task!r} does not know its optimum f* "
                                       "(the synthetic tasks do); use --metric train_loss (--metric)")
         return self
+
+
+def _too_few(cfg: RunConfig, workers: int) -> bool:
+    """Whether ``cfg``'s algorithm needs more than ``workers`` workers (TooFewWorkers)."""
+    try:
+        check_combination(cfg.replace(workers=workers))
+    except TooFewWorkers:
+        return True
+    return False
 
 
 @dataclass

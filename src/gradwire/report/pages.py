@@ -263,9 +263,8 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
         table = read_seed_rows(seeds)
         variants = [str(r["label"]) for r in table]
         over_seeds = [Heading("Over seeds"), Paragraph(SEEDS_NOTE), Table(*seed_cells(table))]
-    what = ("runs (every variant once per seed) on the same task; the runs of one seed share the initial model, "
-            "batches and partition" if over_seeds else "variants on the same task, seed and partition")
-    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve().name}: {len(runs)} {what}."),
+    blocks = [Paragraph(f"Comparison folder {Path(folder).resolve().name}: {len(runs)} "
+                        f"{_what_is_compared(differing, bool(over_seeds))}."),
               *[Paragraph(f"Note: {s}.") for s in skipped_lines(runs)],
               Heading("Summary"), _summary_table(runs), *over_seeds, Heading("Curves"),
               *_curves(runs, "all variants", Path(folder) / "comparison.png", variants),
@@ -280,15 +279,61 @@ def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
     return blocks
 
 
-def variant_dirs(folder: Path) -> list[Path]:
-    """A comparison folder's variant run folders, in comparison.csv's order where it names them."""
+# the keys that set what a variant trains on and where: the lead line says which the variants share
+SETTING_KEYS = ("task", "seed", "partition", "workers", "network", "stragglers")
+
+
+def _what_is_compared(differing: list[str], over_seeds: bool) -> str:
+    """The comparison page's lead line after its count of runs: what the variants share of the
+    task, seed, partition, workers, network and stragglers, and which of these they differ in."""
+    def listed(keys: list[str]) -> str:
+        return keys[0] if len(keys) == 1 else f"{', '.join(keys[:-1])} and {keys[-1]}"
+
+    varies = [k for k in SETTING_KEYS if k in differing and not (over_seeds and k == "seed")]
+    if over_seeds:
+        what = "runs (every variant once per seed)"
+        same = [k for k in ("task",) if k not in varies]
+        what += f" on the same {listed(same)}" if same else ""
+        what += "; the runs of one seed share the initial model, batches" + ("" if "partition" in varies
+                                                                             else " and partition")
+    else:
+        same = [k for k in ("task", "seed", "partition") if k not in varies]
+        what = "variants" + (f" on the same {listed(same)}" if same else "")
+    if varies:
+        what += f"; they differ in {listed(varies)} (Config below)"
+    return what
+
+
+def variant_dirs(folder: Path, notes: list[str] | None = None) -> list[Path]:
+    """A comparison folder's variant run folders, in comparison.csv's order where it names them.
+    ``notes`` is told, a sentence each, of a variant the table names whose run folder (or summary)
+    is missing, and of a table that cannot be read or names none of the runs there (then every run
+    in the folder is shown)."""
+    notes = [] if notes is None else notes
     found = sorted(d for d in Path(folder).iterdir() if d.is_dir() and is_run(d))
     table = Path(folder) / "comparison.csv"
     if not table.exists():  # a comparison still running (or stopped before its report): every run in it
         return found
-    with open(table, newline="") as f:
-        labels = [row[0] for row in list(csv.reader(f))[1:] if row]
+    try:
+        with open(table, newline="") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        rows = [[f"unreadable: {e}"]]
+    if not rows or rows[0][:1] != ["label"]:  # not what gradwire compare writes (label,status,...)
+        if found:
+            notes.append(f"{table} is not a comparison table (its first line is not label,status,...): the page "
+                         f"shows every run in {folder} instead ({len(found)})")
+        return found
+    labels = [row[0] for row in rows[1:] if row]
     by_label = {read_json_or_empty(d / "summary.json").get("label"): d for d in found}
+    missing = [x for x in labels if x not in by_label]
+    if found and len(missing) == len(labels):
+        notes.append(f"{table} names none of the runs in {folder} (it names {', '.join(map(repr, labels)) or 'none'}): "
+                     f"the page shows every run in the folder instead ({len(found)})")
+        return found
+    for x in missing:
+        notes.append(f"{table} names variant {x!r}, but no run folder in {folder} holds its run (its folder or "
+                     "its summary.json is missing): the page leaves it out")
     # only the runs of the comparison the table is of: an earlier comparison's folders may remain beside them
     return [by_label[x] for x in labels if x in by_label]
 
@@ -306,13 +351,16 @@ def write_report(folder: str | Path, run_dirs: list[Path] | None = None, *, out:
         title = title or f"gradwire run: {RunData(folder).label}"
         skipped = skipped_lines([RunData(folder)])
     else:
-        run_dirs = variant_dirs(folder) if run_dirs is None else run_dirs
+        notes: list[str] = []
+        run_dirs = variant_dirs(folder, notes) if run_dirs is None else run_dirs
         if not run_dirs:
-            raise ConfigError(f"{folder} holds no run (config.json, metrics.jsonl) and no variant run folders; give "
-                              "a run folder (gradwire run --out) or a comparison folder (gradwire compare --out)")
+            why = f" ({'; '.join(notes)})" if notes else ""
+            raise ConfigError(f"{folder} holds no run (config.json, metrics.jsonl) and no variant run folders{why}; "
+                              "give a run folder (gradwire run --out) or a comparison folder (gradwire compare --out)")
         blocks = comparison_page(folder, run_dirs)
+        blocks[1:1] = [Paragraph(f"Note: {n}.") for n in notes]  # (after the lead line)
         title = title or f"gradwire comparison: {folder.name}"
-        skipped = skipped_lines([RunData(d) for d in run_dirs])
+        skipped = [*notes, *skipped_lines([RunData(d) for d in run_dirs])]
     for sentence in skipped if warn is not None else ():
         warn(sentence)
     return write_page(Path(out) if out is not None else folder / REPORT_NAME, title, blocks)

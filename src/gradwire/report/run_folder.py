@@ -53,6 +53,7 @@ def refuse_existing(folder: Path, *, overwrite: bool, resume: bool) -> None:
     if (Path(folder) / "comparison.md").exists():  # (--overwrite would replace the runs' files only)
         raise ConfigError(f"run folder {folder} holds a comparison (comparison.md): a run needs a folder of its own; "
                           "choose another --out")
+    refuse_others(folder)  # (runs/: --overwrite would remove the files of a run, beside the other runs)
     found = None if (overwrite or resume) else holds_run(folder)
     if found is not None:
         raise ConfigError(f"run folder {folder} already holds a run ({found}); pass --overwrite to replace it "
@@ -203,10 +204,46 @@ class FolderLock:
 
 
 def require_named(out: str | Path) -> None:
-    """An empty ``--out`` would write into the current directory: refused."""
+    """An empty ``--out``, ``.`` (the current directory) or the file system's root would write beside
+    whatever is there: refused (a run, a comparison or a plan needs a folder of its own)."""
     if not str(out).strip():
         raise ConfigError("--out '' names no folder (it would write into the current directory); name one, or "
                           "leave --out off for a fresh folder under runs/")
+    path = Path(out).resolve()
+    if path == Path(path.anchor):
+        raise ConfigError(f"--out {str(out)!r} is the file system's root; name a folder of its own, e.g. runs/NAME, "
+                          "or leave --out off for a fresh folder under runs/")
+    if path == Path.cwd().resolve():
+        raise ConfigError(f"--out {str(out)!r} is the current directory, which holds other files; name a folder of "
+                          "its own, e.g. runs/NAME, or leave --out off for a fresh folder under runs/")
+
+
+def holds_others(folder: Path, *, own: tuple[str, ...] = ()) -> str | None:
+    """The first subfolder of ``folder`` (other than ``own`` and a run's own folders) that holds a run,
+    a comparison or a plan, or None: ``folder`` is then a folder of results (``runs/``), not one
+    result's own."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for sub in sorted(folder.iterdir()):
+        if not sub.is_dir() or sub.name.startswith(".") or sub.name in RUN_FOLDERS or sub.name in own:
+            continue
+        if holds_run(sub, files_only=True) or any((sub / name).is_file() for name in OTHER_RESULTS):
+            return sub.name
+    return None
+
+
+# what shows that a folder holds a comparison, a plan or a reproduction (beside a run's markers)
+OTHER_RESULTS = ("comparison.md", "comparison.csv", "plan.json", "claims.json")
+
+
+def refuse_others(folder: Path, *, own: tuple[str, ...] = ()) -> None:
+    """ConfigError when ``folder`` holds other results in subfolders (:func:`holds_others`)."""
+    other = holds_others(folder, own=own)
+    if other is not None:
+        raise ConfigError(f"--out {str(folder)!r} holds other results ({other}/ is a run, comparison or plan): "
+                          f"it is a folder of results, not one of its own; name a new folder, e.g. "
+                          f"{Path(folder) / 'NAME'}")
 
 
 def claim(folder: str | Path, *, overwrite: bool, resume: bool, replacing: bool = False) -> FolderLock:
@@ -226,7 +263,13 @@ def claim(folder: str | Path, *, overwrite: bool, resume: bool, replacing: bool 
     except BaseException:
         lock.discard()  # refused: the lock file (and folder) it made go again
         raise
+    told = os.environ.get(CLAIMED_ENV)
+    if told:  # gradwire launch: a restarted attempt resumes only a folder that an attempt claimed (cli/supervise.py)
+        Path(told).touch()
     return lock
+
+
+CLAIMED_ENV = "GRADWIRE_LAUNCH_CLAIMED"  # (cli/supervise.py's, which imports nothing of gradwire)
 
 
 def write_json(path: Path, data: Any) -> None:

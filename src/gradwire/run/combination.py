@@ -17,6 +17,7 @@ once each, before they start anything.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gradwire import kernels
@@ -78,11 +79,20 @@ def _with_defaults_of(algorithm: Algorithm, cfg: RunConfig) -> RunConfig:
                              default_lr_schedule=algorithm.default_lr_schedule)
 
 
-def check_combination(cfg: RunConfig) -> Combination:
+class TooFewWorkers(ConfigError):
+    """The algorithm's spec needs more workers than ``--workers`` gives (``sync:backups=2`` on 2):
+    ``gradwire plan`` leaves that worker count out for the candidate rather than refuse the plan."""
+
+
+def check_combination(cfg: RunConfig, *, workers_counted: bool = True) -> Combination:
     """Both stages of validation for ``cfg``: its values and names (``RunConfig.validate``), then
-    whether they work together; ConfigError, one line naming the value and its flag, otherwise."""
+    whether they work together; ConfigError, one line naming the value and its flag, otherwise.
+    ``workers_counted=False``: ``cfg.workers`` is a stand-in (``gradwire launch`` counts them from the
+    processes later), so the algorithm's need of workers is not checked against it."""
     algorithm = _algorithm(cfg.validate())  # built once (its answers can depend on its spec)
     cfg = _with_defaults_of(algorithm, cfg)
+    if workers_counted:
+        _check_workers(cfg, algorithm)
     _check_kernels(cfg)
     with naming_flag("task"):
         check_task(cfg.task, num_workers=cfg.workers)  # its parameters' ranges, before any data is loaded
@@ -104,6 +114,28 @@ def check_combination(cfg: RunConfig) -> Combination:
                           step_timeout_s=cfg.timeout_s, needs_server=algorithm.needs_server,
                           tensor_parallel=cfg.tensor_parallel, carries_rounds=algorithm.carries_rounds)
     return Combination(cfg, algorithm.needs_server)
+
+
+def _check_workers(cfg: RunConfig, algorithm: Algorithm) -> None:
+    """Backup workers leave at least one worker to aggregate (``sync:backups=b``,
+    ``backup-diloco:backups=b``): the algorithm checks it only in its set-up, once the run is built
+    (on a real backend, once every process has started), so a comparison or a launch found it
+    only after starting. ``backups`` is the spec's own key for it (registry_names)."""
+    backups = getattr(algorithm, "backups", 0)
+    if isinstance(backups, int) and not isinstance(backups, bool) and backups >= cfg.workers:
+        raise TooFewWorkers(f"algorithm={cfg.algorithm!r}: backups={backups} leaves no worker to aggregate with "
+                            f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}: backups must be fewer than "
+                            "--workers (--algorithm)")
+
+
+def check_started_here(cfg: RunConfig) -> None:
+    """A run that this process starts itself (``gradwire compare``'s variants): ``--backend torch``
+    needs the environment torchrun gives each process (the torch backend finds it missing only
+    once the run is built)."""
+    if cfg.backend == "torch" and "WORLD_SIZE" not in os.environ:
+        raise ConfigError(f"backend='torch' runs one process per worker, started by torchrun, but {cfg.label()!r} "
+                          "would run in this process: use --backend sim or threads here, or run it with "
+                          "`gradwire launch --nproc-per-node N -- run ...` (--backend)")
 
 
 def _check_kernels(cfg: RunConfig) -> None:
