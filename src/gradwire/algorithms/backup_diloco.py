@@ -96,6 +96,9 @@ class BackupDiLoCo(ServerDiLoCo):
     def tag(self) -> int:
         return self.current  # the round a replica computes for
 
+    def min_workers(self):
+        return self.backups + 1  # the b backups and at least one to aggregate
+
     def workers_needed(self):
         return self.need  # each round averages N replicas' pseudo-gradients
 

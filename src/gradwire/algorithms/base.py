@@ -274,6 +274,11 @@ class Algorithm(Specced, ABC):
     def on_lost(self, worker: int) -> None:  # noqa: B027 - most protocols have nothing to forget
         """The server learnt that ``worker`` is gone (dead, or silent past the timeout)."""
 
+    def min_workers(self) -> int:
+        """The fewest ``--workers`` its spec can run with, known before set-up (backup workers leave
+        at least one to aggregate): gradwire.run.combination refuses fewer before anything starts."""
+        return 1
+
     def workers_needed(self) -> int:
         """The fewest live workers a server-mode step can complete with: with fewer, the server fails at
         once (naming the losses) rather than wait for messages that cannot come. 1 for a protocol whose

@@ -159,6 +159,9 @@ class SyncSGD(Algorithm):
     def join_reply(self, worker):
         return Message(JOIN, worker, tag=self.current, body=as_body(self.x))
 
+    def min_workers(self):
+        return self.backups + 1  # the b backups and at least one to aggregate
+
     def workers_needed(self):
         return self.need  # each step takes N gradients of different workers
 

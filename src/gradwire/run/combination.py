@@ -120,10 +120,10 @@ def _check_workers(cfg: RunConfig, algorithm: Algorithm) -> None:
     """Backup workers leave at least one worker to aggregate (``sync:backups=b``,
     ``backup-diloco:backups=b``): the algorithm checks it only in its set-up, once the run is built
     (on a real backend, once every process has started), so a comparison or a launch found it
-    only after starting. ``backups`` is the spec's own key for it (registry_names)."""
-    backups = getattr(algorithm, "backups", 0)
-    if isinstance(backups, int) and not isinstance(backups, bool) and backups >= cfg.workers:
-        raise TooFewWorkers(f"algorithm={cfg.algorithm!r}: backups={backups} leaves no worker to aggregate with "
+    only after starting (``Algorithm.min_workers``, declared by its spec)."""
+    fewest = algorithm.min_workers()
+    if cfg.workers < fewest:
+        raise TooFewWorkers(f"algorithm={cfg.algorithm!r}: backups={fewest - 1} leaves no worker to aggregate with "
                             f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}: backups must be fewer than "
                             "--workers (--algorithm)")
 
