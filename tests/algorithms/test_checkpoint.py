@@ -26,7 +26,7 @@ def _metrics(folder):
     dict(algorithm="async", lr=0.02, compressor="topk:ratio=0.1", error_feedback=True),
     # constant: the "crash" below is a run of fewer --steps, which a decaying rate (signSGD's default) refuses to
     # resume, since its schedule spans --steps (test_signsgd.py resumes signSGD under schedules)
-    dict(algorithm="signsgd:momentum=0.9", lr=0.005, lr_schedule="constant"),
+    dict(algorithm="signsgd:momentum=0.9", lr=0.005, lr_schedule="constant", momentum=0.0),  # Signum's own β
 ])
 def test_resume_is_bitwise_exact(make_config, tmp_path, kw):
     run(make_config(CHECKPOINTED, out="whole", **kw), progress=False)

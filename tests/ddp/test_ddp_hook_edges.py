@@ -26,15 +26,6 @@ SMALL_BUCKETS = 0.004  # MB: several buckets
 ONE_BUCKET = 25  # MB: the whole MLP in one bucket
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 # --- scenarios (run in the children) ----------------------------------------------------------
 
 def fp16_overflow(rank, world_size):

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -45,15 +44,6 @@ def none_and_plain_on_three_ranks(rank, world_size):
             train(model, x.to(dtype), y.to(dtype), 0, 3)
             out[f"{spec}-{dtype}"] = params(model)
     return out
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(60)
