@@ -449,3 +449,35 @@ def test_a_stop_before_training_says_nothing_was_written(tmp_path, data_dir, cap
         "gradwire run: stopped by SIGTERM before training began (while the run was built: its data, its processes' "
         "rendezvous); nothing of it was written"]
     assert not out.exists()
+
+
+def test_a_signal_while_a_failure_ends_the_run_does_not_hide_it(tmp_path, data_dir, capsys, monkeypatch):
+    """torchrun sends SIGTERM to the survivors once a peer died: it arrives while the run writes the
+    summary of its CommunicationError. The failure is what ends the run (exit 4, summary 'failed'),
+    not a stop 'before training began'."""
+    from gradwire.algorithms.sync import SyncSGD
+    from gradwire.errors import CommunicationError
+    from gradwire.run import loop
+    from gradwire.run.stops import StopSignals
+
+    original = loop.Run.train_step
+
+    def train_step(self):
+        if self.step == 2:
+            raise CommunicationError("allreduce: Connection closed by peer")
+        return original(self)
+
+    def close_with_a_signal(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in the main thread
+
+    monkeypatch.setattr(loop.Run, "train_step", train_step)
+    monkeypatch.setattr(SyncSGD, "close", close_with_a_signal)
+    # the torch backend's handling (a signal stops at once, not after the step), on the simulator
+    monkeypatch.setattr(loop, "StopSignals", lambda deferred, checkpoints=False: StopSignals(False, checkpoints))
+    out = tmp_path / "failed"
+    code = main(["run", "--task", "digits-logreg", "--workers", "2", "--steps", "5", "--out", str(out),
+                 "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 4 and "Connection closed by peer" in err and "stopped by SIGTERM" not in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "Connection closed by peer" in summary["error"]

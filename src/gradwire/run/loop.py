@@ -479,6 +479,8 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
         status, error = "failed", f"{type(e).__name__}: {e}"
         raise
     finally:
+        if signals is not None:  # the loop is over, whatever ended it: a signal from here on (torchrun's
+            signals.stopping = True  # SIGTERM after a peer died) must not replace the ending with a stop
         r.algorithm.close()
         bar.close()
         timeline.close()
