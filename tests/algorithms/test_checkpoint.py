@@ -1,6 +1,8 @@
 """Checkpoints: a run stopped at step k and resumed ends bitwise identical to the run that never
 stopped; bad checkpoints give clear errors."""
 
+import json
+
 import pytest
 import torch
 
@@ -117,3 +119,23 @@ def test_a_checkpoint_of_the_earlier_layout_resumes_bitwise(make_config, algorit
     assert resumed.resume() and resumed.step == 3 and resumed.eval_s == 0.5
     assert [resumed.train_step() for _ in range(3)] == infos[3:]
     assert torch.equal(resumed.algorithm.eval_params(), straight.algorithm.eval_params())
+
+
+def test_a_resume_whose_algorithm_now_resolves_otherwise_is_refused(make_config, tmp_path):
+    """A gradwire whose defaults changed (MuLoCo's outer momentum 0.5 -> 0.7 in 2026-11) must not
+    continue an older checkpoint with other settings and overwrite config.json's record of them."""
+    cfg = make_config(algorithm="muloco:inner_steps=2", task="digits-mlp", lr=0.003, steps=4, checkpoint_every=2,
+                      out="m")
+    run(cfg, progress=False)
+    recorded = tmp_path / "m" / "config.json"
+    config = json.loads(recorded.read_text())
+    old = config["algorithm_resolved"].replace("outer_momentum=0.7", "outer_momentum=0.5")
+    assert old != config["algorithm_resolved"]
+    recorded.write_text(json.dumps(config | {"algorithm_resolved": old}))
+    before = recorded.read_bytes()
+    with pytest.raises(ConfigError, match=r"ran algorithm '.*outer_momentum=0\.5.*', which this gradwire resolves "
+                                          r"to '.*outer_momentum=0\.7.*' \(its defaults changed\)"):
+        run(cfg.replace(steps=6, resume=True), progress=False)
+    assert recorded.read_bytes() == before  # the record of what ran is kept
+    recorded.write_text(json.dumps(config))  # the same settings: it resumes
+    assert run(cfg.replace(steps=6, resume=True), progress=False)["resumed_from_step"] == 4

@@ -154,3 +154,21 @@ def test_a_failure_that_a_stop_interrupted_is_said_first(tmp_path, capsys, monke
     assert err == ["gradwire run: communication error: gloo: Connection closed by peer [127.0.0.1]:1234",
                    f"gradwire run: then stopped by SIGTERM while the run ended ({out / 'summary.json'} says failed "
                    "at step 2135)"], err
+
+
+def test_an_interrupted_comparison_is_taken_again_with_other_variants_under_overwrite(tmp_path, data_dir, capsys):
+    """A comparison stopped before its comparison.md, run again with other variants or seeds: its own
+    folder holds the earlier variants' runs, which --overwrite (or --resume) claims; without either
+    it is refused, naming them."""
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--seeds", "0,1",
+                 "--variant", "--algorithm sync", "--variant", "--algorithm local"]) == 0
+    for name in ("comparison.md", "comparison.csv"):  # as an interrupted comparison leaves it
+        (out / name).unlink()
+    capsys.readouterr()
+    again = ["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--seeds", "0,1",
+             "--variant", "--algorithm sync", "--variant", "--algorithm diana"]
+    assert main(again) == 2
+    assert "holds other results" in one_line(capsys)
+    assert main([*again, "--overwrite"]) == 0
+    assert (out / "comparison.md").is_file() and "diana" in (out / "comparison.md").read_text()

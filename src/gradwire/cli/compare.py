@@ -163,8 +163,9 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
     if found is not None:  # --overwrite would replace a comparison, not a run
         raise ConfigError(f"compare folder {root} holds a run ({found}): a comparison needs a folder of its own, "
                           "its runs in subfolders; choose another --out")
-    if not (root / "comparison.md").exists():  # not a comparison yet: its subfolders are the variants' alone
-        refuse_others(root, own=tuple(Path(c.out).name for c in specs))
+    if not (root / "comparison.md").exists():  # not a comparison yet: its subfolders are the variants' alone,
+        # or (--overwrite, --resume) an interrupted comparison's, whose variants or seeds may have changed
+        refuse_others(root, own=tuple(Path(c.out).name for c in specs), runs=not (common.overwrite or common.resuming))
     if (root / "comparison.md").exists() and not (common.overwrite or common.resuming):
         raise ConfigError(f"compare folder {root} already holds a comparison (comparison.md); pass --overwrite "
                           "to replace it or --resume to continue its runs (or choose another --out)")

@@ -218,17 +218,18 @@ def require_named(out: str | Path) -> None:
                           "its own, e.g. runs/NAME, or leave --out off for a fresh folder under runs/")
 
 
-def holds_others(folder: Path, *, own: tuple[str, ...] = ()) -> str | None:
+def holds_others(folder: Path, *, own: tuple[str, ...] = (), runs: bool = True) -> str | None:
     """The first subfolder of ``folder`` (other than ``own`` and a run's own folders) that holds a run,
     a comparison or a plan, or None: ``folder`` is then a folder of results (``runs/``), not one
-    result's own."""
+    result's own. ``runs=False``: runs do not count (an interrupted comparison's variants of other
+    seeds or settings, which --overwrite or --resume claims)."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
     for sub in sorted(folder.iterdir()):
         if not sub.is_dir() or sub.name.startswith(".") or sub.name in RUN_FOLDERS or sub.name in own:
             continue
-        if holds_run(sub, files_only=True) or any((sub / name).is_file() for name in OTHER_RESULTS):
+        if (runs and holds_run(sub, files_only=True)) or any((sub / name).is_file() for name in OTHER_RESULTS):
             return sub.name
     return None
 
@@ -237,9 +238,9 @@ def holds_others(folder: Path, *, own: tuple[str, ...] = ()) -> str | None:
 OTHER_RESULTS = ("comparison.md", "comparison.csv", "plan.json", "claims.json")
 
 
-def refuse_others(folder: Path, *, own: tuple[str, ...] = ()) -> None:
+def refuse_others(folder: Path, *, own: tuple[str, ...] = (), runs: bool = True) -> None:
     """ConfigError when ``folder`` holds other results in subfolders (:func:`holds_others`)."""
-    other = holds_others(folder, own=own)
+    other = holds_others(folder, own=own, runs=runs)
     if other is not None:
         raise ConfigError(f"--out {str(folder)!r} holds other results ({other}/ is a run, comparison or plan): "
                           f"it is a folder of results, not one of its own; name a new folder, e.g. "

@@ -3,9 +3,12 @@ and the summary written last."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from gradwire.report.run_folder import RunFolder
+from gradwire.errors import ConfigError
+from gradwire.report.run_folder import RunFolder, read_json_or_empty
 
 
 def open_run_folder(run, resumed: bool) -> RunFolder:
@@ -14,6 +17,8 @@ def open_run_folder(run, resumed: bool) -> RunFolder:
     finished run continued to more steps evaluated its old last step only because it was last)."""
     folder = RunFolder(run.cfg.out, enabled=run.is_writer, curves=run.cfg.curves)
     algorithm = run.algorithm
+    if resumed:
+        check_resolved_as_before(run.cfg.out, algorithm)
     folder.open(run.cfg.to_dict() | {"algorithm_resolved": algorithm.spec(),
                                      "compressor_resolved": algorithm.compressor_spec() or "none",
                                      "shard_sizes": run.shard_sizes,
@@ -22,6 +27,22 @@ def open_run_folder(run, resumed: bool) -> RunFolder:
                 algorithm.setup_info(), run.step if resumed else None,
                 evaluates_at_resumed_step=algorithm.evaluates_at(run.step, run.cfg.eval_every, run.cfg.steps))
     return folder
+
+
+def check_resolved_as_before(out, algorithm) -> None:
+    """A resumed run must run what its first part ran: the algorithm and compressor as resolved (defaults
+    filled in) are those config.json recorded, else ConfigError naming both (a gradwire whose defaults
+    changed would otherwise continue the checkpoint with other settings, and overwrite the record). Every
+    process that can read config.json checks (one folder on one node: all of them); a record from before
+    these keys were written is not checked."""
+    ran = read_json_or_empty(Path(out) / "config.json")
+    now = {"algorithm_resolved": algorithm.spec(), "compressor_resolved": algorithm.compressor_spec() or "none"}
+    for key, spec in now.items():
+        before = ran.get(key)
+        if before is not None and before != spec:
+            raise ConfigError(f"the checkpoint in {out} ran {key.split('_')[0]} {before!r}, which this gradwire "
+                              f"resolves to {spec!r} (its defaults changed): resume it with the gradwire that "
+                              "wrote it, or start afresh with another --out or --overwrite")
 
 
 def summary(run, folder: RunFolder, status: str, error: str | None, resumed: bool, extra: dict) -> dict:
