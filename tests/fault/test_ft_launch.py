@@ -56,6 +56,22 @@ def test_launch_checks_the_run_with_the_replica_count_before_starting_anything(t
 
 
 @pytest.mark.multiprocess
+def test_launch_refuses_a_replica_folder_holding_a_run_before_starting_anything(tmp_path, data_dir):
+    """Replica 1's folder holds a run: one replica used to refuse it after the others had started."""
+    out = tmp_path / "run"
+    first = gw("run", "--task", "synthetic-logreg", "--steps", "2", "--out", str(out / "replica-1"),
+               "--data-dir", str(data_dir), timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = (out / "replica-1" / "summary.json").read_bytes()
+    p = gw("launch", "--nproc-per-node", "2", "--", "run", "--task", "synthetic-logreg", "--steps", "2",
+           "--fault-tolerance", "torchft:min_replicas=1", "--out", str(out), "--data-dir", str(data_dir), timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"run folder {out / 'replica-1'} already holds a run" in p.stderr.strip().splitlines()[-1]
+    assert "Lighthouse at" not in p.stderr and not (out / "replica-0").exists()
+    assert (out / "replica-1" / "summary.json").read_bytes() == before
+
+
+@pytest.mark.multiprocess
 @pytest.mark.timeout(660)
 def test_launch_does_not_restart_a_replica_that_exits_with_a_configuration_error(tmp_path, data_dir):
     """A batch larger than a replica's shard is found only when the replica loads its data: each

@@ -18,8 +18,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from gradwire.errors import ConfigError
+from gradwire.report.run_folder import refuse_existing, require_named
 from gradwire.transports.ft_spec import parse, require_torchft
 
 CONFIG_ERROR_EXIT = 2  # gradwire's exit status for bad input (cli/__init__.py)
@@ -45,6 +47,10 @@ def launch_replicas(ns, run_args: list[str], cfg, check) -> int:
     # (the spec has no Lighthouse yet when this launcher starts one: any address stands in for it)
     probe = cfg.fault_tolerance if ft.lighthouse else f"{cfg.fault_tolerance},lighthouse={ft.host}:1"
     check(cfg.replace(backend="torch", workers=n, fault_tolerance=probe))
+    # and each replica's folder (a refusal found by one replica came after the others had started)
+    require_named(cfg.out)
+    for k in range(n):
+        refuse_existing(Path(cfg.out) / f"replica-{k}", overwrite=cfg.overwrite, resume=cfg.resuming)
     lighthouse, spec = None, cfg.fault_tolerance
     if not ft.lighthouse:
         from torchft.coordination import LighthouseServer
