@@ -121,6 +121,7 @@ def test_hybrid_dp_x_tp_equals_data_parallel_run(four, four_dir, tmp_path):
     assert steps[-1]["bytes_sent"] == sum(s["dp_bytes"] + s["tp_bytes"] for s in steps)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("scenario, world", [("four", 4), ("eight", 8)])
 def test_compressed_runs_keep_every_shared_tensor_one_value(scenario, world, request):
     """After three steps with QSGD or top-k across the workers (compressors that look at the whole
