@@ -204,6 +204,18 @@ ROWS = [
     # the blocks of 64 it was measured with (MuLoCo's default became 32 afterwards: docs/defaults.md)
     muloco_row("muloco-h3", "MuLoCo H=3 2-bit pquant + EF", 3, "pquant:p=inf,block=64"),
     muloco_row("muloco-k96-h10", "MuLoCo H=10 top-k 96/4096 + EF", 10, MESSAGE_K96),
+    # the 2-bit row's round hidden behind inner steps (tenth pass): travelling one step (τ=1, α 0.5), or
+    # eager (τ = H: the whole round); and a 1-bit message (the signs times their mean |x|, EF-signSGD's)
+    *[muloco_row(f"muloco-h{h}-{name}-eta{eta:g}", f"MuLoCo H={h} 2-bit pquant + EF, {label}, outer lr {eta:g}", h,
+                 "pquant:p=inf,block=64", f"outer_lr={eta:g},outer_momentum=0,{keys}")
+      for h, name, label, keys, eta in ((3, "tau1", "τ=1 α=0.5", "overlap=1,alpha=0.5", 1),
+                                        (3, "eager", "eager τ=3", "overlap=3,eager=true", 1),
+                                        (3, "eager", "eager τ=3", "overlap=3,eager=true", 0.5),
+                                        (6, "eager", "eager τ=6", "overlap=6,eager=true", 0.5))],
+    *[muloco_row(f"muloco-sign-h3{name}", f"MuLoCo H=3 1-bit sign × mean |x| + EF{label}", 3, "sign:scaled=true",
+                 f"outer_lr=1,outer_momentum=0{keys}")
+      for name, label, keys in (("", "", ""), ("-eager", ", eager τ=3", ",overlap=3,eager=true"),
+                                ("-tau1", ", τ=1 α=0.5", ",overlap=1,alpha=0.5"))],
     # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
     *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],
@@ -310,9 +322,18 @@ def late_losses(steps: list[int], losses: list[float], n_steps: int) -> list[flo
     return [v for s, v in zip(steps, losses) if n_steps // 2 < s <= n_steps]
 
 
-def steps_to_target(steps: list[int], losses: list[float], target: float) -> int | None:
-    """The first evaluated step whose loss is at or below the target (None: never)."""
-    return next((s for s, v in zip(steps, losses) if v <= target), None)
+def steps_to_target(steps: list[int], losses: list[float], target: float) -> float | None:
+    """Where the curve first reaches the target (None: never): the first evaluation at or below
+    it, moved back by linear interpolation to where the line from the evaluation before crosses
+    the target (evaluations are 50-200 steps apart; the first one under it alone would count up to a
+    whole interval of steps the row did not need)."""
+    first = next((i for i, v in enumerate(losses) if v <= target), None)
+    if first is None:
+        return None
+    if first == 0:
+        return float(steps[0])
+    (s0, v0), (s1, v1) = (steps[first - 1], losses[first - 1]), (steps[first], losses[first])
+    return s0 + (s1 - s0) * (v0 - target) / (v0 - v1)
 
 
 def reached(losses: list[float], target: float | None, after: int = STOP_AFTER) -> bool:
@@ -354,21 +375,58 @@ def ledger_divisor(kind: str, workers: int) -> int:
     return 2 * (workers - 1) if kind == "allreduce" else (workers - 1) * workers
 
 
-def step_seconds(row: Row, compute_s: float, backward_s: float, payload_bytes: float, workers: int,
-                 mbps: float | None, network: str = "ring") -> float:
-    """One step's time: compute, plus the communication it cannot hide. ``payload_bytes``: what one
-    worker contributes per communication round; ``mbps`` None: a network of zero cost; ``network``:
-    NETWORKS' ring or halving-doubling."""
+def row_cost(compute: dict, key: str) -> dict:
+    """Row ``key``'s measured costs (compute.json) for the time model, in the reference DDP's terms:
+    its compute and decode times scaled by DDP's compute over the DDP measured beside it in the same
+    ``compute`` invocation (every invocation measures ddp with the rows it is asked for), so that a
+    row measured on a faster or busier day keeps its ratio to DDP, not its seconds; the backward pass
+    is the reference session's. A figure from before sessions were recorded is refused."""
+    cost, ddp = compute[key], compute["ddp"]
+    missing = [k for k in ("session", "ddp_compute_s", "decode_s", "size_exchanges", "bucket_shares") if k not in cost]
+    if missing:
+        raise SystemExit(f"compute.json: row {key!r} was measured without {', '.join(missing)} (before the time "
+                         f"model priced them): run `compute --rows {key}` again")
+    scale = ddp["compute_s"] / cost["ddp_compute_s"]
+    return cost | {"compute_s": cost["compute_s"] * scale, "decode_s": cost["decode_s"] * scale,
+                   "backward_s": ddp["backward_s"]}
+
+
+def backward_overhang(row: Row, cost: dict, workers: int, mbps: float, network: str = "ring") -> float:
+    """DDP's buckets against its backward pass: bucket i (``cost["bucket_shares"]``, the gradient's
+    shares in the order the backward pass fills them) is ready once that share of the backward is
+    done, and its collectives (each bucket paying its own latencies) run one bucket after another
+    as soon as it is ready and the link is free; what runs past the end of the backward pass is not
+    hidden. One bucket (a gradient under the 1 MiB first bucket, PyTorch's and gradwire's): nothing
+    is hidden."""
+    ready = free = 0.0
+    for share in cost["bucket_shares"]:
+        ready += share * cost["backward_s"]
+        free = max(free, ready) + collective_seconds(row.collective, cost["payload_bytes"] * share, workers, mbps,
+                                                     collectives=row.collectives, network=network)
+    return max(0.0, free - cost["backward_s"])
+
+
+def step_seconds(row: Row, cost: dict, workers: int, mbps: float | None, network: str = "ring") -> float:
+    """One step's time of one worker among ``workers``: its compute, with every payload of an
+    all-gathered round decoded (the 1-worker measurement decodes its own only: ``decode_s`` each
+    for the n - 1 others), plus the communication it cannot hide: a variable-size message's blocking
+    exchange of sizes (8 bytes each, before the payload's collective starts: never hidden), then the
+    payload (``payload_bytes`` one worker's per round). ``cost``: ``row_cost``'s; ``mbps`` None: a
+    network of zero cost; ``network``: NETWORKS' ring or halving-doubling."""
+    from gradwire.transports.ledger import SIZE_BYTES
+
+    compute = cost["compute_s"] + (workers - 1) * cost["decode_s"] / row.period
     if mbps is None:
-        return compute_s
-    comm = collective_seconds(row.collective, payload_bytes, workers, mbps, collectives=row.collectives,
-                              network=network)
+        return compute
+    exchange = cost["size_exchanges"] * collective_seconds("allgather", SIZE_BYTES, workers, mbps, network=network)
     if row.overlap == "backward":  # DDP: the buckets' allreduces run while the backward pass goes on
-        return compute_s + max(0.0, comm - backward_s)
+        return compute + exchange + backward_overhang(row, cost, workers, mbps, network)
+    comm = collective_seconds(row.collective, cost["payload_bytes"], workers, mbps, collectives=row.collectives,
+                              network=network)
     if row.overlap.startswith("tau:"):  # Streaming DiLoCo: a fragment travels while τ steps compute
         tau = int(row.overlap.split(":")[1])
-        return compute_s + max(0.0, comm - tau * compute_s) / row.period
-    return compute_s + comm / row.period
+        return compute + (exchange + max(0.0, comm - tau * compute)) / row.period
+    return compute + (exchange + comm) / row.period
 
 
 def next_trial(trials: dict[float, float], grid=LRS, first=FIRST_TRIALS) -> float | None:
@@ -423,6 +481,7 @@ def table_rows(target: float, results: dict, compute: dict, workers: int, networ
             line["status"] = "not run"
             lines.append(line)
             continue
+        cost = row_cost(compute, row.key)
         hit = [steps_to_target(r["steps"], r["losses"], target) for r in runs]
         line["seeds"] = len(runs)
         line["best"] = min(min(r["losses"]) for r in runs)
@@ -430,9 +489,9 @@ def table_rows(target: float, results: dict, compute: dict, workers: int, networ
         payload = cost["payload_bytes"]
         line["bits_per_param_round"] = 8 * payload / runs[0]["params"]
         line["bits_per_param_step"] = line["bits_per_param_round"] / row.period
-        line["cpu_ms"] = 1e3 * cost["compute_s"]
+        line["cpu_ms"] = 1e3 * step_seconds(row, cost, workers, None)
         for mbps in (None, *RATES_MBPS):
-            t = step_seconds(row, cost["compute_s"], cost["backward_s"], payload, workers, mbps, network)
+            t = step_seconds(row, cost, workers, mbps, network)
             line[f"t@{mbps}"] = summarise([None if s is None else s * t for s in hit])
         if row.key == "ddp":
             zero = line["t@None"][0]
@@ -710,21 +769,64 @@ def _torch_powersgd_stepper(lr: float, folder: Path):
     return step
 
 
-def payload_bytes(row: Row, lr: float, n_steps: int, folder: Path) -> float:
-    """What one worker sends per communication round: from the ledger of 4 simulated workers, or,
-    for PyTorch's hook, from its shapes (ddp_train.py's ``powersgd_floats``, float32)."""
+def wire_costs(row: Row, lr: float, n_steps: int, folder: Path) -> dict:
+    """What one worker's rounds put on the wire and take to read, from 4 simulated workers over 4
+    rounds: ``payload_bytes`` sent per round (the ledger's count over ``ledger_divisor``);
+    ``decode_s``, the CPU seconds of decoding one payload of an all-gathered round into the mean
+    (``CompressedMean.decode_mean``'s time over the payloads it read; 0 where the round is summed by
+    allreduce); ``size_exchanges`` per round, the all-gathers started without a known size, which
+    the torch transport precedes with a blocking exchange of sizes. For PyTorch's hook, its shapes
+    (ddp_train.py's ``powersgd_floats``, float32), fixed-size allreduces."""
+    from gradwire.averaging.compressed import CompressedMean
     from gradwire.run.loop import Run
 
     if row.runner == "torch":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from ddp_train import build, powersgd_floats
 
-        return 4.0 * powersgd_floats(build(TASK, world=1, rank=0, seed=0, batch_size=BATCH)[1], TORCH_POWERSGD_RANK)
-    rounds = 4
+        floats = powersgd_floats(build(TASK, world=1, rank=0, seed=0, batch_size=BATCH)[1], TORCH_POWERSGD_RANK)
+        return {"payload_bytes": 4.0 * floats, "decode_s": 0.0, "size_exchanges": 0.0}
+    rounds, decodes, unsized = 4, [], []
     r = Run(config(row, lr, TUNING_SEED, 4, n_steps, folder))
-    for _ in range(rounds * row.period):
-        r.train_step()
-    return r.transport.bytes_sent / ledger_divisor(row.collective, 4) / rounds
+    transport, original = r.transport, CompressedMean.decode_mean
+
+    def counted(name):
+        start = getattr(transport, name)
+
+        def call(*args, **kwargs):
+            unsized.append(kwargs.get("size") is None)
+            return start(*args, **kwargs)
+        return call
+
+    def timed(self, buffers, like):
+        start = time.process_time()
+        out = original(self, buffers, like)
+        decodes.append((time.process_time() - start, len(buffers)))
+        return out
+
+    transport.allgather, transport.allgather_start = counted("allgather"), counted("allgather_start")
+    CompressedMean.decode_mean = timed
+    try:
+        for _ in range(rounds * row.period):
+            r.train_step()
+    finally:
+        CompressedMean.decode_mean = original
+    if row.collective == "allgather" and not decodes:
+        raise RuntimeError(f"{row.key}: an all-gathered round that CompressedMean.decode_mean never decoded; "
+                           "its decode cost would be priced as 0")
+    return {"payload_bytes": r.transport.bytes_sent / ledger_divisor(row.collective, 4) / rounds,
+            "decode_s": sum(t for t, _ in decodes) / sum(n for _, n in decodes) if decodes else 0.0,
+            "size_exchanges": sum(unsized) / rounds}
+
+
+def bucket_shares(shapes, cap_bytes: int = 2**20, itemsize: int = 4) -> list[float]:
+    """The gradient's shares per bucket, in the order the backward pass fills them: gradwire's
+    ``BucketPlan`` at ``sync``'s 1 MiB (PyTorch DDP's first bucket is 1 MiB too)."""
+    from gradwire.algorithms.buckets import BucketPlan
+
+    plan = BucketPlan(shapes, max(1, cap_bytes // itemsize))
+    total = sum(plan.numels)
+    return [sum(plan.numels[i] for i in bucket) / total for bucket in plan.buckets]
 
 
 def time_blocks(steppers: dict, blocks: int, steps: int = COMPUTE_STEPS, warmup: int = 5, also=None):
@@ -754,10 +856,15 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
     COMPUTE_STEPS steps, the rows taking turns block by block, so that a neighbour's load falls on
     every row alike; the row's time is its fastest block's mean (interference only adds time).
     Also one micro-batch's backward pass (what a DDP-style overlap can hide communication behind),
-    the same way, and the payload per round (``payload_bytes``)."""
+    the same way; the gradient's buckets (``bucket_shares``) for the rows that overlap it; and each
+    row's wire (``wire_costs``). DDP is always measured with the rows asked for, and every entry
+    keeps its session and the DDP beside it (``row_cost`` prices a row by its ratio to that DDP)."""
     import torch
 
     torch.set_num_threads(1)
+    if ROW["ddp"] not in rows:  # the reference every row's figure is scaled by (row_cost)
+        rows = [ROW["ddp"], *rows]
+    session = time.strftime("%Y-%m-%dT%H:%M:%S")
     result = {}
     with tempfile.TemporaryDirectory() as tmp:
         steppers = {row.key: (_torch_powersgd_stepper(lrs.get(row.key, FIRST_TRIALS[0]), Path(tmp))
@@ -778,11 +885,14 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
 
         means, backwards = time_blocks(steppers, blocks, also=lambda: statistics.mean(
             backward() for _ in range(COMPUTE_STEPS)))
+        shares = bucket_shares([p.shape for p in model.parameters()])
         for row in rows:
             result[row.key] = {"compute_s": min(means[row.key]), "blocks_s": means[row.key],
                                "backward_s": min(backwards), "steps": COMPUTE_STEPS, "blocks": blocks,
-                               "payload_bytes": payload_bytes(row, lrs.get(row.key, FIRST_TRIALS[0]), n_steps,
-                                                              Path(tmp) / f"{row.key}-bytes")}
+                               "session": session, "ddp_compute_s": min(means["ddp"]),
+                               "bucket_shares": shares if row.overlap == "backward" else [1.0],
+                               **wire_costs(row, lrs.get(row.key, FIRST_TRIALS[0]), n_steps,
+                                            Path(tmp) / f"{row.key}-bytes")}
     return result
 
 
@@ -793,11 +903,10 @@ def step_time_table(compute: dict, network: str = "ring") -> str:
     head = "| row | " + " | ".join(f"{w} w @ {m:g}" for w in WORKERS for m in RATES_MBPS) + " |\n"
     lines = [head, "|---" * (1 + len(WORKERS) * len(RATES_MBPS)) + "|\n"]
     for row in ROWS:
-        cost = compute.get(row.key)
-        if cost is None:
+        if row.key not in compute:
             continue
-        cells = [step_seconds(row, cost["compute_s"], cost["backward_s"], cost["payload_bytes"], w, m, network) / ddp
-                 for w in WORKERS for m in RATES_MBPS]
+        cost = row_cost(compute, row.key)
+        cells = [step_seconds(row, cost, w, m, network) / ddp for w in WORKERS for m in RATES_MBPS]
         lines.append(f"| {row.label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |\n")
     return "".join(lines)
 

@@ -19,6 +19,7 @@ from time_to_quality import (
     quality_at_rate,
     quarter_gain,
     read_curve,
+    row_cost,
     run_folder,
     step_seconds,
     step_time_table,
@@ -116,15 +117,14 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float, n
     colours = plt.get_cmap("tab20")  # a colour per row (tab10 repeats after ten rows)
     drawn = [row for row in ROWS if results.get(row.key) and compute.get(row.key)]  # a colour per drawn row:
     for i, row in enumerate(drawn):  # tab20 gives its last colour to every index past 19
-        runs, cost = results[row.key], compute[row.key]
+        runs, cost = results[row.key], row_cost(compute, row.key)
         run = runs[0]  # the first seed's curve (the table gives the spread)
         if row.key == "ddp":  # the reference of the targets: DDP on a network of zero cost
             for ax in axes:
                 ax.plot([s * cost["compute_s"] for s in run["steps"]], run["losses"], color="grey", ls=":",
                         label="DDP, network of zero cost")
         for ax, mbps in zip(axes, RATES_MBPS):
-            t = step_seconds(row, cost["compute_s"], cost["backward_s"], cost["payload_bytes"], workers, mbps,
-                             network)
+            t = step_seconds(row, cost, workers, mbps, network)
             ax.plot([s * t for s in run["steps"]], run["losses"], label=row.label, color=colours(i), marker=".", ms=3)
         ax_b.plot([max(b, 1) / 1e6 for b in run["bytes"]], run["losses"], label=row.label, color=colours(i),
                   marker=".", ms=3)

@@ -19,6 +19,13 @@ def ttq():
     return load_script(BENCH, "time_to_quality")
 
 
+def measured(compute_s=0.01, backward_s=0.006, payload_bytes=4000.0, **more):
+    """A compute.json entry as ``compute`` writes it: one session, DDP's 0.01 s measured beside it,
+    one bucket, no decode of others' payloads, no exchange of sizes (unless ``more`` says)."""
+    return {"compute_s": compute_s, "backward_s": backward_s, "payload_bytes": payload_bytes, "session": "s",
+            "ddp_compute_s": 0.01, "decode_s": 0.0, "size_exchanges": 0.0, "bucket_shares": [1.0]} | more
+
+
 def test_target_is_the_mean_of_ddps_last_five_evaluations_at_n(ttq):
     steps = list(range(100, 2100, 100))
     losses = [3.0 - 0.05 * i for i in range(20)]
@@ -27,7 +34,10 @@ def test_target_is_the_mean_of_ddps_last_five_evaluations_at_n(ttq):
     # the last quarter (the last evaluation at or before 750, then 1000): each end a five-evaluation mean
     before, after = sum(losses[2:7]) / 5, sum(losses[5:10]) / 5
     assert ttq.quarter_gain(steps, losses, 1000) == pytest.approx((before - after) / before)
-    assert ttq.steps_to_target(steps, losses, losses[7] + 1e-12) == 800
+    assert ttq.steps_to_target(steps, losses, losses[7] + 1e-12) == pytest.approx(800)
+    # between two evaluations: where the line between them crosses the target (a quarter of the way)
+    assert ttq.steps_to_target(steps, losses, losses[6] - 0.0125) == pytest.approx(725)
+    assert ttq.steps_to_target(steps, losses, 5.0) == 100  # the first evaluation already under it
     assert ttq.steps_to_target(steps, losses, 0.1) is None
 
 
@@ -60,16 +70,17 @@ def test_the_time_model_is_gradwires_ring_network(ttq):
         ttq.collective_seconds("broadcast", 1, 4, 10.0)
     qsgd = ttq.ROW["gw-qsgd"]  # an allgather, not hidden: (n-1)(latency + B/bw) a step
     gather = NETWORKS.build("ring:mbps=10,latency_ms=1").allgather([20_000] * 16).time_s
-    assert ttq.step_seconds(qsgd, 0.01, 0.006, 20_000, 16, 10.0) == pytest.approx(0.01 + gather)
+    assert ttq.step_seconds(qsgd, measured(0.01, 0.006, 20_000), 16, 10.0) == pytest.approx(0.01 + gather)
     row = ttq.ROW["ddp"]
-    # DDP hides up to its backward pass; a zero-cost network leaves the compute alone
-    assert ttq.step_seconds(row, 0.1, 0.06, 0, 4, None) == 0.1
+    # a zero-cost network leaves the compute alone; one bucket (a gradient under 1 MiB) starts after the
+    # backward pass, so nothing of it is hidden
+    assert ttq.step_seconds(row, measured(0.1, 0.06, 0), 4, None) == 0.1
     comm = ttq.allreduce_seconds(5e6, 4, 100.0)
-    assert ttq.step_seconds(row, 0.1, 0.06, 5e6, 4, 100.0) == pytest.approx(0.1 + comm - 0.06)
+    assert ttq.step_seconds(row, measured(0.1, 0.06, 5e6), 4, 100.0) == pytest.approx(0.1 + comm)
     diloco = ttq.ROW["diloco"]  # once per H steps, not hidden
-    assert ttq.step_seconds(diloco, 0.1, 0.06, 5e6, 4, 100.0) == pytest.approx(0.1 + comm / diloco.period)
+    assert ttq.step_seconds(diloco, measured(0.1, 0.06, 5e6), 4, 100.0) == pytest.approx(0.1 + comm / diloco.period)
     streaming = ttq.ROW["streaming"]  # a fragment hidden behind τ = 2 steps
-    assert ttq.step_seconds(streaming, 0.1, 0.06, 1e5, 4, 100.0) == 0.1
+    assert ttq.step_seconds(streaming, measured(0.1, 0.06, 1e5), 4, 100.0) == 0.1
     # priced as halving-doubling: 16 workers' allreduce takes 2·log2(16) = 8 latencies, not 30, for the
     # same bytes; an allgather 4, not 15
     bw = 100e6 / 8
@@ -77,7 +88,7 @@ def test_the_time_model_is_gradwires_ring_network(ttq):
         8e-3 + 2 * 15 / 16 * 1.6e5 / bw)
     assert ttq.collective_seconds("allgather", 1e4, 16, 100.0, network="halving-doubling") == pytest.approx(
         4e-3 + 15 * 1e4 / bw)
-    assert ttq.step_seconds(diloco, 0.1, 0.06, 5e6, 16, 100.0, "halving-doubling") == pytest.approx(
+    assert ttq.step_seconds(diloco, measured(0.1, 0.06, 5e6), 16, 100.0, "halving-doubling") == pytest.approx(
         0.1 + (8e-3 + 2 * 15 / 16 * 5e6 / bw) / diloco.period)
 
 
@@ -133,7 +144,8 @@ def test_a_curve_stops_a_few_evaluations_after_it_first_reaches_the_target(ttq):
     assert not ttq.reached(losses[:5], 2.05, after=3)  # first at index 3, one evaluation after
     assert ttq.reached(losses[:7], 2.05, after=3)
     assert not ttq.reached(losses, 1.0)  # never reached: runs to 2N
-    assert ttq.steps_to_target([100, 200, 300, 400, 500, 600, 700], losses, 2.05) == 400
+    # first under it at 400 (2.04), the line from 300 (2.1) crosses 2.05 at 300 + 100·0.05/0.06
+    assert ttq.steps_to_target([100, 200, 300, 400, 500, 600, 700], losses, 2.05) == pytest.approx(300 + 250 / 3)
 
 
 def test_table_gives_ratios_to_ddp_at_zero_cost_and_marks_what_did_not_run(ttq):
@@ -142,14 +154,15 @@ def test_table_gives_ratios_to_ddp_at_zero_cost_and_marks_what_did_not_run(ttq):
     results = {"ddp": [curve | dict(losses=[3.0, 2.5, 2.1, 2.0])],
                "diloco": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9])],
                "local-adamw": [curve | dict(losses=[3.0, 2.9, 2.8, 2.7])]}
-    compute = {k: {"compute_s": 0.01, "backward_s": 0.006, "payload_bytes": 4000.0} for k in results}
+    compute = {k: measured() for k in results}
     compute["diloco"]["payload_bytes"] = 4000.0 * 20  # the whole model, once a round
     lines = {line["key"]: line for line in ttq.table_rows(2.05, results, compute, 4)}
     assert lines["torch-powersgd"]["status"] == "not run" and lines["ddp-bf16"]["status"] == "not run"
-    assert lines["ddp"]["steps"][0] == 400 and lines["diloco"]["steps"][0] == 300
-    assert lines["ddp"]["t@None"][0] == pytest.approx(4.0)
+    # interpolated: DDP crosses 2.05 halfway from 300 to 400, DiLoCo 7/8 of the way from 200 to 300
+    assert lines["ddp"]["steps"][0] == pytest.approx(350) and lines["diloco"]["steps"][0] == pytest.approx(287.5)
+    assert lines["ddp"]["t@None"][0] == pytest.approx(3.5)
     slow = ttq.allreduce_seconds(80_000, 4, 10.0) / 20  # DiLoCo: one round of 80 kB per 20 steps
-    assert lines["diloco"]["x@10.0"] == pytest.approx(300 * (0.01 + slow) / 4.0)
+    assert lines["diloco"]["x@10.0"] == pytest.approx(287.5 * (0.01 + slow) / 3.5)
     assert lines["diloco"]["bits_per_param_step"] == pytest.approx(8 * 80_000 / 1000 / 20)
     assert lines["local-adamw"]["steps"][0] is None and lines["local-adamw"]["best"] == 2.7
     text = ttq.markdown(list(lines.values()), 4, 2.05)
@@ -170,7 +183,7 @@ def test_the_targets_table_judges_every_gradwire_row_and_names_the_best(ttq):
     results = {"ddp": [curve | dict(losses=[3.0, 2.5, 2.1, 2.0])],
                "ddp-bf16": [curve | dict(losses=[3.0, 2.5, 2.1, 2.0])],
                late: [curve | dict(losses=[2.9, 2.4, 2.0, 1.9])]}
-    compute = {k: {"compute_s": 0.01, "backward_s": 0.006, "payload_bytes": 4000.0} for k in results}
+    compute = {k: measured() for k in results}
     compute["ddp-bf16"]["payload_bytes"] = 2000.0  # half DDP's bytes: PyTorch's best
     text = report.targets(ttq.table_rows(2.05, results, compute, 16), 16)
     label = ttq.ROW[late].label
@@ -223,7 +236,7 @@ def test_the_bit_rate_table_keeps_rows_at_or_under_the_rate_and_says_which_reach
                "muloco-k96-h3": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9]), curve | dict(losses=[2.9, 2.6, 2.2, 2.1])],
                "sparseloco-k96-h3": [curve | dict(losses=[3.0, 2.9, 2.8, 2.7])],
                "muloco-h3": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9])]}
-    compute = {k: {"compute_s": 0.01, "backward_s": 0.006, "payload_bytes": 4000.0} for k in results}
+    compute = {k: measured(0.01, 0.006, 4000.0) for k in results}
     compute["muloco-k96-h3"]["payload_bytes"] = 30.0    # 0.24 bits a parameter a round
     compute["sparseloco-k96-h3"]["payload_bytes"] = 31.25  # 0.25: at the rate, counted
     compute["muloco-h3"]["payload_bytes"] = 32.0        # 0.256: above it
@@ -232,7 +245,7 @@ def test_the_bit_rate_table_keeps_rows_at_or_under_the_rate_and_says_which_reach
     assert by["muloco-k96-h3"]["bits_per_param_round"] == pytest.approx(0.24)
     assert by["muloco-k96-h3"]["bits_per_param_step"] == pytest.approx(0.08)  # H = 3
     text = ttq.quality_at_rate(lines)
-    assert "| MuLoCo H=3 top-k 96/4096 + EF | 0.240 | yes, 1 of 2 seeds | 300 |" in text
+    assert "| MuLoCo H=3 top-k 96/4096 + EF | 0.240 | yes, 1 of 2 seeds | 288 |" in text  # 287.5, interpolated
     assert "| SparseLoCo H=3 top-k 96/4096 α=1 | 0.250 | no (best 2.7000) | — |" in text
     assert "2-bit" not in text and "DDP (AdamW)" not in text
     assert "none ran" in ttq.quality_at_rate(lines, max_bits=0.1)
@@ -340,8 +353,7 @@ def test_the_report_stage_writes_each_pricing_beside_the_other(ttq, tmp_path):
         (tmp_path / "tuning").mkdir(exist_ok=True)
         (tmp_path / "tuning" / f"{key}.json").write_text(json.dumps({key: lrs[key]}))
     (tmp_path / "compute.json").write_text(json.dumps(
-        {k: {"compute_s": 0.01, "backward_s": 0.005, "payload_bytes": 4000.0 * (20 if k == "diloco" else 1)}
-         for k in curves}))
+        {k: measured(0.01, 0.005, 4000.0 * (20 if k == "diloco" else 1)) for k in curves}))
     load_script(BENCH.with_name("time_to_quality_report.py"), "time_to_quality_report")  # as main imports it
     assert ttq.main(["report", "--workers", "16", "--seeds", "1", "--n-steps", str(n), "--out", str(tmp_path)]) == 0
     assert ttq.main(["report", "--workers", "16", "--seeds", "1", "--n-steps", str(n), "--out", str(tmp_path),
@@ -356,3 +368,65 @@ def test_the_report_stage_writes_each_pricing_beside_the_other(ttq, tmp_path):
     assert f"| 100 Mbit/s | {ttq.ROW['diloco'].label} |" in (tmp_path / "results.md").read_text()
     for suffix in ("", "_halving-doubling"):
         assert (tmp_path / f"quality_vs_time_w16{suffix}.png").stat().st_size > 0
+
+
+def test_ddps_buckets_hide_only_what_is_ready_before_the_backward_pass_ends(ttq):
+    """Two equal buckets: the first (ready halfway through the backward pass) travels while the
+    second half computes; the second starts when it is ready and the link is free; the step waits
+    for it. Each bucket pays its own latencies."""
+    row, b, payload = ttq.ROW["ddp"], 0.06, 5e6
+    half = ttq.allreduce_seconds(payload / 2, 4, 100.0)
+    end = max(b / 2 + half, b) + half
+    cost = measured(0.1, b, payload, bucket_shares=[0.5, 0.5])
+    assert ttq.step_seconds(row, cost, 4, 100.0) == pytest.approx(0.1 + end - b)
+    # many small buckets early in a long backward pass: only the last bucket's collective shows
+    cost = measured(0.1, 10.0, payload, bucket_shares=[0.25] * 4)
+    assert ttq.step_seconds(row, cost, 4, 100.0) == pytest.approx(0.1 + ttq.allreduce_seconds(payload / 4, 4, 100.0))
+    assert ttq.bucket_shares([(100, 100), (100,)], cap_bytes=4 * 10_100) == [1.0]  # under the cap: one bucket
+    assert ttq.bucket_shares([(100, 100), (100,)], cap_bytes=4 * 10_000) == pytest.approx([100 / 10_100,
+                                                                                          10_000 / 10_100])
+
+
+def test_an_allgathered_round_is_decoded_by_every_worker_and_a_variable_size_waits_for_the_sizes(ttq):
+    """Each worker decodes all n payloads of an all-gathered round (the 1-worker measurement, its own
+    only); a message of no fixed size first exchanges the sizes, blocking, which τ steps cannot hide."""
+    from gradwire.transports import ledger
+
+    row = ttq.ROW["muloco-k512-h3-ns3-tau1-eta0.5"]  # τ = 1, H = 3, chunked top-k: no fixed size
+    cost = measured(0.0129, 0.005, 14_114.0, decode_s=0.001, size_exchanges=1.0)
+    compute = 0.0129 + 15 * 0.001 / 3
+    assert ttq.step_seconds(row, cost, 16, None) == pytest.approx(compute)
+    sizes = ttq.collective_seconds("allgather", ledger.SIZE_BYTES, 16, 100.0)
+    comm = ttq.collective_seconds("allgather", 14_114.0, 16, 100.0)
+    assert sizes == pytest.approx(15 * (1e-3 + 8 / 12.5e6))
+    assert ttq.step_seconds(row, cost, 16, 100.0) == pytest.approx(compute + (sizes + max(0.0, comm - compute)) / 3)
+    assert ttq.step_seconds(row, cost | {"size_exchanges": 0.0}, 16, 100.0) == pytest.approx(
+        compute + max(0.0, comm - compute) / 3)
+
+
+def test_a_row_is_priced_by_its_ratio_to_the_ddp_measured_beside_it(ttq):
+    """A row measured in another ``compute`` session keeps its ratio to that session's DDP; an entry
+    from before sessions were recorded is refused, naming the row."""
+    compute = {"ddp": measured(0.010, 0.005), "diloco": measured(0.012, 0.004, ddp_compute_s=0.008, decode_s=0.002)}
+    cost = ttq.row_cost(compute, "diloco")
+    assert cost["compute_s"] == pytest.approx(0.015) and cost["decode_s"] == pytest.approx(0.0025)
+    assert cost["backward_s"] == 0.005 and ttq.row_cost(compute, "ddp")["compute_s"] == 0.010
+    compute["diloco"] = {"compute_s": 0.012, "backward_s": 0.004, "payload_bytes": 1.0}
+    with pytest.raises(SystemExit, match="'diloco'.*session.*compute --rows diloco"):
+        ttq.row_cost(compute, "diloco")
+
+
+@pytest.mark.slow
+def test_compute_measures_ddp_beside_the_rows_and_their_wire(ttq, tmp_path):
+    """``compute --rows`` of a top-k MuLoCo row: DDP measured in the same session, the row's payload
+    decoded at a cost, one exchange of sizes a round (chunked top-k has no fixed size), none for DDP,
+    whose 0.52 MiB gradient is one bucket."""
+    import json
+
+    assert ttq.main(["compute", "--rows", "muloco-k96-h3", "--out", str(tmp_path)]) == 0
+    compute = json.loads((tmp_path / "compute.json").read_text())
+    ddp, row = compute["ddp"], compute["muloco-k96-h3"]
+    assert ddp["session"] == row["session"] and row["ddp_compute_s"] == ddp["compute_s"]
+    assert row["size_exchanges"] == 1.0 and ddp["size_exchanges"] == 0.0
+    assert row["decode_s"] > 0 and ddp["decode_s"] == 0.0
+    assert ddp["bucket_shares"] == [1.0] and ddp["payload_bytes"] == 4 * 137_216
