@@ -89,7 +89,9 @@ def test_message_bytes_are_the_coefficients_and_their_gap_coded_positions(make_c
         index = (r.algorithm.averager.decode(packet.buffer, x) != 0).nonzero().view(-1)
         assert index.numel() == count
         assert packet.nbytes == 8 * count + gapcode.section_bytes(n, count, gapcode.quotient_sum(n, index))
-        expected += 2 * packet.nbytes  # ring all-gather: each message crosses (n - 1) = 2 links
+        # ring all-gather: each message crosses (n - 1) = 2 links, framed at the codec's bound (a 4-byte
+        # length, zeros up to the largest section of `count` positions), so no sizes are exchanged first
+        expected += 2 * (4 + 8 * count + gapcode.max_section_bytes(n, count))
         return packet
 
     r.algorithm.averager.encode = sized

@@ -180,9 +180,11 @@ def test_ternary_values_keep_the_error_feedback_identity_and_the_chunk_supports(
 
 @pytest.mark.parametrize("keys", ["", ",aggregate=senders_mean,clip=median_norm"])
 def test_message_bytes_are_the_values_and_the_gap_coded_positions(make_config, keys):
-    """Each replica's message is K float64 values then gapcode's section for its positions; the
-    ring all-gather of n messages counts (n - 1) times their sum (network.py). The authors'
-    aggregation changes only the receiving end: the same message, the same bytes."""
+    """Each replica's message is K float64 values then gapcode's section for its positions; it
+    travels framed at the codec's bound (a 4-byte length, then the message, then zeros up to K values
+    and the largest section of K positions), so no sizes are exchanged; the ring all-gather of n
+    frames counts (n - 1) times their sum (network.py). The authors' aggregation changes only the
+    receiving end: the same message, the same bytes."""
     cfg = make_config(algorithm=f"sparseloco:inner_steps=2,chunk=50,k=3,values=raw{keys}", dtype="float64", lr=0.01,
                       workers=3, network="ring:mbps=100,latency_ms=1")
     r = Run(cfg)
@@ -201,7 +203,9 @@ def test_message_bytes_are_the_values_and_the_gap_coded_positions(make_config, k
             assert index.numel() == count == ChunkedTopK(chunk=50, k=3).count(n)
             size = 8 * count + gapcode.section_bytes(n, count, gapcode.quotient_sum(n, index))
             assert buf.numel() == size and size - 8 * count < count  # under 8 bits a position at 6% density
-            expected += 2 * size  # (n - 1) = 2 other replicas receive it
+            framed = 4 + 8 * count + gapcode.max_section_bytes(n, count)
+            assert size < framed < 1.1 * (size + 4)
+            expected += 2 * framed  # (n - 1) = 2 other replicas receive it
         return out
 
     alg.averager.payloads = sized

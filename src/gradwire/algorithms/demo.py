@@ -123,7 +123,7 @@ class DeMo(Algorithm):
             coefficients = self.dct.forward(m)
             payloads[r] = self.averager.encode(r, coefficients).buffer
             m.sub_(self.dct.inverse(self.averager.decode(payloads[r], coefficients)))  # q leaves the momentum
-        gathered = ctx.transport.allgather(payloads)
+        gathered = self.averager.gather(ctx.transport, payloads, coefficients)
         update = self.dct.inverse(self.averager.decode_mean(gathered, self.x))
         lr = self.rate.at(self.updates)
         self.updates += 1

@@ -10,6 +10,7 @@ import torch
 from gradwire.averaging.base import Averager, Finished
 from gradwire.averaging.combine import MessageCombine
 from gradwire.compress import Compressor, ErrorFeedback, Packet
+from gradwire.compress.wire import FRAME_BYTES, frame, unframe
 from gradwire.spec import require
 from gradwire.transports.base import Handle, Transport
 
@@ -72,9 +73,33 @@ class CompressedMean(Averager):
             wire_dtype = self.compressor.wire_dtype(like.dtype)
             wire = {r: self.decode(p.buffer, like).to(wire_dtype) for r, p in packets.items()}
             return transport.allreduce_mean(wire, ranks).to(like.dtype)
-        gathered = transport.allgather({r: p.buffer for r, p in packets.items()}, ranks,
-                                       size=self.compressor.nbytes(like.numel(), like.dtype))
-        return self.decode_mean(gathered, like)
+        return self.decode_mean(self.gather(transport, {r: p.buffer for r, p in packets.items()}, like, ranks), like)
+
+    def gather(self, transport: Transport, buffers: dict[int, torch.Tensor], like: torch.Tensor,
+               ranks=None) -> dict[int, torch.Tensor]:
+        """Every participant's payload for a tensor like ``like``: one all-gather at ``wire_size``
+        (framed where the codec is bounded), the payloads given back as they were sent."""
+        size, framed = self.wire_size(like)
+        return self._unframed(transport.allgather(self._framed(buffers, size, framed), ranks, size=size), framed)
+
+    def wire_size(self, like: torch.Tensor) -> tuple[int | None, bool]:
+        """(the size every gathered payload travels at, whether it is framed): the codec's fixed
+        size; or, for a codec whose size depends on the data within a bound (top-k and chunked top-k:
+        a fixed count of Golomb-coded positions), the bound plus a 4-byte length (``wire.frame``),
+        so that no transport exchanges sizes first (a blocking collective of n - 1 latencies before
+        every round, which no overlap hides); (None, False) for an unbounded one (threshold)."""
+        size = self.compressor.nbytes(like.numel(), like.dtype)
+        if size is not None:
+            return size, False
+        bound = self.compressor.max_nbytes(like.numel(), like.dtype)
+        return (None, False) if bound is None else (bound + FRAME_BYTES, True)
+
+    @staticmethod
+    def _framed(buffers: dict[int, torch.Tensor], size: int | None, framed: bool) -> dict[int, torch.Tensor]:
+        return {r: frame(b, size - FRAME_BYTES) for r, b in buffers.items()} if framed else buffers
+
+    def _unframed(self, buffers: dict[int, torch.Tensor], framed: bool) -> dict[int, torch.Tensor]:
+        return {r: unframe(b, self.compressor.name) for r, b in buffers.items()} if framed else buffers
 
     def start(self, transport: Transport, tensors: dict[int, torch.Tensor], ranks=None) -> Handle:
         return self.start_payloads(transport, self.payloads(tensors), next(iter(tensors.values())), ranks)
@@ -119,9 +144,9 @@ class CompressedMean(Averager):
         it in ``like``'s dtype."""
         if self.allreduced():
             return Finished(transport.allreduce_mean_start(payloads, ranks), lambda mean: mean.to(like.dtype))
-        size = self.compressor.nbytes(like.numel(), like.dtype)
-        return Finished(transport.allgather_start(payloads, ranks, size=size),
-                        lambda gathered: self.decode_mean(gathered, like))
+        size, framed = self.wire_size(like)
+        return Finished(transport.allgather_start(self._framed(payloads, size, framed), ranks, size=size),
+                        lambda gathered: self.decode_mean(self._unframed(gathered, framed), like))
 
     def decode_payload(self, payload: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """One participant's payload as the mean counts it (its share of the average, times n): what

@@ -69,6 +69,13 @@ class Compressor(Specced, ABC):
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int | None:
         """Exact payload size for a tensor of ``numel`` elements, or None where it depends on the data."""
 
+    def max_nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int | None:
+        """The most bytes a payload of ``numel`` elements can take, whatever the data: ``nbytes``
+        for a fixed size; a codec whose size depends on the data but is bounded (a fixed count of
+        kept positions) says its bound, which lets a transport carry it at a fixed size (a framed
+        payload, ``averaging/compressed.py``) without first exchanging sizes; None: unbounded."""
+        return self.nbytes(numel, dtype)
+
     def __repr__(self) -> str:
         return f"<compressor {self.spec()}>"
 

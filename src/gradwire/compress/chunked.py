@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from gradwire.compress import gapcode
 from gradwire.compress.base import REGISTRY, Compressor, CorruptPayload, Packet
 from gradwire.compress.positions import (
     check_finite,
@@ -97,6 +98,11 @@ class ChunkedTopK(Compressor):
 
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> None:
         return None
+
+    def max_nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        """K values and the largest position section of K positions (``gapcode.max_section_bytes``)."""
+        count = self.count(numel)
+        return self.value_bytes(count, dtype) + gapcode.max_section_bytes(numel, count)
 
     def payload_bytes(self, numel: int, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> int:
         """The payload's size when the kept positions are the ascending ``index``."""

@@ -120,6 +120,12 @@ def section_bytes(n: int, k: int, quotient_sum: int) -> int:
     return min(gap, bitmap_bytes(n))
 
 
+def max_section_bytes(n: int, k: int) -> int:
+    """The most bytes a section of k positions into n can take, whatever the positions: the gaps
+    sum to at most n - k, so the unary quotients to at most (n - k) // b (module docstring)."""
+    return section_bytes(n, k, (n - k) // golomb_parameter(n, k)) if k else 0
+
+
 def quotient_sum(n: int, index: torch.Tensor) -> int:
     """sum of gap // b for the ascending ``index`` (for sizes computed outside the encoder)."""
     k = index.numel()

@@ -137,6 +137,11 @@ class TopK(Compressor):
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> None:
         return None
 
+    def max_nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        """k values and the largest position section of k positions (``gapcode.max_section_bytes``)."""
+        k = self.count(numel)
+        return k * itemsize(dtype) + gapcode.max_section_bytes(numel, k)
+
     @staticmethod
     def payload_bytes(numel: int, index: torch.Tensor, dtype: torch.dtype = torch.float32) -> int:
         """The payload's size when the kept positions are the ascending ``index``."""

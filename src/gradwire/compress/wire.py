@@ -72,6 +72,32 @@ def write(dst: torch.Tensor, values: torch.Tensor) -> None:
     dst.copy_(values.contiguous().reshape(-1).view(torch.uint8))
 
 
+FRAME_BYTES = 4  # a framed payload's length header: uint32, little-endian
+
+
+def frame(buffer: torch.Tensor, capacity: int) -> torch.Tensor:
+    """``[uint32 length, little-endian][buffer][zeros up to capacity]``: a payload of at most
+    ``capacity`` bytes carried at the fixed size ``capacity + FRAME_BYTES``, so that an all-gather
+    needs no exchange of sizes first (gloo and NCCL gather equal sizes)."""
+    n = buffer.numel()
+    if n > capacity:
+        raise ValueError(f"a payload of {n} bytes does not fit its frame of {capacity} (the codec's max_nbytes)")
+    out = torch.zeros(capacity + FRAME_BYTES, dtype=torch.uint8, device=buffer.device)
+    out[:FRAME_BYTES] = torch.tensor([n], dtype=torch.int64).view(torch.uint8)[:FRAME_BYTES]
+    out[FRAME_BYTES: FRAME_BYTES + n] = buffer
+    return out
+
+
+def unframe(buffer: torch.Tensor, name: str) -> torch.Tensor:
+    """The payload inside a :func:`frame` (a view); ``CorruptPayload`` if its length does not fit."""
+    if buffer.numel() < FRAME_BYTES:
+        raise CorruptPayload(f"{name}: framed payload of {buffer.numel()} bytes is shorter than its header")
+    n = int.from_bytes(bytes(buffer[:FRAME_BYTES].tolist()), "little")  # one host read of 4 bytes
+    if n > buffer.numel() - FRAME_BYTES:
+        raise CorruptPayload(f"{name}: framed payload says {n} bytes in a frame of {buffer.numel() - FRAME_BYTES}")
+    return buffer[FRAME_BYTES: FRAME_BYTES + n]
+
+
 def power_of_two_below(amax: torch.Tensor) -> torch.Tensor:
     """The power of two at or below each non-negative finite ``amax`` (0.5 for 0), in its dtype: dividing
     a tensor by it is exact and brings its largest |entry| into [1, 2), so a sum of squares taken
