@@ -221,7 +221,7 @@ def test_real_backend_collectives_split_into_waiting_and_communicating(make_conf
     run(cfg, progress=False)
     recs, _ = read_timeline(cfg.out)
     raw = np.concatenate([_records(p) for p in sorted((Path(cfg.out) / "timeline").glob("*.bin"))])
-    last = []  # per step: the worker that waited least (arrived last)
+    last, total = [], {}  # per step: the worker that waited least (arrived last); each worker's waits summed
     for step in range(1, cfg.steps + 1):
         comm = recs[(recs["kind"] == COMM) & (recs["step"] == step)]
         assert len(comm) == cfg.workers and np.ptp(comm["start"]) < 1e-9  # one allreduce, entered together
@@ -239,9 +239,12 @@ def test_real_backend_collectives_split_into_waiting_and_communicating(make_conf
             assert mine["end"][0] - first == pytest.approx(recorded["end"][0] - recorded["start"][0], abs=1e-9)
         last.append(min(waits, key=waits.get))
         assert all(waits[w] > waits[last[-1]] for w in waits if w != last[-1]), waits
-    # the slow worker (4x the 50 ms of compute) arrives last at every step: the one worker that waits
-    # least is always the same one, and the two others wait longer (an ordering, not a time limit)
-    assert len(set(last)) == 1, last
+        for w in waits:
+            total[w] = total.get(w, 0.0) + waits[w]
+    # the slow worker (4x the 50 ms of compute) arrives last: over the run it waits far less than each
+    # of the two others (summed over the steps, not step by step: under load one step's order may flip)
+    slow = min(total, key=total.get)
+    assert all(total[slow] < 0.5 * total[w] for w in total if w != slow), total
 
 
 def _split_one_by_one(recs: np.ndarray) -> np.ndarray:

@@ -105,7 +105,7 @@ def test_gradwire_runs_across_namespaces(netns_ok, tmp_path, data_dir):
     assert namespaces(prefix) == [] and processes_mentioning(prefix) == []
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_sigterm_tears_everything_down(netns_ok, tmp_path, data_dir):
     prefix = f"{PREFIX}-s"
     cmd = [sys.executable, str(SCRIPT), "--prefix", prefix, "--nodes", "2", "--timeout-s", "100", "--", "run",
@@ -114,10 +114,12 @@ def test_sigterm_tears_everything_down(netns_ok, tmp_path, data_dir):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:  # the pipes are read only at the end: the run prints little, far below a pipe's buffer
         metrics = tmp_path / "run" / "metrics.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not metrics.exists():  # until the workers are training
+        # until the workers are training, however long a loaded machine takes to start them (the test is
+        # about the teardown; the test's own timeout bounds the wait), or until the bed gave up
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not metrics.exists() and proc.poll() is None:
             time.sleep(0.2)
-        assert metrics.exists() and len(namespaces(prefix)) == 3, "no training within 60 s"
+        assert metrics.exists() and len(namespaces(prefix)) == 3, f"no training within 180 s (exit {proc.poll()})"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=40)
     finally:
