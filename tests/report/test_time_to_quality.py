@@ -418,15 +418,18 @@ def test_a_row_is_priced_by_its_ratio_to_the_ddp_measured_beside_it(ttq):
 
 @pytest.mark.slow
 def test_compute_measures_ddp_beside_the_rows_and_their_wire(ttq, tmp_path):
-    """``compute --rows`` of a top-k MuLoCo row: DDP measured in the same session, the row's payload
-    decoded at a cost, one exchange of sizes a round (chunked top-k has no fixed size), none for DDP,
-    whose 0.52 MiB gradient is one bucket."""
+    """``compute --rows`` of a top-k MuLoCo row: DDP measured in the same session; the row's payload
+    decoded at a cost, and framed at its codec's bound (so no exchange of sizes is priced: chunked
+    top-k's size depends on the data, within the bound); DDP's 0.52 MiB gradient one bucket."""
     import json
+
+    from gradwire.compress import build
 
     assert ttq.main(["compute", "--rows", "muloco-k96-h3", "--out", str(tmp_path)]) == 0
     compute = json.loads((tmp_path / "compute.json").read_text())
     ddp, row = compute["ddp"], compute["muloco-k96-h3"]
     assert ddp["session"] == row["session"] and row["ddp_compute_s"] == ddp["compute_s"]
-    assert row["size_exchanges"] == 1.0 and ddp["size_exchanges"] == 0.0
+    assert row["size_exchanges"] == 0.0 == ddp["size_exchanges"]
+    assert row["payload_bytes"] == 4 + build(ttq.MESSAGE_K96).max_nbytes(137_216)
     assert row["decode_s"] > 0 and ddp["decode_s"] == 0.0
     assert ddp["bucket_shares"] == [1.0] and ddp["payload_bytes"] == 4 * 137_216
