@@ -212,10 +212,11 @@ ROWS = [
                                         (3, "eager", "eager τ=3", "overlap=3,eager=true", 1),
                                         (3, "eager", "eager τ=3", "overlap=3,eager=true", 0.5),
                                         (6, "eager", "eager τ=6", "overlap=6,eager=true", 0.5))],
-    *[muloco_row(f"muloco-sign-h3{name}", f"MuLoCo H=3 1-bit sign × mean |x| + EF{label}", 3, "sign:scaled=true",
-                 f"outer_lr=1,outer_momentum=0{keys}")
+    *[muloco_row(f"muloco-sign-h3{name}", f"MuLoCo H=3 1-bit sign (times the mean magnitude) + EF{label}", 3,
+                 "sign:scaled=true", f"outer_lr=1,outer_momentum=0{keys}")
       for name, label, keys in (("", "", ""), ("-eager", ", eager τ=3", ",overlap=3,eager=true"),
-                                ("-tau1", ", τ=1 α=0.5", ",overlap=1,alpha=0.5"))],
+                                ("-tau1", ", τ=1 α=0.5", ",overlap=1,alpha=0.5"),
+                                ("-tau2", ", τ=2 α=0.5", ",overlap=2,alpha=0.5"))],
     # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
     *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],
