@@ -82,6 +82,8 @@ def frame(buffer: torch.Tensor, capacity: int) -> torch.Tensor:
     n = buffer.numel()
     if n > capacity:
         raise ValueError(f"a payload of {n} bytes does not fit its frame of {capacity} (the codec's max_nbytes)")
+    if n >= 2**32:
+        raise ValueError(f"a payload of {n} bytes does not fit a frame's 32-bit length")
     out = torch.zeros(capacity + FRAME_BYTES, dtype=torch.uint8, device=buffer.device)
     out[:FRAME_BYTES] = torch.tensor([n], dtype=torch.int64).view(torch.uint8)[:FRAME_BYTES]
     out[FRAME_BYTES: FRAME_BYTES + n] = buffer
