@@ -1,7 +1,8 @@
 """Bounded messages: top-k and chunked top-k keep a fixed count of positions, so their payloads
 have an upper bound (``max_nbytes``) although their size depends on the data; framed at it (a
 4-byte length, the payload, zeros), they travel at a fixed size and no transport exchanges sizes
-before an all-gather."""
+before an all-gather. The payload and frame tests run on the CPU and, where one is present, on CUDA
+(the ``device`` fixture)."""
 
 import pytest
 import torch
@@ -35,18 +36,19 @@ def test_no_set_of_k_positions_takes_more_than_the_bound(n, k):
                                         ("chunked-topk:chunk=64,k=1,values=raw", torch.float64),
                                         ("chunked-topk:chunk=256,k=8,values=raw", torch.bfloat16),
                                         ("topk:ratio=0.01", torch.float32), ("topk:ratio=0.3", torch.float16)])
-def test_every_payload_fits_its_codecs_bound_and_comes_back_through_its_frame(spec, dtype):
+def test_every_payload_fits_its_codecs_bound_and_comes_back_through_its_frame(spec, dtype, device):
     c, n = build(spec), 20_000
     bound = c.max_nbytes(n, dtype)
     g = torch.Generator().manual_seed(1)
+    draws = torch.Generator(device).manual_seed(1)
     for trial in range(6):
         x = torch.randn(n, generator=g, dtype=torch.float32)
         if trial % 2:  # magnitudes rising along each window of 4096: the kept positions bunch at its end
             x *= torch.arange(n) % 4096 + 1.0
-        p = c.encode(x.to(dtype), generator=g)
+        p = c.encode(x.to(dtype).to(device), generator=draws)
         assert p.buffer.numel() <= bound
         framed = frame(p.buffer, bound)
-        assert framed.numel() == bound + FRAME_BYTES
+        assert framed.numel() == bound + FRAME_BYTES and framed.device == p.buffer.device
         assert torch.equal(unframe(framed, c.name), p.buffer)
 
 
@@ -55,12 +57,12 @@ def test_the_codecs_without_a_bound_and_with_a_fixed_size():
     assert build("qsgd:levels=7").max_nbytes(1000) == build("qsgd:levels=7").nbytes(1000)
 
 
-def test_a_frame_refuses_what_does_not_fit_and_a_corrupt_length():
+def test_a_frame_refuses_what_does_not_fit_and_a_corrupt_length(device):
     with pytest.raises(ValueError, match="does not fit its frame of 3"):
-        frame(torch.zeros(4, dtype=torch.uint8), 3)
-    bad = frame(torch.ones(3, dtype=torch.uint8), 3)
+        frame(torch.zeros(4, dtype=torch.uint8, device=device), 3)
+    bad = frame(torch.ones(3, dtype=torch.uint8, device=device), 3)
     bad[0] = 9
     with pytest.raises(CorruptPayload, match="says 9 bytes in a frame of 3"):
         unframe(bad, "topk")
     with pytest.raises(CorruptPayload, match="shorter than its header"):
-        unframe(torch.zeros(2, dtype=torch.uint8), "topk")
+        unframe(torch.zeros(2, dtype=torch.uint8, device=device), "topk")
