@@ -17,8 +17,10 @@ like DDP's own. Every other codec is encoded parameter by parameter and its ``ui
 are all-gathered, decoded, and averaged in rank order, so that every rank applies bit-identical
 gradients. Fixed-size codecs (qsgd, terngrad, pquant, sign, natural, randk) know every rank's
 sizes in advance: one asynchronous all-gather, decoded when it completes (the future's
-callback), nothing waited for in the hook. Data-dependent sizes (topk, threshold) exchange the
-sizes first and wait for both gathers.
+callback), nothing waited for in the hook. topk's size depends on the data within a bound (k
+values, at most the largest section of k positions): its payloads travel framed at that bound
+(``compress/wire.py``'s ``frame``) on the same asynchronous path. threshold's size has no bound:
+it exchanges the sizes first and waits for both gathers.
 
 ``powersgd:rank=R`` (``gradwire.averaging.powersgd``, Vogels, Karimireddy, Jaggi 2019) is a third
 path: each parameter's gradient through the same :meth:`PowerSGD.average` that the algorithms use,
@@ -46,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradwire.averaging import build_averager, build_method
 from gradwire.compress import Compressor, Packet, build
-from gradwire.compress.wire import work_dtype
+from gradwire.compress.wire import FRAME_BYTES, frame, unframe, work_dtype
 from gradwire.errors import CommunicationError, ConfigError, DivergenceError
 from gradwire.seeding import hash_seed
 from gradwire.spec import parse_spec
@@ -81,7 +83,7 @@ class HookState:
       averaged for a parameter that no rank used in a step, so its residual would lose it.
     * ``seed``: random draws depend on (seed, rank, step, parameter index) only, so a run and its
       resumption draw the same numbers (a loaded state brings its run's seed and step).
-    * ``timeout_s``: how long the sizes-first path (topk, threshold) waits for each collective
+    * ``timeout_s``: how long the sizes-first path (threshold) waits for each collective
       before raising :class:`~gradwire.errors.CommunicationError` (default: gloo's own 30 minutes;
       lower it to fail fast). The asynchronous paths (the summable casts, and the fixed-size
       codecs) wait nowhere in the hook, like DDP's own allreduce, and are bounded by the process
@@ -120,8 +122,9 @@ class HookState:
     ``world_size - 1`` peers it reaches (the byte ledger's broadcast of it, transports/ledger.py),
     whatever algorithm the backend uses (a ring allreduce moves about twice that in total).
     ``bytes_sent`` counts compressor payloads only: the exact ``Packet.nbytes`` of every packet.
-    ``wire_bytes_sent`` adds what the compressed path really hands to the all-gathers: an int64 size
-    per parameter and padding to the longest rank.
+    ``wire_bytes_sent`` adds what the compressed path really hands to the all-gathers: a status
+    byte per bucket on the asynchronous path, topk's frames (a 4-byte length and padding to its
+    bound), and on threshold's path an int64 size per parameter and padding to the longest rank.
 
     ``state_dict()`` holds ints, strings and tensors (``torch.load(weights_only=True)`` reads it),
     never the process group. Residuals belong to one rank's data: every rank saves its own.
@@ -633,8 +636,12 @@ def _allgather(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futur
     # of a codec's fixed cost (a few tenths of a ms per encode) for every bias.
     raw = [k < state.min_compress_numel for *_, k in layout]
     small = [(o, k) for (_, _, o, k), r in zip(layout, raw, strict=True) if r]
-    # one size per parameter (raw ones: their own bytes), so that totals do not depend on the layout
-    fixed = [k * buffer.element_size() if r else state.compressor.nbytes(k, buffer.dtype)
+    # one size per parameter (raw ones: their own bytes), so that totals do not depend on the layout;
+    # a bounded codec (top-k) travels framed at its bound (wire.frame), so its sizes are known too
+    framed = _framed(state.compressor, buffer.dtype)
+    fixed = [k * buffer.element_size() if r else
+             state.compressor.max_nbytes(k, buffer.dtype) + FRAME_BYTES if framed else
+             state.compressor.nbytes(k, buffer.dtype)
              for (*_, k), r in zip(layout, raw, strict=True)]
     refused, packets = None, []
     try:
@@ -644,26 +651,39 @@ def _allgather(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futur
     except ValueError as error:
         refused = _refused(state, bucket, layout, error)
     if None not in fixed:
-        return _gather_fixed(state, bucket, layout, raw, small, fixed, packets, refused)
+        return _gather_fixed(state, bucket, layout, raw, small, fixed, packets, refused, framed)
     return _gather_variable(state, bucket, layout, raw, small, packets, refused)
 
 
-def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, refused):
-    """Every size is known to every rank (fixed-size codecs): one asynchronous all-gather of
-    ``[status byte][payloads]`` and the decoding when it completes, with no size exchange and no
-    wait inside the hook. The status byte is 1 where a rank could not encode its gradient: every
-    rank then stops after the collective instead of leaving its peers waiting."""
+def _framed(compressor: Compressor, dtype: torch.dtype) -> bool:
+    """Whether the codec's payloads vary in size within a bound (top-k: a fixed count of positions),
+    so that they travel framed at it; a fixed-size codec needs no frame, an unbounded one
+    (threshold) exchanges sizes first."""
+    return compressor.nbytes(1, dtype) is None and compressor.max_nbytes(1, dtype) is not None
+
+
+def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, refused, framed=False):
+    """Every size is known to every rank (fixed-size codecs, and bounded ones framed at their bound):
+    one asynchronous all-gather of ``[status byte][payloads]`` and the decoding when it completes,
+    with no size exchange and no wait inside the hook. The status byte is 1 where a rank could not
+    encode its gradient: every rank then stops after the collective instead of leaving its peers
+    waiting."""
     buffer, world = bucket.buffer(), state.world_size
     total = 1 + sum(sizes)
     send = torch.zeros(total, dtype=torch.uint8, device=buffer.device)  # status 0: encoded
     if refused is None:
-        torch.cat([p.buffer for p in packets], out=send[1:])
+        compressed = iter(s for s, r in zip(sizes, raw, strict=True) if not r)
+        buffers = [p.buffer for p in packets[:bool(small)]]
+        buffers += [frame(p.buffer, next(compressed) - FRAME_BYTES) if framed else p.buffer
+                    for p in packets[bool(small):]]
+        torch.cat(buffers, out=send[1:])
     else:
         send[0] = 1
     received = torch.empty(world * total, dtype=torch.uint8, device=buffer.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the name before 2.13
     future = gather(received, send, group=state.process_group, async_op=True).get_future()
-    state.bytes_sent += ledger.broadcast(sum(sizes), world)
+    payload = sum(p.nbytes for p in packets) if refused is None and framed else sum(sizes)
+    state.bytes_sent += ledger.broadcast(payload, world)
     state.wire_bytes_sent += ledger.broadcast(total, world)
     step, index, backward = state.step, bucket.index(), state._passes
 
@@ -678,7 +698,8 @@ def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, 
                 f"gradwire.ddp: step {step}, bucket {index}: rank(s) {failed} could not encode their gradient "
                 "(see their error); every rank stops", step=step, worker=failed[0]), buffer, backward)
         _restore_if_skipped(state, backward)
-        return _decode_mean(state, buffer, layout, raw, small, [(rows[r, 1:], sizes) for r in range(world)])
+        return _decode_mean(state, buffer, layout, raw, small, [(rows[r, 1:], sizes) for r in range(world)],
+                            framed)
 
     return future.then(finish)
 
@@ -720,7 +741,8 @@ def _gather_variable(state: HookState, bucket, layout, raw, small, packets, refu
     return future
 
 
-def _decode_mean(state: HookState, buffer: torch.Tensor, layout, raw, small, payloads) -> torch.Tensor:
+def _decode_mean(state: HookState, buffer: torch.Tensor, layout, raw, small, payloads,
+                 framed: bool = False) -> torch.Tensor:
     """The mean of every rank's payload ``(bytes, size per parameter)``, decoded and summed in rank
     order, so that every rank adds the same numbers in the same order. (A 16-bit bucket's mean
     cannot leave its range: every decoded value is within it, the codecs refuse any other.)"""
@@ -734,7 +756,9 @@ def _decode_mean(state: HookState, buffer: torch.Tensor, layout, raw, small, pay
                 mean[o:o + k] += piece
         for (_, _, o, k), size, r in zip(layout, rank_sizes, raw, strict=True):
             if not r:
-                mean[o:o + k] += state.compressor.decode(Packet(payload[start:start + size], torch.Size([k]),
-                                                                buffer.dtype))
+                piece = payload[start:start + size]
+                if framed:
+                    piece = unframe(piece, state.compressor.name)
+                mean[o:o + k] += state.compressor.decode(Packet(piece, torch.Size([k]), buffer.dtype))
                 start += size
     return mean.div_(len(payloads)).to(buffer.dtype)

@@ -131,8 +131,9 @@ def resume(rank, world_size, folder, first, then):
     return out
 
 
-# the three paths: allreduce (none), asynchronous fixed-size gather (qsgd), sizes-first gather (topk)
-NON_FINITE_SPECS = ("none", "qsgd:levels=4", "topk:ratio=0.1")
+# the four paths: allreduce (none), asynchronous fixed-size gather (qsgd), the same framed at a bound (topk),
+# sizes-first gather (threshold)
+NON_FINITE_SPECS = ("none", "qsgd:levels=4", "topk:ratio=0.1", "threshold:tau=0.01")
 
 
 def non_finite(rank, world_size):
@@ -177,7 +178,7 @@ def propagate(rank, world_size):
 def slow_peer(rank, world_size, folder):
     x, y = make_data(rank, world_size)
     model = DDP(make_model())
-    state = gwddp.register(model, "topk:ratio=0.1")
+    state = gwddp.register(model, "threshold:tau=0.01")  # the sizes-first path: the hook itself waits
     train(model, x, y, 0, 2)  # past DDP's bucket rebuild, whose broadcast (not ours) would wait
     state.timeout_s = 1.0  # only the step under test: a loaded machine may start the ranks' warm-up 1 s apart
     done = Path(folder, "slow_peer-rank0-done")
@@ -293,11 +294,18 @@ def test_byte_counts_follow_the_rule(results):
             else:  # SMALL_BUCKETS splits the model into 2 buckets (1 before DDP's rebuild after step 1)
                 assert status == 2 * STEPS - 1, (spec, status)
     assert 4 * sum(numels) == sum(build("none").nbytes(n) for n in numels)
-    # topk's and threshold's sizes depend on the data: payload <= wire, and wire covers the padding
+    # threshold's sizes depend on the data, unbounded: payload <= wire, and wire covers the sizes and padding
     for out in trained:
-        for spec in ("topk:ratio=0.1", "threshold:tau=0.01"):
-            state = out[spec]["state"]
-            assert 0 < state["bytes_sent"] <= state["wire_bytes_sent"] - STEPS * 8 * len(numels)
+        state = out["threshold:tau=0.01"]["state"]
+        assert 0 < state["bytes_sent"] <= state["wire_bytes_sent"] - STEPS * 8 * len(numels)
+    # topk's depend on the data within a bound: every compressed parameter framed at it (4-byte length,
+    # zeros up to k values and the largest section of k positions), a status byte per bucket, no sizes
+    topk = build("topk:ratio=0.1")
+    framed = sum(topk.max_nbytes(n) + 4 if n >= 1024 else 4 * n for n in numels)
+    for out in trained:
+        state = out["topk:ratio=0.1"]["state"]
+        assert state["wire_bytes_sent"] - STEPS * framed == 2 * STEPS - 1  # the buckets' status bytes
+        assert state["bytes_sent"] < STEPS * framed
     # topk: the k values of each compressed parameter, and positions no larger than a bitmap
     topk = build("topk:ratio=0.1")
     values = sum(4 * topk.count(n) if n >= 1024 else 4 * n for n in numels)
@@ -338,7 +346,7 @@ def test_non_finite_gradient_stops_every_rank_naming_the_bucket(results):
         assert "rank 1, bucket" in text1 and "'2.weight'" in text1 and "nan" in text1, text1
         assert "step 2" in text1 and spec.split(":")[0] in text1, text1
         assert "every rank stops" in text0 and "bucket" in text0, text0
-        if spec.startswith("topk"):  # raised by the hook itself; the asynchronous paths via DDP's future
+        if spec.startswith("threshold"):  # raised by the hook itself; the asynchronous paths via DDP's future
             assert kind0 == kind1 == "DivergenceError"
 
 

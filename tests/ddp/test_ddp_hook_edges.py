@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradwire import ddp as gwddp
+from gradwire.compress import build
 from gradwire.errors import ConfigError
 from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params, part, poison, run_scenarios, train
 
@@ -42,11 +43,11 @@ def fp16_overflow(rank, world_size):
 
 def propagate_keeps_residuals(rank, world_size):
     """non_finite="propagate": rank 1's gradient turns NaN at step 2; the residuals (every rank's)
-    after that step must be those before it. One path each: sizes-first (topk), fixed-size (qsgd),
-    allreduce of a cast (fp16 with error feedback)."""
+    after that step must be those before it. One path each: sizes-first (threshold), fixed-size (qsgd),
+    fixed-size framed at a bound (topk), allreduce of a cast (fp16 with error feedback)."""
     x, y = make_data(rank, world_size)
     out = {}
-    for spec in ("topk:ratio=0.1", "qsgd:levels=4", "fp16"):
+    for spec in ("threshold:tau=0.01", "qsgd:levels=4", "topk:ratio=0.1", "fp16"):
         model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
         state = gwddp.register(model, spec, error_feedback=True, non_finite="propagate", min_compress_numel=0)
         poison(model, rank)
@@ -66,11 +67,11 @@ def propagate_keeps_residuals(rank, world_size):
 
 
 def failed_bucket_bytes(rank, world_size):
-    """One bucket on the sizes-first path (topk), propagate: the step whose bucket fails still
+    """One bucket on the sizes-first path (threshold), propagate: the step whose bucket fails still
     all-gathered its sizes (8 bytes per parameter): the counters' increase over that step."""
     x, y = make_data(rank, world_size)
     model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
-    state = gwddp.register(model, "topk:ratio=0.1", non_finite="propagate", min_compress_numel=0)
+    state = gwddp.register(model, "threshold:tau=0.01", non_finite="propagate", min_compress_numel=0)
     poison(model, rank)
     deltas = []
     for step in range(3):
@@ -83,8 +84,9 @@ def failed_bucket_bytes(rank, world_size):
 
 
 def exact_bytes(rank, world_size, steps):
-    """Per step, this rank's payload bytes and wire bytes, one bucket (so a step is one all-gather of
-    sizes and one of padded payloads) for the two codecs whose sizes depend on the data."""
+    """Per step, this rank's payload bytes and wire bytes, one bucket, for the two codecs whose sizes
+    depend on the data: topk framed at its bound (one all-gather), threshold sizes first (an
+    all-gather of sizes, then one of padded payloads)."""
     x, y = make_data(rank, world_size)
     out = {}
     for spec in ("topk:ratio=0.1", "threshold:tau=0.01"):
@@ -251,10 +253,14 @@ def test_a_failed_sizes_first_bucket_counts_the_sizes_it_sent(results):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
-def test_wire_bytes_of_the_sizes_first_path_are_sizes_plus_the_longest_payload(results):
-    """Per step (one bucket, world size 2, so each rank's bytes reach one peer): 8 bytes per
-    parameter for the sizes, then every rank sends the longest rank's payload length (padding)."""
-    parameters = len(list(make_model().parameters()))
+def test_wire_bytes_of_the_data_dependent_sizes_framed_or_sizes_first(results):
+    """Per step (one bucket, world size 2, so each rank's bytes reach one peer). threshold (no
+    bound): 8 bytes per parameter for the sizes, then every rank sends the longest rank's payload
+    length (padding). topk (bounded): a status byte, then every parameter framed at its bound (a
+    4-byte length, zeros up to k values and the largest section of k positions), whatever the
+    payloads' own lengths."""
+    parameters = list(make_model().parameters())
+    topk = build("topk:ratio=0.1")
     ranks = part(results, "exact_bytes")
     for spec in ("topk:ratio=0.1", "threshold:tau=0.01"):
         payload = [[p for p, _ in out[spec]] for out in ranks]
@@ -263,7 +269,10 @@ def test_wire_bytes_of_the_sizes_first_path_are_sizes_plus_the_longest_payload(r
         assert any(a != b for a, b in zip(*payload, strict=True)), spec
         for out in ranks:
             for step, (_, wire) in enumerate(out[spec]):
-                assert wire == 8 * parameters + max(payload[0][step], payload[1][step]), (spec, step)
+                if spec.startswith("topk"):
+                    assert wire == 1 + sum(topk.max_nbytes(p.numel()) + 4 for p in parameters), step
+                else:
+                    assert wire == 8 * len(parameters) + max(payload[0][step], payload[1][step]), (spec, step)
 
 
 @pytest.mark.multiprocess
