@@ -113,7 +113,16 @@ def build(spec: str | None, ef: bool, args: dict, device):
     torch.manual_seed(0)
     module, _ = make_model(args)
     module = module.to(device, getattr(torch, args["dtype"]))
-    model = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+    # PyTorch's powerSGD_hook on gloo: one bucket. It issues each bucket's second allreduce from the
+    # first one's future callback, which gloo runs on its own worker thread, so with several buckets
+    # the order of collectives differs between ranks and gloo aborts ("op.preamble.length <=
+    # op.nbytes. 2088 vs 1024 ... collective mismatch") or hangs: seen with that hook alone on
+    # this MLP in 3 of 3 runs of 30 steps (docs/ddp.md). NCCL completes a future when its work is enqueued, so
+    # the callbacks run in order there and the default buckets stay.
+    one_bucket = spec == "torch:powerSGD_hook" and device.type != "cuda"
+    model = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+                bucket_cap_mb=sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20 + 1
+                if one_bucket else None)
     state = None
     if spec == "torch:powerSGD_hook":  # error feedback and warm start on, compressing from step 2
         model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=POWERSGD_RANK,
