@@ -217,7 +217,14 @@ ROWS = [
                  "sign:scaled=true", f"outer_lr=1,outer_momentum=0{keys}")
       for name, label, keys in (("", "", ""), ("-eager", ", eager τ=3", ",overlap=3,eager=true"),
                                 ("-tau1", ", τ=1 α=0.5", ",overlap=1,alpha=0.5"),
-                                ("-tau2", ", τ=2 α=0.5", ",overlap=2,alpha=0.5"))],
+                                ("-tau2", ", τ=2 α=0.5", ",overlap=2,alpha=0.5"),
+                                # the round's τ steps of progress carried onto the new θ (merge=carry,
+                                # DaSGD's rule) rather than mixed: nothing discarded or halved
+                                ("-tau1-carry", ", τ=1 carried", ",overlap=1,merge=carry"),
+                                ("-tau2-carry", ", τ=2 carried", ",overlap=2,merge=carry"),
+                                # 3 Newton-Schulz iterations instead of 5 (Muon's cost: the fourth pass)
+                                ("-ns3", ", 3 NS steps", ",ns_steps=3"),
+                                ("-ns3-tau2-carry", ", 3 NS steps, τ=2 carried", ",ns_steps=3,overlap=2,merge=carry"))],
     # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
     *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],

@@ -140,12 +140,13 @@ def cosine_factor(update: int, horizon: int = 12, warmup: int = 3, floor: float 
 # algorithm object, so that a spec key the algorithm ignores or misreads is seen.
 SPEC_DEFAULTS = {
     "diloco": dict(inner_steps=10, outer_lr=0.7, outer_momentum=0.9, outer_warmup=10, fragments=1, overlap=0,
-                   alpha=0.0, outer_schedule="constant", inner="adamw", eager="false"),
+                   alpha=0.0, outer_schedule="constant", inner="adamw", eager="false", merge="mix"),
     "streaming-diloco": dict(inner_steps=20, outer_lr=0.7, outer_momentum=0.9, outer_warmup=10, fragments=4,
-                             overlap=1, alpha=0.0, outer_schedule="constant", inner="adamw", eager="false"),
+                             overlap=1, alpha=0.0, outer_schedule="constant", inner="adamw", eager="false",
+                             merge="mix"),
 }
 INTEGER_KEYS = ("inner_steps", "outer_warmup", "fragments", "overlap")
-WORD_KEYS = ("outer_schedule", "inner", "eager")
+WORD_KEYS = ("outer_schedule", "inner", "eager", "merge")
 
 
 def spec_values(spec: str) -> dict:
@@ -162,7 +163,7 @@ def spec_values(spec: str) -> dict:
 def test_spec_values_parses_the_spec_and_fills_the_documented_defaults():
     assert spec_values("streaming-diloco:inner_steps=4,fragments=3,overlap=2,alpha=0.3,inner=adamw") == dict(
         inner_steps=4, outer_lr=0.7, outer_momentum=0.9, outer_warmup=10, fragments=3, overlap=2, alpha=0.3,
-        outer_schedule="constant", inner="adamw", eager="false")
+        outer_schedule="constant", inner="adamw", eager="false", merge="mix")
     plain = spec_values("diloco:inner_steps=2,inner=sgd,outer_lr=0.5,outer_momentum=0.6,outer_warmup=0")
     assert (plain["outer_lr"], plain["outer_momentum"], plain["outer_warmup"], plain["fragments"], plain["overlap"],
             plain["alpha"], plain["inner"]) == (0.5, 0.6, 0, 1, 0, 0.0, "sgd")
@@ -179,13 +180,17 @@ def test_spec_values_parses_the_spec_and_fills_the_documented_defaults():
     "streaming-diloco:inner_steps=3,fragments=3,overlap=0,alpha=0.8,inner=adamw",
     "diloco:inner_steps=2,inner=sgd,outer_lr=0.7,outer_momentum=0.9,outer_warmup=3",  # μ 0, 0.3, 0.6, 0.9, ...
     "streaming-diloco:inner_steps=4,fragments=2,overlap=1,alpha=0.5,outer_warmup=2",
+    # merge=carry: the progress made while a round travelled kept on top of θ_p (DaSGD's rule), τ < H and τ = H
+    "streaming-diloco:inner_steps=4,fragments=2,overlap=2,merge=carry,inner=sgd",
+    "streaming-diloco:inner_steps=3,fragments=3,overlap=3,merge=carry,outer_lr=1,outer_momentum=0",
 ])
 def test_outer_steps_and_merges_match_a_reference(make_config, spec):
     """The outer loop against one written from the papers with torch's own optimizer, step by step:
     fragment p (offset p H / P) sends Δ = mean_i (θ_p - x_{i,p}) after every H-th inner step, its
     average arrives τ steps later, θ_p takes a step of torch.optim.SGD with Nesterov momentum
     (Douillard et al. 2023: the outer optimizer) on Δ, and every replica merges x_{i,p} <- α x_{i,p}
-    + (1 - α) θ_p (Douillard et al. 2025). The inner steps are gradwire's own (tested against
+    + (1 - α) θ_p (Douillard et al. 2025), or with ``merge=carry`` x_{i,p} <- θ_p + (x_{i,p} - the
+    x_{i,p} it sent from) (DaSGD, Zhou et al. 2020). The inner steps are gradwire's own (tested against
     torch.optim.AdamW above): the reference takes the replicas after each inner step as given. With
     ``outer_schedule=inner`` (after ``|``: the run's --lr-schedule) the round sent after step t steps at
     outer rate η f(t - 1), f the schedule's factor of that round's last inner update."""
@@ -208,12 +213,12 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
         return loss
 
     alg.replicas.sgd_step = recorded
-    sent: dict[int, tuple[torch.Tensor, int]] = {}  # fragment -> (Δ, the step it was sent at)
+    sent: dict[int, tuple] = {}  # fragment -> (Δ, the step it was sent at, each replica's x_p then)
     rounds = [0] * fragments
 
     def merge(p, x):
         a, b = ranges[p]
-        delta, sent_at = sent.pop(p)
+        delta, sent_at, sent_from = sent.pop(p)
         theta[p].grad = delta.clone()
         if v["outer_schedule"] == "inner":
             outer[p].param_groups[0]["lr"] = eta * cosine_factor(sent_at - 1)
@@ -224,7 +229,10 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
         if not outer[p].param_groups[0]["momentum"]:  # torch keeps no buffer at μ = 0: v_k = μ_k v_{k-1} + Δ_k
             outer[p].state[theta[p]]["momentum_buffer"] = theta[p].grad.clone()
         for k in x:
-            x[k][a:b] = alpha * x[k][a:b] + (1 - alpha) * theta[p].detach()
+            if v["merge"] == "carry":
+                x[k][a:b] = theta[p].detach() + (x[k][a:b] - sent_from[k])
+            else:
+                x[k][a:b] = alpha * x[k][a:b] + (1 - alpha) * theta[p].detach()
 
     merges = 0
     for step in range(1, 25):
@@ -236,7 +244,8 @@ def test_outer_steps_and_merges_match_a_reference(make_config, spec):
                 merges += 1
         for p, (a, b) in enumerate(ranges):
             if (step - p * h // fragments) % h == 0:
-                sent[p] = (sum(theta[p].detach() - x[k][a:b] for k in x) / len(x), step)
+                sent[p] = (sum(theta[p].detach() - x[k][a:b] for k in x) / len(x), step,
+                           {k: x[k][a:b].clone() for k in x})
                 if tau == 0:
                     merge(p, x)
                     merges += 1
@@ -281,6 +290,7 @@ SPECS = [
     ("streaming-diloco:inner_steps=3,fragments=3,overlap=3,alpha=0.5", dict(compressor="qsgd:levels=8,bucket=64",
                                                                     error_feedback=True)),
     ("streaming-diloco:inner_steps=4,fragments=2,overlap=1", dict(compressor="fp16")),
+    ("streaming-diloco:inner_steps=4,fragments=2,overlap=2,merge=carry", {}),  # the sent-from copies resume
     # the outer rate of a round in flight across the resume comes from its start step
     ("streaming-diloco:inner_steps=4,fragments=2,overlap=2,outer_schedule=inner", dict(lr_schedule=COSINE)),
 ]
@@ -376,3 +386,24 @@ def test_outer_schedule_follows_the_inner_rate_and_is_inert_under_a_constant_sch
 def test_outer_schedule_names_its_choices(make_config):
     with pytest.raises(ConfigError, match="outer_schedule='cosine': valid choices are constant, inner"):
         Run(make_config(algorithm="diloco:outer_schedule=cosine"))
+
+
+@pytest.mark.parametrize("keys, message", [
+    ("merge=blend", "merge='blend': valid choices are mix, carry"),
+    ("merge=carry,alpha=0.5", r"merge=carry keeps the local progress whole: alpha \(=0.5\) and eager apply to "
+                              "merge=mix only"),
+    ("merge=carry,eager=true", "merge=carry keeps the local progress whole"),
+])
+def test_merge_names_its_choices_and_refuses_what_does_not_apply(make_config, keys, message):
+    with pytest.raises(ConfigError, match=message):
+        Run(make_config(algorithm=f"streaming-diloco:inner_steps=4,fragments=2,overlap=2,{keys}", lr=0.01))
+
+
+def test_carry_with_the_whole_round_in_flight_learns_and_mix_alpha_0_is_refused(make_config):
+    """τ = H: with merge=mix and α = 0 every inner step would be discarded (refused); carrying the
+    progress keeps them, so the loss falls."""
+    with pytest.raises(ConfigError, match="alpha=0 with overlap=3 = inner_steps discards every inner step"):
+        Run(make_config(algorithm="muloco:inner_steps=3,overlap=3", lr=0.01))
+    r = Run(make_config(algorithm="muloco:inner_steps=3,overlap=3,merge=carry", lr=0.01, workers=4))
+    losses = [r.train_step()["loss"] for _ in range(30)]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses

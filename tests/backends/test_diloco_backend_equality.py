@@ -22,6 +22,9 @@ LM = "stdlib-lm:context=16,dim=32,layers=1,heads=2,train_bytes=40000,val_bytes=4
          "--compressor", "qsgd:levels=8,bucket=128", "--error-feedback"], list(range(0, 13, 2))),
     (2, ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=4,fragments=2,overlap=3,eager=true",
          "--compressor", "qsgd:levels=8,bucket=128"], list(range(0, 13, 2))),  # eager updates (Kale et al. 2025)
+    # MuLoCo's round carried (merge=carry: the progress while it travelled kept), its 1-bit message
+    (2, ["--task", LM, "--algorithm", "muloco:inner_steps=3,overlap=2,merge=carry,outer_lr=1,outer_momentum=0",
+         "--compressor", "sign:scaled=true"], [0, 2, 5, 8, 11, 12]),  # merges at 3k + τ
 ])
 def test_sim_and_torch_backends_agree(tmp_path, data_dir, nproc, extra, evaluated):
     real, sim = sim_and_torch(tmp_path, data_dir, nproc, COMMON + extra)

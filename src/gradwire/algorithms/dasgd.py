@@ -29,7 +29,7 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS
 from gradwire.algorithms.local_sgd import LocalSGD
-from gradwire.algorithms.replicas import mean_or_nan
+from gradwire.algorithms.replicas import carry_progress_, mean_or_nan
 from gradwire.spec import require
 from gradwire.transports.base import Handle
 
@@ -82,7 +82,7 @@ class DaSGD(LocalSGD):
         info["spread"] = mean_or_nan(float(torch.dist(s, average)) for s in self.snapshot.values())
         info["merged_from_step"] = self.started_at
         for r, x in self.replicas.x.items():
-            x.sub_(self.snapshot[r]).add_(average)   # the average, plus the progress made during the delay
+            carry_progress_(x, self.snapshot[r], average)  # the average, plus the progress made during the delay
         self.average.copy_(average)
         self.handle, self.started_at = None, -1
 

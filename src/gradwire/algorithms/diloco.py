@@ -43,7 +43,12 @@ round, only when they travel:
    steps. The merge mixes the worker's own parameters, which moved on for τ steps, with the new
    global ones: x_{i,p} <- α x_{i,p} + (1 - α) θ_p (the paper's α; α = 0 discards the τ local
    steps, α = 0.5 is the paper's choice; gradwire's default is 0, which learned better with
-   τ = 1 on the default task: docs/defaults.md).
+   τ = 1 on the default task: docs/defaults.md). ``merge=carry`` instead keeps those τ steps'
+   progress on top of the new global parameters, DaSGD's delayed-averaging rule (Zhou et al. 2020;
+   ``dasgd.py``) applied to the outer step: x_{i,p} <- θ_p + (x_{i,p} - x_{i,p}(t)), x_{i,p}(t)
+   the parameters the worker sent from. With outer η 1 and no momentum θ_p is then the average of
+   the sent parameters, and the round is DaSGD's. Nothing of the local steps is discarded or
+   halved, so a round can travel without the steps that α's mixing costs (docs/time_to_accuracy.md).
 3. *Quantised outer gradients* (the paper sends 4-bit floats): any gradwire compressor, e.g.
    ``--compressor qsgd:levels=8`` or ``fp16``.
 
@@ -88,7 +93,7 @@ import torch
 from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager, nested
 from gradwire.algorithms.optim import AdamW, HeavyBall, ScheduledRate, require_sgd
 from gradwire.algorithms.placement import on_device, outer_copy
-from gradwire.algorithms.replicas import Pace, Replicas, mean_or_nan
+from gradwire.algorithms.replicas import Pace, Replicas, carry_progress_, mean_or_nan
 from gradwire.spec import require
 from gradwire.transports.base import Handle
 
@@ -141,7 +146,10 @@ STREAMING_PARAMS = DILOCO_PARAMS | {
              "the default: docs/defaults.md); 0 with overlap = inner_steps is refused (nothing would be learned)",
     "eager": "true: eager updates (Kale et al. 2025, arXiv:2502.12996): each worker steps at once on its own fresh "
              "outer gradient mixed with the others' from the previous round's average (alpha does not apply)",
+    "merge": "how a round that travelled τ steps is merged: mix (x <- α x + (1-α) θ, the paper's) or carry "
+             "(x <- θ + the progress since the round was sent: DaSGD's delayed averaging; alpha does not apply)",
 }
+MERGES = ("mix", "carry")
 
 
 # The outer step's defaults (docs/diloco.md, "From a random start"): Nesterov's long-run step multiplier
@@ -161,7 +169,7 @@ class StreamingDiLoCo(Algorithm):
     def __init__(self, *, inner_steps: int = 20, outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_warmup: int = OUTER_WARMUP, inner: str = "adamw", beta1: float = 0.9, beta2: float = 0.95,
                  eps: float = 1e-8, weight_decay: float = 0.1, fragments: int = 4, overlap: int = 1,
-                 alpha: float = 0.0, eager: bool = False, outer_schedule: str = "constant"):
+                 alpha: float = 0.0, eager: bool = False, outer_schedule: str = "constant", merge: str = "mix"):
         require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps per outer round), got {inner_steps}")
         require(math.isfinite(outer_lr) and outer_lr > 0, f"outer_lr must be a finite number > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
@@ -179,17 +187,20 @@ class StreamingDiLoCo(Algorithm):
         require(0 <= overlap <= inner_steps, f"overlap must be in [0, inner_steps={inner_steps}] (at most one "
                 f"round of a fragment in flight), got {overlap}")
         require(0 <= alpha <= 1, f"alpha must be in [0, 1] (weight of the local parameters at a merge), got {alpha}")
+        require(merge in MERGES, f"merge={merge!r}: valid choices are {', '.join(MERGES)}")
+        require(merge == "mix" or (alpha == 0 and not eager),
+                f"merge=carry keeps the local progress whole: alpha (={alpha:g}) and eager apply to merge=mix only")
         # α = 0 discards the τ inner steps a fragment's round is in flight; at τ = H that is all of them:
         # the merge resets x to θ on the step the next round starts, which then sends Δ = 0, and nothing
         # is learned (eager rounds restart from their own θ_i instead and do not merge)
-        require(alpha > 0 or overlap < inner_steps or eager,
+        require(alpha > 0 or overlap < inner_steps or eager or merge == "carry",
                 f"alpha=0 with overlap={overlap} = inner_steps discards every inner step (each merge resets the "
                 "replicas to θ on the step the next round starts, so every round sends a zero outer gradient): "
                 "use alpha > 0 (the paper's 0.5), overlap < inner_steps, or eager=true")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, outer_lr, outer_momentum
         self.outer_warmup = outer_warmup
         self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
-        self.fragments, self.overlap, self.alpha = fragments, overlap, alpha
+        self.fragments, self.overlap, self.alpha, self.merge = fragments, overlap, alpha, merge
         self.eager = bool(eager)
         self.outer_schedule = outer_schedule
 
@@ -218,7 +229,8 @@ class StreamingDiLoCo(Algorithm):
         self.schedule = ScheduledRate(1.0, optim.lr_schedule, optim.horizon) if self.outer_schedule == "inner" else None
         self.outer = [HeavyBall(self.theta[a:b], outer) for a, b in self.ranges]  # views into θ
         self.averager = make_averager(on_device(ctx, self.theta.device), codec, default=self.default_compressor)
-        self.in_flight: dict[int, dict] = {}  # fragment -> {"started_at", "payloads", "handle"}
+        # fragment -> {"started_at", "payloads", "handle", and with merge=carry "sent": the x_{i,p} sent from}
+        self.in_flight: dict[int, dict] = {}
         self.resend = False
         if self.eager:  # each worker's own θ_i and outer momentum; θ (evaluated) is the lowest local rank's
             first = min(ctx.local_ranks)
@@ -283,6 +295,8 @@ class StreamingDiLoCo(Algorithm):
         deltas = {r: thetas[r][a:b] - x[a:b].to(self.theta.device) for r, x in self.replicas.x.items()}
         proxies = {r: d / ctx.world_size + self.others[r][a:b] for r, d in deltas.items()} if self.eager else None
         self.in_flight[p] = {"started_at": step, "payloads": self.averager.payloads(deltas, key=f"fragment{p}")}
+        if self.carries_progress:  # the parameters each worker sent from: its progress is measured from them
+            self.in_flight[p]["sent"] = {r: x[a:b].clone() for r, x in self.replicas.x.items()}
         self._start_collective(ctx, p)
         for r, proxy in (proxies or {}).items():  # eager: the outer step at once, on the proxy
             outer_step(self.eager_outer[r][p], proxy, self.outer_momentum, self.outer_warmup, self.outer_lr_at(step))
@@ -295,9 +309,15 @@ class StreamingDiLoCo(Algorithm):
         a, b = self.ranges[p]
         return self.averager.start_payloads(ctx.transport, self.in_flight[p]["payloads"], self.theta[a:b])
 
+    @property
+    def carries_progress(self) -> bool:
+        """merge=carry with rounds that travel: each worker's progress since it sent is kept at the merge."""
+        return self.merge == "carry" and self.overlap > 0
+
     def _merge(self, ctx, p: int, info: dict) -> None:
         """The averaged outer gradient of fragment p has arrived: the outer step on θ_p, then each
-        worker's x_{i,p} <- α x_{i,p} + (1 - α) θ_p (Douillard et al. 2025; α = 0: x_{i,p} <- θ_p)."""
+        worker's x_{i,p} <- α x_{i,p} + (1 - α) θ_p (Douillard et al. 2025; α = 0: x_{i,p} <- θ_p), or
+        with merge=carry x_{i,p} <- θ_p + (x_{i,p} - x_{i,p}(t)) (DaSGD's rule: ``carry_progress_``)."""
         a, b = self.ranges[p]
         entry = self.in_flight.pop(p)
         outer_gradient = entry["handle"].wait()
@@ -310,6 +330,10 @@ class StreamingDiLoCo(Algorithm):
             return
         self._outer_step(p, outer_gradient, entry["started_at"])
         theta = self.theta[a:b]
+        if self.carries_progress:
+            for r, x in self.replicas.x.items():
+                carry_progress_(x[a:b], entry["sent"][r], theta.to(x.device))
+            return
         for x in self.replicas.x.values():
             x[a:b].lerp_(theta.to(x.device), 1 - self.alpha)  # exact copy of θ_p at α = 0 (lerp: exact at 1)
 
@@ -344,7 +368,8 @@ class StreamingDiLoCo(Algorithm):
                 "outer": {str(p): o.state_dict() for p, o in enumerate(self.outer)},
                 "codec": self.averager.state_dict(),
                 "in_flight": {str(p): {"started_at": e["started_at"], **e["handle"].finish_state(),
-                                       "payloads": {str(r): t for r, t in e["payloads"].items()}}
+                                       "payloads": {str(r): t for r, t in e["payloads"].items()},
+                                       **({"sent": {str(r): t for r, t in e["sent"].items()}} if "sent" in e else {})}
                               for p, e in self.in_flight.items()},
                 **({"eager": self._eager_state()} if self.eager else {})}
 
@@ -364,6 +389,12 @@ class StreamingDiLoCo(Algorithm):
         self.in_flight = {int(p): {"started_at": int(e["started_at"]), "finish_s": Handle.finish_of(e),
                                    "payloads": {int(r): t.to(device) for r, t in e["payloads"].items()}}
                           for p, e in state["in_flight"].items()}
+        for p, e in state["in_flight"].items():
+            if self.carries_progress:
+                require("sent" in e, "this checkpoint's rounds in flight were merged with merge=mix; resume it "
+                        "with merge=mix (merge=carry needs the parameters each worker sent from)")
+                self.in_flight[int(p)]["sent"] = {r: e["sent"][str(r)].to(x.device)
+                                                  for r, x in self.replicas.x.items()}
         self.resend = bool(self.in_flight)
         if self.eager:
             for r, saved in state["eager"].items():

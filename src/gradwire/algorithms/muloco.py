@@ -238,6 +238,7 @@ MULOCO_PARAMS = {
     "overlap": STREAMING_PARAMS["overlap"] + " (Streaming DiLoCo's, with one fragment; 0: blocking rounds)",
     "alpha": STREAMING_PARAMS["alpha"],
     "eager": STREAMING_PARAMS["eager"],
+    "merge": STREAMING_PARAMS["merge"],
 }
 
 
@@ -251,12 +252,14 @@ class MuLoCo(DiLoCo):
                  outer_warmup: int = OUTER_WARMUP, muon_lr: float = 0.02, muon_lr_ratio: float = 0.0,
                  muon_momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
                  ns_coefficients: str = "jordan", beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
-                 weight_decay: float = 0.0, overlap: int = 0, alpha: float = 0.0, eager: bool = False):
+                 weight_decay: float = 0.0, overlap: int = 0, alpha: float = 0.0, eager: bool = False,
+                 merge: str = "mix"):
         # DiLoCo's round (one fragment), travelling for ``overlap`` inner steps as Streaming DiLoCo's does
         # (0, the default: blocking, DiLoCo's own); the inner optimizer is Muon's (_inner_optimizer)
         StreamingDiLoCo.__init__(self, inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                                  outer_warmup=outer_warmup, inner="adamw", beta1=beta1, beta2=beta2, eps=eps,
-                                 weight_decay=weight_decay, fragments=1, overlap=overlap, alpha=alpha, eager=eager)
+                                 weight_decay=weight_decay, fragments=1, overlap=overlap, alpha=alpha, eager=eager,
+                                 merge=merge)
         require(math.isfinite(muon_lr) and muon_lr > 0, f"muon_lr must be a finite number > 0, got {muon_lr}")
         require(math.isfinite(muon_lr_ratio) and muon_lr_ratio >= 0,
                 f"muon_lr_ratio must be a finite number >= 0 (0: muon_lr, constant), got {muon_lr_ratio}")

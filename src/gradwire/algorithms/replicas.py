@@ -35,6 +35,12 @@ def register_with_async_key(name: str, cls, *, help: str, params: dict[str, str]
     entry.factory = lambda **kw: cls(**{("asynchronous" if k == "async" else k): v for k, v in kw.items()})
 
 
+def carry_progress_(x: torch.Tensor, sent: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
+    """A delayed average merged so that the progress made while it travelled is kept (DaSGD, Zhou et
+    al. 2020): x <- average + (x - sent), ``sent`` the parameters the average was taken from; in place."""
+    return x.sub_(sent).add_(average)
+
+
 def mean_or_nan(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else float("nan")
