@@ -1,7 +1,9 @@
 """ReplicaDriver.step's loop against a scripted stand-in for torchft's Manager (one process, no
 Lighthouse): a quorum too small for its step is asked again without computing or voting; a failed
 attempt (a process group's rebuild that timed out) is retried from the step's starting state and
-its error recorded; max_retries failed votes in a row end the run with one line."""
+its error recorded; a vote whose own request timed out (the replica hung across it) is a failed
+vote, retried, also against torchft's own Manager; max_retries failed votes in a row end the run
+with one line."""
 
 from __future__ import annotations
 
@@ -23,17 +25,22 @@ class ScriptedManager:
     failed gloo rebuild) and, optionally, a peer's state to heal from (torchft moves its step to the
     peer's, then calls the driver's ``recover`` inside start_quorum); members that are an exception
     make the quorum request itself fail with it (the Lighthouse unreachable: torchft's client
-    raises). should_commit votes as torchft does for one replica group."""
+    raises). should_commit votes as torchft does for one replica group, counting the failed votes
+    in a row that the next quorum request tells the Lighthouse (``told``); each entry of
+    ``vote_errors`` is what the vote's own request raises at that call (None: it is answered), as
+    torchft's client does when this process hung past the request's timeout."""
 
-    def __init__(self, pg, quorums):
+    def __init__(self, pg, quorums, vote_errors=()):
         self.pg, self.quorums, self.step = pg, list(quorums), 0
         self.votes: list[bool] = []
+        self.vote_errors, self.told, self._commit_failures = list(vote_errors), [], 0
         self._min_replica_size, self._errored = 1, None
-        self._client = SimpleNamespace(failed=None)  # (fault/replica.py's _QuorumSeen)
+        self._client = SimpleNamespace(failed=None, vote_failed=None)  # (fault/replica.py's _QuorumSeen)
         self._quorum_future = None
         self.recover = None
 
     def start_quorum(self, timeout):
+        self.told.append(self._commit_failures)
         members, self._errored, *heal = self.quorums.pop(0)
         if isinstance(members, Exception):
             self._client.failed = members
@@ -53,9 +60,13 @@ class ScriptedManager:
         self._errored = e
 
     def should_commit(self, timeout):
+        if self.vote_errors and (error := self.vote_errors.pop(0)) is not None:
+            self._client.vote_failed = error
+            raise error
         vote = self._errored is None and len(self.pg._global_ranks) >= self._min_replica_size
         self.votes.append(vote)
         self.step += vote
+        self._commit_failures = 0 if vote else self._commit_failures + 1
         return vote
 
 
@@ -105,7 +116,7 @@ def peer_state(step: int, algorithm=None) -> dict:
     return {"rank": "1", "run": run, "global": torch.zeros(1), "skipped_samples": 16}
 
 
-def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgorithm]:
+def driver(quorums, vote_errors=(), **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgorithm]:
     algorithm = CountingAlgorithm()
     worker = WorkerData(torch.zeros(100, 1), torch.zeros(100), batch_size=8, seed=0, rank=0)
     oracle = SimpleNamespace(workers={0: worker}, state_dict=lambda: {"0": worker.state_dict()},
@@ -121,7 +132,7 @@ def driver(quorums, **ft) -> tuple[ReplicaDriver, ScriptedManager, CountingAlgor
     d.state, d.setup = RunState(algorithm, oracle), lambda params: algorithm.load_state_dict({"x": 0})
     d.checkpoints = SimpleNamespace(last_received={"bytes": 1234, "seconds": 0.01})
     d.ft = FaultTolerance(**({"min_replicas": 2, "heartbeat_ms": 1, "quorum_timeout_s": 30.0} | ft))
-    d.manager = ScriptedManager(transport.pg, quorums)
+    d.manager = ScriptedManager(transport.pg, quorums, vote_errors)
     d.manager.recover = d.recover
     d.samples, d.skipped_samples, d.events, d.healed, d.heals = [8, 8, 8], 0, [], None, 0
     d.full_at, d.leave_at, d.hold_at, d.marks, d.received_bytes, d.at_start = set(), None, {}, None, 0, None
@@ -234,3 +245,93 @@ def test_a_heal_is_recorded_with_the_step_that_commits_after_a_failed_attempt():
     assert d.skipped_samples == 16 and d.ctx.oracle.workers[0].position == 7 * 8  # a batch per committed step
     manager.quorums.append(([0, 1, 2], None))
     assert "healed" not in d.step()["ft"]  # the next step's record has none
+
+
+# what torchft's client raised in a replica stopped (SIGSTOP) inside its commit vote, once woken
+# (tests/fault/test_ft_replicas.py's hang test under load; the replica exited 1 on it)
+VOTE_TIMEOUT = TimeoutError('status: Cancelled, message: "Timeout expired", details: [], metadata: MetadataMap '
+                            '{ headers: {"date": "Sun, 29 Nov 2026 09:57:44 GMT"} }')
+
+
+def test_a_vote_whose_request_timed_out_is_a_failed_vote_and_the_woken_replica_heals_in_the_retry():
+    """A replica hung across its commit vote (stopped, or starved of the CPU, for longer than
+    timeout_s): torchft's client raises when it runs again. The attempt is not committed, its
+    state goes back, the Lighthouse is told of a failed vote (so the next quorum's group is built
+    afresh), and the retry's quorum heals the replica, which the others have left behind."""
+    d, manager, algorithm = driver([([0, 1, 2], None), ([0, 1, 2], None, peer_state(7))],
+                                   vote_errors=[VOTE_TIMEOUT])
+    d.counters.step = 1
+    info = d.step()
+    assert info["ft"]["attempts"] == 2 and manager.votes == [True] and manager.told == [0, 1]
+    assert info["ft"]["failures"] == [{"step": 1, "attempt": 1, "error": str(VOTE_TIMEOUT)}]
+    assert info["ft"]["healed"]["at_step"] == 7 and d.counters.step == 8
+    assert algorithm.steps == 2 and algorithm.state == {"x": 8}  # the hung attempt's computation was undone
+    assert manager._commit_failures == 0
+
+
+def test_votes_whose_requests_time_out_count_towards_max_retries_and_other_vote_errors_end_the_run():
+    d, manager, algorithm = driver([([0, 1, 2], None)] * 3, vote_errors=[VOTE_TIMEOUT] * 3, max_retries=2)
+    with pytest.raises(CommunicationError, match=r"step 1 was not committed in 3 attempts \(the last failure: "
+                                                 r"status: Cancelled, message: \"Timeout expired\""):
+        d.step()
+    assert manager.told == [0, 1, 2] and manager.votes == []
+    d, manager, algorithm = driver([([0, 1, 2], None)] * 2)
+
+    def fails_elsewhere(timeout):  # an error of should_commit that is not its request's
+        raise RuntimeError("should_commit failed 11 times consecutively, exceeding max_retries=10")
+
+    manager.should_commit = fails_elsewhere
+    with pytest.raises(RuntimeError, match="exceeding max_retries"):  # not retried
+        d.step()
+    assert len(manager.quorums) == 1
+
+
+def test_a_vote_that_times_out_against_torchfts_own_manager_is_retried(tmp_path, data_dir):
+    """The same with torchft's Manager, client and Lighthouse (one replica, in this process): its
+    first vote goes to a torchft server that does not answer within timeout_s (a replica group of
+    two whose other member never votes), so torchft's own client raises; the step is retried in a
+    new quorum and committed, and the next step needs one attempt."""
+    from datetime import timedelta
+
+    from torchft._torchft import ManagerClient, ManagerServer
+    from torchft.coordination import LighthouseServer
+
+    from gradwire.config import RunConfig
+    from gradwire.run.loop import Run
+
+    lighthouse, elsewhere = (LighthouseServer(bind="127.0.0.1:0", min_replicas=1) for _ in range(2))
+    port = lighthouse.address().rsplit(":", 1)[1].strip("/")
+    # (heartbeating to a Lighthouse of its own: the replica's would wait for it to join its quorums)
+    silent = ManagerServer(replica_id="silent", lighthouse_addr=elsewhere.address(), hostname="127.0.0.1",
+                           bind="127.0.0.1:0", store_addr="127.0.0.1:1", world_size=2,
+                           heartbeat_interval=timedelta(seconds=1), connect_timeout=timedelta(seconds=5),
+                           quorum_retries=0)
+    spec = f"torchft:min_replicas=1,start_replicas=1,timeout_s=1,lighthouse=127.0.0.1:{port},replica=0"
+    run = Run(RunConfig(backend="torch", workers=3, task="synthetic-logreg", algorithm="sync", steps=4, batch_size=8,
+                        out=str(tmp_path / "replica-0"), data_dir=str(data_dir), fault_tolerance=spec))
+    seen = run.driver.replica.manager._client  # fault/replica.py's _QuorumSeen around torchft's client
+    own, unanswered = seen._client, ManagerClient(silent.address(), connect_timeout=timedelta(seconds=5))
+
+    class FirstVoteUnanswered:
+        votes = 0
+
+        def should_commit(self, *args, **kwargs):
+            self.votes += 1
+            return (unanswered if self.votes == 1 else own).should_commit(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(own, name)
+
+    seen._client = FirstVoteUnanswered()
+    try:
+        first = run.train_step()
+        assert isinstance(seen.vote_failed, TimeoutError) and seen._client.votes == 2
+        assert first["ft"]["attempts"] == 2 and first["ft"]["participants"] == [0] and run.step == 1
+        assert first["ft"]["failures"] == [{"step": 1, "attempt": 1, "error": str(seen.vote_failed).splitlines()[0]}]
+        assert run.train_step()["ft"]["attempts"] == 1 and run.step == 2
+    finally:
+        run.transport.close()
+        run.driver.replica.close()
+        silent.shutdown()
+        lighthouse.shutdown()
+        elsewhere.shutdown()

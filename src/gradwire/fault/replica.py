@@ -8,8 +8,9 @@ Every gradwire step of a ``--fault-tolerance torchft`` run goes through :meth:`R
 2. the algorithm's step runs with the quorum's workers as participants (transports/ft.py); a
    collective that fails is reported to the Manager instead of raising;
 3. ``Manager.should_commit`` decides: committed, the step stands; not committed (a peer died
-   mid-step, or fewer than ``min_replicas`` took part), every piece of state goes back to where
-   the step began and the step is tried again with a new quorum.
+   mid-step, fewer than ``min_replicas`` took part, or the vote's own request timed out: this
+   process was stopped or starved across it), every piece of state goes back to where the step
+   began and the step is tried again with a new quorum.
 
 A replica whose committed step count is behind the quorum's (a restarted process, a new one, one
 that failed to commit) is healed by torchft: a peer at the quorum's step sends its state through
@@ -49,11 +50,13 @@ def scripted_steps(variable: str, form: str, *, fields: int = 1, last_is_text: b
 
 class _QuorumSeen:
     """torchft's ``ManagerClient``, keeping the last quorum it answered (its members and step name
-    the quorum's gloo rendezvous: transports/ft.py, ``rendezvous_tag``) and the last error of a
-    quorum request (``failed``: the only error of ``Manager.start_quorum`` that is asked again)."""
+    the quorum's gloo rendezvous: transports/ft.py, ``rendezvous_tag``), the last error of a
+    quorum request (``failed``: the only error of ``Manager.start_quorum`` that is asked again)
+    and the last error of a commit vote's request (``vote_failed``: the only error of
+    ``Manager.should_commit`` that is a failed vote rather than the end of the run)."""
 
     def __init__(self, client):
-        self._client, self.last, self.failed = client, None, None
+        self._client, self.last, self.failed, self.vote_failed = client, None, None, None
 
     def _quorum(self, *args, **kwargs):
         try:
@@ -62,6 +65,13 @@ class _QuorumSeen:
             self.failed = e
             raise
         return self.last
+
+    def should_commit(self, *args, **kwargs):
+        try:
+            return self._client.should_commit(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - as for a quorum request
+            self.vote_failed = e
+            raise
 
     def __getattr__(self, name):
         return getattr(self._client, name)
@@ -315,7 +325,9 @@ class ReplicaDriver:
                     manager.report_error(e)
             failed = manager.errored()
             self._mark("computed")
-            if manager.should_commit(timeout=timedelta(seconds=self.ft.timeout_s)):
+            committed, vote_error = self._vote()
+            failed = failed or vote_error
+            if committed:
                 self.skipped_samples += sum(s for r, s in enumerate(self.samples) if r not in ranks)
                 self.transport.pg.reconfigured, self.received_bytes = False, 0
                 ft = {"participants": sorted(ranks), "attempts": attempt, "quorum_s": round(quorum_s, 6),
@@ -343,6 +355,26 @@ class ReplicaDriver:
                 last = error or "a peer's"
                 raise CommunicationError(f"replica {self.transport.rank}: step {counters.step} was not committed in "
                                          f"{failures} attempts (the last failure: {last})")
+
+    def _vote(self) -> tuple[bool, Exception | None]:
+        """``Manager.should_commit``: (committed, None), or (False, the error) when the vote's own
+        request failed. It goes to this replica's own torchft server and must be answered within
+        timeout_s: a process stopped (SIGSTOP, a paused VM) or starved of the CPU across it finds
+        the request's deadline passed when it runs again, and torchft's client raises
+        (``TimeoutError: status: Cancelled, message: "Timeout expired"``). That is a vote that
+        failed, not the end of the run: the attempt is not committed, torchft's count of failed
+        votes in a row goes up as for a vote against (the Lighthouse then numbers the next quorum
+        anew, so its group is built afresh), and the step is retried; a replica that fell behind
+        meanwhile heals in the retry's quorum. The server answers one vote per request (a group of
+        one process), so a request that timed out leaves nothing behind in it."""
+        manager = self.manager
+        try:
+            return manager.should_commit(timeout=timedelta(seconds=self.ft.timeout_s)), None
+        except Exception as e:  # noqa: BLE001 - whatever torchft's client raised, checked below
+            if e is not getattr(manager._client, "vote_failed", None):
+                raise
+            manager._commit_failures += 1
+            return False, e
 
     def _quorum(self, deadline: float) -> bool:
         """``Manager.start_quorum``; False when the quorum request failed (the Lighthouse restarts,
