@@ -225,6 +225,11 @@ ROWS = [
                                 # 3 Newton-Schulz iterations instead of 5 (Muon's cost: the fourth pass)
                                 ("-ns3", ", 3 NS steps", ",ns_steps=3"),
                                 ("-ns3-tau2-carry", ", 3 NS steps, τ=2 carried", ",ns_steps=3,overlap=2,merge=carry"))],
+    # the whole round hidden (τ up to H, carried): at 16 workers a round of the 1-bit message takes about
+    # 36 ms at 100 Mbit/s (3 inner steps compute 41 ms) and 225 ms at 10 Mbit/s (12 steps: 166 ms)
+    *[muloco_row(f"muloco-sign-h{h}-tau{tau}-carry", f"MuLoCo H={h} 1-bit sign + EF, τ={tau} carried", h,
+                 "sign:scaled=true", f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry")
+      for h, tau in ((3, 3), (6, 3), (6, 6), (12, 12))],
     # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
     *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],
