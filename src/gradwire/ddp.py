@@ -673,11 +673,14 @@ def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, 
     send = torch.zeros(total, dtype=torch.uint8, device=buffer.device)  # status 0: encoded
     if refused is None:
         compressed = iter(s for s, r in zip(sizes, raw, strict=True) if not r)
-        buffers = [p.buffer for p in packets[:bool(small)]]
-        buffers += [frame(p.buffer, next(compressed) - FRAME_BYTES) if framed else p.buffer
-                    for p in packets[bool(small):]]
-        torch.cat(buffers, out=send[1:])
-    else:
+        try:  # a payload over its bound (a codec's error) stops every rank, as a refused encode does
+            buffers = [p.buffer for p in packets[:bool(small)]]
+            buffers += [frame(p.buffer, next(compressed) - FRAME_BYTES) if framed else p.buffer
+                        for p in packets[bool(small):]]
+            torch.cat(buffers, out=send[1:])
+        except ValueError as error:
+            refused = _refused(state, bucket, layout, error)
+    if refused is not None:
         send[0] = 1
     received = torch.empty(world * total, dtype=torch.uint8, device=buffer.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the name before 2.13

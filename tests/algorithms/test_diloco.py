@@ -399,10 +399,18 @@ def test_merge_names_its_choices_and_refuses_what_does_not_apply(make_config, ke
         Run(make_config(algorithm=f"streaming-diloco:inner_steps=4,fragments=2,overlap=2,{keys}", lr=0.01))
 
 
+def test_carry_without_a_travelling_round_is_refused(make_config):
+    """MuLoCo's rounds block by default (overlap 0): merge=carry would change nothing, so it says so."""
+    with pytest.raises(ConfigError, match="merge=carry carries the progress made while a round travels; with "
+                                          "overlap=0 .* give overlap >= 1"):
+        Run(make_config(algorithm="muloco:inner_steps=3,merge=carry", lr=0.01))
+
+
 def test_carry_with_the_whole_round_in_flight_learns_and_mix_alpha_0_is_refused(make_config):
     """τ = H: with merge=mix and α = 0 every inner step would be discarded (refused); carrying the
     progress keeps them, so the loss falls."""
-    with pytest.raises(ConfigError, match="alpha=0 with overlap=3 = inner_steps discards every inner step"):
+    with pytest.raises(ConfigError, match="alpha=0 with overlap=3 = inner_steps discards every inner step.*"
+                                          "merge=carry or eager=true"):
         Run(make_config(algorithm="muloco:inner_steps=3,overlap=3", lr=0.01))
     r = Run(make_config(algorithm="muloco:inner_steps=3,overlap=3,merge=carry", lr=0.01, workers=4))
     losses = [r.train_step()["loss"] for _ in range(30)]

@@ -404,3 +404,16 @@ def test_a_float64_bucket_is_divided_as_plain_ddp_divides_it(world):
     y = x.clone()
     y[7] = float("inf")
     assert gwddp._divide_checking(state, y) is False
+
+
+@pytest.mark.timeout(60)
+def test_a_payload_over_its_frame_stops_the_ranks_after_the_collective(one_rank, monkeypatch):
+    """A framed payload larger than the codec's bound (a codec's error: max_nbytes too small) is
+    refused before the all-gather, as a gradient the codec refuses: the rank sends status 1 and every
+    rank stops after the collective, instead of one rank raising and the others waiting in it."""
+    model = DDP(nn.Linear(64, 64))
+    state = gwddp.register(model, "topk:ratio=0.1")
+    monkeypatch.setattr(type(state.compressor), "max_nbytes", lambda self, numel, dtype=torch.float32: 8)
+    with pytest.raises(Exception, match=r"does not fit its frame of 8") as raised:
+        model(torch.randn(4, 64)).sum().backward()
+    assert "bucket 0" in str(raised.value)

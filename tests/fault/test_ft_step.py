@@ -286,6 +286,22 @@ def test_votes_whose_requests_time_out_count_towards_max_retries_and_other_vote_
     assert len(manager.quorums) == 1
 
 
+@pytest.mark.parametrize("error, a_failed_vote", [(VOTE_TIMEOUT, True), (ConnectionError("transport error"), False)])
+def test_only_the_vote_requests_deadline_is_recorded_as_a_failed_vote(error, a_failed_vote):
+    """What the driver may retry is what torchft's client wrapper records: its request's deadline
+    (TimeoutError); any other error of the request (the server gone) is raised as it is."""
+    from gradwire.fault.replica import _QuorumSeen
+
+    class Client:
+        def should_commit(self, *args, **kwargs):
+            raise error
+
+    seen = _QuorumSeen(Client())
+    with pytest.raises(type(error)):
+        seen.should_commit(True, 1, timeout=None)
+    assert (seen.vote_failed is error) == a_failed_vote
+
+
 def test_a_vote_that_times_out_against_torchfts_own_manager_is_retried(tmp_path, data_dir):
     """The same with torchft's Manager, client and Lighthouse (one replica, in this process): its
     first vote goes to a torchft server that does not answer within timeout_s (a replica group of

@@ -147,7 +147,8 @@ STREAMING_PARAMS = DILOCO_PARAMS | {
     "eager": "true: eager updates (Kale et al. 2025, arXiv:2502.12996): each worker steps at once on its own fresh "
              "outer gradient mixed with the others' from the previous round's average (alpha does not apply)",
     "merge": "how a round that travelled τ steps is merged: mix (x <- α x + (1-α) θ, the paper's) or carry "
-             "(x <- θ + the progress since the round was sent: DaSGD's delayed averaging; alpha does not apply)",
+             "(x <- θ + the progress since the round was sent: DaSGD's delayed averaging; needs overlap >= 1, "
+             "alpha does not apply)",
 }
 MERGES = ("mix", "carry")
 
@@ -190,13 +191,16 @@ class StreamingDiLoCo(Algorithm):
         require(merge in MERGES, f"merge={merge!r}: valid choices are {', '.join(MERGES)}")
         require(merge == "mix" or (alpha == 0 and not eager),
                 f"merge=carry keeps the local progress whole: alpha (={alpha:g}) and eager apply to merge=mix only")
+        require(merge == "mix" or overlap > 0,
+                "merge=carry carries the progress made while a round travels; with overlap=0 a round is merged "
+                "on the step it is sent and there is none: give overlap >= 1")
         # α = 0 discards the τ inner steps a fragment's round is in flight; at τ = H that is all of them:
         # the merge resets x to θ on the step the next round starts, which then sends Δ = 0, and nothing
         # is learned (eager rounds restart from their own θ_i instead and do not merge)
         require(alpha > 0 or overlap < inner_steps or eager or merge == "carry",
                 f"alpha=0 with overlap={overlap} = inner_steps discards every inner step (each merge resets the "
                 "replicas to θ on the step the next round starts, so every round sends a zero outer gradient): "
-                "use alpha > 0 (the paper's 0.5), overlap < inner_steps, or eager=true")
+                "use alpha > 0 (the paper's 0.5), overlap < inner_steps, merge=carry or eager=true")
         self.inner_steps, self.outer_lr, self.outer_momentum = inner_steps, outer_lr, outer_momentum
         self.outer_warmup = outer_warmup
         self.inner, self.betas, self.eps, self.weight_decay = inner, (beta1, beta2), eps, weight_decay
