@@ -352,20 +352,29 @@ def test_adamw_matches_torch_optim_adamw(device):
     assert state["steps"] == 5 and state["exp_avg"].device == x.device
 
 
-def test_diloco_runs_on_the_device(make_config, device):
-    """Every tensor the algorithm makes lives on the run's device (byte payloads included)."""
-    r = Run(make_config(algorithm="streaming-diloco:inner_steps=2,fragments=2,overlap=1", lr=0.01,
+@pytest.mark.parametrize("merge", ["mix", "carry"])
+def test_diloco_runs_on_the_device(make_config, device, merge):
+    """Every tensor the algorithm makes lives on the run's device (byte payloads, and with
+    merge=carry the parameters each worker sent from, included), and a resume there goes on as the
+    run would have."""
+    r = Run(make_config(algorithm=f"streaming-diloco:inner_steps=2,fragments=2,overlap=1,merge={merge}", lr=0.01,
                         compressor="qsgd:levels=8,bucket=64", error_feedback=True, device=device.type))
     for _ in range(5):
         r.train_step()
     assert r.algorithm.theta.device.type == device.type
+    assert r.algorithm.in_flight  # a round in flight at the checkpoint below
     for entry in r.algorithm.in_flight.values():
         assert all(t.device.type == device.type for t in entry["payloads"].values())
+        assert all(t.device.type == device.type for t in entry.get("sent", {}).values())
+        assert ("sent" in entry) == (merge == "carry")
     resumed = Run(r.cfg)
     resumed.load_state_dict(through_bytes(r.state_dict()))
     for entry in resumed.algorithm.in_flight.values():
         assert all(t.device.type == device.type for t in entry["payloads"].values())
+        assert all(t.device.type == device.type for t in entry.get("sent", {}).values())
     resumed.train_step()
+    r.train_step()
+    assert all(torch.equal(resumed.algorithm.replicas.x[k], x) for k, x in r.algorithm.replicas.x.items())
 
 
 def test_outer_schedule_follows_the_inner_rate_and_is_inert_under_a_constant_schedule(make_config):
