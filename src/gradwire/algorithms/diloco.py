@@ -143,7 +143,8 @@ STREAMING_PARAMS = DILOCO_PARAMS | {
     "fragments": "P in [1, H]: fragments of the parameters, synchronised at staggered steps",
     "overlap": "τ in [0, H]: inner steps a fragment's outer gradient travels before it is merged",
     "alpha": "α in [0, 1]: merge weight of the local parameters, x <- α x + (1-α) θ (paper: 0.5; "
-             "the default: docs/defaults.md); 0 with overlap = inner_steps is refused (nothing would be learned)",
+             "the default: docs/defaults.md); 0 with overlap = inner_steps is refused with merge=mix (nothing would "
+             "be learned)",
     "eager": "true: eager updates (Kale et al. 2025, arXiv:2502.12996): each worker steps at once on its own fresh "
              "outer gradient mixed with the others' from the previous round's average (alpha does not apply)",
     "merge": "how a round that travelled τ steps is merged: mix (x <- α x + (1-α) θ, the paper's) or carry "
