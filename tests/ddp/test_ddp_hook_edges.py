@@ -417,3 +417,30 @@ def test_a_payload_over_its_frame_stops_the_ranks_after_the_collective(one_rank,
     with pytest.raises(Exception, match=r"does not fit its frame of 8") as raised:
         model(torch.randn(4, 64)).sum().backward()
     assert "bucket 0" in str(raised.value)
+
+
+@pytest.mark.timeout(60)
+def test_framed_topk_on_one_rank_gives_its_own_decoded_topk_on_the_device(tmp_path, device):
+    """The framed top-k path end to end on the device (gloo on the CPU, NCCL on a GPU; one rank): the
+    gradient DDP applies is the decode of this rank's own top-k (the compressed weight) and the raw
+    bias, so framing, the status byte and unframing lose nothing."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        module = nn.Linear(64, 64).to(device)
+        reference = nn.Linear(64, 64).to(device)
+        reference.load_state_dict(module.state_dict())
+        model = DDP(module, device_ids=[device.index or 0] if device.type == "cuda" else None)
+        state = gwddp.register(model, "topk:ratio=0.1")
+        x = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)).to(device)
+        model(x).sum().backward()
+        reference(x).sum().backward()
+        topk = build("topk:ratio=0.1")
+        expected = topk.decode(topk.encode(reference.weight.grad.flatten())).view(64, 64)
+        assert torch.equal(module.weight.grad, expected) and int((expected != 0).sum()) == topk.count(4096)
+        assert torch.equal(module.bias.grad, reference.bias.grad)  # 64 elements: raw
+        assert state.bytes_sent == 0  # one rank reaches no peer
+        assert state.wire_bytes_sent == 0
+    finally:
+        dist.destroy_process_group()
