@@ -662,7 +662,7 @@ def _framed(compressor: Compressor, dtype: torch.dtype) -> bool:
     return compressor.nbytes(1, dtype) is None and compressor.max_nbytes(1, dtype) is not None
 
 
-def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, refused, framed=False):
+def _gather_fixed(state: HookState, bucket, layout, raw, small, sizes, packets, refused, framed):
     """Every size is known to every rank (fixed-size codecs, and bounded ones framed at their bound):
     one asynchronous all-gather of ``[status byte][payloads]`` and the decoding when it completes,
     with no size exchange and no wait inside the hook. The status byte is 1 where a rank could not

@@ -370,7 +370,7 @@ class ReplicaDriver:
         manager = self.manager
         try:
             return manager.should_commit(timeout=timedelta(seconds=self.ft.timeout_s)), None
-        except Exception as e:  # noqa: BLE001 - whatever torchft's client raised, checked below
+        except TimeoutError as e:  # the client's own (recorded by _QuorumSeen), or raised elsewhere: re-raised
             if e is not getattr(manager._client, "vote_failed", None):
                 raise
             manager._commit_failures += 1
