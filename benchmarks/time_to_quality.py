@@ -1025,6 +1025,7 @@ def ddp_target(out: Path, lrs: dict, workers: int, seeds, n_steps: int) -> float
 
 
 def main(argv=None) -> int:
+    global BATCH, TASK
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("stage", choices=["tune", "curves", "torch", "compute", "report"])
     p.add_argument("--rows", default=",".join(r.key for r in ROWS))
@@ -1036,6 +1037,9 @@ def main(argv=None) -> int:
     p.add_argument("--pick", action="store_true",
                    help="tune stage with --lrs: the best screened rate becomes the row's chosen rate (a reduced "
                    "protocol, noted in tuning/<row>.json; the walk is the full one)")
+    p.add_argument("--task", default=None,
+                   help=f"compute stage only: measure the rows' steps on another task spec (default: {TASK}); "
+                   "its own --out, since the other stages' curves are on the table's task")
     p.add_argument("--collectives", choices=TIME_NETWORKS, default="ring",
                    help="report stage: the network model (transports/network.py) whose collectives the time model "
                    "prices (ring: gloo's, validated on the test bed; halving-doubling: O(log n) rounds, NCCL's tree "
@@ -1047,10 +1051,13 @@ def main(argv=None) -> int:
     args, _ = parse_run_args(p, argv)
     if args.pick and not (args.stage == "tune" and args.lrs):
         raise SystemExit("--pick chooses among screened rates: give it with the tune stage and --lrs")
+    if args.task is not None and args.stage != "compute":
+        raise SystemExit(f"--task {args.task}: only the compute stage measures another task (the other stages' "
+                         f"curves are on {TASK})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [ROW[k] for k in args.rows.split(",")]
-    global BATCH
+    TASK = args.task or TASK
     BATCH = args.batch_size  # every stage reads it when it builds a run
     if BATCH != DEFAULT_BATCH and args.stage != "report" and any(r.micro_batches > 1 for r in rows):
         raise SystemExit("the accumulation rows are defined at --batch-size 8 only")

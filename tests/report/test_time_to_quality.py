@@ -318,6 +318,20 @@ def test_pick_makes_the_best_screened_rate_the_chosen_one_and_says_it_was_not_wa
     assert not (tmp_path / "refused").exists()
 
 
+def test_another_task_is_for_the_compute_stage_only(ttq, tmp_path, monkeypatch):
+    """``--task`` measures compute on another model; the stages whose curves make the table refuse it,
+    and the compute stage measures on it (its runs built on that task)."""
+    for stage in ("tune", "curves", "report"):
+        with pytest.raises(SystemExit, match="--task stdlib-lm: only the compute stage measures another task"):
+            ttq.main([stage, "--task", "stdlib-lm", "--rows", "ddp", "--out", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
+    seen = []
+    monkeypatch.setattr(ttq, "measure_compute", lambda rows, lrs, n: seen.append(ttq.TASK) or {})
+    monkeypatch.setattr(ttq, "TASK", ttq.TASK)  # restored after the test
+    ttq.main(["compute", "--task", "digits-mlp", "--rows", "ddp", "--out", str(tmp_path / "other")])
+    assert seen == ["digits-mlp"]
+
+
 def test_a_row_screened_at_one_rate_takes_it_and_the_newton_schulz_rows_differ_only_there(ttq, tmp_path):
     """``screened_rates``: a row screened at exactly one rate (a variant tried at its parent's chosen
     rate) is reported and trained at it; one screened at several is not (only a walk chooses). The
