@@ -1037,17 +1037,16 @@ def main(argv=None) -> int:
     p.add_argument("--pick", action="store_true",
                    help="tune stage with --lrs: the best screened rate becomes the row's chosen rate (a reduced "
                    "protocol, noted in tuning/<row>.json; the walk is the full one)")
-    p.add_argument("--task", default=None,
-                   help=f"compute stage only: measure the rows' steps on another task spec (default: {TASK}); "
-                   "its own --out, since the other stages' curves are on the table's task")
     p.add_argument("--collectives", choices=TIME_NETWORKS, default="ring",
                    help="report stage: the network model (transports/network.py) whose collectives the time model "
                    "prices (ring: gloo's, validated on the test bed; halving-doubling: O(log n) rounds, NCCL's tree "
                    "regime); not ring: results-halving-doubling.md")
-    add_run_flags(p, only=("out", "workers", "seed", "batch_size"), sweep=("workers", "seed"),
+    add_run_flags(p, only=("out", "workers", "seed", "batch_size", "task"), sweep=("workers", "seed"),
                   defaults={"out": "runs/time-to-quality", "workers": [4], "seed": list(TABLE_SEEDS),
-                            "batch_size": DEFAULT_BATCH},
-                  helps={"batch_size": "sequences per worker and micro-batch (another batch: use another --out)"})
+                            "batch_size": DEFAULT_BATCH, "task": None},
+                  helps={"batch_size": "sequences per worker and micro-batch (another batch: use another --out)",
+                         "task": f"compute stage only: measure the rows' steps on another task (default: {TASK}); "
+                                 "its own --out, since the other stages' curves are on the table's task"})
     args, _ = parse_run_args(p, argv)
     if args.pick and not (args.stage == "tune" and args.lrs):
         raise SystemExit("--pick chooses among screened rates: give it with the tune stage and --lrs")
