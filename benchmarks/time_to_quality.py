@@ -229,7 +229,14 @@ ROWS = [
     # 36 ms at 100 Mbit/s (3 inner steps compute 41 ms) and 225 ms at 10 Mbit/s (12 steps: 166 ms)
     *[muloco_row(f"muloco-sign-h{h}-tau{tau}-carry", f"MuLoCo H={h} 1-bit sign + EF, τ={tau} carried", h,
                  "sign:scaled=true", f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry")
-      for h, tau in ((3, 3), (6, 3), (6, 6), (12, 12))],
+      for h, tau in ((3, 3), (6, 3), (6, 6), (12, 12), (4, 3))],
+    # blocking at other H (screening at 16 workers: is what τ = H loses the delay, or the steps between averages?)
+    *[muloco_row(f"muloco-sign-h{h}", f"MuLoCo H={h} 1-bit sign + EF", h, "sign:scaled=true") for h in (2, 6)],
+    # ... with a smaller outer step (a one-round delay wants one: Kale et al. 2025's Table 2 lowers the outer
+    # rate of its delayed variant), screened at 16 workers
+    *[muloco_row(f"muloco-sign-h3-tau{tau}-carry-eta{eta:g}", f"MuLoCo H=3 1-bit sign + EF, τ={tau} carried, "
+                 f"outer lr {eta:g}", 3, "sign:scaled=true", f"outer_lr={eta:g},outer_momentum=0,overlap={tau},"
+                 "merge=carry") for tau, eta in ((2, 0.8), (3, 0.8), (3, 0.6))],
     # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
     *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],

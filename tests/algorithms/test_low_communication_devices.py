@@ -4,7 +4,6 @@ accumulators, the optimizer states, the byte payloads), and resume there."""
 import pytest
 import torch
 
-from gradwire.algorithms.muloco import Muon
 from gradwire.algorithms.optim import AdamW
 from gradwire.run.loop import Run
 from tests.helpers import through_bytes
@@ -32,11 +31,9 @@ def optimizer_memory(algorithm: str, alg) -> dict[str, torch.Tensor]:
         memory |= {"dct.d": alg.dct.d, "dct.d_tail": alg.dct.d_tail}
     elif algorithm == "muloco":
         for r, opt in alg.replicas.opt.items():
-            for i, (*_, rule) in enumerate(opt.parts):
-                if isinstance(rule, Muon):
-                    memory[f"inner[{r}].muon[{i}].buffer"] = rule.buffer
-                else:
-                    memory |= adamw_state(f"inner[{r}].adamw[{i}]", rule)
+            for i, entry in opt.state_dict().items():  # per tensor: Muon's buffer or AdamW's moments
+                memory |= {f"inner[{r}].{'muon' if key == 'buffer' else 'adamw'}[{i}].{key}": t
+                           for key, t in entry.items() if torch.is_tensor(t)}
         memory["outer.velocity"] = alg.outer[0].velocity
         memory |= {f"ef[{r}].{key}": t for r, ef in alg.averager.ef.items() for key, t in ef.residuals.items()}
     return memory

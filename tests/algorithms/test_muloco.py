@@ -208,13 +208,13 @@ def test_muon_lr_ratio_ties_muon_s_rate_to_lr_and_its_schedule(make_config):
 
     cfg = make_config(algorithm="muloco:inner_steps=3,muon_lr_ratio=5", task="digits-mlp", lr=0.004, steps=12,
                       lr_schedule="cosine:warmup=2,min_ratio=0.1")
-    muons = [rule for *_, rule in Run(cfg).algorithm.replicas.opt[0].parts if isinstance(rule, Muon)]
+    muons = Run(cfg).algorithm.replicas.opt[0].muons
     assert muons and all(m.rate.base == pytest.approx(0.02) and not m.rate.constant and m.rate.horizon == 12
                          for m in muons)
     default = Run(make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.004, steps=12,
                               lr_schedule="cosine:warmup=2,min_ratio=0.1"))
-    assert all(r.rate.constant and r.rate.base == 0.02 for *_, r in default.algorithm.replicas.opt[0].parts
-               if isinstance(r, Muon))
+    assert default.algorithm.replicas.opt[0].muons and \
+        all(r.rate.constant and r.rate.base == 0.02 for r in default.algorithm.replicas.opt[0].muons)
     with pytest.raises((ConfigError, ValueError), match="muon_lr_ratio.*-1"):
         MuLoCo(muon_lr_ratio=-1)
 
@@ -269,27 +269,54 @@ def test_newton_schulz_equals_the_plain_formula_on_matrices_and_batches(coeffici
     assert newton_schulz(u, steps, coefficients=coefficients).dtype == torch.float64
 
 
-def test_muon_adamw_orthogonalises_same_shaped_matrices_as_one_batch_with_the_same_result():
-    """MuonAdamW batches the Newton-Schulz step of its same-shaped matrices (two 6x4, one 4x6 here):
-    three updates equal per-matrix Muon.apply on copies, float64; ns_steps and the coefficients reach it."""
-    shapes = [torch.Size([6, 4]), torch.Size([4]), torch.Size([6, 4]), torch.Size([4, 6])]
+def test_muon_adamw_updates_same_shaped_matrices_and_the_other_tensors_as_batches_with_the_same_result():
+    """MuonAdamW updates its same-shaped matrices as one batch (two 6x4 apart in the flat vector, gathered;
+    one 4x6, a view) and its other tensors (a 4 and a 6, apart) as one AdamW: three updates equal per-tensor
+    Muon.apply and AdamW.apply on copies, float64; ns_steps and the coefficients reach it. Its state_dict
+    holds one entry per tensor, in the per-tensor optimizers' layout, and a copy loaded from it goes on
+    exactly as the original."""
+    shapes = [torch.Size([6, 4]), torch.Size([4]), torch.Size([6, 4]), torch.Size([4, 6]), torch.Size([6])]
+    sizes = [math.prod(s) for s in shapes]
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(sum(math.prod(s) for s in shapes), generator=g, dtype=torch.float64)
+    x = torch.randn(sum(sizes), generator=g, dtype=torch.float64)
     settings = dict(lr=0.03, momentum=0.9, nesterov=True, weight_decay=0.1, ns_steps=3, ns_coefficients="polar-express")
-    ours = MuonAdamW(x, shapes, muon=lambda w: Muon(w, **settings),
-                     adamw=lambda v: AdamW(v, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1))
-    assert [len(members) for members, *_ in ours.batches] == [2, 1]
-    copies = [Muon(t.clone().view(s), **settings) for t, s in zip(x.split([math.prod(s) for s in shapes]), shapes)
-              if len(s) == 2]
+    adamw_settings = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    def build(v):
+        return MuonAdamW(v, shapes, muon=lambda w: Muon(w, **settings), adamw=lambda u: AdamW(u, **adamw_settings))
+
+    ours = build(x)
+    assert [members for members, *_ in ours.groups] == [[0, 2], [3]] and ours.others == [1, 4]
+    assert ours.groups[0][1].views is not None and ours.groups[1][1].views is None  # gathered; a view
+    copies = [(Muon if len(s) == 2 else AdamW)(t.clone().view(s), **(settings if len(s) == 2 else adamw_settings))
+              for t, s in zip(x.split(sizes), shapes)]
     for _ in range(3):
         grad = torch.randn(x.numel(), generator=g, dtype=torch.float64)
         ours.apply(grad)
-        parts = [p.view(s) for p, s in zip(grad.split([math.prod(s) for s in shapes]), shapes) if len(s) == 2]
-        for m, gm in zip(copies, parts):
-            m.apply(gm)
-    matrices = [p.view(s) for p, s in zip(x.split([math.prod(s) for s in shapes]), shapes) if len(s) == 2]
-    for mine, copy in zip(matrices, copies):
-        torch.testing.assert_close(mine, copy.w, rtol=0, atol=1e-12)
+        for rule, gm, s in zip(copies, grad.split(sizes), shapes):
+            rule.apply(gm.view(s))
+    for mine, rule in zip(x.split(sizes), copies):
+        theirs = rule.w if isinstance(rule, Muon) else rule.x
+        torch.testing.assert_close(mine, theirs.reshape(-1), rtol=0, atol=1e-12)
+    state = ours.state_dict()
+    assert sorted(state, key=int) == [str(i) for i in range(len(shapes))]
+    for i, rule in enumerate(copies):
+        assert state[str(i)].keys() == rule.state_dict().keys()
+        for key, value in rule.state_dict().items():
+            if torch.is_tensor(value):
+                torch.testing.assert_close(state[str(i)][key], value.reshape(state[str(i)][key].shape),
+                                           rtol=0, atol=1e-12)
+                assert state[str(i)][key].shape == value.shape
+            else:
+                assert state[str(i)][key] == value == 3
+    y = torch.zeros_like(x).copy_(x)
+    resumed = build(y)
+    resumed.load_state_dict(through_bytes(state))
+    for _ in range(2):
+        grad = torch.randn(x.numel(), generator=g, dtype=torch.float64)
+        ours.apply(grad)
+        resumed.apply(grad)
+    assert torch.equal(x, y)
 
 
 def test_muloco_ns_steps_and_coefficients_reach_every_muon_and_are_validated(make_config):
@@ -300,7 +327,7 @@ def test_muloco_ns_steps_and_coefficients_reach_every_muon_and_are_validated(mak
 
     def muons(spec):
         run = Run(make_config(algorithm=spec, task="digits-mlp", lr=0.004, steps=6))
-        return [rule for *_, rule in run.algorithm.replicas.opt[0].parts if isinstance(rule, Muon)]
+        return run.algorithm.replicas.opt[0].muons
 
     assert {m.ns for m in muons("muloco:inner_steps=3")} == {(5, "jordan")}
     assert {m.ns for m in muons("muloco:inner_steps=3,ns_steps=3,ns_coefficients=polar-express")} == \

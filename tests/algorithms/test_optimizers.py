@@ -86,9 +86,10 @@ def test_muon_options_reach_every_matrix(make_config):
     from gradwire.algorithms.muloco import Muon
 
     r = Run(make_config(MUON, task="digits-mlp", optimizer="muon:lr_ratio=5,ns_steps=3,ns_coefficients=polar-express"))
-    rules = [rule for *_, rule in r.algorithm.opt.parts]
-    assert [isinstance(rule, Muon) for rule in rules] == [True, False, True, False]  # two weights, two biases
-    assert all(rule.ns == (3, "polar-express") for rule in rules if isinstance(rule, Muon))
+    opt = r.algorithm.opt
+    # the two weights (10x64, 10x10 here: two shapes, two Muons), the two biases one AdamW
+    assert [members for members, *_ in opt.groups] == [[0], [2]] and opt.others == [1, 3]
+    assert all(isinstance(rule, Muon) and rule.ns == (3, "polar-express") for rule in opt.muons)
 
 
 def test_muon_state_resumes_bitwise(make_config, tmp_path):

@@ -116,10 +116,10 @@ def newton_schulz(u: torch.Tensor, steps: int = 5, eps: float = 1e-7, coefficien
 
 
 class Muon:
-    """Muon on one matrix view of the flat parameters (state: the momentum buffer and the update
-    count, which a scheduled η (``lr_schedule``, as ``ScheduledRate``) is indexed by). An update is
-    ``momentum`` (the matrix to orthogonalise), ``newton_schulz``, then ``step``; ``MuonAdamW`` runs the
-    middle part for all its same-shaped matrices at once."""
+    """Muon on one matrix (m, n), or on a batch (k, m, n) of same-shaped matrices updated together
+    (state: the momentum buffer and the update count, which a scheduled η (``lr_schedule``, as
+    ``ScheduledRate``) is indexed by). An update is ``momentum_update`` (the matrices to orthogonalise),
+    ``newton_schulz``, then ``step``."""
 
     def __init__(self, w: torch.Tensor, *, lr: float, momentum: float, nesterov: bool, weight_decay: float,
                  lr_schedule: str = "constant", horizon: int = 0, ns_steps: int = 5,
@@ -129,16 +129,13 @@ class Muon:
         ns_coefficients_of(ns_coefficients, ns_steps)  # validates
         self.ns = (ns_steps, ns_coefficients)  # Newton-Schulz: iterations, coefficients
         self.buffer = torch.zeros_like(w)
-        self.scale = math.sqrt(max(1.0, w.shape[0] / w.shape[1]))
+        self.scale = math.sqrt(max(1.0, w.shape[-2] / w.shape[-1]))
         self.steps = 0
 
-    def momentum_update(self, grad: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """B <- μ B + G; the matrix to orthogonalise, G + μ B (Nesterov) or B, written into ``out``
-        if given."""
+    def momentum_update(self, grad: torch.Tensor) -> torch.Tensor:
+        """B <- μ B + G; the matrix to orthogonalise, G + μ B (Nesterov) or B."""
         self.buffer.mul_(self.momentum).add_(grad)
-        if self.nesterov:
-            return torch.add(grad, self.buffer, alpha=self.momentum, out=out)
-        return self.buffer if out is None else out.copy_(self.buffer)
+        return torch.add(grad, self.buffer, alpha=self.momentum) if self.nesterov else self.buffer
 
     def step(self, orthogonal: torch.Tensor) -> None:
         """W <- (1 - ηλ) W - η max(1, rows/cols)^½ O, at this update's η."""
@@ -160,44 +157,107 @@ class Muon:
         self.steps = int(state.get("steps", 0))  # checkpoints from before the count: a constant η needs none
 
 
+class _Gathered:
+    """Tensors at scattered ranges of a flat vector, worked on as one contiguous copy ``value``
+    (viewed as ``shape``): ``gather`` copies them in, ``scatter`` back, ``of`` takes the same ranges of
+    another vector (the gradient). Where the ranges are one run, ``value`` is a view and there is
+    nothing to copy. (Copies of slices: ``index_select`` with a position per element was as slow as the
+    per-tensor updates it replaced, on the CPU.)"""
+
+    def __init__(self, x: torch.Tensor, ranges: list[tuple[int, int]], shape: tuple[int, ...]):
+        self.ranges, self.sizes = ranges, [n for _, n in ranges]
+        if all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:])):
+            self.views = None
+            self.value = x[ranges[0][0]: ranges[0][0] + sum(self.sizes)].view(shape)
+        else:
+            self.views = [x[a: a + n] for a, n in ranges]
+            self.value = x.new_empty(shape)
+
+    def of(self, v: torch.Tensor) -> torch.Tensor:
+        if self.views is None:
+            a = self.ranges[0][0]
+            return v[a: a + sum(self.sizes)].view(self.value.shape)
+        return torch.cat([v[a: a + n] for a, n in self.ranges]).view(self.value.shape)
+
+    def gather(self) -> None:
+        if self.views is not None:
+            torch.cat(self.views, out=self.value.view(-1))
+
+    def scatter(self) -> None:
+        if self.views is not None:
+            torch._foreach_copy_(self.views, self.value.view(-1).split(self.sizes))
+
+
 class MuonAdamW:
     """Muon on every 2-D tensor of a flat vector, AdamW on the others; ``apply`` takes the flat gradient.
-    The Muon matrices of one shape (and Newton-Schulz setting) are orthogonalised as one batch, into a
-    workspace allocated once: on a small model the iteration's cost is mostly per call, not per flop."""
+
+    On a small model an update's cost is mostly per call, not per flop, so the work is batched: the
+    matrices of one shape are one Muon on a (k, m, n) copy (one momentum update, one Newton-Schulz
+    iteration, one step for all k), and the other tensors one AdamW on a contiguous copy; each copy is
+    gathered from the flat vector before its update and scattered back after it (or is a view, where
+    its tensors are adjacent). The arithmetic is elementwise or per matrix, so batching changes no
+    result beyond float rounding; ``state_dict`` keeps one entry per tensor of ``shapes``."""
 
     def __init__(self, x: torch.Tensor, shapes, *, muon, adamw):
-        self.parts = []
-        start = 0
+        spans, start = [], 0
         for shape in shapes:
-            size = math.prod(shape)
-            view = x[start: start + size]
-            rule = muon(view.view(shape)) if len(shape) == 2 else adamw(view)
-            self.parts.append((start, size, tuple(shape), rule))
-            start += size
+            spans.append((start, math.prod(shape), tuple(shape)))
+            start += math.prod(shape)
         require(start == x.numel(), f"the model's tensor shapes cover {start} of its {x.numel()} parameters")
-        groups = {}
-        for start, size, shape, rule in self.parts:
-            if isinstance(rule, Muon):
-                groups.setdefault((shape, rule.ns), []).append((start, size, rule))
-        self.batches = [(members, ns, x.new_empty(len(members), *shape)) for (shape, ns), members in groups.items()]
+        groups: dict[tuple, list[int]] = {}
+        for i, (_, _, shape) in enumerate(spans):
+            groups.setdefault(shape if len(shape) == 2 else (), []).append(i)
+        others = groups.pop((), [])
+        self.spans = spans
+        # (tensor indices, their gathered copy, the Muon updating it) per shape
+        self.groups = []
+        for shape, members in groups.items():
+            gathered = _Gathered(x, [spans[i][:2] for i in members], (len(members), *shape))
+            self.groups.append((members, gathered, muon(gathered.value)))
+        self.others = others
+        self.other = _Gathered(x, [spans[i][:2] for i in others], (sum(spans[i][1] for i in others),)) \
+            if others else None
+        self.adamw = adamw(self.other.value) if others else None
+
+    @property
+    def muons(self) -> list[Muon]:
+        return [rule for _, _, rule in self.groups]
 
     def apply(self, grad: torch.Tensor) -> None:
-        for start, size, _shape, rule in self.parts:
-            if not isinstance(rule, Muon):
-                rule.apply(grad[start: start + size])
-        for members, (steps, coefficients), work in self.batches:
-            for i, (start, size, rule) in enumerate(members):
-                rule.momentum_update(grad[start: start + size].view(rule.w.shape), out=work[i])
-            orthogonal = newton_schulz(work, steps, coefficients=coefficients)
-            for i, (_, _, rule) in enumerate(members):
-                rule.step(orthogonal[i])
+        if self.adamw is not None:
+            self.other.gather()
+            self.adamw.apply(self.other.of(grad))
+            self.other.scatter()
+        for _, gathered, rule in self.groups:
+            steps, coefficients = rule.ns
+            orthogonal = newton_schulz(rule.momentum_update(gathered.of(grad)), steps, coefficients=coefficients)
+            gathered.gather()
+            rule.step(orthogonal)
+            gathered.scatter()
+
+    def _entries(self):
+        """(index in ``shapes``, its state's views): one entry per tensor, as the checkpoint stores it."""
+        for members, _, rule in self.groups:
+            for j, i in enumerate(members):
+                yield i, rule, {"buffer": rule.buffer[j]}
+        offset = 0
+        for i in self.others:
+            size = self.spans[i][1]
+            yield i, self.adamw, {"exp_avg": self.adamw.exp_avg[offset: offset + size],
+                                  "exp_avg_sq": self.adamw.exp_avg_sq[offset: offset + size]}
+            offset += size
 
     def state_dict(self) -> dict:
-        return {str(i): rule.state_dict() for i, (_, _, _, rule) in enumerate(self.parts)}
+        return {str(i): {**views, "steps": rule.steps} for i, rule, views in sorted(self._entries(),
+                                                                                     key=lambda e: e[0])}
 
     def load_state_dict(self, state: dict) -> None:
-        for i, (_, _, _, rule) in enumerate(self.parts):
-            rule.load_state_dict(state[str(i)])
+        for i, rule, views in self._entries():
+            entry = state[str(i)]
+            for key, view in views.items():
+                view.copy_(entry[key])
+            # every tensor of a batch steps together; checkpoints from before Muon's count have none
+            rule.steps = int(entry.get("steps", 0))
 
 
 def muon_adamw(shapes, optim, *, muon_rate: dict, momentum: float, nesterov: bool, ns_steps: int,
