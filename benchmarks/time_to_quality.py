@@ -236,7 +236,7 @@ ROWS = [
     # rate of its delayed variant), screened at 16 workers
     *[muloco_row(f"muloco-sign-h3-tau{tau}-carry-eta{eta:g}", f"MuLoCo H=3 1-bit sign + EF, τ={tau} carried, "
                  f"outer lr {eta:g}", 3, "sign:scaled=true", f"outer_lr={eta:g},outer_momentum=0,overlap={tau},"
-                 "merge=carry") for tau, eta in ((2, 0.8), (3, 0.8), (3, 0.6))],
+                 "merge=carry") for tau, eta in ((2, 0.8), (3, 0.8), (3, 0.6), (2, 1.2), (3, 1.3))],
     # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
     *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],

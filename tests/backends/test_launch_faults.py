@@ -326,3 +326,31 @@ def test_launch_hands_torchrun_a_thread_count_so_it_prints_no_banner(monkeypatch
         assert start_group(ns) == 0
     assert "config" in seen and os.environ["OMP_NUM_THREADS"] == "1"
     assert "OMP_NUM_THREADS" not in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_sigint_in_the_rendezvous_says_nothing_was_written(tmp_path, data_dir):
+    """Ctrl-C while the launcher waits in a two-node rendezvous (the other node never comes): one line
+    that says no process started and nothing was written (not "metrics so far are in the run folder"),
+    exit 130, no folder."""
+    from tests.backends.processes import free_port
+
+    out = tmp_path / "never"
+    # a child of this process would inherit an ignored SIGINT where pytest runs in the background
+    # (bash ignores it in asynchronous commands): the launcher gets Python's default handler back
+    restore = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)"
+    p = subprocess.Popen([sys.executable, "-c", f"{restore}\nimport sys\nfrom gradwire.cli import main\n"
+                          "sys.exit(main())", "launch", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+                          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--", "run", *RUN, "--steps", "3",
+                          "--out", str(out), "--data-dir", str(data_dir), "--timeout-s", "60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    time.sleep(8)  # in the rendezvous: waiting for the second node
+    assert p.poll() is None
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGINT, err[-2000:]
+    line = [s for s in err.splitlines() if s.startswith("gradwire launch:")]
+    assert line == ["gradwire launch: stopped by SIGINT while no process of this node was running (in the "
+                    "rendezvous)"], err[-2000:]
+    assert not out.exists()
