@@ -57,7 +57,7 @@ def test_plan_refuses_an_out_that_is_a_run_or_holds_other_results(tmp_path, data
     before = sorted(p.name for p in run_folder.iterdir())
     capsys.readouterr()
     assert main([*BASE, "--out", str(run_folder)]) == 2
-    assert f"plan folder {run_folder} holds a run or a comparison (summary.json)" in one_line(capsys)
+    assert f"plan folder {run_folder} holds a run (summary.json): a plan needs a folder of its own" in one_line(capsys)
     assert main([*BASE, "--out", str(tmp_path / "runs")]) == 2
     assert "holds other results (r/ is a run, comparison or plan)" in one_line(capsys)
     assert sorted(p.name for p in run_folder.iterdir()) == before

@@ -78,3 +78,33 @@ def test_variants_run_through_the_run_loop_and_quick_leaves_the_plots_out(tmp_pa
         assert (r.folder / "summary.json").exists() and not (r.folder / "curves.png").exists()
     assert not (tmp_path / "runs" / "comparison.md").exists()
     assert res["c"].summary["label"] == "c"
+
+
+def test_reproduce_refuses_a_run_or_a_comparison_folder_even_with_overwrite(tmp_path, data_dir, capsys):
+    """A reproduction needs a folder of its own, as a run and a comparison do: one that holds a run
+    or a comparison is refused, --overwrite or not (it replaced their report.html, exit 0), and a
+    run or a comparison refuses a reproduction's folder in turn; nothing in them changes."""
+    small = ["--task", "digits-logreg", "--workers", "2", "--steps", "2", "--eval-every", "2",
+             "--data-dir", str(data_dir)]
+    run_dir, cmp_dir, rep_dir = tmp_path / "one", tmp_path / "cmp", tmp_path / "rep"
+    assert main(["run", *small, "--out", str(run_dir)]) == 0
+    assert main(["compare", *small, "--out", str(cmp_dir), "--variant", "--algorithm sync"]) == 0
+    rep_dir.mkdir()
+    (rep_dir / "claims.json").write_text('{"claims": []}\n')  # what a reproduction leaves at its top
+    capsys.readouterr()
+    before = {p: p.read_bytes() for d in (run_dir, cmp_dir, rep_dir) for p in sorted(d.rglob("*")) if p.is_file()}
+    for extra in ([], ["--overwrite"]):
+        for folder, kind, marker in ((run_dir, "run", "summary.json"), (cmp_dir, "comparison", "comparison.md")):
+            assert main(["reproduce", "--quick", "--only", "lsgd-symmetry", "--out", str(folder), *extra]) == 2
+            assert capsys.readouterr().err == (f"gradwire reproduce: error: reproduce folder {folder} holds a {kind} "
+                                               f"({marker}): a reproduction needs a folder of its own, its claims in "
+                                               "subfolders; choose another --out\n")
+        assert main(["run", *small, "--out", str(rep_dir), *extra]) == 2
+        assert capsys.readouterr().err == (f"gradwire run: error: run folder {rep_dir} holds a reproduction "
+                                           "(claims.json): a run needs a folder of its own; choose another --out\n")
+        assert main(["compare", *small, "--out", str(rep_dir), "--variant", "--algorithm sync", *extra]) == 2
+        assert capsys.readouterr().err == (f"gradwire compare: error: compare folder {rep_dir} holds a reproduction "
+                                           "(claims.json): a comparison needs a folder of its own, its runs in "
+                                           "subfolders; choose another --out\n")
+    after = {p: p.read_bytes() for d in (run_dir, cmp_dir, rep_dir) for p in sorted(d.rglob("*")) if p.is_file()}
+    assert after == before

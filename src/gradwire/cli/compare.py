@@ -22,6 +22,7 @@ from gradwire.report.run_folder import (
     holds_run,
     read_json_or_empty,
     refuse_existing,
+    refuse_other_kind,
     refuse_others,
     require_named,
 )
@@ -159,10 +160,7 @@ def refuse_to_replace(common: RunConfig, specs: list[RunConfig]) -> None:
     """Before any variant runs: a comparison or variant run already in the folder is replaced only
     with --overwrite (or continued with --resume)."""
     root = Path(common.out)
-    found = holds_run(root, files_only=True)  # (a variant's folder may be named checkpoint)
-    if found is not None:  # --overwrite would replace a comparison, not a run
-        raise ConfigError(f"compare folder {root} holds a run ({found}): a comparison needs a folder of its own, "
-                          "its runs in subfolders; choose another --out")
+    refuse_other_kind(root, "comparison")  # --overwrite would replace a comparison, not a run
     if not (root / "comparison.md").exists():  # not a comparison yet: its subfolders are the variants' alone,
         # or (--overwrite, --resume) an interrupted comparison's, whose variants or seeds may have changed
         refuse_others(root, own=tuple(Path(c.out).name for c in specs), runs=not (common.overwrite or common.resuming))

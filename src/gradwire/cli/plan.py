@@ -17,7 +17,7 @@ from gradwire.cli.flags import (
 )
 from gradwire.config import RunConfig, from_mapping, read_config_file
 from gradwire.errors import ConfigError
-from gradwire.report.run_folder import holds_run, refuse_others, require_named
+from gradwire.report.run_folder import refuse_other_kind, refuse_others, require_named
 
 EPILOG = """examples:
   gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 100 --network ring:mbps=100 \\
@@ -153,10 +153,7 @@ def main(ns) -> int:
         validate = _int_list(ns.validate or "", "--validate")
     out = Path(base.out if out_given(ns) else fresh_out("plan", base))
     require_named(out)
-    found = holds_run(out, files_only=True) or ("comparison.md" if (out / "comparison.md").is_file() else None)
-    if found is not None:
-        raise ConfigError(f"plan folder {out} holds a run or a comparison ({found}): a plan needs a folder of its "
-                          "own; choose another --out")
+    refuse_other_kind(out, "plan")
     refuse_others(out, own=("profile", "validate"))
     if (out / "plan.json").exists() and not base.overwrite:
         raise ConfigError(f"plan folder {out} already holds a plan (plan.json); pass --overwrite to replace it "

@@ -10,7 +10,7 @@ from pathlib import Path
 from gradwire.cli.flags import fresh_out
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
-from gradwire.report.run_folder import require_named
+from gradwire.report.run_folder import refuse_other_kind, refuse_others, require_named
 
 EPILOG = """examples:
   gradwire reproduce --quick                         (every claim, small: about 1 min on 2 quiet cores)
@@ -43,6 +43,8 @@ def main(ns) -> int:
     names = reproduce.select(ns.only)
     out = Path(ns.out if ns.out is not None else fresh_out("reproduce", RunConfig()))
     require_named(str(out))
+    refuse_other_kind(out, "reproduction")  # --overwrite replaces a reproduction, not a run, comparison or plan
+    refuse_others(out, own=tuple(reproduce.CLAIMS))  # (runs/: a folder of results, not one of its own)
     if (out / "claims.json").exists() and not ns.overwrite:
         raise ConfigError(f"{out} already holds a reproduction (claims.json); pass --overwrite or another --out")
     if out.exists() and not out.is_dir():

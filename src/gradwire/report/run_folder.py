@@ -50,9 +50,7 @@ def refuse_existing(folder: Path, *, overwrite: bool, resume: bool) -> None:
     to touch it."""
     if overwrite and resume:
         raise ConfigError(f"--overwrite replaces the run in {folder} and --resume continues it: pass one of them")
-    if (Path(folder) / "comparison.md").exists():  # (--overwrite would replace the runs' files only)
-        raise ConfigError(f"run folder {folder} holds a comparison (comparison.md): a run needs a folder of its own; "
-                          "choose another --out")
+    refuse_other_kind(folder, "run")  # (--overwrite would replace the runs' files only)
     refuse_others(folder)  # (runs/: --overwrite would remove the files of a run, beside the other runs)
     found = None if (overwrite or resume) else holds_run(folder)
     if found is not None:
@@ -236,6 +234,25 @@ def holds_others(folder: Path, *, own: tuple[str, ...] = (), runs: bool = True) 
 
 # what shows that a folder holds a comparison, a plan or a reproduction (beside a run's markers)
 OTHER_RESULTS = ("comparison.md", "comparison.csv", "plan.json", "claims.json")
+
+# each kind of result, the files at a folder's top that show it holds one, and the command that writes it
+RESULT_KINDS = {"run": RUN_MARKERS[:-1], "comparison": OTHER_RESULTS[:2], "plan": OTHER_RESULTS[2:3],
+                "reproduction": OTHER_RESULTS[3:]}
+KIND_COMMANDS = {"run": "run", "comparison": "compare", "plan": "plan", "reproduction": "reproduce"}
+# where a kind keeps its own runs, said when it refuses a folder of another kind
+KIND_LAYOUT = {"comparison": ", its runs in subfolders", "reproduction": ", its claims in subfolders"}
+
+
+def refuse_other_kind(folder: Path, kind: str) -> None:
+    """ConfigError when ``folder`` holds a result of another kind than ``kind`` (a run, a comparison, a
+    plan or a reproduction: :data:`RESULT_KINDS`), even with --overwrite, which replaces its own kind
+    only: each needs a folder of its own (one's report.html would replace the other's)."""
+    folder = Path(folder)
+    for other, names in RESULT_KINDS.items():
+        found = next((name for name in names if (folder / name).is_file()), None) if other != kind else None
+        if found is not None:
+            raise ConfigError(f"{KIND_COMMANDS[kind]} folder {folder} holds a {other} ({found}): a {kind} needs a "
+                              f"folder of its own{KIND_LAYOUT.get(kind, '')}; choose another --out")
 
 
 def refuse_others(folder: Path, *, own: tuple[str, ...] = (), runs: bool = True) -> None:
