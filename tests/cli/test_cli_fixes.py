@@ -172,3 +172,21 @@ def test_an_interrupted_comparison_is_taken_again_with_other_variants_under_over
     assert "holds other results" in one_line(capsys)
     assert main([*again, "--overwrite"]) == 0
     assert (out / "comparison.md").is_file() and "diana" in (out / "comparison.md").read_text()
+
+
+@pytest.mark.parametrize("argv, flag, close", [
+    (["run", "--steps", "3", "--wokers", "4"], "--wokers 4", "--workers"),
+    (["compare", "--wokers", "4"], "--wokers 4", "--workers"),
+    (["plan", "--max-wrokers", "8"], "--max-wrokers 8", "--max-workers"),
+    (["reproduce", "--qiuck"], "--qiuck", "--quick"),
+    (["report", "runs/x", "--bogus"], "--bogus", None),
+])
+def test_an_unknown_flag_points_to_its_commands_help(capsys, argv, flag, close):
+    """A sub-command's unknown flag is its own parser's error, with its --help (it was "gradwire: error:
+    ... (see gradwire --help)"), and the command's flag it most resembles, where one is close."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    hint = f"; did you mean {close}?" if close else ""
+    assert capsys.readouterr().err == (f"gradwire {argv[0]}: error: unrecognized arguments: {flag}{hint} "
+                                       f"(see gradwire {argv[0]} --help)\n")

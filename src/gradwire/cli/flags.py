@@ -17,6 +17,7 @@ Nothing here imports torch: a mistyped value is reported at once (benchmarks/tim
 from __future__ import annotations
 
 import argparse
+import difflib
 import inspect
 import os
 import re
@@ -41,6 +42,35 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.help_hint or self.prog + ' --help'})\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but words no parser took are refused by the command's own parser (argparse
+        leaves a sub-command's to the top parser: "gradwire: error: ... (see gradwire --help)"), with
+        the command's flag that the first unknown one most resembles."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            owner = self._command_parser(ns)
+            close = owner.closest_flag(extras)
+            owner.error(f"unrecognized arguments: {' '.join(extras)}" + (f"; did you mean {close}?" if close else ""))
+        return ns
+
+    def _command_parser(self, ns: argparse.Namespace) -> Parser:
+        """The parser of the sub-command ``ns`` ran (this one where it has none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(ns, action.dest, None) or "")
+                if isinstance(chosen, Parser):
+                    return chosen._command_parser(ns)
+        return self
+
+    def closest_flag(self, words: list[str]) -> str | None:
+        """This parser's long flag closest to the first unknown flag in ``words`` (difflib), or None."""
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        for word in words:
+            if word.startswith("--"):
+                match = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
+                return match[0] if match else None
+        return None
 
 
 def flag_of(key: str) -> str:
