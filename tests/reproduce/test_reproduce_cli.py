@@ -45,12 +45,15 @@ def test_one_claim_end_to_end_writes_claims_json_markdown_and_plot(tmp_path, cap
     assert "already holds a reproduction (claims.json); pass --overwrite" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("only, bad", [("nosuch", "'nosuch'"), ("dagc,nosuch,other", "'nosuch', 'other'"),
-                                       (",", "','")])
-def test_unknown_claim_is_one_line_naming_the_valid_ones(tmp_path, capsys, only, bad):
+@pytest.mark.parametrize("only, problem", [("nosuch", "unknown claim 'nosuch' for --only"),
+                                           ("dagc,nosuch,other", "unknown claim 'nosuch', 'other' for --only"),
+                                           (",", "--only ',' names no claim"), ("", "--only '' names no claim"),
+                                           (" ", "--only ' ' names no claim")])
+def test_unknown_claim_is_one_line_naming_the_valid_ones(tmp_path, capsys, only, problem):
+    """A name that is no claim, and an --only that names none (``--only ""`` ran every claim), are refused."""
     assert main(["reproduce", "--only", only, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert err == (f"gradwire reproduce: error: unknown claim {bad} for --only; valid: backup-workers, "
+    assert err == (f"gradwire reproduce: error: {problem}; valid: backup-workers, "
                    "diana-optimum, diana-norms, lsgd-symmetry, lsgd-easgd, dagc, dqsgd, dasgd\n")
     assert not (tmp_path / "x").exists()
 

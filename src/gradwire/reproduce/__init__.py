@@ -25,14 +25,16 @@ CLAIMS = {m.NAME: m for m in (backup_workers, diana_exact, diana_norms, lsgd_sym
 
 
 def select(only: str | None) -> list[str]:
-    """The claims named in ``only`` (comma-separated; all when empty), in the registry's order."""
-    if not only:
+    """The claims named in ``only`` (comma-separated; all when None), in the registry's order; an
+    ``only`` that names none (``""``, ``","``) is refused, not read as all."""
+    if only is None:
         return list(CLAIMS)
     names = [n.strip() for n in only.split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"--only {only!r} names no claim; valid: {', '.join(CLAIMS)}")
     bad = [n for n in names if n not in CLAIMS]
-    if bad or not names:
-        raise ConfigError(f"unknown claim {', '.join(map(repr, bad)) or repr(only)} for --only; valid: "
-                          f"{', '.join(CLAIMS)}")
+    if bad:
+        raise ConfigError(f"unknown claim {', '.join(map(repr, bad))} for --only; valid: {', '.join(CLAIMS)}")
     return [n for n in CLAIMS if n in names]
 
 
