@@ -190,3 +190,26 @@ def test_an_unknown_flag_points_to_its_commands_help(capsys, argv, flag, close):
     hint = f"; did you mean {close}?" if close else ""
     assert capsys.readouterr().err == (f"gradwire {argv[0]}: error: unrecognized arguments: {flag}{hint} "
                                        f"(see gradwire {argv[0]} --help)\n")
+
+
+def test_compare_overwrite_removes_the_replaced_comparisons_other_variant_folders(tmp_path, data_dir, capsys):
+    """--overwrite with another set of variants: the replaced comparison's variant folders (as its
+    comparison.csv names them) that the new one lacks go once its table is written (they stayed beside
+    the new ones); a folder that comparison did not record stays."""
+    out = tmp_path / "cmp"
+    common = ["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--no-html"]
+    assert main([*common, "--seeds", "0,1", "--variant", "--algorithm sync", "--variant", "--name q --compressor "
+                 "qsgd:levels=4"]) == 0
+    (out / "mine").mkdir()
+    (out / "mine" / "notes.txt").write_text("kept")
+    capsys.readouterr()
+    assert main([*common, "--overwrite", "--variant", "--algorithm sync", "--variant", "--algorithm local"]) == 0
+    assert ("removed the replaced comparison's variant folders: q-seed0, q-seed1, sync-seed0, sync-seed1"
+            in capsys.readouterr().out)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "sync"]
+    assert (out / "mine" / "notes.txt").read_text() == "kept"
+    # a comparison stopped before its table records none: its folders stay
+    (out / "comparison.csv").unlink()
+    assert main([*common, "--overwrite", "--variant", "--algorithm sync"]) == 0
+    assert "removed" not in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "sync"]

@@ -111,3 +111,20 @@ def test_reproduce_refuses_a_run_or_a_comparison_folder_even_with_overwrite(tmp_
                                            "subfolders; choose another --out\n")
     after = {p: p.read_bytes() for d in (run_dir, cmp_dir, rep_dir) for p in sorted(d.rglob("*")) if p.is_file()}
     assert after == before
+
+
+def test_overwrite_removes_the_replaced_reproductions_other_claim_folders(tmp_path, capsys):
+    """--overwrite replaces the reproduction: the folders of claims its claims.json names that the new
+    one does not run go once the new report is written (they stayed beside it); a folder its record
+    does not name stays."""
+    out = tmp_path / "rep"
+    (out / "dagc").mkdir(parents=True)
+    (out / "dagc" / "dagc.png").write_bytes(b"old")
+    (out / "mine").mkdir()
+    (out / "mine" / "notes.txt").write_text("kept")
+    (out / "claims.json").write_text(json.dumps({"mode": "quick", "claims": [{"name": "dagc"}, {"name": ".."}]}))
+    assert main(["reproduce", "--quick", "--only", "lsgd-symmetry", "--out", str(out), "--overwrite"]) == 0
+    assert "removed the replaced reproduction's claim folders: dagc" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["lsgd-symmetry", "mine"]
+    assert (out / "mine" / "notes.txt").read_text() == "kept" and tmp_path.is_dir()
+    assert [c["name"] for c in json.loads((out / "claims.json").read_text())["claims"]] == ["lsgd-symmetry"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 from pathlib import Path
 
 from gradwire.cli.flags import (
@@ -39,12 +40,17 @@ its paired difference from the first variant (seed by seed: the same initial mod
 that a 1 % difference can be told from seed-to-seed noise; the plot shows the mean curves."""
 
 
+OVERWRITE_HELP = ("replace the comparison already in OUT: each variant's run, and the table; the folders of its "
+                  "variants this one lacks go once the new table is written (those its comparison.csv names: a "
+                  "comparison stopped before its table leaves them)")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("compare", help="run several variants and write a side-by-side report",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Run variants (on the same task, seed and partition unless a variant sets "
                        "its own); writes comparison.md, comparison.csv, comparison.png and report.html into --out.")
-    add_run_flags(p)
+    add_run_flags(p, helps={"overwrite": OVERWRITE_HELP})
     p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable; a single "
                    "flag is a value too: --variant \"--error-feedback\" (or --variant=--error-feedback)")
     p.add_argument("--seeds", default=None, metavar="S,S,...",
@@ -199,6 +205,16 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
     return specs
 
 
+def stale_variant_dirs(root: Path, specs: list[RunConfig]) -> list[Path]:
+    """With --overwrite: the variant folders of the comparison in ``root`` that this one does not
+    write, as that comparison's own record (comparison.csv) names them; they go once this comparison's
+    table replaces it. Nothing its record does not name (a comparison stopped before its table: none)."""
+    from gradwire.report.pages import recorded_variant_dirs
+
+    new = {Path(c.out).resolve() for c in specs}
+    return [d for d in recorded_variant_dirs(root) if d.resolve() not in new] if root.is_dir() else []
+
+
 # what a comparison's title says of the variants' setting, where they all share it
 TITLE_KEYS = {"task": "{}", "workers": "{} workers", "stragglers": "{} stragglers", "network": "{}"}
 
@@ -224,6 +240,7 @@ def main(ns) -> int:
     from gradwire.run.loop import run
 
     root = Path(common.out)
+    stale = stale_variant_dirs(root, specs) if common.overwrite else []
     root.mkdir(parents=True, exist_ok=True)
     seeds = seeds_of(ns)
     summaries = []
@@ -247,6 +264,10 @@ def main(ns) -> int:
     if len(seeds) > 1:  # the variants' own labels: those of the first seed's runs, less " seed S"
         labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]
     files = write_report(root, summaries, [Path(c.out) for c in specs], title, seeds=seeds, labels=labels)
+    for folder in stale:  # the comparison just replaced had these; this one has not
+        shutil.rmtree(folder)
+    if stale:
+        print(f"removed the replaced comparison's variant folders: {', '.join(d.name for d in stale)}", flush=True)
     print((root / "comparison.md").read_text())
     print(f"report: {files['markdown']}  plot: {files['plot']}")
     if ns.html:

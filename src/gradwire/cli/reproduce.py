@@ -4,6 +4,7 @@ stated in advance."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
@@ -29,7 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="output folder (default: a fresh runs/reproduce-<YYYYmmdd-HHMMSS>)")
     p.add_argument("--only", metavar="NAMES", help="comma-separated claims to run (default: all; see --list)")
     p.add_argument("--list", action="store_true", help="list the claims and exit")
-    p.add_argument("--overwrite", action="store_true", help="replace a reproduction already in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a reproduction already in --out: the claims run, and the report; the folders of "
+                        "its claims this one does not run (those its claims.json names) go once the report is written")
     p.set_defaults(command_main=main)
 
 
@@ -49,12 +52,17 @@ def main(ns) -> int:
         raise ConfigError(f"{out} already holds a reproduction (claims.json); pass --overwrite or another --out")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
+    stale = [d for d in reproduce.recorded_claim_dirs(out) if d.name not in names] if ns.overwrite else []
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     claims = reproduce.run_claims(out, quick=ns.quick, names=names, echo=lambda s: print(s, flush=True))
     command = " ".join(["gradwire reproduce"] + ["--quick"] * ns.quick + [f"--only {','.join(names)}"] * bool(ns.only))
     files = reproduce.write_report(out, claims, quick=ns.quick, command=command,
                                    wall_time_s=time.perf_counter() - started)
+    for folder in stale:  # the replaced reproduction's claims that this one did not run
+        shutil.rmtree(folder)
+    if stale:
+        print(f"removed the replaced reproduction's claim folders: {', '.join(d.name for d in stale)}", flush=True)
     print(reproduce.verdict_table(claims))
     print(f"report: {files['markdown']}  claims: {files['json']}")
     return 1 if any(c.verdict == "error" for c in claims) else 0  # an experiment raised

@@ -314,17 +314,12 @@ def variant_dirs(folder: Path, notes: list[str] | None = None) -> list[Path]:
     table = Path(folder) / "comparison.csv"
     if not table.exists():  # a comparison still running (or stopped before its report): every run in it
         return found
-    try:
-        with open(table, newline="") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        rows = [[f"unreadable: {e}"]]
-    if not rows or rows[0][:1] != ["label"]:  # not what gradwire compare writes (label,status,...)
+    labels = table_labels(table)
+    if labels is None:  # not what gradwire compare writes (label,status,...)
         if found:
             notes.append(f"{table} is not a comparison table (its first line is not label,status,...): the page "
                          f"shows every run in {folder} instead ({len(found)})")
         return found
-    labels = [row[0] for row in rows[1:] if row]
     by_label = {read_json_or_empty(d / "summary.json").get("label"): d for d in found}
     missing = [x for x in labels if x not in by_label]
     if found and len(missing) == len(labels):
@@ -336,6 +331,30 @@ def variant_dirs(folder: Path, notes: list[str] | None = None) -> list[Path]:
                      "its summary.json is missing): the page leaves it out")
     # only the runs of the comparison the table is of: an earlier comparison's folders may remain beside them
     return [by_label[x] for x in labels if x in by_label]
+
+
+def table_labels(table: Path) -> list[str] | None:
+    """The variants' labels a comparison.csv names, in its order; None where it cannot be read or is
+    not what gradwire compare writes (a first line label,status,...)."""
+    try:
+        with open(table, newline="") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    if not rows or rows[0][:1] != ["label"]:
+        return None
+    return [row[0] for row in rows[1:] if row]
+
+
+def recorded_variant_dirs(folder: Path) -> list[Path]:
+    """The run folders of the comparison in ``folder`` as its own record says: the subfolders holding a
+    run whose label its comparison.csv names ([] where there is no such table: nothing says which
+    folders are the comparison's)."""
+    labels = table_labels(Path(folder) / "comparison.csv")
+    if not labels:
+        return []
+    return sorted(d for d in Path(folder).iterdir()
+                  if d.is_dir() and is_run(d) and read_json_or_empty(d / "summary.json").get("label") in labels)
 
 
 def write_report(folder: str | Path, run_dirs: list[Path] | None = None, *, out: str | Path | None = None,

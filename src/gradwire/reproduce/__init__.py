@@ -38,6 +38,18 @@ def select(only: str | None) -> list[str]:
     return [n for n in CLAIMS if n in names]
 
 
+def recorded_claim_dirs(out: Path) -> list[Path]:
+    """The claims' folders of the reproduction in ``out`` as its claims.json names them ([] where there
+    is none, or it cannot be read): ``out/<claim name>/``."""
+    try:
+        recorded = json.loads((Path(out) / "claims.json").read_text()).get("claims", [])
+        names = [c["name"] for c in recorded]
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return []
+    return [Path(out) / n for n in names
+            if isinstance(n, str) and n not in ("", ".", "..") and "/" not in n and (Path(out) / n).is_dir()]
+
+
 def run_claims(out: Path, *, quick: bool, names: list[str] | None = None,
                echo: Callable[[str], None] = lambda s: None) -> list[Claim]:
     """Run the named claims (all by default) into ``out/<name>/`` and return them. A claim whose
