@@ -213,3 +213,19 @@ def test_compare_overwrite_removes_the_replaced_comparisons_other_variant_folder
     assert main([*common, "--overwrite", "--variant", "--algorithm sync"]) == 0
     assert "removed" not in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "sync"]
+
+
+@pytest.mark.parametrize("flags, sentence", [
+    ([], "Each variant's own folder holds its config.json, metrics.jsonl, summary.json and curves.png."),
+    (["--no-curves"], "Each variant's own folder holds its config.json, metrics.jsonl, summary.json (no curves.png: "
+                      "the runs were made with --no-curves)."),
+    (["--variant", "--name nc --algorithm sync --no-curves"],
+     "Each variant's own folder holds its config.json, metrics.jsonl, summary.json, and curves.png where the run "
+     "drew it (not with --no-curves)."),
+])
+def test_comparison_md_names_curves_png_only_where_the_runs_drew_it(tmp_path, data_dir, flags, sentence):
+    """comparison.md said each variant's folder holds curves.png, with --no-curves too."""
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--no-html",
+                 "--variant", "--algorithm sync", *flags]) == 0
+    assert (out / "comparison.md").read_text().rstrip().endswith("\n" + sentence)

@@ -173,6 +173,18 @@ def _seed_lines(seeds: list[int], rows: list[dict]) -> list[str]:
             + ["| " + " | ".join(line) + " |" for line in cells])
 
 
+def folders_sentence(run_dirs: list[Path]) -> str:
+    """What comparison.md says each variant's folder holds: curves.png only where the run drew it
+    (``curves`` in its config.json; not with --no-curves)."""
+    drawn = [read_json_or_empty(Path(d) / "config.json").get("curves", True) for d in run_dirs]
+    files = "Each variant's own folder holds its config.json, metrics.jsonl, summary.json"
+    if all(drawn):
+        return f"{files} and curves.png."
+    if not any(drawn):
+        return f"{files} (no curves.png: the runs were made with --no-curves)."
+    return f"{files}, and curves.png where the run drew it (not with --no-curves)."
+
+
 def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: str, *,
                  seeds: list[int] | None = None, labels: list[str] | None = None) -> dict[str, Path]:
     """Write comparison.md, comparison.csv and comparison.png into ``out``. With ``seeds`` (more
@@ -214,7 +226,6 @@ def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: 
     lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in keep) + " |" for r in rows]
     if seed_lines:
         lines += [""] + seed_lines
-    lines += ["", f"![curves]({png.name})", "", "Each variant's own folder holds its config.json, "
-              "metrics.jsonl, summary.json and curves.png."]
+    lines += ["", f"![curves]({png.name})", "", folders_sentence(run_dirs)]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
     return {"markdown": out / "comparison.md", "csv": out / "comparison.csv", "plot": png}
