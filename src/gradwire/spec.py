@@ -84,9 +84,17 @@ class Param:
     kind: type
     default: Any
     help: str = ""
+    shown_default: str | None = None  # what the default means, where the factory resolves it (e.g. "" -> another key's)
 
     def describe(self) -> str:
-        default = "required" if self.default is inspect.Parameter.empty else f"default {self.default}"
+        if self.default is inspect.Parameter.empty:
+            default = "required"
+        elif self.shown_default is not None:
+            default = f"default {self.shown_default}"
+        elif self.default == "":  # (printed "default ": register a shown default that says what it resolves to)
+            default = "default ''"
+        else:
+            default = f"default {self.default}"
         text = f"{self.name} ({self.kind.__name__}, {default})"
         return f"{text}: {self.help}" if self.help else text
 
@@ -159,7 +167,7 @@ class Specced:
         return spec_of(self)
 
 
-def _params_of(factory: Callable[..., Any], helps: dict[str, str]) -> dict[str, Param]:
+def _params_of(factory: Callable[..., Any], helps: dict[str, str], shown: dict[str, str]) -> dict[str, Param]:
     target = factory.__init__ if inspect.isclass(factory) else factory
     hints = typing.get_type_hints(target)
     params = list(inspect.signature(target).parameters.values())
@@ -172,7 +180,10 @@ def _params_of(factory: Callable[..., Any], helps: dict[str, str]) -> dict[str, 
         kind = hints.get(p.name, str)
         if typing.get_origin(kind) is not None:  # e.g. ``float | None``: take the concrete type
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        out[p.name] = Param(p.name, kind, p.default, helps.get(p.name, ""))
+        out[p.name] = Param(p.name, kind, p.default, helps.get(p.name, ""), shown.get(p.name))
+    unknown = set(shown) - set(out)
+    if unknown:  # a programming error in a registration, named at once
+        raise RuntimeError(f"shown defaults for no parameter of {factory!r}: {sorted(unknown)}")
     return out
 
 
@@ -184,14 +195,16 @@ class Registry:
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, *, help: str, params: dict[str, str] | None = None,
-                 context: tuple[str, ...] = ()):
+                 context: tuple[str, ...] = (), shown_defaults: dict[str, str] | None = None):
         """Decorator: register ``factory`` under ``name``; ``params`` documents its keywords.
-        ``context`` names keywords that the builder passes (not part of the object's spec)."""
+        ``context`` names keywords that the builder passes (not part of the object's spec);
+        ``shown_defaults`` says what a keyword's default resolves to where the signature's cannot
+        (``eval=""``: "average (leader with async=true)"), for ``gradwire list``."""
 
         def deco(factory):
             if name in self._entries:
                 raise RuntimeError(f"{self.kind} {name!r} registered twice")
-            entry = Entry(name, factory, help, _params_of(factory, params or {}), tuple(context))
+            entry = Entry(name, factory, help, _params_of(factory, params or {}, shown_defaults or {}), tuple(context))
             self._entries[name] = entry
             if inspect.isclass(factory):
                 factory._spec_entry = entry  # for Specced instances constructed directly

@@ -75,3 +75,19 @@ def test_describe_lists_params_with_defaults_and_help():
     text = REG.describe()
     assert "size (int, default 3): edge length" in text
     assert "depth (float, required)" in text
+
+
+def test_an_empty_string_default_is_shown_as_what_it_resolves_to():
+    """``gradwire list`` printed ``eval (str, default ): ...`` for lsgd, whose eval="" resolves to average
+    (leader with async=true); a registered shown default says so, and an empty default without one
+    is shown as ''. No registered parameter prints an empty default."""
+    from gradwire.registries import REGISTRIES
+    from gradwire.spec import Param
+
+    assert Param("mode", str, "").describe() == "mode (str, default '')"
+    assert Param("mode", str, "", "how", "a (b otherwise)").describe() == "mode (str, default a (b otherwise)): how"
+    text = "\n".join(ref.registry.describe() for ref in REGISTRIES)
+    assert "eval (str, default average (leader with async=true)): what is evaluated" in text
+    assert not re.search(r"default \)|default ''", text)
+    with pytest.raises(RuntimeError, match=r"shown defaults for no parameter .*\['sise'\]"):
+        Registry("gadget").register("g", help="g", shown_defaults={"sise": "3"})(Box)

@@ -383,4 +383,5 @@ register_with_async_key(
             "global_window": "the global election's window (0 = ⌊τ_G/4⌋; groups > 1 only)",
             "eval": "what is evaluated: average (the workers' mean; default), leader, each (every worker); "
                     "async=true: leader only (the default there)",
-            "asynchronous": "event-driven: rounds every τ·n local steps in total, fast workers step more"})
+            "asynchronous": "event-driven: rounds every τ·n local steps in total, fast workers step more"},
+    shown_defaults={"eval": "average (leader with async=true)"})

@@ -26,10 +26,11 @@ def require_plain_codec(codec: CodecConfig, name: str) -> None:
             f"{name} exchanges parameters uncompressed: --compressor and --error-feedback do not apply")
 
 
-def register_with_async_key(name: str, cls, *, help: str, params: dict[str, str]) -> None:
+def register_with_async_key(name: str, cls, *, help: str, params: dict[str, str],
+                            shown_defaults: dict[str, str] | None = None) -> None:
     """Register ``cls`` (which takes ``asynchronous=``) so that its spec key is ``async``: a Python
     keyword cannot be a parameter name, so the entry's parameter is renamed after registration."""
-    ALGORITHMS.register(name, help=help, params=params)(cls)
+    ALGORITHMS.register(name, help=help, params=params, shown_defaults=shown_defaults)(cls)
     entry = ALGORITHMS.entry(name)
     entry.params["async"] = dataclasses.replace(entry.params.pop("asynchronous"), name="async")
     entry.factory = lambda **kw: cls(**{("asynchronous" if k == "async" else k): v for k, v in kw.items()})
