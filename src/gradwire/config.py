@@ -20,7 +20,7 @@ from typing import Any
 
 from gradwire.errors import ConfigError
 from gradwire.registries import REGISTRIES, check_spec_names, registry_for
-from gradwire.spec import parse_spec
+from gradwire.spec import BOOL_SPELLINGS, parse_bool, parse_spec
 
 OUTER_STATES = ("device", "cpu")  # where the DiLoCo family keeps its outer state (--outer-state)
 KERNEL_SETS = ("torch", "triton")  # codec kernels (--kernels; gradwire.kernels runs them)
@@ -235,13 +235,7 @@ def coerce(key: str, value: Any) -> Any:
         if key == "batch_size":
             return "full" if str(value) == "full" else _int(value)
         if isinstance(default, bool):
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "1", "yes"):
-                return True
-            if str(value).lower() in ("false", "0", "no"):
-                return False
-            raise ValueError
+            return parse_bool(value)
         if isinstance(default, int):
             return _int(value)
         if isinstance(default, float):
@@ -249,6 +243,7 @@ def coerce(key: str, value: Any) -> Any:
         return str(value)
     except (TypeError, ValueError):
         kind = "integer or 'full'" if key == "batch_size" else type(default).__name__
+        kind += f": write {BOOL_SPELLINGS}" if isinstance(default, bool) else ""
         raise ConfigError(f"{key}={value!r} is not a valid {kind} {_flag(key)}") from None
 
 

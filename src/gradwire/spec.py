@@ -23,8 +23,20 @@ from typing import Any
 
 from gradwire.errors import ConfigError
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
+# the spellings of a bool, in any case: in a spec (sign:scaled=yes) and in a config file (curves: off)
+BOOLS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False, "1": True, "0": False}
+BOOL_SPELLINGS = "true/false, yes/no, on/off or 1/0"
+
+
+def parse_bool(value: Any) -> bool:
+    """``value`` (a bool, or text in one of :data:`BOOLS`' spellings, any case) as a bool; ValueError
+    otherwise, whose caller names the value and :data:`BOOL_SPELLINGS`."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return BOOLS[str(value).strip().lower()]
+    except KeyError:
+        raise ValueError(value) from None
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -58,12 +70,7 @@ def convert(value: str, kind: type, *, what: str) -> Any:
     """Convert one raw spec value to ``kind``; ``what`` names it in the error."""
     try:
         if kind is bool:
-            low = value.lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-            raise ValueError
+            return parse_bool(value)
         if kind is int:
             return int(value)
         if kind is float:
@@ -73,7 +80,8 @@ def convert(value: str, kind: type, *, what: str) -> Any:
             return out
         return str(value)
     except ValueError:
-        raise ConfigError(f"{what}={value!r} is not a valid {kind.__name__}") from None
+        valid = f": write {BOOL_SPELLINGS}" if kind is bool else ""
+        raise ConfigError(f"{what}={value!r} is not a valid {kind.__name__}{valid}") from None
 
 
 @dataclass(frozen=True)

@@ -91,3 +91,27 @@ def test_an_empty_string_default_is_shown_as_what_it_resolves_to():
     assert not re.search(r"default \)|default ''", text)
     with pytest.raises(RuntimeError, match=r"shown defaults for no parameter .*\['sise'\]"):
         Registry("gadget").register("g", help="g", shown_defaults={"sise": "3"})(Box)
+
+
+def test_a_bad_bool_lists_the_accepted_spellings(tmp_path, capsys):
+    """``sign:scaled=maybe`` said only "is not a valid bool"; a spec and a config file read bools with
+    one parser (the config file took no on/off), and its error lists the spellings."""
+    from gradwire.cli import main
+
+    with pytest.raises(ConfigError, match=re.escape("soft='maybe' is not a valid bool: write true/false, yes/no, "
+                                                    "on/off or 1/0")):
+        REG.build("box:soft=maybe")
+    assert REG.build("box:soft=ON").soft is True and REG.build("box:soft=No").soft is False
+    assert main(["run", "--compressor", "sign:scaled=maybe", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("gradwire run: error: compressor 'sign': scaled='maybe' is not a valid bool: "
+                                       "write true/false, yes/no, on/off or 1/0 (--compressor)\n")
+    config = tmp_path / "c.yaml"
+    config.write_text("curves: maybe\n")
+    assert main(["run", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("gradwire run: error: curves='maybe' is not a valid bool: write true/false, "
+                                       "yes/no, on/off or 1/0 (--curves)\n")
+    config.write_text("curves: 'off'\n")
+    from gradwire.cli.flags import config_from_args, run_parser
+
+    assert config_from_args(run_parser("t").parse_args(["--config", str(config)])).curves is False
+    assert not (tmp_path / "o").exists()
