@@ -111,6 +111,16 @@ def test_a_variant_with_its_own_seed_is_refused_with_seeds(tmp_path, data_dir, c
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("seeds", ["0,1", "5"])
+def test_seeds_with_seed_on_the_command_line_is_refused(tmp_path, data_dir, capsys, seeds):
+    """--seeds replaces --seed: given both, --seed was silently dropped."""
+    assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", seeds,
+                 "--seed", "5", "--variant", "--algorithm sync"]) == 2
+    assert capsys.readouterr().err == (f"gradwire compare: error: --seeds {seeds} runs every variant once per seed, "
+                                       "which replaces --seed 5: give one of them\n")
+    assert not (tmp_path / "c").exists()
+
+
 def test_variants_that_would_share_a_folder_are_refused(tmp_path, data_dir, capsys):
     assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", "0,1",
                  "--variant", "--name 'a b'", "--variant", "--name a_b"]) == 2

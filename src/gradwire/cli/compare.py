@@ -54,8 +54,8 @@ def add_parser(sub) -> None:
     p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable; a single "
                    "flag is a value too: --variant \"--error-feedback\" (or --variant=--error-feedback)")
     p.add_argument("--seeds", default=None, metavar="S,S,...",
-                   help="run every variant once per seed (e.g. 0,1,2; replaces --seed) and add each variant's "
-                        "mean, spread and paired difference from the first variant over the seeds")
+                   help="run every variant once per seed (e.g. 0,1,2; instead of --seed: not both) and add each "
+                        "variant's mean, spread and paired difference from the first variant over the seeds")
     p.add_argument("--html", action=argparse.BooleanOptionalAction, default=True,
                    help="also write report.html, the whole comparison on one self-contained page (default: yes)")
     p.set_defaults(command_main=main)
@@ -102,6 +102,9 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
     require_named(common.out)
     root = Path(common.out)
     seeds = seeds_of(ns)
+    if getattr(ns, "seeds", None) is not None and getattr(ns, "seed", None) is not None:  # both on the command line
+        raise ConfigError(f"--seeds {ns.seeds} runs every variant once per seed, which replaces --seed {ns.seed}: "
+                          "give one of them")
     if seeds:
         pinned = [c.label() for c, own in zip(specs, own_seed, strict=True) if own]
         if pinned:
