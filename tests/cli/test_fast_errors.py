@@ -38,7 +38,7 @@ def test_every_value_error_names_its_key_and_its_flag_in_one_form(bad, flag, tmp
 def test_a_value_of_the_wrong_type_names_its_flag(flag, value, capsys):
     from gradwire.config import coerce
 
-    with pytest.raises(ConfigError, match=rf"is not a valid \w+ \({flag}\)$"):
+    with pytest.raises(ConfigError, match=rf"is not a valid \w+(: write [^()]+)? \({flag}\)$"):
         coerce(flag[2:].replace("-", "_"), value)
 
 
