@@ -290,11 +290,18 @@ def test_muon_adamw_updates_same_shaped_matrices_and_the_other_tensors_as_batche
     assert ours.groups[0][1].views is not None and ours.groups[1][1].views is None  # gathered; a view
     copies = [(Muon if len(s) == 2 else AdamW)(t.clone().view(s), **(settings if len(s) == 2 else adamw_settings))
               for t, s in zip(x.split(sizes), shapes)]
+    def own(rule):  # the tensor a per-tensor copy updates
+        return rule.w if isinstance(rule, Muon) else rule.x
+
     for _ in range(3):
         grad = torch.randn(x.numel(), generator=g, dtype=torch.float64)
         ours.apply(grad)
         for rule, gm, s in zip(copies, grad.split(sizes), shapes):
             rule.apply(gm.view(s))
+        moved = 0.1 * torch.randn(x.numel(), generator=g, dtype=torch.float64)  # written from outside (an outer step)
+        x.add_(moved)
+        for rule, m in zip(copies, moved.split(sizes)):
+            own(rule).add_(m.view(own(rule).shape))
     for mine, rule in zip(x.split(sizes), copies):
         theirs = rule.w if isinstance(rule, Muon) else rule.x
         torch.testing.assert_close(mine, theirs.reshape(-1), rtol=0, atol=1e-12)
@@ -309,14 +316,17 @@ def test_muon_adamw_updates_same_shaped_matrices_and_the_other_tensors_as_batche
                 assert state[str(i)][key].shape == value.shape
             else:
                 assert state[str(i)][key] == value == 3
-    y = torch.zeros_like(x).copy_(x)
-    resumed = build(y)
+    y, z = x.clone(), x.clone()
+    resumed, from_old = build(y), build(z)
     resumed.load_state_dict(through_bytes(state))
+    # a checkpoint in the per-tensor optimizers' own layout (what MuonAdamW wrote before it batched)
+    from_old.load_state_dict(through_bytes({str(i): rule.state_dict() for i, rule in enumerate(copies)}))
     for _ in range(2):
         grad = torch.randn(x.numel(), generator=g, dtype=torch.float64)
-        ours.apply(grad)
-        resumed.apply(grad)
+        for opt in (ours, resumed, from_old):
+            opt.apply(grad)
     assert torch.equal(x, y)
+    torch.testing.assert_close(z, x, rtol=0, atol=1e-12)
 
 
 def test_muloco_ns_steps_and_coefficients_reach_every_muon_and_are_validated(make_config):

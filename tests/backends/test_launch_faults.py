@@ -333,20 +333,28 @@ def test_sigint_in_the_rendezvous_says_nothing_was_written(tmp_path, data_dir):
     """Ctrl-C while the launcher waits in a two-node rendezvous (the other node never comes): one line
     that says no process started and nothing was written (not "metrics so far are in the run folder"),
     exit 130, no folder."""
+    import socket
+
     from tests.backends.processes import free_port
 
-    out = tmp_path / "never"
+    out, port = tmp_path / "never", free_port()
     # a child of this process would inherit an ignored SIGINT where pytest runs in the background
     # (bash ignores it in asynchronous commands): the launcher gets Python's default handler back
     restore = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)"
     p = subprocess.Popen([sys.executable, "-c", f"{restore}\nimport sys\nfrom gradwire.cli import main\n"
                           "sys.exit(main())", "launch", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
-                          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--", "run", *RUN, "--steps", "3",
+                          "--rdzv-endpoint", f"127.0.0.1:{port}", "--", "run", *RUN, "--steps", "3",
                           "--out", str(out), "--data-dir", str(data_dir), "--timeout-s", "60"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    time.sleep(8)  # in the rendezvous: waiting for the second node
-    assert p.poll() is None
+    def store_up() -> bool:  # node 0 serves the rendezvous's store at the endpoint: torchrun is in it
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        return False
+
+    wait_until(lambda: p.poll() is not None or store_up(), 60, "the launcher reached the rendezvous")
+    time.sleep(1)  # waiting there for the second node
+    assert p.poll() is None, p.communicate()[1][-2000:]
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGINT, err[-2000:]

@@ -4,6 +4,7 @@ a comparison's title, configuration errors found before anything runs, --out fol
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -202,17 +203,23 @@ def test_compare_overwrite_removes_the_replaced_comparisons_other_variant_folder
                  "qsgd:levels=4"]) == 0
     (out / "mine").mkdir()
     (out / "mine" / "notes.txt").write_text("kept")
+    # a run of the user's whose label the record names ("sync seed 0"), in a folder compare did not name
+    shutil.copytree(out / "sync-seed0", out / "mine-run")
+    # a variant's folder that is now a link to a folder elsewhere: not the comparison's own
+    shutil.move(out / "q-seed1", tmp_path / "elsewhere")
+    (out / "q-seed1").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     capsys.readouterr()
     assert main([*common, "--overwrite", "--variant", "--algorithm sync", "--variant", "--algorithm local"]) == 0
-    assert ("removed the replaced comparison's variant folders: q-seed0, q-seed1, sync-seed0, sync-seed1"
+    assert ("removed the replaced comparison's variant folders: q-seed0, sync-seed0, sync-seed1"
             in capsys.readouterr().out)
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "sync"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "mine-run", "q-seed1", "sync"]
     assert (out / "mine" / "notes.txt").read_text() == "kept"
+    assert (out / "mine-run" / "summary.json").exists() and (tmp_path / "elsewhere" / "summary.json").exists()
     # a comparison stopped before its table records none: its folders stay
     (out / "comparison.csv").unlink()
     assert main([*common, "--overwrite", "--variant", "--algorithm sync"]) == 0
     assert "removed" not in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "sync"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "mine-run", "q-seed1", "sync"]
 
 
 @pytest.mark.parametrize("flags, sentence", [

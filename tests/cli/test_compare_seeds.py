@@ -121,6 +121,17 @@ def test_seeds_with_seed_on_the_command_line_is_refused(tmp_path, data_dir, caps
     assert not (tmp_path / "c").exists()
 
 
+def test_seeds_in_the_config_file_with_seed_on_the_command_line_is_refused(tmp_path, data_dir, capsys):
+    """The same where the seeds come from --config (seeds: [0, 1]): --seed 5 was dropped there too."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("seeds: [0, 1]\nvariants:\n  - {algorithm: sync}\n")
+    assert main(["compare", "--config", str(cfg), *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"),
+                 "--seed", "5"]) == 2
+    assert capsys.readouterr().err == ("gradwire compare: error: --seeds 0,1 runs every variant once per seed, "
+                                       "which replaces --seed 5: give one of them\n")
+    assert not (tmp_path / "c").exists()
+
+
 def test_variants_that_would_share_a_folder_are_refused(tmp_path, data_dir, capsys):
     assert main(["compare", *TINY, "--data-dir", str(data_dir), "--out", str(tmp_path / "c"), "--seeds", "0,1",
                  "--variant", "--name 'a b'", "--variant", "--name a_b"]) == 2

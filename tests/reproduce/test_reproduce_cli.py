@@ -122,9 +122,13 @@ def test_overwrite_removes_the_replaced_reproductions_other_claim_folders(tmp_pa
     (out / "dagc" / "dagc.png").write_bytes(b"old")
     (out / "mine").mkdir()
     (out / "mine" / "notes.txt").write_text("kept")
-    (out / "claims.json").write_text(json.dumps({"mode": "quick", "claims": [{"name": "dagc"}, {"name": ".."}]}))
+    (tmp_path / "elsewhere").mkdir()  # a claim's name that is now a link to a folder elsewhere: not its own
+    (out / "diana").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (out / "claims.json").write_text(json.dumps({"mode": "quick", "claims": [{"name": "dagc"}, {"name": ".."},
+                                                                              {"name": "diana"}]}))
     assert main(["reproduce", "--quick", "--only", "lsgd-symmetry", "--out", str(out), "--overwrite"]) == 0
-    assert "removed the replaced reproduction's claim folders: dagc" in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["lsgd-symmetry", "mine"]
+    assert "removed the replaced reproduction's claim folders: dagc\n" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["diana", "lsgd-symmetry", "mine"]
+    assert (tmp_path / "elsewhere").is_dir()
     assert (out / "mine" / "notes.txt").read_text() == "kept" and tmp_path.is_dir()
     assert [c["name"] for c in json.loads((out / "claims.json").read_text())["claims"]] == ["lsgd-symmetry"]

@@ -20,7 +20,8 @@ The other tensors (biases, 1-D parameters) take AdamW at ``--lr``. Deviation: Mu
 embeddings and the output layer on AdamW too; here every 2-D tensor takes Muon (the flat model
 does not say which matrix is an embedding). The
 model's tensor shapes come from the task (``ctx.param_shapes``); each tensor is a contiguous range
-of the flat vector, so each optimizer works on a view.
+of the flat vector, and ``MuonAdamW`` updates the matrices of one shape as one batch and the other
+tensors as one AdamW, on copies gathered from those ranges.
 
 The outer deltas go through the averager with error feedback: by default ``pquant:p=inf,block=32``
 (the ternary symbols of a 2-bit quantiser, 1.6 bits each plus a float32 scale per 32: 2.6 bits a

@@ -102,8 +102,9 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
     require_named(common.out)
     root = Path(common.out)
     seeds = seeds_of(ns)
-    if getattr(ns, "seeds", None) is not None and getattr(ns, "seed", None) is not None:  # both on the command line
-        raise ConfigError(f"--seeds {ns.seeds} runs every variant once per seed, which replaces --seed {ns.seed}: "
+    if seeds and getattr(ns, "seed", None) is not None:  # --seed on the command line; --seeds there or in --config
+        raise ConfigError(f"--seeds {','.join(map(str, seeds))} runs every variant once per seed, which replaces "
+                          f"--seed {ns.seed}: "
                           "give one of them")
     if seeds:
         pinned = [c.label() for c, own in zip(specs, own_seed, strict=True) if own]
@@ -208,14 +209,48 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
     return specs
 
 
-def stale_variant_dirs(root: Path, specs: list[RunConfig]) -> list[Path]:
-    """With --overwrite: the variant folders of the comparison in ``root`` that this one does not
-    write, as that comparison's own record (comparison.csv) names them; they go once this comparison's
-    table replaces it. Nothing its record does not name (a comparison stopped before its table: none)."""
-    from gradwire.report.pages import recorded_variant_dirs
+def variant_folder_names(label: str) -> set[str]:
+    """The folder names compare gives the run labelled ``label``: ``slug(label)``, and for one seed's
+    run of several (``"X seed S"``) ``slug(X)-seedS``."""
+    names = {slug(label)}
+    seeded = re.fullmatch(r"(.*) seed (\d+)", label)
+    if seeded:
+        names.add(f"{slug(seeded[1])}-seed{seeded[2]}")
+    return names
 
-    new = {Path(c.out).resolve() for c in specs}
-    return [d for d in recorded_variant_dirs(root) if d.resolve() not in new] if root.is_dir() else []
+
+def _holds_run_labelled(folder: Path, label: str) -> bool:
+    """``folder`` is a real folder (not a link) holding a run whose summary's label is ``label``."""
+    return (not folder.is_symlink() and folder.is_dir() and holds_run(folder, files_only=True) is not None
+            and read_json_or_empty(folder / "summary.json").get("label") == label)
+
+
+def stale_variant_dirs(root: Path, specs: list[RunConfig]) -> list[tuple[Path, str]]:
+    """With --overwrite: the variant folders of the comparison in ``root`` that this one does not
+    write, each with its label, as that comparison's own record names them: for each label of its
+    comparison.csv, only the folder compare itself gave that label (``variant_folder_names``), and only
+    where that folder holds a run of that label. They go once this comparison's table replaces the
+    record (``remove_stale``). A run of the user's in the folder (another name), a link, or a comparison
+    stopped before its table (no record) is never among them."""
+    from gradwire.report.pages import table_labels
+
+    if not root.is_dir():
+        return []
+    new = {Path(c.out).name.casefold() for c in specs}  # casefold: one folder on a case-insensitive disk
+    return sorted((root / name, label) for label in table_labels(root / "comparison.csv") or []
+                  for name in variant_folder_names(label)
+                  if name.casefold() not in new and _holds_run_labelled(root / name, label))
+
+
+def remove_stale(stale: list[tuple[Path, str]]) -> list[str]:
+    """Remove each stale variant folder that still holds its run of its old label (checked again now:
+    nothing written since is removed); the names removed."""
+    removed = []
+    for folder, label in stale:
+        if _holds_run_labelled(folder, label):
+            shutil.rmtree(folder)
+            removed.append(folder.name)
+    return removed
 
 
 # what a comparison's title says of the variants' setting, where they all share it
@@ -267,10 +302,9 @@ def main(ns) -> int:
     if len(seeds) > 1:  # the variants' own labels: those of the first seed's runs, less " seed S"
         labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]
     files = write_report(root, summaries, [Path(c.out) for c in specs], title, seeds=seeds, labels=labels)
-    for folder in stale:  # the comparison just replaced had these; this one has not
-        shutil.rmtree(folder)
-    if stale:
-        print(f"removed the replaced comparison's variant folders: {', '.join(d.name for d in stale)}", flush=True)
+    removed = remove_stale(stale)  # the comparison just replaced had these; this one has not
+    if removed:
+        print(f"removed the replaced comparison's variant folders: {', '.join(removed)}", flush=True)
     print((root / "comparison.md").read_text())
     print(f"report: {files['markdown']}  plot: {files['plot']}")
     if ns.html:

@@ -216,14 +216,14 @@ def start_group(ns) -> int:
     if str(ns.nnodes) == "1":  # rank 0's claim of the run folder says so here (every supervisor sees it)
         os.environ[CLAIMED_ENV] = str(claimed)
     try:
-        return _torchrun(ns, argv, refused, claimed)
+        return _torchrun(ns, argv, refused)
     finally:
         for name in (REFUSED_ENV, CLAIMED_ENV):
             os.environ.pop(name, None)
         shutil.rmtree(notes, ignore_errors=True)
 
 
-def _torchrun(ns, argv: list[str], refused: Path, claimed: Path) -> int:
+def _torchrun(ns, argv: list[str], refused: Path) -> int:
     if ns.ifname:  # the children inherit the environment
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = ns.ifname
     # torchrun sets OMP_NUM_THREADS=1 for its children when it is unset, with a banner each time; a
@@ -239,14 +239,11 @@ def _torchrun(ns, argv: list[str], refused: Path, claimed: Path) -> int:
         name = signal.Signals(e.sigval).name
         print(f"gradwire launch: stopped by {name}; every process was told to stop", file=sys.stderr)
         return 128 + int(e.sigval)
-    except KeyboardInterrupt:  # Ctrl-C while no process of this node ran: in the rendezvous (torchrun's
-        # handlers, which raise SignalException, are installed only while its processes run)
-        if claimed.exists():  # between a failed attempt and its restart: the folder holds what ran
-            said = "between attempts (no process was running); the run folder holds what the last attempt wrote"
-        elif str(ns.nnodes) == "1":  # rank 0 claims the folder first thing: none was
-            said = "before its processes started (in the rendezvous); nothing of the run was written"
-        else:  # another node's rank 0 may have written, before a restart
-            said = "while no process of this node was running (in the rendezvous)"
+    except KeyboardInterrupt:  # Ctrl-C before this node's first processes started: in the rendezvous
+        # (torchrun's handlers, which raise SignalException, are installed when its processes start, and
+        # stay: a stop between restarted attempts is a SignalException too)
+        said = ("before its processes started (in the rendezvous); nothing of the run was written"
+                if str(ns.nnodes) == "1" else "while no process of this node was running (in the rendezvous)")
         print(f"gradwire launch: stopped by SIGINT {said}", file=sys.stderr)
         return 128 + signal.SIGINT
     except ChildFailedError as e:

@@ -59,10 +59,12 @@ def main(ns) -> int:
     command = " ".join(["gradwire reproduce"] + ["--quick"] * ns.quick + [f"--only {','.join(names)}"] * bool(ns.only))
     files = reproduce.write_report(out, claims, quick=ns.quick, command=command,
                                    wall_time_s=time.perf_counter() - started)
-    for folder in stale:  # the replaced reproduction's claims that this one did not run
-        shutil.rmtree(folder)
-    if stale:
-        print(f"removed the replaced reproduction's claim folders: {', '.join(d.name for d in stale)}", flush=True)
+    removed = [folder.name for folder in stale  # the replaced reproduction's claims that this one did not run
+               if folder.is_dir() and not folder.is_symlink()]  # (checked again now)
+    for name in removed:
+        shutil.rmtree(out / name)
+    if removed:
+        print(f"removed the replaced reproduction's claim folders: {', '.join(removed)}", flush=True)
     print(reproduce.verdict_table(claims))
     print(f"report: {files['markdown']}  claims: {files['json']}")
     return 1 if any(c.verdict == "error" for c in claims) else 0  # an experiment raised

@@ -346,17 +346,6 @@ def table_labels(table: Path) -> list[str] | None:
     return [row[0] for row in rows[1:] if row]
 
 
-def recorded_variant_dirs(folder: Path) -> list[Path]:
-    """The run folders of the comparison in ``folder`` as its own record says: the subfolders holding a
-    run whose label its comparison.csv names ([] where there is no such table: nothing says which
-    folders are the comparison's)."""
-    labels = table_labels(Path(folder) / "comparison.csv")
-    if not labels:
-        return []
-    return sorted(d for d in Path(folder).iterdir()
-                  if d.is_dir() and is_run(d) and read_json_or_empty(d / "summary.json").get("label") in labels)
-
-
 def write_report(folder: str | Path, run_dirs: list[Path] | None = None, *, out: str | Path | None = None,
                  title: str | None = None, warn=None) -> Path:
     """Write ``report.html`` for a run folder, or a comparison folder (``run_dirs``: its variants,

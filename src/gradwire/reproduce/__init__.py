@@ -46,8 +46,8 @@ def recorded_claim_dirs(out: Path) -> list[Path]:
         names = [c["name"] for c in recorded]
     except (OSError, ValueError, AttributeError, TypeError, KeyError):
         return []
-    return [Path(out) / n for n in names
-            if isinstance(n, str) and n not in ("", ".", "..") and "/" not in n and (Path(out) / n).is_dir()]
+    return [Path(out) / n for n in names if isinstance(n, str) and n not in ("", ".", "..") and "/" not in n
+            and (Path(out) / n).is_dir() and not (Path(out) / n).is_symlink()]  # a link: not the claim's own
 
 
 def run_claims(out: Path, *, quick: bool, names: list[str] | None = None,
