@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         _drop_stdout()
         return 128 + signal.SIGPIPE  # as a command killed by SIGPIPE ends (the shell's 141)
     except ConfigError as e:
-        print(f"gradwire {ns.command}: error: {e}", file=sys.stderr)
+        _refuse(f"gradwire {ns.command}: error: {e}", ns.command)
         return 2
     except DivergenceError as e:
         print(f"gradwire {ns.command}: diverged: {e} (metrics so far are in the run folder)", file=sys.stderr)
@@ -89,6 +89,23 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     except KeyboardInterrupt as e:  # SIGTERM or SIGINT: the run wrote its summary ("stopped")
         return _stopped(ns.command, e)
+
+
+def _refuse(line: str, command: str) -> None:
+    """The one line of a refused configuration, on stderr; a run under ``gradwire launch`` adds it to
+    the launcher's note of refusals instead, and the launcher prints each different line once (every
+    process of the group refuses alike: N processes printed it N times)."""
+    from gradwire.cli.supervise import REFUSED_ENV
+
+    refused = os.environ.get(REFUSED_ENV)
+    if command == "run" and refused:
+        try:
+            with open(refused, "a") as f:  # one short write in append mode: the processes' lines do not mix
+                f.write(line + "\n")
+            return
+        except OSError:
+            pass
+    print(line, file=sys.stderr)
 
 
 def _drop_stdout() -> None:

@@ -15,6 +15,7 @@ restarted group (``--max-restarts``) resumes from the last checkpoint.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -229,6 +230,30 @@ def _torchrun(ns, argv: list[str], refused: Path) -> int:
     # torchrun sets OMP_NUM_THREADS=1 for its children when it is unset, with a banner each time; a
     # gradwire run sets its own threads (--threads), so the banner says nothing to our users
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # torchrun logs every failed process (at ERROR: "failed (exitcode: 2) local_rank: ..."); a refusal
+    # is said once below, so those records say nothing more
+    log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    quiet = _SkipWhileRefused(refused)
+    log.addFilter(quiet)
+    try:
+        return _run_torchrun(ns, argv, refused)
+    finally:
+        log.removeFilter(quiet)
+
+
+class _SkipWhileRefused(logging.Filter):
+    """Drops log records once a process has refused its configuration (``refused`` exists)."""
+
+    def __init__(self, refused: Path):
+        super().__init__()
+        self.refused = refused
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.refused.exists()
+
+
+def _run_torchrun(ns, argv: list[str], refused: Path) -> int:
+    """torchrun's main on ``argv``; how it ended, in one line, and the exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
@@ -247,7 +272,9 @@ def _torchrun(ns, argv: list[str], refused: Path) -> int:
         print(f"gradwire launch: stopped by SIGINT {said}", file=sys.stderr)
         return 128 + signal.SIGINT
     except ChildFailedError as e:
-        if refused.exists():  # exit 2: a process refused its configuration (its one line is above); no restart
+        if refused.exists():  # exit 2: a process refused its configuration; no restart
+            for line in dict.fromkeys(refused.read_text().splitlines()):  # each process's line, each once
+                print(line, file=sys.stderr)
             print("gradwire launch: error: the run refused its configuration (exit 2, its message above); no "
                   "restarted attempt ran it", file=sys.stderr)
             return 2
