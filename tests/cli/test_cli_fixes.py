@@ -2,6 +2,7 @@
 tests/cli: --resume of a comparison without checkpoints, a --variant of one flag, a closed pipe,
 a comparison's title, configuration errors found before anything runs, --out folders)."""
 
+import fcntl
 import json
 import os
 import shutil
@@ -209,10 +210,15 @@ def test_compare_overwrite_removes_the_replaced_comparisons_other_variant_folder
     shutil.move(out / "q-seed1", tmp_path / "elsewhere")
     (out / "q-seed1").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     capsys.readouterr()
-    assert main([*common, "--overwrite", "--variant", "--algorithm sync", "--variant", "--algorithm local"]) == 0
-    assert ("removed the replaced comparison's variant folders: q-seed0, sync-seed0, sync-seed1"
-            in capsys.readouterr().out)
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "mine-run", "q-seed1", "sync"]
+    with open(out / "sync-seed1" / ".gradwire.lock", "a+") as held:  # a gradwire process writing there
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main([*common, "--overwrite", "--variant", "--algorithm sync", "--variant", "--algorithm local"]) == 0
+    said = capsys.readouterr().out
+    assert "removed the replaced comparison's variant folders: q-seed0, sync-seed0\n" in said
+    assert "kept the replaced comparison's variant folders that a gradwire process is writing: sync-seed1" in said
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["local", "mine", "mine-run", "q-seed1", "sync",
+                                                                    "sync-seed1"]
+    shutil.rmtree(out / "sync-seed1")
     assert (out / "mine" / "notes.txt").read_text() == "kept"
     assert (out / "mine-run" / "summary.json").exists() and (tmp_path / "elsewhere" / "summary.json").exists()
     # a comparison stopped before its table records none: its folders stay

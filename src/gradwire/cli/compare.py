@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 from pathlib import Path
 
 from gradwire.cli.flags import (
@@ -25,6 +24,7 @@ from gradwire.report.run_folder import (
     refuse_existing,
     refuse_other_kind,
     refuse_others,
+    remove_unless_written,
     require_named,
 )
 
@@ -242,15 +242,15 @@ def stale_variant_dirs(root: Path, specs: list[RunConfig]) -> list[tuple[Path, s
                   if name.casefold() not in new and _holds_run_labelled(root / name, label))
 
 
-def remove_stale(stale: list[tuple[Path, str]]) -> list[str]:
+def remove_stale(stale: list[tuple[Path, str]]) -> tuple[list[str], list[str]]:
     """Remove each stale variant folder that still holds its run of its old label (checked again now:
-    nothing written since is removed); the names removed."""
-    removed = []
+    nothing written since is removed) and that no gradwire process is writing (its lock); the names
+    removed, and those kept because a process holds them."""
+    removed, busy = [], []
     for folder, label in stale:
         if _holds_run_labelled(folder, label):
-            shutil.rmtree(folder)
-            removed.append(folder.name)
-    return removed
+            (removed if remove_unless_written(folder) else busy).append(folder.name)
+    return removed, busy
 
 
 # what a comparison's title says of the variants' setting, where they all share it
@@ -302,9 +302,12 @@ def main(ns) -> int:
     if len(seeds) > 1:  # the variants' own labels: those of the first seed's runs, less " seed S"
         labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]
     files = write_report(root, summaries, [Path(c.out) for c in specs], title, seeds=seeds, labels=labels)
-    removed = remove_stale(stale)  # the comparison just replaced had these; this one has not
+    removed, busy = remove_stale(stale)  # the comparison just replaced had these; this one has not
     if removed:
         print(f"removed the replaced comparison's variant folders: {', '.join(removed)}", flush=True)
+    if busy:
+        print(f"kept the replaced comparison's variant folders that a gradwire process is writing: {', '.join(busy)}",
+              flush=True)
     print((root / "comparison.md").read_text())
     print(f"report: {files['markdown']}  plot: {files['plot']}")
     if ns.html:

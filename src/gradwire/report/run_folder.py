@@ -129,6 +129,19 @@ def _recover_replaced(folder: Path, *, replacing: bool) -> None:
         drop_replaced(folder)
 
 
+def remove_unless_written(folder: Path) -> bool:
+    """Remove ``folder`` (a run's, by a comparison or reproduction that replaces it) unless a gradwire
+    process holds its lock (it is writing there): True where it was removed."""
+    folder = Path(folder)
+    with open(folder / LOCK_NAME, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        shutil.rmtree(folder)  # the lock held: no gradwire process writes there meanwhile
+        return True
+
+
 class FolderLock:
     """An exclusive ``flock`` on ``FOLDER/.gradwire.lock`` while a run writes the folder. The OS
     drops it when the process ends, however it ends; the file stays, except where this lock made
