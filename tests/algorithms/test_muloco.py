@@ -269,16 +269,16 @@ def test_newton_schulz_equals_the_plain_formula_on_matrices_and_batches(coeffici
     assert newton_schulz(u, steps, coefficients=coefficients).dtype == torch.float64
 
 
-def test_muon_adamw_updates_same_shaped_matrices_and_the_other_tensors_as_batches_with_the_same_result():
+def test_muon_adamw_updates_same_shaped_matrices_and_the_other_tensors_as_batches_with_the_same_result(device):
     """MuonAdamW updates its same-shaped matrices as one batch (two 6x4 apart in the flat vector, gathered;
     one 4x6, a view) and its other tensors (a 4 and a 6, apart) as one AdamW: three updates equal per-tensor
     Muon.apply and AdamW.apply on copies, float64; ns_steps and the coefficients reach it. Its state_dict
     holds one entry per tensor, in the per-tensor optimizers' layout, and a copy loaded from it goes on
-    exactly as the original."""
+    exactly as the original. On each device (CPU; CUDA where present: the gathers and scatters there)."""
     shapes = [torch.Size([6, 4]), torch.Size([4]), torch.Size([6, 4]), torch.Size([4, 6]), torch.Size([6])]
     sizes = [math.prod(s) for s in shapes]
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(sum(sizes), generator=g, dtype=torch.float64)
+    x = torch.randn(sum(sizes), generator=g, dtype=torch.float64).to(device)
     settings = dict(lr=0.03, momentum=0.9, nesterov=True, weight_decay=0.1, ns_steps=3, ns_coefficients="polar-express")
     adamw_settings = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
@@ -294,11 +294,12 @@ def test_muon_adamw_updates_same_shaped_matrices_and_the_other_tensors_as_batche
         return rule.w if isinstance(rule, Muon) else rule.x
 
     for _ in range(3):
-        grad = torch.randn(x.numel(), generator=g, dtype=torch.float64)
+        grad = torch.randn(x.numel(), generator=g, dtype=torch.float64).to(device)
         ours.apply(grad)
         for rule, gm, s in zip(copies, grad.split(sizes), shapes):
             rule.apply(gm.view(s))
-        moved = 0.1 * torch.randn(x.numel(), generator=g, dtype=torch.float64)  # written from outside (an outer step)
+        # written from outside between updates (an outer step)
+        moved = 0.1 * torch.randn(x.numel(), generator=g, dtype=torch.float64).to(device)
         x.add_(moved)
         for rule, m in zip(copies, moved.split(sizes)):
             own(rule).add_(m.view(own(rule).shape))
@@ -322,7 +323,7 @@ def test_muon_adamw_updates_same_shaped_matrices_and_the_other_tensors_as_batche
     # a checkpoint in the per-tensor optimizers' own layout (what MuonAdamW wrote before it batched)
     from_old.load_state_dict(through_bytes({str(i): rule.state_dict() for i, rule in enumerate(copies)}))
     for _ in range(2):
-        grad = torch.randn(x.numel(), generator=g, dtype=torch.float64)
+        grad = torch.randn(x.numel(), generator=g, dtype=torch.float64).to(device)
         for opt in (ours, resumed, from_old):
             opt.apply(grad)
     assert torch.equal(x, y)

@@ -168,16 +168,16 @@ class _Gathered:
     def __init__(self, x: torch.Tensor, ranges: list[tuple[int, int]], shape: tuple[int, ...]):
         self.ranges, self.sizes = ranges, [n for _, n in ranges]
         if all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:])):
+            self.run = slice(ranges[0][0], ranges[0][0] + sum(self.sizes))  # one run: a view, no copies
             self.views = None
-            self.value = x[ranges[0][0]: ranges[0][0] + sum(self.sizes)].view(shape)
+            self.value = x[self.run].view(shape)
         else:
             self.views = [x[a: a + n] for a, n in ranges]
             self.value = x.new_empty(shape)
 
     def of(self, v: torch.Tensor) -> torch.Tensor:
         if self.views is None:
-            a = self.ranges[0][0]
-            return v[a: a + sum(self.sizes)].view(self.value.shape)
+            return v[self.run].view(self.value.shape)
         return torch.cat([v[a: a + n] for a, n in self.ranges]).view(self.value.shape)
 
     def gather(self) -> None:

@@ -24,7 +24,7 @@ from gradwire.report.run_folder import (
     refuse_existing,
     refuse_other_kind,
     refuse_others,
-    remove_unless_written,
+    remove_replaced,
     require_named,
 )
 
@@ -93,9 +93,9 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
         raise ConfigError(f"variants share the label(s) {dupes}; give each a distinct --name")
     folders: dict[str, str] = {}
     for label in labels:  # one folder per variant: labels that differ only where _slug rewrites would share one
-        other = folders.setdefault(slug(label).casefold(), label)
+        other = folders.setdefault(variant_folder(label).casefold(), label)
         if other != label:
-            raise ConfigError(f"variants {other!r} and {label!r} would share the folder {slug(label)!r}; "
+            raise ConfigError(f"variants {other!r} and {label!r} would share the folder {variant_folder(label)!r}; "
                               "give them names that differ in letters or digits")
     if not out_given(ns):
         common = common.replace(out=fresh_out("compare", common))
@@ -112,10 +112,10 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
             raise ConfigError(f"variant(s) {pinned} set their own seed; with --seeds every variant runs every "
                               f"seed ({','.join(map(str, seeds))}): drop the variant's seed")
     if len(seeds) > 1:  # seed-major: an interrupted comparison leaves whole seeds, every variant paired
-        specs = [c.replace(seed=s, name=f"{c.label()} seed {s}", out=str(root / f"{slug(c.label())}-seed{s}"))
+        specs = [c.replace(seed=s, name=f"{c.label()} seed {s}", out=str(root / variant_folder(c.label(), s)))
                  for s in seeds for c in specs]
     else:  # one seed (--seeds 5: as --seed 5) or none
-        specs = [c.replace(out=str(root / slug(c.label())), **({"seed": seeds[0]} if seeds else {}))
+        specs = [c.replace(out=str(root / variant_folder(c.label())), **({"seed": seeds[0]} if seeds else {}))
                  for c in specs]
     for c in specs:
         c.check_values()  # before torch is imported (the second stage's modules import it)
@@ -209,13 +209,19 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
     return specs
 
 
-def variant_folder_names(label: str) -> set[str]:
-    """The folder names compare gives the run labelled ``label``: ``slug(label)``, and for one seed's
-    run of several (``"X seed S"``) ``slug(X)-seedS``."""
-    names = {slug(label)}
-    seeded = re.fullmatch(r"(.*) seed (\d+)", label)
+def variant_folder(label: str, seed: int | None = None) -> str:
+    """The folder compare gives the variant ``label``: ``slug(label)``, or with --seeds one per seed,
+    ``slug(label)-seedS`` (its run then labelled ``"label seed S"``)."""
+    return slug(label) if seed is None else f"{slug(label)}-seed{seed}"
+
+
+def variant_folder_names(run_label: str) -> set[str]:
+    """The folders :func:`variant_folder` may have given the run labelled ``run_label`` (a variant's
+    label, or a seed's run of it, ``"X seed S"``)."""
+    names = {variant_folder(run_label)}
+    seeded = re.fullmatch(r"(.*) seed (\d+)", run_label)
     if seeded:
-        names.add(f"{slug(seeded[1])}-seed{seeded[2]}")
+        names.add(variant_folder(seeded[1], int(seeded[2])))
     return names
 
 
@@ -230,7 +236,7 @@ def stale_variant_dirs(root: Path, specs: list[RunConfig]) -> list[tuple[Path, s
     write, each with its label, as that comparison's own record names them: for each label of its
     comparison.csv, only the folder compare itself gave that label (``variant_folder_names``), and only
     where that folder holds a run of that label. They go once this comparison's table replaces the
-    record (``remove_stale``). A run of the user's in the folder (another name), a link, or a comparison
+    record (each checked again then). A run of the user's in the folder (another name), a link, or a comparison
     stopped before its table (no record) is never among them."""
     from gradwire.report.pages import table_labels
 
@@ -240,17 +246,6 @@ def stale_variant_dirs(root: Path, specs: list[RunConfig]) -> list[tuple[Path, s
     return sorted((root / name, label) for label in table_labels(root / "comparison.csv") or []
                   for name in variant_folder_names(label)
                   if name.casefold() not in new and _holds_run_labelled(root / name, label))
-
-
-def remove_stale(stale: list[tuple[Path, str]]) -> tuple[list[str], list[str]]:
-    """Remove each stale variant folder that still holds its run of its old label (checked again now:
-    nothing written since is removed) and that no gradwire process is writing (its lock); the names
-    removed, and those kept because a process holds them."""
-    removed, busy = [], []
-    for folder, label in stale:
-        if _holds_run_labelled(folder, label):
-            (removed if remove_unless_written(folder) else busy).append(folder.name)
-    return removed, busy
 
 
 # what a comparison's title says of the variants' setting, where they all share it
@@ -302,12 +297,9 @@ def main(ns) -> int:
     if len(seeds) > 1:  # the variants' own labels: those of the first seed's runs, less " seed S"
         labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]
     files = write_report(root, summaries, [Path(c.out) for c in specs], title, seeds=seeds, labels=labels)
-    removed, busy = remove_stale(stale)  # the comparison just replaced had these; this one has not
-    if removed:
-        print(f"removed the replaced comparison's variant folders: {', '.join(removed)}", flush=True)
-    if busy:
-        print(f"kept the replaced comparison's variant folders that a gradwire process is writing: {', '.join(busy)}",
-              flush=True)
+    # the comparison just replaced had these, this one has not; each still holds its run of its old label
+    remove_replaced([folder for folder, label in stale if _holds_run_labelled(folder, label)],
+                    "comparison's variant folders", echo=lambda line: print(line, flush=True))
     print((root / "comparison.md").read_text())
     print(f"report: {files['markdown']}  plot: {files['plot']}")
     if ns.html:

@@ -10,7 +10,7 @@ from pathlib import Path
 from gradwire.cli.flags import fresh_out
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
-from gradwire.report.run_folder import refuse_other_kind, refuse_others, remove_unless_written, require_named
+from gradwire.report.run_folder import refuse_other_kind, refuse_others, remove_replaced, require_named
 
 EPILOG = """examples:
   gradwire reproduce --quick                         (every claim, small: about 1 min on 2 quiet cores)
@@ -58,15 +58,9 @@ def main(ns) -> int:
     command = " ".join(["gradwire reproduce"] + ["--quick"] * ns.quick + [f"--only {','.join(names)}"] * bool(ns.only))
     files = reproduce.write_report(out, claims, quick=ns.quick, command=command,
                                    wall_time_s=time.perf_counter() - started)
-    removed, busy = [], []
-    for folder in stale:  # the replaced reproduction's claims that this one did not run
-        if folder.is_dir() and not folder.is_symlink():  # (checked again now)
-            (removed if remove_unless_written(folder) else busy).append(folder.name)
-    if removed:
-        print(f"removed the replaced reproduction's claim folders: {', '.join(removed)}", flush=True)
-    if busy:
-        print(f"kept the replaced reproduction's claim folders that a gradwire process is writing: {', '.join(busy)}",
-              flush=True)
+    # the replaced reproduction's claims that this one did not run (checked again now)
+    remove_replaced([folder for folder in stale if folder.is_dir() and not folder.is_symlink()],
+                    "reproduction's claim folders", echo=lambda line: print(line, flush=True))
     print(reproduce.verdict_table(claims))
     print(f"report: {files['markdown']}  claims: {files['json']}")
     return 1 if any(c.verdict == "error" for c in claims) else 0  # an experiment raised

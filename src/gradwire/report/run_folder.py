@@ -142,6 +142,18 @@ def remove_unless_written(folder: Path) -> bool:
         return True
 
 
+def remove_replaced(folders: list[Path], what: str, echo=print) -> None:
+    """Remove ``folders``, the ``what`` of a result an --overwrite replaced (each checked by the caller
+    just now), except those a gradwire process is writing; ``echo`` says which went and which stayed."""
+    removed, busy = [], []
+    for folder in folders:
+        (removed if remove_unless_written(folder) else busy).append(folder.name)
+    if removed:
+        echo(f"removed the replaced {what}: {', '.join(removed)}")
+    if busy:
+        echo(f"kept the replaced {what} that a gradwire process is writing: {', '.join(busy)}")
+
+
 class FolderLock:
     """An exclusive ``flock`` on ``FOLDER/.gradwire.lock`` while a run writes the folder. The OS
     drops it when the process ends, however it ends; the file stays, except where this lock made
