@@ -44,7 +44,7 @@ def test_async_easgd_on_real_processes(tmp_path, data_dir):
     assert steps[0] < min(steps[1], steps[2])  # the slow worker takes fewer local steps
     # x_i up and e down exactly after every 3rd step of each worker's own, a header each way otherwise
     expected = sum(2 * HEADER * n + 2 * MODEL * (n // 3) for n in steps.values()) + 3 * (HEADER + RELEASE)
-    assert summary["bytes_sent"] == expected
+    assert summary["bytes_sent"] + summary["finish_bytes"] == expected
     metrics = read_jsonl(out / "metrics.jsonl")
     assert json.loads((out / "config.json").read_text())["evaluates"] == "center"
     assert metrics[-1]["train_loss"] < 0.8 * metrics[0]["train_loss"]  # the center learns
@@ -61,7 +61,7 @@ def test_async_lsgd_on_real_processes(tmp_path, data_dir):
     # a round per period·n = 6 reports in total: 10 in 20 steps (the last ones may end with the run)
     assert summary["rounds_triggered"] == {"global": 10, "group": 0}
     assert sum(s.get("rounds", 0) for s in log) >= 1
-    assert summary["bytes_sent"] == lsgd_bytes(summary, log, 3)
+    assert summary["bytes_sent"] + summary["finish_bytes"] == lsgd_bytes(summary, log, 3)
     metrics = read_jsonl(out / "metrics.jsonl")
     assert metrics[-1]["train_loss"] < 0.8 * metrics[0]["train_loss"]  # the leader learns
 
@@ -79,7 +79,7 @@ def test_async_multi_leader_on_real_processes(tmp_path, data_dir):
     triggered = summary["rounds_triggered"]
     assert triggered["global"] == 6 and triggered["group"] in (39, 40)
     assert sum("leader_loss" in s for s in log) >= 1 and sum(s.get("rounds", 0) for s in log) > 10
-    assert summary["bytes_sent"] == lsgd_bytes(summary, log, 4)
+    assert summary["bytes_sent"] + summary["finish_bytes"] == lsgd_bytes(summary, log, 4)
 
 
 @pytest.mark.timeout(300)
@@ -96,7 +96,7 @@ def test_async_lsgd_survives_a_killed_worker(tmp_path, data_dir, when):
     # its 5th report was processed either way (with ":sent", answering it found the worker gone)
     assert summary["local_steps"]["1"] == 5 and summary["lost_reasons"]["1"]
     assert all(s["leader"] != 1 for s in log[-10:])  # a lost worker is no longer elected
-    assert summary["bytes_sent"] == lsgd_bytes(summary, log, 2)
+    assert summary["bytes_sent"] + summary["finish_bytes"] == lsgd_bytes(summary, log, 2)
 
 
 def _easgd_bytes(local_steps, workers_said_bye, checkpoints):
@@ -137,7 +137,7 @@ def test_checkpoint_is_a_consistent_cut_and_resumes(tmp_path, data_dir):
     steps = {int(w): n for w, n in summary["local_steps"].items()}
     # bytes continue from the checkpoint: everything the protocol sent on the resumed timeline,
     # with the SAVE/ACK pairs of all four checkpoints (a checkpoint's own are in its saved count)
-    assert summary["bytes_sent"] == _easgd_bytes(steps, 3, 4)
+    assert summary["bytes_sent"] + summary["finish_bytes"] == _easgd_bytes(steps, 3, 4)
 
 
 @pytest.mark.timeout(300)

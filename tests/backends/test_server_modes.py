@@ -14,6 +14,8 @@ from gradwire.run.loop import Run, run
 from gradwire.transports.base import SERVER
 from tests.helpers import read_jsonl, through_bytes
 
+RELEASE_BYTES = 8  # the server's release of a worker that said goodbye (servers/real.py)
+
 SERVER_SPECS = ["async", "sync:backups=1", "easgd:async=true,period=2", "lsgd:async=true,period=2,pull=0.5",
                 "lsgd:async=true,groups=2,period=1,pull=0.5,global_period=3"]
 COMPARED = ("step", "bytes_sent", "gradients", "batch_loss", "train_loss", "test_loss", "test_acc")
@@ -39,6 +41,13 @@ def test_simulator_and_real_driver_agree_with_one_worker(make_config, spec):
     a, b = read_jsonl(base.out + "-sim/metrics.jsonl"), read_jsonl(base.out + "-threads/metrics.jsonl")
     assert [{k: r[k] for k in COMPARED} for r in a] == [{k: r[k] for k in COMPARED} for r in b]
     assert real["lost_workers"] == [] and real["local_steps"]["0"] >= 9
+    # the summaries' bytes are the training's, the last row's on both drivers; the real server's end
+    # (the message in flight received and answered with STOP, the goodbye, the release) is apart
+    assert sim["bytes_sent"] == real["bytes_sent"] == a[-1]["bytes_sent"] == b[-1]["bytes_sent"]
+    assert sim["finish_bytes"] == 0 < real["finish_bytes"]
+    if spec == "async":  # a gradient (uncompressed: the model's size) up, the parameters down, BYE, release
+        model = Run(base).model.numel * 4
+        assert real["finish_bytes"] == 2 * (HEADER_BYTES + model) + HEADER_BYTES + RELEASE_BYTES
 
 
 @pytest.mark.parametrize("spec", SERVER_SPECS)

@@ -45,13 +45,19 @@ def check_resolved_as_before(out, algorithm) -> None:
                               "wrote it, or start afresh with another --out or --overwrite")
 
 
-def summary(run, folder: RunFolder, status: str, error: str | None, resumed: bool, extra: dict) -> dict:
-    """summary.json's content: ``extra`` (a stop's or the driver's entries) and the run's totals."""
+def summary(run, folder: RunFolder, status: str, error: str | None, resumed: bool, extra: dict,
+            trained_bytes: int) -> dict:
+    """summary.json's content: ``extra`` (a stop's or the driver's entries) and the run's totals.
+    ``bytes_sent`` is ``trained_bytes``, the ledger's count when the last step ended (the last
+    metrics row's, the same on the simulator and a real backend); ``finish_bytes`` what the driver's
+    end sent after it (a real server answering the messages still in flight with STOP, the
+    goodbyes and releases: servers/real.py), counted in the same ledger."""
     records = folder.records
     return extra | {"label": run.cfg.label(), "status": status, "error": error, "steps": run.step,
                     "resumed": bool(resumed),
                     "resumed_from_step": run.resumed_from if resumed else None,
                     "final": records[-1] if records else None,
                     "best_test_acc": max((x["test_acc"] for x in records), default=None),
-                    "bytes_sent": run.transport.bytes_sent, "comm_time_s": run.transport.comm_time_s,
+                    "bytes_sent": trained_bytes, "finish_bytes": run.transport.bytes_sent - trained_bytes,
+                    "comm_time_s": run.transport.comm_time_s,
                     "sim_time_s": run.clock.now, "wall_time_s": run.wall_time()}

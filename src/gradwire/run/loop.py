@@ -487,6 +487,7 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
         if lines is not None:
             lines.tick(r.step, records, r.transport.bytes_sent, force=True)
         extra, finish_error = {}, None
+        trained_bytes = r.transport.bytes_sent  # the training's: every backend counts the same
         if stopped is not None:
             extra = stop_record(cfg, stopped, r.step, r.is_writer)
         if status == "finished":
@@ -494,7 +495,7 @@ def _train(r: Run, resumed: bool, timeline: Timeline, progress: bool | None, sig
                 extra = r.driver.finish()
             except Exception as e:  # noqa: BLE001 - re-raised below, once the summary is written
                 status, error, finish_error = "failed", f"{type(e).__name__}: {e}", e
-        result = summary(r, folder, status, error, resumed, extra)
+        result = summary(r, folder, status, error, resumed, extra, trained_bytes)
         folder.finish(result, cfg.label())
         try:  # leave the process group, and a replica its Lighthouse, on every path (gloo's threads
             r.transport.close()  # abort the process otherwise; a Manager would go on heartbeating)
