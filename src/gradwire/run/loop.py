@@ -310,8 +310,20 @@ def run_threads(cfg: RunConfig, *, progress: bool | None = None, signals: StopSi
             except Stopped:  # a second signal: the processes are stopping already; their summary comes
                 continue
     if errors:
-        raise errors[min(errors)]
+        raise threads_error(cfg, errors)
     return results[0]
+
+
+def threads_error(cfg: RunConfig, errors: dict[int, BaseException]) -> BaseException:
+    """What ``run_threads`` raises once every process thread has ended: the lowest process's error
+    (process 0's, the writer's, where it has one). A stop's ``checkpoint_step`` is read again now:
+    a process that stopped while the writer was still moving ``latest`` to the step they had all
+    saved (the writer alone moves it) read the step before."""
+    error = errors[min(errors)]
+    if isinstance(error, Stopped) and cfg.checkpoint_every:
+        stepdir = checkpoint.latest(Path(cfg.out) / "checkpoint")
+        error.checkpoint_step = checkpoint.step_of(stepdir) if stepdir is not None else None
+    return error
 
 
 def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | None = None) -> dict:
