@@ -1,5 +1,7 @@
 """The command line: clear one-line errors, a run folder, divergence handling."""
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -111,6 +113,19 @@ def test_list_shows_every_axis():
     assert p.returncode == 0
     for word in ("mnist1d-cnn", "dirichlet", "lognormal", "ring", "diana", "qsgd", "levels"):
         assert word in p.stdout
+
+
+def test_list_of_one_kind_shows_everything_its_flag_takes():
+    def listed(*args: str) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["list", *args]) == 0
+        return out.getvalue()
+
+    compressors = listed("compressors")  # --compressor takes powersgd too, which is an averager
+    assert "  qsgd " in compressors and "  powersgd " in compressors and "--compressor" in compressors
+    tasks = listed("tasks")
+    assert "mnist1d-mlp" in tasks and "qsgd" not in tasks and "(--task;" in tasks
 
 
 def test_compare_writes_table_and_plot(tmp_path, data_dir):
