@@ -35,3 +35,22 @@ def test_a_table_that_is_not_one_is_named_and_the_runs_shown(comparison, capsys)
     err = capsys.readouterr().err
     assert f"{comparison / 'comparison.csv'} is not a comparison table" in err, err
     assert "2 variants" in (comparison / "report.html").read_text()
+
+
+def test_a_folder_of_separate_runs_with_one_label_tells_them_apart(tmp_path, data_dir, capsys):
+    """Three separate `gradwire run`s of sync (each labelled `sync`) under one folder: the page names
+    each by its folder, in the summary table and the curves (keyed by label, one would hide another)."""
+    parent = tmp_path / "runs"
+    for name, workers in (("a", "2"), ("b", "3"), ("c", "2")):
+        assert main(["run", "--task", "digits-logreg", "--workers", workers, "--steps", "2", "--eval-every", "2",
+                     "--no-curves", "--data-dir", str(data_dir), "--out", str(parent / name)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(parent)]) == 0
+    html = (parent / "report.html").read_text()
+    for name in ("a", "b", "c"):
+        assert f"sync ({name})" in html
+    from gradwire.report.pages import RunData, distinct_labels
+
+    runs = [RunData(parent / n) for n in ("a", "b", "c")]
+    distinct_labels(runs)
+    assert [r.label for r in runs] == ["sync (a)", "sync (b)", "sync (c)"]

@@ -10,6 +10,7 @@ written before timelines existed gets a page without one.
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
@@ -87,7 +88,7 @@ def _png(draw) -> bytes:
 
 
 def _summary_table(runs: list[RunData]) -> Table:
-    rows = [row_of(r.summary) for r in runs]
+    rows = [row_of(r.summary) | {"label": r.label} for r in runs]
     keep = [(k, h) for k, h in COLUMNS if any(row.get(k) is not None for row in rows)]
     keep = [(k, time_label(r.backend for r in runs) if k == "sim_time_s" else h) for k, h in keep]
     return Table([h for _, h in keep], [[row.get(k) for k, _ in keep] for row in rows])
@@ -248,8 +249,18 @@ def run_page(folder: Path) -> list:
     return blocks
 
 
+def distinct_labels(runs: list[RunData]) -> None:
+    """Runs that share a label (a folder of separate runs, each `sync`) are told apart by their run
+    folder's name: the page's tables and curves are keyed by label."""
+    counts = collections.Counter(r.label for r in runs)
+    for r in runs:
+        if counts[r.label] > 1:
+            r.label = f"{r.label} ({r.folder.name})"
+
+
 def comparison_page(folder: Path, run_dirs: list[Path]) -> list:
     runs = [RunData(d) for d in run_dirs]
+    distinct_labels(runs)
     for r in runs:
         r.config = shown_config(r.config)
     ends = [window_end(r.timeline[0], TIMELINE_STEPS) for r in runs if r.timeline is not None and len(r.timeline[0])]
