@@ -139,3 +139,18 @@ def test_a_resume_whose_algorithm_now_resolves_otherwise_is_refused(make_config,
     assert recorded.read_bytes() == before  # the record of what ran is kept
     recorded.write_text(json.dumps(config))  # the same settings: it resumes
     assert run(cfg.replace(steps=6, resume=True), progress=False)["resumed_from_step"] == 4
+
+
+def test_each_workers_gradient_count_comes_back_with_the_checkpoint(make_config):
+    """A real backend sleeps each worker's straggler draw for its k-th gradient (``Context.gradient``);
+    a resumed run goes on from each worker's count, not from 1, so the draws after the resume are
+    those of a run never stopped."""
+    from gradwire.run.loop import Run
+    from tests.helpers import through_bytes
+
+    cfg = make_config(algorithm="async", steps=6, checkpoint_every=3)
+    first = Run(cfg)
+    first.ctx.gradient_counts = {0: 5, 1: 9}  # unequal, as asynchronous workers' are
+    again = Run(cfg)
+    again.load_state_dict(through_bytes(first.state_dict()))
+    assert again.ctx.gradient_counts == {0: 5, 1: 9}

@@ -38,6 +38,28 @@ def test_matrix_rank_follows_the_compression_rule_and_caps_at_min_n_m():
     assert AVERAGERS.build("powersgd:rank=8").matrix_rank((3, 100)) == 0
     assert AVERAGERS.build("powersgd:rank=8,min_compression_rate=0.5").matrix_rank((3, 100)) == 3
     assert p.wire_numel(SHAPES) == 70 * 4 + 40 + 90 + 300 + 4 + 1
+    # on the boundary n m = rate (n + m) r the tensor travels uncompressed (PyTorch's hook: strictly more)
+    one = AVERAGERS.build("powersgd:rank=1")
+    assert one.matrix_rank((4, 4)) == 0 and one.matrix_rank((5, 4)) == 1
+    # the cap decides: rank 8 on 64x4 is 4, and 64*4 > 0.5*68*4 pays where 0.5*68*8 would not
+    low = AVERAGERS.build("powersgd:rank=8,min_compression_rate=0.5")
+    assert low.matrix_rank((64, 4)) == 4 and low.wire_numel([(64, 4)]) == 68 * 4
+
+
+@pytest.mark.parametrize("spec,width", [("powersgd:rank=2", 4), ("powersgd:rank=2,dtype=fp16", 2),
+                                        ("powersgd:rank=2,dtype=bf16", 2),
+                                        ("powersgd:rank=2,dtype=fp16,warm_start=true,alternate=true", 2)])
+def test_algorithm_json_gives_the_bytes_of_the_factors_dtype(spec, width):
+    from gradwire.averaging.powersgd import PowerSGDMean
+
+    info = PowerSGDMean(spec, shapes=[(64, 32), (32,)], workers=[0], seed=0).setup_info()["powersgd"]
+    if "alternate=true" in spec:  # P (64 x 2) and Q (32 x 2) take turns; the bias travels with each
+        assert info["floats_per_worker_p_step"] == 64 * 2 + 32 and info["floats_per_worker_q_step"] == 32 * 2 + 32
+        assert info["bytes_per_worker_p_step"] == width * info["floats_per_worker_p_step"]
+        assert info["bytes_per_worker_q_step"] == width * info["floats_per_worker_q_step"]
+    else:
+        assert info["floats_per_worker_step"] == (64 + 32) * 2 + 32
+        assert info["bytes_per_worker_step"] == width * info["floats_per_worker_step"]
 
 
 def gram_schmidt(p: torch.Tensor) -> torch.Tensor:

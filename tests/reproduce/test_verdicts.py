@@ -118,6 +118,7 @@ def test_dagc():
     assert verdict(dagc.judge(m(10.2, 0.55, 0.8, 0.75, fed_mb_d=4.0))) == "not"  # FedAvg pair: twice the bytes
     assert passed(dagc.judge(m(10.21, 0.5, 0.79, 0.7))) == [False, False, False, False]
     assert verdict(dagc.judge(m(10.21, 0.55, 0.8, 0.75))) == "not"  # 2.1% more bytes: not a fair comparison
+    assert verdict(dagc.judge(m(9.79, 0.55, 0.8, 0.75))) == "not"  # 2.1% fewer: not a fair comparison either
     assert passed(dagc.judge(m(9.9, 0.6, 0.79, 0.71))) == [True, True, False, True]
 
 
@@ -128,6 +129,7 @@ def test_dqsgd():
     assert verdict(dqsgd.judge(m(410.0, 0.92, 3.0, 3.3))) == "reproduced"
     assert passed(dqsgd.judge(m(421.0, 0.92, 3.3, 3.0))) == [False, True, False]
     assert verdict(dqsgd.judge(m(421.0, 0.92, 3.0, 3.3))) == "not"  # 5.25% more bytes: unfair
+    assert verdict(dqsgd.judge(m(379.0, 0.92, 3.0, 3.3))) == "not"  # 5.25% fewer: unfair the other way
     assert verdict(dqsgd.judge(m(400.0, 0.9, 3.3, 3.0))) == "not"  # fair, but neither claim holds
     assert verdict(dqsgd.judge(m(390.0, 0.92, 3.0, 3.0))) == "partly"
     assert passed(dqsgd.judge(m(400.0, 0.904, 3.0, 3.0)))[1] is False  # "beats" needs more than half a point

@@ -85,6 +85,22 @@ def test_the_simulator_charges_the_ledger():
         assert t.bytes_sent - before == ledger.broadcast(6, 3)
 
 
+def test_waiting_on_a_collective_in_flight_moves_the_clock_to_its_end_never_back():
+    """An allreduce started at t finishes at t + its price; a wait before then moves the simulated
+    clock to the finish, a wait after it (the computation took longer) leaves the clock alone."""
+    clock = SimClock()
+    t = SimTransport(2, RingNetwork(mbps=8, latency_ms=0), clock)  # 1 MB/s: a ring allreduce of 1 MB takes 1 s
+    h = t.allreduce_mean_start({r: torch.ones(250_000) for r in range(2)})
+    assert h.finish_s == pytest.approx(1.0)
+    h.wait()
+    assert clock.now == pytest.approx(1.0)
+    late = t.allreduce_mean_start({r: torch.ones(250_000) for r in range(2)})
+    clock.advance(5.0)  # the backward pass went on past the collective's end
+    late.wait()
+    late.wait()
+    assert clock.now == pytest.approx(6.0)
+
+
 def test_uncounted_restores_the_counters():
     t = SimTransport(2, RingNetwork(), SimClock())
     t.allreduce_mean({r: torch.ones(3) for r in range(2)})

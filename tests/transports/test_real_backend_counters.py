@@ -93,3 +93,21 @@ def test_a_transports_state_holds_its_pending_subgroup_bytes(state):
     _, (t,) = _threads(1)
     t.load_state_dict(state)  # a checkpoint from before group_bytes was saved loads with 0 pending
     assert t.group_bytes == state.get("group_bytes", 0) and t.state_dict()["group_bytes"] == t.group_bytes
+
+
+def test_a_message_is_counted_by_its_sender_and_by_its_receiver_when_it_says_so():
+    """Point to point (server mode): each process counts what it sends and what it receives, the
+    server's receipt only when it handles the message (``count=False`` ahead, ``count`` later)."""
+    from gradwire.transports.base import SERVER
+
+    _, (server, worker) = _threads(2)
+    for t in (server, worker):
+        t.first_worker_process = 1  # process 0 serves, process 1 hosts worker 0
+    worker.send(torch.zeros(40, dtype=torch.uint8), 0, SERVER)
+    got = server.recv(40, 0, SERVER, timeout_s=5)
+    assert got.numel() == 40 and worker.bytes_sent == 40 and server.bytes_sent == 40
+    worker.send(torch.zeros(24, dtype=torch.uint8), 0, SERVER)
+    server.recv(24, 0, SERVER, timeout_s=5, count=False)
+    assert server.bytes_sent == 40
+    server.count(24)
+    assert server.bytes_sent == 64
