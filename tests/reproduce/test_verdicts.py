@@ -45,6 +45,8 @@ def backups(t_sync, t_b, t_a, acc_b, acc_a, ran_sync=90.0, ran_a=30.0):
 def test_backup_workers():
     assert passed(backup_workers.judge(backups(60.0, 15.0, None, 0.61, 0.55))) == [True, True, True]
     assert passed(backup_workers.judge(backups(60.0, 48.0, 47.0, 0.61, 0.55))) == [True, False, True]
+    # "no later than" includes a tie, and "in <= 80 %" its bound
+    assert passed(backup_workers.judge(backups(60.0, 48.0, 48.0, 0.61, 0.55))) == [True, True, True]
     assert passed(backup_workers.judge(backups(60.0, 48.1, 40.0, 0.55, 0.55))) == [False, False, False]
     assert verdict(backup_workers.judge(backups(None, None, None, 0.5, 0.4))) == "partly"  # nobody reached it
     # async never reached the target but stopped (9 s) before the backups reached it (11 s): not seen slower
