@@ -204,6 +204,11 @@ class RunConfig:
 
 
 KEYS = {f.name: f for f in fields(RunConfig)}
+# config-file keys that only `gradwire compare` reads (every other key is a RunConfig field); the
+# other commands take a comparison's file for its common keys (docs/leader_sgd.md does)
+COMPARE_KEYS = ("variants", "seeds")
+# how a run treats a folder that holds a run: one choice, so a flag given for it replaces the file's
+FOLDER_MODE_KEYS = ("overwrite", "resume", "resume_or_start")
 
 
 def _flag(key: str) -> str:
@@ -227,7 +232,8 @@ def coerce(key: str, value: Any) -> Any:
     """Convert a value from a file or flag to the field's type, naming the key on failure."""
     key = key.replace("-", "_")
     if key not in KEYS:
-        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(KEYS)} (each also a flag: --key-name)")
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(KEYS)} (each also a flag: --key-name), "
+                          f"and gradwire compare's own: {', '.join(COMPARE_KEYS)} (at the top of its config file)")
     default = KEYS[key].default
     if default is None:  # given when left out by the algorithm (lr, momentum: a float; lr_schedule: a spec)
         default = "" if key == "lr_schedule" else 0.0

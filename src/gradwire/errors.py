@@ -11,6 +11,16 @@ class ConfigError(ValueError):
     """A value given by the user is invalid; the message names it and the valid choices."""
 
 
+class NoCheckpointToContinue(ConfigError):
+    """``--resume`` (or ``--resume-or-start``) of a run that finished with the same settings and saved
+    no checkpoint, to other ``--steps``: it cannot be continued, only replaced. ``steps``: the step
+    it finished at."""
+
+    def __init__(self, message: str, *, steps: int | None):
+        super().__init__(message)
+        self.steps = steps
+
+
 class DivergenceError(RuntimeError):
     """Training produced a non-finite value; the message names the step and the worker."""
 

@@ -16,8 +16,8 @@ from gradwire.cli.flags import (
     run_parser,
     slug,
 )
-from gradwire.config import RunConfig, from_mapping, read_config_file
-from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError
+from gradwire.config import FOLDER_MODE_KEYS, RunConfig, from_mapping, read_config_file
+from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, NoCheckpointToContinue
 from gradwire.report.run_folder import (
     holds_run,
     read_json_or_empty,
@@ -40,9 +40,22 @@ its paired difference from the first variant (seed by seed: the same initial mod
 that a 1 % difference can be told from seed-to-seed noise; the plot shows the mean curves."""
 
 
-OVERWRITE_HELP = ("replace the comparison already in OUT: each variant's run, and the table; the folders of its "
-                  "variants this one lacks go once the new table is written (those its comparison.csv names: a "
-                  "comparison stopped before its table leaves them)")
+# what the run flags that name OUT, its files and its runs are in a comparison: OUT holds the table,
+# and each variant's run is in OUT/<variant>/ (variant_folder)
+HELPS = {
+    "out": "comparison folder: comparison.md, comparison.csv, comparison.png, report.html, and each variant's run "
+           "in OUT/<variant>/ (its label, --name or algorithm + compressor, as a folder name)",
+    "overwrite": "replace the comparison already in OUT: each variant's run, and the table; the folders of its "
+                 "variants this one lacks go once the new table is written (those its comparison.csv names: a "
+                 "comparison stopped before its table leaves them)",
+    "resume": "continue the comparison in OUT: each variant from its checkpoint, or from step 0 where it has none; "
+              "one that finished its --steps is kept (refused when OUT holds none of the variants' runs)",
+    "resume_or_start": "as --resume, but a folder that holds none of the variants' runs starts the comparison",
+    "checkpoint_every": "each variant saves a checkpoint every K steps into OUT/<variant>/checkpoint (0 = never)",
+    "tensorboard": "also write each variant's scalars to OUT/<variant>/tensorboard (needs tensorboard)",
+    "curves": "draw each variant's OUT/<variant>/curves.png at the end (comparison.png is drawn either way; "
+              "--no-curves: gradwire report can, later)",
+}
 
 
 def add_parser(sub) -> None:
@@ -50,7 +63,7 @@ def add_parser(sub) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Run variants (on the same task, seed and partition unless a variant sets "
                        "its own); writes comparison.md, comparison.csv, comparison.png and report.html into --out.")
-    add_run_flags(p, helps={"overwrite": OVERWRITE_HELP})
+    add_run_flags(p, helps=HELPS, shown_defaults={"out": "a fresh runs/compare-<YYYYmmdd-HHMMSS>"})
     p.add_argument("--variant", action="append", help="run flags of one variant (quoted); repeatable; a single "
                    "flag is a value too: --variant \"--error-feedback\" (or --variant=--error-feedback)")
     p.add_argument("--seeds", default=None, metavar="S,S,...",
@@ -129,7 +142,7 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
 
 # keys a comparison sets for all its variants: where each writes (OUT/<its name>) and whether the
 # folders are replaced or continued
-COMPARISON_KEYS = ("out", "overwrite", "resume", "resume_or_start")
+COMPARISON_KEYS = ("out", *FOLDER_MODE_KEYS)
 
 
 def _refuse_comparison_keys(given: dict, where: str) -> None:
@@ -185,8 +198,8 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
     """compare --resume continues a comparison: each variant from its checkpoint, or from step 0
     where it has none (it had not started, or saved no checkpoint); one that finished is kept as it
     is. A folder holding none of the variants' runs has nothing to resume (--resume-or-start starts it),
-    and a variant that finished without a checkpoint cannot go on to more --steps: both refused before
-    any variant runs."""
+    and a variant that finished without a checkpoint cannot go on to more --steps nor with other
+    settings (check_resume's reasons, each named with its variant): all refused before any variant runs."""
     if not common.resume or common.resume_or_start:
         return specs
     if not any(holds_run(Path(c.out)) for c in specs):
@@ -201,11 +214,12 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
             check_resume(resolved(c))
         except AlreadyFinished:
             pass
-        except ConfigError:
-            done = read_json_or_empty(Path(c.out) / "summary.json").get("steps")
-            raise ConfigError(f"resume=true: variant {c.label()!r} finished at step {done} in {c.out} and saved no "
-                              f"checkpoint, so it cannot go on to --steps {c.steps}; run the comparison again with "
+        except NoCheckpointToContinue as e:  # (its own message names --resume-or-start, which compare gives it)
+            raise ConfigError(f"resume=true: variant {c.label()!r} finished at step {e.steps} in {c.out} and saved "
+                              f"no checkpoint, so it cannot go on to --steps {c.steps}; run the comparison again with "
                               "--overwrite, or choose another --out (--resume)") from None
+        except ConfigError as e:  # other settings than its run's, fewer --steps than it finished
+            raise ConfigError(f"variant {c.label()!r}: {e}") from None
     return specs
 
 

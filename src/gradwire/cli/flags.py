@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gradwire import config as config_mod
-from gradwire.config import KEYS, RunConfig, coerce, from_mapping, read_config_file
+from gradwire.config import COMPARE_KEYS, FOLDER_MODE_KEYS, KEYS, RunConfig, coerce, from_mapping, read_config_file
 from gradwire.errors import ConfigError
 
 
@@ -94,10 +94,6 @@ SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>",
                   "lr_schedule": "the algorithm's, constant for most", "name": "algorithm + compressor",
                   "tensor_parallel": "none: each worker holds the whole model"}
 
-# config-file keys that only `gradwire compare` reads (every other key is a RunConfig field); the
-# other commands take a comparison's file for its common keys (docs/leader_sgd.md does)
-COMPARE_KEYS = ("variants", "seeds")
-
 
 # the flag of a swept key where its plural reads better (as ``gradwire compare --seeds``)
 SWEEP_FLAGS = {"seed": "--seeds"}
@@ -116,7 +112,7 @@ class _Sweep(argparse.Action):
 
 def add_run_flags(parser: argparse.ArgumentParser, *, only: Iterable[str] | None = None, skip: Iterable[str] = (),
                   defaults: Mapping[str, Any] | None = None, sweep: Iterable[str] = (),
-                  helps: Mapping[str, str] | None = None) -> None:
+                  helps: Mapping[str, str] | None = None, shown_defaults: Mapping[str, str] | None = None) -> None:
     """Add the run config's keys to ``parser`` as flags (``--config FILE`` with them).
 
     ``only=None`` (the commands): every key, less those in ``skip``; a flag left out stays out of
@@ -124,14 +120,16 @@ def add_run_flags(parser: argparse.ArgumentParser, *, only: Iterable[str] | None
     from ``defaults`` when given there (the benchmark's own scale), else the run config's default;
     no ``--config``. Keys in ``sweep`` take several values, one run each (``--workers 2 4`` or
     ``--workers 2,4``; the seeds' flag is ``--seeds``, dest ``seeds``), typed as they are read.
-    ``helps`` says what a key is in the caller, where it says more than the run config's comment.
-    :func:`parse_run_args` types the others and builds the run config."""
+    ``helps`` says what a key is in the caller, where it says more than the run config's comment,
+    and ``shown_defaults`` what the caller does when its flag is left out, where that is not
+    :data:`SHOWN_DEFAULTS`. :func:`parse_run_args` types the others and builds the run config."""
     keys = list(KEYS) if only is None else list(only)
     sweep = set(sweep)
-    unknown = [k for k in [*keys, *(defaults or {}), *sweep, *(helps or {})] if k not in KEYS]
+    unknown = [k for k in [*keys, *(defaults or {}), *sweep, *(helps or {}), *(shown_defaults or {})] if k not in KEYS]
     if unknown:  # a programming error in a caller, named at once
         raise ValueError(f"not run config keys: {unknown}; valid keys: {', '.join(KEYS)}")
     helps = field_help() | dict(helps or {})
+    shown = SHOWN_DEFAULTS | dict(shown_defaults or {})
     if only is None:
         parser.add_argument("--config", help="YAML or TOML file with any of the keys below")
     values = {} if only is None else {k: [KEYS[k].default] if k in sweep else KEYS[k].default for k in keys}
@@ -139,7 +137,7 @@ def add_run_flags(parser: argparse.ArgumentParser, *, only: Iterable[str] | None
     for key in keys:
         if key in skip:
             continue
-        text = f"{helps.get(key, '')} (default: {values.get(key, SHOWN_DEFAULTS.get(key, KEYS[key].default))})"
+        text = f"{helps.get(key, '')} (default: {values.get(key, shown.get(key, KEYS[key].default))})"
         if key in sweep:
             flag = SWEEP_FLAGS.get(key, flag_of(key))
             parser.add_argument(flag, dest=flag[2:].replace("-", "_"), nargs="+", action=_Sweep,
@@ -155,13 +153,22 @@ def add_run_flags(parser: argparse.ArgumentParser, *, only: Iterable[str] | None
 
 def config_from_args(ns: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
     """The run config the flags in ``ns`` describe: ``base`` (default ``RunConfig()``), then the
-    ``--config`` file's keys, then the flags given (None: the field's own default, e.g. ``lr``).
-    Swept keys (lists) are left out."""
-    cfg = base or RunConfig()
-    if getattr(ns, "config", None):
-        cfg = from_mapping({k: v for k, v in read_config_file(ns.config).items() if k not in COMPARE_KEYS}, cfg)
+    ``--config`` file's keys (:func:`file_keys`), then the flags given (None: the field's own
+    default, e.g. ``lr``). Swept keys (lists) are left out."""
+    cfg = from_mapping(file_keys(ns), base or RunConfig())
     given = {k: coerce(k, v) for k, v in vars(ns).items() if k in KEYS and v is not None and not isinstance(v, list)}
     return cfg.replace(**given)
+
+
+def file_keys(ns: argparse.Namespace) -> dict[str, Any]:
+    """The run keys of the ``--config`` file in ``ns`` that the flags leave to it ({} without one):
+    every key but compare's own (COMPARE_KEYS) and, where a flag makes that choice, the file's choice
+    of how the folder is treated (FOLDER_MODE_KEYS: overwrite, resume, resume_or_start, one choice)."""
+    if not getattr(ns, "config", None):
+        return {}
+    flag_mode = any(getattr(ns, k, None) for k in FOLDER_MODE_KEYS)
+    return {k: v for k, v in read_config_file(ns.config).items() if k not in COMPARE_KEYS
+            and not (flag_mode and str(k).replace("-", "_") in FOLDER_MODE_KEYS)}
 
 
 def parse_run_args(parser: argparse.ArgumentParser, argv: list[str] | None = None,

@@ -24,12 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from gradwire.cli.flags import config_from_args, run_parser
+from gradwire.cli.flags import config_from_args, file_keys, run_parser
 
 # the files through which the supervised processes tell the launcher and later attempts that a run
 # refused its configuration (exit 2) and that rank 0 claimed the run folder (cli/supervise.py)
 from gradwire.cli.supervise import CLAIMED_ENV, REFUSED_ENV
-from gradwire.config import read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError
 
 EPILOG = """examples:
@@ -53,10 +52,10 @@ Killing the launcher (SIGTERM, SIGINT, SIGKILL) stops every process it started."
 
 def run_options(run_args: list[str]):
     """The run command line as ``gradwire run`` reads it: (the resolved RunConfig, the keys given
-    as flags, the keys in the --config file)."""
+    as flags, the keys the --config file sets that the flags leave to it: ``file_keys``)."""
     ns = run_parser("gradwire run", add_help=True).parse_args(run_args)  # a bad flag: run's own message, exit 2
     flags = {k for k in vars(ns) if k != "config"}
-    in_file = {k.replace("-", "_") for k in read_config_file(ns.config)} if ns.config else set()
+    in_file = {str(k).replace("-", "_") for k in file_keys(ns)}
     return config_from_args(ns), flags, in_file
 
 

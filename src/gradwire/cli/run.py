@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given
 from gradwire.config import read_config_file
-from gradwire.errors import AlreadyFinished, Stopped
+from gradwire.errors import AlreadyFinished, ConfigError, Stopped
 from gradwire.report.run_folder import require_named
 
 EPILOG = """examples:
@@ -96,9 +96,17 @@ def main(ns) -> int:
     if out_given(ns):
         require_named(cfg.out)  # before check_values probes the folder: --out / and --out . are refused
     cfg = cfg.check_values()  # before torch is imported: a mistyped value is reported at once
-    if ns.config and (variants := read_config_file(ns.config).get("variants")):
-        print(f"gradwire run: {ns.config} lists {len(variants) if isinstance(variants, list) else 'its'} variants, "
-              "which `gradwire compare` runs; this is one run of the file's common keys", file=sys.stderr)
+    keys = read_config_file(ns.config) if ns.config else {}
+    variants = keys.get("variants")
+    if "seeds" in keys and not variants:  # not a comparison's common keys: a run per seed, one of them run silently
+        raise ConfigError(f"seeds={keys['seeds']!r} in {ns.config} is gradwire compare's key: `gradwire compare "
+                          f"--config {ns.config}` runs each seed; a run has one seed: give seed: S in the file, or "
+                          "--seed S (--seeds)")
+    if variants:  # a comparison's file: its common keys make the run
+        seeds = f" and seeds {keys['seeds']}" if "seeds" in keys else ""
+        print(f"gradwire run: {ns.config} lists {len(variants) if isinstance(variants, list) else 'its'} variants"
+              f"{seeds}, which `gradwire compare` runs; this is one run of the file's common keys"
+              f"{f' (seed {cfg.seed})' if seeds else ''}", file=sys.stderr)
     if not out_given(ns):
         cfg = cfg.replace(out=fresh_out(cfg.label(), cfg))
     from gradwire.run.loop import run

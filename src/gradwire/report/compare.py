@@ -21,6 +21,10 @@ COLUMNS = [("label", "variant"), ("status", "status"), ("steps", "steps"), ("tes
 SEED_METRICS = [("test_loss", "final test loss"), ("test_acc", "final test acc"),
                 ("train_loss", "final train objective"), ("suboptimality", "final f - f*")]
 SEEDS_CSV = "comparison_seeds.csv"
+# a comparison's own files in its folder: comparison_seeds.csv with several seeds, report.html with
+# ``compare --html`` (written after these, from them); those of an earlier comparison that this one
+# does not write go when it writes its table (they would show the variants it replaced)
+COMPARISON_FILES = ("comparison.md", "comparison.csv", SEEDS_CSV, "comparison.png", "report.html")
 
 
 def row_of(summary: dict) -> dict:
@@ -187,10 +191,12 @@ def folders_sentence(run_dirs: list[Path]) -> str:
 
 def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: str, *,
                  seeds: list[int] | None = None, labels: list[str] | None = None) -> dict[str, Path]:
-    """Write comparison.md, comparison.csv and comparison.png into ``out``. With ``seeds`` (more
-    than one), ``summaries`` and ``run_dirs`` are seed-major (every variant of the first seed, then
-    of the next), ``labels`` are the variants' own labels; comparison.md adds the table over seeds
-    (also written as comparison_seeds.csv) and the plot shows each variant's mean curve."""
+    """Write comparison.md, comparison.csv and comparison.png into ``out``, and remove the rest of an
+    earlier comparison's files there (:data:`COMPARISON_FILES`: its report.html, which the caller
+    writes again where asked). With ``seeds`` (more than one), ``summaries`` and ``run_dirs`` are
+    seed-major (every variant of the first seed, then of the next), ``labels`` are the variants' own
+    labels; comparison.md adds the table over seeds (also written as comparison_seeds.csv) and the
+    plot shows each variant's mean curve."""
     rows = [row_of(s) for s in summaries]
     backends = [read_json_or_empty(Path(d) / "config.json").get("backend", "sim") for d in run_dirs]
     keep = [(k, h) for k, h in COLUMNS if any(r.get(k) is not None for r in rows)]
@@ -219,8 +225,6 @@ def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: 
         curves = {f"{label} (mean of {len(finished[v])} seeds)": mean_curve(finished[v])
                   for v, label in enumerate(labels) if finished[v]}
         title = f"{title}, seeds {', '.join(map(str, seeds))}"
-    elif (out / SEEDS_CSV).exists():
-        (out / SEEDS_CSV).unlink()  # an earlier comparison's, with seeds, replaced by this one
     png = plot_runs(curves, out / "comparison.png", title, backends=backends)
     lines = [f"# {title}", "", "| " + " | ".join(h for _, h in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in keep) + " |" for r in rows]
@@ -228,4 +232,8 @@ def write_report(out: Path, summaries: list[dict], run_dirs: list[Path], title: 
         lines += [""] + seed_lines
     lines += ["", f"![curves]({png.name})", "", folders_sentence(run_dirs)]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
+    written = {"comparison.md", "comparison.csv", png.name, *([SEEDS_CSV] if seed_lines else [])}
+    for name in COMPARISON_FILES:  # an earlier comparison's, replaced by this one
+        if name not in written:
+            (out / name).unlink(missing_ok=True)
     return {"markdown": out / "comparison.md", "csv": out / "comparison.csv", "plot": png}

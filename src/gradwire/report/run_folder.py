@@ -439,13 +439,16 @@ class RunFolder:
             self.scalars = None
 
     def finish(self, summary: dict, label: str) -> None:
-        """Write summary.json and, unless left out, curves.png (closing the logs first)."""
+        """Write summary.json and, unless left out, curves.png (closing the logs first); left out, the
+        curves.png of the run before it was continued (--resume --no-curves) goes: it ends earlier."""
         self.close()
         if not self.enabled:
             return
         write_json(self.out / "summary.json", summary)
         if self.records and self.curves:
             self.draw_curves(label)
+        elif not self.curves:
+            (self.out / "curves.png").unlink(missing_ok=True)
 
     def draw_curves(self, label: str) -> None:
         """curves.png: about a second of matplotlib in a fresh process (0.6 s once it is imported)."""

@@ -33,7 +33,14 @@ import torch
 from gradwire import checkpoint, kernels
 from gradwire.algorithms import ALGORITHMS, CodecConfig, Context, OptimConfig
 from gradwire.config import RunConfig, naming_flag
-from gradwire.errors import AlreadyFinished, CommunicationError, ConfigError, DivergenceError, Stopped
+from gradwire.errors import (
+    AlreadyFinished,
+    CommunicationError,
+    ConfigError,
+    DivergenceError,
+    NoCheckpointToContinue,
+    Stopped,
+)
 from gradwire.fault.kill import fault_point_from_env
 from gradwire.report.progress import ProgressLines, progress_mode
 from gradwire.report.run_folder import claim, holds_run, read_json_or_empty
@@ -388,7 +395,8 @@ def check_resume(cfg: RunConfig, *, existed: bool | None = None) -> None:
     out = Path(cfg.out)
     summary = read_json_or_empty(out / "summary.json")
     ran = read_json_or_empty(out / "config.json")
-    same = all(ran.get(k, v) == v for k, v in cfg.to_dict().items() if k in checkpoint.MUST_MATCH)
+    changed = [k for k, v in cfg.to_dict().items() if k in checkpoint.MUST_MATCH and ran.get(k, v) != v]
+    same = not changed
     stepdir = checkpoint.latest(out / "checkpoint")
     saved = stepdir is not None
     finished = summary.get("status") == "finished"
@@ -404,11 +412,18 @@ def check_resume(cfg: RunConfig, *, existed: bool | None = None) -> None:
         raise AlreadyFinished(str(out), summary, continuable=saved)  # (another configuration: the checkpoint names it)
     if saved:
         return
+    if finished and changed:  # (with a checkpoint, its load names them)
+        settings = "; ".join(f"{k}: {ran[k]!r} there vs {getattr(cfg, k)!r} now" for k in changed)
+        raise ConfigError(f"run folder {out} holds a run that finished at step {done} with other settings "
+                          f"({settings}) and saved no checkpoint to continue it from; starting again from step 0 "
+                          "would replace it: give its settings to keep it, pass --overwrite to replace it, or choose "
+                          f"another --out (--{changed[0].replace('_', '-')})")
     if finished:
         key = "resume_or_start" if cfg.resume_or_start else "resume"
-        raise ConfigError(f"{key}=true: run folder {out} holds a run that finished at step {summary.get('steps')} "
-                          "and saved no checkpoint to continue it from; starting again from step 0 would replace "
-                          f"it: pass --overwrite to replace it, or choose another --out (--{key.replace('_', '-')})")
+        raise NoCheckpointToContinue(
+            f"{key}=true: run folder {out} holds a run that finished at step {done} and saved no checkpoint to "
+            "continue it from; starting again from step 0 would replace it: pass --overwrite to replace it, or "
+            f"choose another --out (--{key.replace('_', '-')})", steps=done)
     if cfg.resume_or_start:
         return
     found = holds_run(out)
