@@ -68,6 +68,24 @@ def test_compare_resume_with_other_settings_names_them(tmp_path, data_dir, capsy
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".gradwire.lock"} == before
 
 
+def test_compare_resume_from_checkpoints_with_other_settings_is_refused_before_any_variant_runs(
+        tmp_path, data_dir, capsys):
+    """Variants that saved checkpoints, resumed to more --steps with another --lr for the second: the
+    second's checkpoint does not fit, and that is said before the first variant runs on (it ran on to
+    --steps 6, then the second failed at its checkpoint's load)."""
+    out = tmp_path / "cmp"
+    base = ["compare", *TINY, "--data-dir", str(data_dir), "--out", str(out), "--no-html", "--checkpoint-every", "2",
+            "--variant", "--algorithm sync --lr 0.5", "--variant", "--algorithm local"]
+    assert main(base) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".gradwire.lock"}
+    capsys.readouterr()
+    assert main([*base, "--steps", "6", "--lr", "0.05", "--resume"]) == 2
+    line = one_line(capsys)
+    assert line.startswith("gradwire compare: error: variant 'local': checkpoint ") and "lr: checkpoint 0.8" in line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".gradwire.lock"} == before
+    assert main([*base, "--steps", "6", "--resume"]) == 0  # the same settings go on
+
+
 def test_run_refuses_a_config_file_with_seeds(tmp_path, data_dir, capsys):
     """seeds is compare's key: `gradwire run --config` with it ran one seed (seed 0, or the file's
     seed) without a word; refused in one line, before anything is written. A comparison's file

@@ -220,7 +220,22 @@ def resumed_variants(common: RunConfig, specs: list[RunConfig]) -> list[RunConfi
                               "--overwrite, or choose another --out (--resume)") from None
         except ConfigError as e:  # other settings than its run's, fewer --steps than it finished
             raise ConfigError(f"variant {c.label()!r}: {e}") from None
+        try:  # a checkpoint written with other settings (checkpoint.load's own check, here before any run)
+            checkpoint_fits(resolved(c))
+        except ConfigError as e:
+            raise ConfigError(f"variant {c.label()!r}: {e} (--resume)") from None
     return specs
+
+
+def checkpoint_fits(cfg: RunConfig) -> None:
+    """ConfigError where the latest checkpoint in ``cfg.out`` was written by another configuration
+    (what resuming from it would refuse once loading: a variant's after the earlier variants ran)."""
+    from gradwire import checkpoint
+
+    stepdir = checkpoint.latest(Path(cfg.out) / "checkpoint")
+    files = sorted(stepdir.glob("*.pt")) if stepdir is not None else []
+    if files:
+        checkpoint.load(stepdir, files[0].stem, cfg.to_dict())
 
 
 def variant_folder(label: str, seed: int | None = None) -> str:
