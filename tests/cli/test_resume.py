@@ -241,3 +241,15 @@ def test_a_line_cut_off_by_a_crash_does_not_stop_the_resume(tmp_path, data_dir):
     for name in ("metrics.jsonl", "steps.jsonl"):
         assert _rows(split / name) == _rows(tmp_path / "whole" / name), name
     assert not list(split.glob("*.tmp"))
+
+
+def test_a_report_of_the_run_before_it_went_on_is_removed_and_said(tmp_path, data_dir, capsys):
+    out = tmp_path / "run"
+    args = ["run", *TINY, "--checkpoint-every", "2", "--no-curves", "--data-dir", str(data_dir), "--out", str(out)]
+    assert main(args) == 0
+    assert main(["report", str(out)]) == 0 and (out / "report.html").exists()
+    capsys.readouterr()
+    assert main([*args, "--steps", "6", "--resume"]) == 0
+    assert not (out / "report.html").exists()
+    assert f"removed {out / 'report.html'}, the report of the run before it went on" in capsys.readouterr().err
+    assert main(["report", str(out)]) == 0 and (out / "report.html").exists()

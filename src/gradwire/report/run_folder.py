@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -440,11 +441,18 @@ class RunFolder:
 
     def finish(self, summary: dict, label: str) -> None:
         """Write summary.json and, unless left out, curves.png (closing the logs first); left out, the
-        curves.png of the run before it was continued (--resume --no-curves) goes: it ends earlier."""
+        curves.png of the run before it was continued (--resume --no-curves) goes: it ends earlier.
+        So does a report.html that `gradwire report` wrote of the run before it went on (a run writes
+        none itself), saying so: `gradwire report OUT` writes it again."""
         self.close()
         if not self.enabled:
             return
         write_json(self.out / "summary.json", summary)
+        report = self.out / "report.html"
+        if report.exists():
+            report.unlink()
+            print(f"gradwire: removed {report}, the report of the run before it went on; `gradwire report "
+                  f"{self.out}` writes it again", file=sys.stderr)
         if self.records and self.curves:
             self.draw_curves(label)
         elif not self.curves:
