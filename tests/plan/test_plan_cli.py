@@ -167,10 +167,92 @@ def test_a_budget_too_small_for_three_worker_counts(tmp_path, capsys):
     assert "budget=0.001 s affords 1 distinct worker count" in err and "raise --budget" in err
 
 
+def test_a_budget_refusal_shows_the_seconds_it_measured(tmp_path, capsys, monkeypatch):
+    """A pilot of milliseconds (here 3 ms a run on the planner's clock, patched: nothing is timed)
+    and the budget it asks for, with two significant digits: they were shown as "took 0.0 s" and
+    "raise --budget to about 0 s"."""
+    from itertools import count
+    from types import SimpleNamespace
+
+    ticks = count()
+    monkeypatch.setattr("gradwire.plan.planner.time", SimpleNamespace(perf_counter=lambda: 0.003 * next(ticks)))
+    monkeypatch.setattr("gradwire.plan.planner.steps_wall", lambda records: 1.0)  # (capped at the run's 3 ms)
+    err = bad(capsys, *TINY, "--out", str(tmp_path / "p"), "--workers", "1,2,4", "--steps", "10",
+              "--target-loss", "0.5", "--budget", "0.001")
+    # the pilot's 3 ms are all steps: m=2 and m=4 are estimated at 2x and 4x that, 3 + 6 + 12 ms in all
+    assert err.endswith("(the pilot at m=1 took 0.003 s); the system model needs 3: raise --budget to about "
+                        "0.021 s or lower --steps"), err
+
+
+def test_seconds_are_shown_with_two_significant_digits():
+    from gradwire.plan.planner import _figures
+
+    assert [_figures(x) for x in (0.0, 0.0031234, 0.0499, 0.42, 7.549, 9.96, 134.0, 1234.5)] == [
+        "0", "0.0031", "0.05", "0.42", "7.5", "10", "130", "1200"]
+
+
 def test_spec_lists_keep_their_parameters():
-    assert spec_list("sync:backups=2,diana,local:period=8,eval=average") == [
+    assert spec_list("sync:backups=2,diana,local:period=8,eval=average", "--algorithms") == [
         "sync:backups=2", "diana", "local:period=8,eval=average"]
-    assert spec_list("none, qsgd:levels=4,bucket=128") == ["none", "qsgd:levels=4,bucket=128"]
+    assert spec_list("none, qsgd:levels=4,bucket=128", "--compressors") == ["none", "qsgd:levels=4,bucket=128"]
+
+
+def test_overwrite_removes_the_replaced_plans_runs_that_it_did_not_make(tmp_path, capsys):
+    """A plan replaced with --overwrite left its profiling and validation runs that the new plan
+    did not make (another candidate's, other worker counts', its validation's) among the new ones;
+    they go once the new plan is written, as compare --overwrite does, and nothing of the user's:
+    a file of theirs, a folder of no run, a recorded folder whose run is not the plan's."""
+    out = tmp_path / "plan"
+    plan(tmp_path, "--algorithms", "sync,local:period=2", "--workers", "2,3,4", "--max-workers", "8",
+         "--steps", "6", "--deadline", "1", "--validate", "8")
+    (out / "profile" / "sync" / "notes.txt").write_text("mine")
+    (out / "validate" / "sync" / "m99").mkdir()
+    summary = out / "profile" / "local_period=2" / "m2" / "summary.json"
+    summary.write_text(json.dumps(json.loads(summary.read_text()) | {"label": "a run of mine"}))
+    capsys.readouterr()
+    p = plan(tmp_path, "--workers", "1,2,4", "--max-workers", "8", "--steps", "6", "--deadline", "1", "--overwrite")
+    assert {(r["candidate"], r["workers"], r["purpose"]) for r in p["runs"]} == {
+        ("sync", 1, "profile"), ("sync", 2, "profile"), ("sync", 4, "profile")}
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "removed the replaced plan's run folders: profile/local_period=2/m3, profile/local_period=2/m4, "
+        "profile/sync/m3, validate/local_period=2/m8, validate/sync/m8")
+    left = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_dir() and f.name.startswith("m"))
+    assert left == ["profile/local_period=2/m2", "profile/sync/m1", "profile/sync/m2", "profile/sync/m4",
+                    "validate/sync/m99"]
+    assert (out / "profile" / "sync" / "notes.txt").read_text() == "mine"
+    assert not (out / "validate" / "local_period=2").exists()  # left empty: gone with its runs
+
+
+def test_a_plan_reuses_only_runs_of_its_own_configuration(tmp_path):
+    """make_plan(reuse=True) read every m* folder of a candidate's label as its run: a run of
+    another task or --steps (the same label, sync) was taken as this plan's measurement."""
+    from gradwire.plan.planner import Planner, PlanRequest, make_plan
+
+    cand = RunConfig(task="synthetic-logreg:samples=256,dim=5,hetero=0", batch_size=4, steps=6, seed=1, lr=0.05)
+
+    def request(c):
+        return PlanRequest(candidates=[c], workers=[1, 2, 4], max_workers=8, out=tmp_path, deadline_s=1.0)
+
+    make_plan(request(cand), log=lambda *a, **k: None)
+    said = []
+    for c, reused in [(cand, 3), (cand.replace(steps=8), 0), (cand.replace(task="synthetic-logreg:samples=128"), 0),
+                      (cand.replace(lr=None), 0)]:  # (no --lr: the algorithm's own, 0.8 for sync)
+        planner = Planner(request(c), log=lambda line, **k: said.append(line))
+        planner.load()
+        assert len(planner.runs) == reused, c
+    assert said[0] == f"not reused: {tmp_path}/profile/sync/m1 ran steps=6 (this plan: 8)"
+    assert said[-1] == f"not reused: {tmp_path}/profile/sync/m4 ran lr=0.05 (this plan: 0.8)"
+
+
+def test_plan_help_says_what_out_and_overwrite_do_in_a_plan(capsys):
+    """--out and --overwrite had run's help (a run folder; its files and checkpoint/)."""
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("--out OUT plan folder: plan.json, plan.md and plan.png, the profiling runs in OUT/profile/ and the "
+            "validation runs in OUT/validate/ (default: a fresh runs/plan-<YYYYmmdd-HHMMSS>)") in text
+    assert "--overwrite, --no-overwrite replace the plan already in OUT: plan.json, plan.md, plan.png" in text
+    assert "run folder (default" not in text and "replace the run already in OUT" not in text
 
 
 def test_torch_runs_go_through_gradwire_launch():

@@ -62,3 +62,52 @@ def test_plan_refuses_an_out_that_is_a_run_or_holds_other_results(tmp_path, data
     assert "holds other results (r/ is a run, comparison or plan)" in one_line(capsys)
     assert sorted(p.name for p in run_folder.iterdir()) == before
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["r"]
+
+
+SYNTH = ["plan", "--task", "synthetic-logreg:samples=256,dim=5", "--steps", "2", "--workers", "1,2,4"]
+
+
+@pytest.mark.parametrize("args, line", [
+    # inf passed the > 0 check: all profiling ran, then the prediction crashed (OverflowError, exit 1)
+    (["--deadline", "inf"], "deadline=inf must be a finite number of seconds > 0 (--deadline)"),
+    (["--target-loss", "1", "--budget", "inf"],
+     "budget=inf must be a finite number of seconds > 0; without --budget every --workers count is profiled "
+     "(--budget)"),
+    # --algorithms replaced --algorithm unseen (compare refuses --seed with --seeds likewise)
+    (["--target-loss", "1", "--algorithm", "diana", "--algorithms", "sync,local"],
+     "--algorithm diana and --algorithms sync,local: the candidates' algorithms are those of --algorithms, so "
+     "--algorithm would be ignored; give one of them (add diana to --algorithms)"),
+    (["--target-loss", "1", "--compressor", "qsgd", "--compressors", "none"],
+     "--compressor qsgd and --compressors none: the candidates' compressors are those of --compressors, so "
+     "--compressor would be ignored; give one of them (add qsgd to --compressors)"),
+])
+def test_plan_refuses_an_endless_goal_or_a_flag_a_list_replaces(tmp_path, capsys, args, line):
+    out = tmp_path / "p"
+    assert main([*SYNTH, "--out", str(out), *args]) == 2
+    assert one_line(capsys) == f"gradwire plan: error: {line}"
+    assert not out.exists()  # before any profiling run
+
+
+@pytest.mark.parametrize("args, start", [
+    # each was accepted: an empty list read as no list (the common algorithm), an empty item dropped,
+    # and "--algorithms ," profiled nothing and then failed with "no candidate could be fitted ()"
+    (["--algorithms", ""], "--algorithms '' gives no value; expected comma-separated algorithm specs (async, "),
+    (["--algorithms", ","], "--algorithms ',' gives no value; expected comma-separated algorithm specs (async, "),
+    (["--algorithms", "sync,,local"], "--algorithms 'sync,,local' has an empty item (a stray ','); expected "
+     "comma-separated algorithm specs (async, "),
+    (["--compressors", "none,"], "--compressors 'none,' has an empty item (a stray ','); expected comma-separated "
+     "compressor specs (bf16, "),
+    (["--candidate", ""], "--candidate '' gives no run flags; give the flags that make the candidate differ from "
+     "the common ones, e.g. --candidate \"--compressor topk:ratio=0.01\""),
+    (["--candidate", "--name a --compressor sign", "--candidate", " "], "--candidate ' ' gives no run flags;"),
+    (["--workers", "1,,2,4"], "--workers '1,,2,4' has an empty item (a stray ','); expected comma-separated integers"),
+    (["--validate", ""], "--validate '' gives no value; expected comma-separated integers"),
+])
+def test_plan_refuses_an_empty_candidate_list_or_item(tmp_path, capsys, args, start):
+    out = tmp_path / "p"
+    assert main([*SYNTH, "--target-loss", "1", "--out", str(out), *args]) == 2
+    line = one_line(capsys)
+    assert line.startswith(f"gradwire plan: error: {start}"), line
+    if "specs (" in start:  # the valid names, from the registries' torch-free table
+        assert ("diana" in line and "sync" in line) if "algorithm" in start else ("qsgd" in line and "none" in line)
+    assert not out.exists()

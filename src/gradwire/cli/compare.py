@@ -20,6 +20,7 @@ from gradwire.config import FOLDER_MODE_KEYS, RunConfig, from_mapping, read_conf
 from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, NoCheckpointToContinue
 from gradwire.report.run_folder import (
     holds_run,
+    holds_run_labelled,
     read_json_or_empty,
     refuse_existing,
     refuse_other_kind,
@@ -254,12 +255,6 @@ def variant_folder_names(run_label: str) -> set[str]:
     return names
 
 
-def _holds_run_labelled(folder: Path, label: str) -> bool:
-    """``folder`` is a real folder (not a link) holding a run whose summary's label is ``label``."""
-    return (not folder.is_symlink() and folder.is_dir() and holds_run(folder, files_only=True) is not None
-            and read_json_or_empty(folder / "summary.json").get("label") == label)
-
-
 def stale_variant_dirs(root: Path, specs: list[RunConfig]) -> list[tuple[Path, str]]:
     """With --overwrite: the variant folders of the comparison in ``root`` that this one does not
     write, each with its label, as that comparison's own record names them: for each label of its
@@ -274,7 +269,7 @@ def stale_variant_dirs(root: Path, specs: list[RunConfig]) -> list[tuple[Path, s
     new = {Path(c.out).name.casefold() for c in specs}  # casefold: one folder on a case-insensitive disk
     return sorted((root / name, label) for label in table_labels(root / "comparison.csv") or []
                   for name in variant_folder_names(label)
-                  if name.casefold() not in new and _holds_run_labelled(root / name, label))
+                  if name.casefold() not in new and holds_run_labelled(root / name, label))
 
 
 # what a comparison's title says of the variants' setting, where they all share it
@@ -327,7 +322,7 @@ def main(ns) -> int:
         labels = [c.label().removesuffix(f" seed {seeds[0]}") for c in specs[:len(specs) // len(seeds)]]
     files = write_report(root, summaries, [Path(c.out) for c in specs], title, seeds=seeds, labels=labels)
     # the comparison just replaced had these, this one has not; each still holds its run of its old label
-    remove_replaced([folder for folder, label in stale if _holds_run_labelled(folder, label)],
+    remove_replaced([folder for folder, label in stale if holds_run_labelled(folder, label)],
                     "comparison's variant folders", echo=lambda line: print(line, flush=True))
     print((root / "comparison.md").read_text())
     print(f"report: {files['markdown']}  plot: {files['plot']}")

@@ -4,6 +4,8 @@ compressor and worker count (docs/planning.md)."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 from gradwire.cli.flags import (
@@ -17,7 +19,13 @@ from gradwire.cli.flags import (
 )
 from gradwire.config import RunConfig, from_mapping, read_config_file
 from gradwire.errors import ConfigError
-from gradwire.report.run_folder import refuse_other_kind, refuse_others, require_named
+from gradwire.report.run_folder import (
+    holds_run_labelled,
+    refuse_other_kind,
+    refuse_others,
+    remove_replaced,
+    require_named,
+)
 
 EPILOG = """examples:
   gradwire plan --task synthetic-logreg:samples=4096 --batch-size 8 --steps 100 --network ring:mbps=100 \\
@@ -32,6 +40,13 @@ plan.md and plan.png. Time is simulated on --backend sim, elapsed on torch (each
 The models and the design are explained in docs/planning.md."""
 
 
+OUT_HELP = ("plan folder: plan.json, plan.md and plan.png, the profiling runs in OUT/profile/ and the validation "
+            "runs in OUT/validate/")
+OVERWRITE_HELP = ("replace the plan already in OUT: plan.json, plan.md, plan.png and each run the new plan makes; "
+                  "the run folders of the replaced plan that this one does not make (those its plan.json names) go "
+                  "once the new plan is written")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="profile short runs, fit time and convergence models, recommend an "
                        "algorithm, compressor and worker count", epilog=EPILOG,
@@ -40,7 +55,8 @@ def add_parser(sub) -> None:
                        "Ernest's time-per-iteration model and a convergence model, predict the time to a target "
                        "(or the objective within a deadline) up to --max-workers, and recommend one; writes "
                        "plan.json, plan.md and plan.png into --out.")
-    add_run_flags(p, skip=("workers",))
+    add_run_flags(p, skip=("workers",), helps={"out": OUT_HELP, "overwrite": OVERWRITE_HELP},
+                  shown_defaults={"out": "a fresh runs/plan-<YYYYmmdd-HHMMSS>"})
     p.add_argument("--algorithms", help="comma-separated algorithm specs, e.g. sync,sync:backups=2,diana")
     p.add_argument("--compressors", help="comma-separated compressor specs, e.g. none,qsgd:levels=4")
     p.add_argument("--candidate", action="append", help="run flags of one more candidate (quoted); repeatable; a "
@@ -65,21 +81,45 @@ def add_parser(sub) -> None:
     p.set_defaults(command_main=main)
 
 
-def spec_list(text: str) -> list[str]:
+def comma_items(text: str, flag: str, expected: str) -> list[str]:
+    """The comma-separated items of ``flag``'s value ``text``, stripped. A value that names none
+    (``''``, ``','``) or has an empty item (``sync,,local``, ``none,``) is refused, not read as
+    fewer items; ``expected`` says what to give instead."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise ConfigError(f"{flag} {text!r} gives no value; expected {expected}")
+    if "" in items:
+        raise ConfigError(f"{flag} {text!r} has an empty item (a stray ','); expected {expected}")
+    return items
+
+
+# plan's lists of the candidates' specs, each with the run flag whose value it replaces (and whose
+# registered names it takes)
+SPEC_LIST_OF = {"algorithms": "algorithm", "compressors": "compressor"}
+
+
+def spec_list(text: str, flag: str) -> list[str]:
     """``sync:backups=2,diana,local:period=8,eval=average`` -> one spec per name: a comma starts a
-    new spec unless what follows is another key=value of the one before."""
+    new spec unless what follows is another key=value of the one before. ``flag`` (--algorithms,
+    --compressors) names the value where it names no spec or has an empty item."""
+    from gradwire.registries import REGISTRIES
+    from gradwire.registry_names import NAMES
+
+    key = SPEC_LIST_OF[flag.removeprefix("--")]
+    names = sorted(n for r in REGISTRIES if r.key == key for n in NAMES[r.group]["names"])
     specs: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
+    for part in comma_items(text, flag, f"comma-separated {key} specs ({', '.join(names)})"):
         if specs and "=" in part and ":" not in part.split("=")[0]:
             specs[-1] += "," + part
-        elif part:
+        else:
             specs.append(part)
     return specs
 
 
 def _int_list(text: str, flag: str) -> list[int]:
+    items = comma_items(text, flag, "comma-separated integers, e.g. 1,2,4,8")
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in items]
     except ValueError:
         raise ConfigError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
 
@@ -117,6 +157,70 @@ def workers_of(ns) -> str:
     return "1,2,4,8"
 
 
+def candidates_of(ns, base: RunConfig) -> list[RunConfig]:
+    """The candidates: every --algorithms x --compressors pair on top of ``base`` (the common flags),
+    plus one per --candidate (whose run flags go on top of ``base``); without lists, ``base`` itself
+    unless --candidate is given. A run flag that a list replaces (--algorithm with --algorithms) and a
+    --candidate of no flags are refused: each would be dropped, or add nothing, unseen."""
+    for many, one in SPEC_LIST_OF.items():
+        if getattr(ns, many) is not None and one in vars(ns):  # (a flag left out is not in ns)
+            raise ConfigError(f"--{one} {getattr(ns, one)} and --{many} {getattr(ns, many)}: the candidates' "
+                              f"{one}s are those of --{many}, so --{one} would be ignored; give one of them (add "
+                              f"{getattr(ns, one)} to --{many})")
+    listed = ns.algorithms is not None or ns.compressors is not None
+    algorithms = spec_list(ns.algorithms, "--algorithms") if ns.algorithms is not None else [base.algorithm]
+    compressors = spec_list(ns.compressors, "--compressors") if ns.compressors is not None else [base.compressor]
+    candidates = [base.replace(algorithm=a, compressor=c, name="" if listed else base.name)
+                  for a in algorithms for c in compressors]
+    if ns.candidate:  # explicit candidates replace the implicit base one unless lists were given
+        candidates = candidates if listed else []
+        parser = run_parser("gradwire plan --candidate")
+        for text in ns.candidate:
+            if not text.strip():
+                raise ConfigError(f"--candidate {text!r} gives no run flags; give the flags that make the candidate "
+                                  "differ from the common ones, e.g. --candidate \"--compressor topk:ratio=0.01\"")
+            sub = parse_flag_string(parser, text, "--candidate")
+            _refuse_plan_keys(vars(sub), f"--candidate {text!r}", PLAN_SETS)
+            if sub.config:
+                _refuse_plan_keys(read_config_file(sub.config), f"--candidate {text!r}'s {sub.config}", PLAN_SETS)
+            candidates.append(config_from_args(sub, base))
+    return candidates
+
+
+def replaced_run_dirs(out: Path) -> list[tuple[Path, str]]:
+    """The run folders of the plan in ``out`` (with --overwrite, the plan being replaced), each with its
+    candidate's label, as its plan.json records its runs: for each run only the folder plan itself
+    gives it (``planner.run_folder``); [] where there is no plan.json or it cannot be read."""
+    from gradwire.plan.planner import run_folder
+
+    try:
+        recorded = {(r["purpose"], r["candidate"], int(r["workers"]))
+                    for r in json.loads((out / "plan.json").read_text())["runs"]}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return []
+    return [(run_folder(out, purpose, label, m), label) for purpose, label, m in sorted(recorded)
+            if purpose in ("profile", "validate") and isinstance(label, str)]
+
+
+def remove_unwritten(out: Path, replaced: list[tuple[Path, str]], runs: list[dict]) -> None:
+    """Once the new plan is written: remove the replaced plan's run folders (``replaced``) that its
+    ``runs`` did not write, each only where it is still a real folder below ``out`` holding a run of
+    the replaced plan's label for it (never a run or file of the user's), then the candidate's folder
+    (and OUT/validate/) where that left it empty; says on stderr what went."""
+    from gradwire.plan.planner import run_folder
+
+    written = {str(run_folder(out, r["purpose"], r["candidate"], r["workers"])).casefold() for r in runs}
+    stale = [folder for folder, label in replaced if str(folder).casefold() not in written  # (one folder on a
+             and folder.resolve() == out.resolve() / folder.relative_to(out)  # case-insensitive disk; no link)
+             and holds_run_labelled(folder, label)]
+    remove_replaced(stale, "plan's run folders", echo=lambda line: print(line, file=sys.stderr, flush=True),
+                    root=out)
+    for folder in {f.parent for f in stale}:
+        for empty in (folder, folder.parent):  # rmdir: only an empty folder goes
+            if empty.is_dir() and not empty.is_symlink() and not any(empty.iterdir()):
+                empty.rmdir()
+
+
 def main(ns) -> int:
     own = [k for k in PLAN_SETS if k not in PLAN_OWN]
     _refuse_plan_keys(vars(ns), "plan's command line", own)
@@ -134,23 +238,12 @@ def main(ns) -> int:
     if out_given(ns):
         require_named(base.out)  # before check_values probes the folder: --out / and --out . are refused
     base.check_values()  # before torch is imported
-    candidates = [base.replace(algorithm=a, compressor=c, name="" if (ns.algorithms or ns.compressors) else base.name)
-                  for a in spec_list(ns.algorithms or base.algorithm)
-                  for c in spec_list(ns.compressors or base.compressor)]
-    if ns.candidate:  # explicit candidates replace the implicit base one unless lists were given
-        candidates = candidates if (ns.algorithms or ns.compressors) else []
-        parser = run_parser("gradwire plan --candidate")
-        for text in ns.candidate:
-            sub = parse_flag_string(parser, text, "--candidate")
-            _refuse_plan_keys(vars(sub), f"--candidate {text!r}", PLAN_SETS)
-            if sub.config:
-                _refuse_plan_keys(read_config_file(sub.config), f"--candidate {text!r}'s {sub.config}", PLAN_SETS)
-            candidates.append(config_from_args(sub, base))
+    candidates = candidates_of(ns, base)
     workers = _int_list(workers_text, "--workers")
     if ns.validate == "auto":  # 2x and 4x the largest --workers count (known before any run; docs/planning.md)
         validate = [m for m in (2 * max(workers), 4 * max(workers)) if m <= ns.max_workers]
     else:
-        validate = _int_list(ns.validate or "", "--validate")
+        validate = _int_list(ns.validate, "--validate") if ns.validate is not None else []
     out = Path(base.out if out_given(ns) else fresh_out("plan", base))
     require_named(out)
     refuse_other_kind(out, "plan")
@@ -165,8 +258,10 @@ def main(ns) -> int:
                       target=ns.target_loss, deadline_s=ns.deadline, metric=ns.metric, budget_s=ns.budget,
                       validate=validate, validate_max_steps=ns.validate_max_steps, work=ns.work,
                       fit_from=ns.fit_from)
+    replaced = replaced_run_dirs(out) if base.overwrite else []  # read before the new plan.json replaces it
     plan = make_plan(req)
     files = write_plan(out, plan)
+    remove_unwritten(out, replaced, plan["runs"])
     print("\n".join(prediction_table(plan)))
     val = validation_table(plan)
     if val:

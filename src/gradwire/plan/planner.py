@@ -34,7 +34,7 @@ from gradwire.errors import ConfigError, DivergenceError
 from gradwire.plan.convergence import ConvergenceModel, crossing
 from gradwire.plan.design import RunCost, choose_workers, steps_wall
 from gradwire.plan.system_model import SystemModel, distinct_enough, log2_grid
-from gradwire.report.run_folder import read_jsonl
+from gradwire.report.run_folder import read_json_or_empty, read_jsonl
 from gradwire.run.combination import TooFewWorkers, check_combination
 
 METRICS = ("train_loss", "suboptimality")
@@ -62,8 +62,8 @@ class PlanRequest:
                               "(best objective within S seconds)")
         if self.metric not in METRICS:
             raise ConfigError(f"metric={self.metric!r}: valid choices are {', '.join(METRICS)} (--metric)")
-        if self.deadline_s is not None and not self.deadline_s > 0:
-            raise ConfigError(f"deadline={self.deadline_s} must be > 0 seconds (--deadline)")
+        if self.deadline_s is not None and not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+            raise ConfigError(f"deadline={self.deadline_s} must be a finite number of seconds > 0 (--deadline)")
         if self.target is not None and not math.isfinite(self.target):
             raise ConfigError(f"target-loss={self.target} must be a finite number (--target-loss)")
         if self.target is not None and self.target < 0:  # both metrics are >= 0: found only after profiling
@@ -82,8 +82,9 @@ class PlanRequest:
         if self.max_workers < max(self.workers):
             raise ConfigError(f"max-workers={self.max_workers} is below the largest profiled count "
                               f"{max(self.workers)} (--max-workers)")
-        if self.budget_s is not None and not self.budget_s > 0:
-            raise ConfigError(f"budget={self.budget_s} must be > 0 seconds of profiling (--budget)")
+        if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
+            raise ConfigError(f"budget={self.budget_s} must be a finite number of seconds > 0; without --budget "
+                              "every --workers count is profiled (--budget)")
         both = sorted(set(self.validate) & set(self.workers))
         if both:
             raise ConfigError(f"validate={self.validate}: {both} also profiled; held-out worker counts must not be "
@@ -160,10 +161,35 @@ def seconds_per_step(steps: list[dict], evaluated: set[int]) -> float | None:
     return sum(deltas) / len(deltas) if deltas else None
 
 
+def ran_otherwise(folder: Path, cfg: RunConfig, free: tuple[str, ...] = ()) -> str | None:
+    """How the run in ``folder`` (its config.json) differs from ``cfg`` resolved as a run resolves it
+    (the algorithm's --lr filled in), keys in ``free`` aside: the first key that differs, as
+    ``steps=100 (this plan: 10)``; None where the run is ``cfg``'s."""
+    from gradwire.run.combination import resolved
+
+    ran = read_json_or_empty(folder / "config.json")
+    for key, value in resolved(cfg).to_dict().items():
+        if key not in free and ran.get(key) != value:
+            return f"{key}={ran.get(key)!r} (this plan: {value!r})"
+    return None
+
+
+def _figures(seconds: float) -> str:
+    """``seconds`` to two significant digits in plain notation (0.0031, 0.42, 7.5, 130): a budget
+    of milliseconds is not shown as 0."""
+    return f"{float(f'{seconds:.2g}'):g}"
+
+
 def _slug(text: str) -> str:
     import re
 
     return re.sub(r"[^A-Za-z0-9.=+-]+", "_", text).strip("_")[:80] or "run"
+
+
+def run_folder(out: Path, purpose: str, label: str, workers: int) -> Path:
+    """The folder of candidate ``label``'s ``purpose`` run (profile, validate) at ``workers`` workers
+    in the plan folder ``out``: OUT/<purpose>/<label as a folder name>/m<workers>."""
+    return Path(out) / purpose / _slug(label) / f"m{workers}"
 
 
 def _torch_argv(cfg: RunConfig) -> list[str]:
@@ -258,13 +284,21 @@ class Planner:
                            points[-1][1] if points else None, at_deadline, covers)
 
     def load(self) -> None:
-        """Read the runs an earlier plan left in OUT (the same candidates) instead of running them."""
+        """Read the runs an earlier plan left in OUT instead of running them: those whose config.json
+        records the run this plan would make in their folder (a run of the same candidate's label with
+        another task, --steps or any other setting measured something else, and is left out)."""
         for purpose in ("profile", "validate"):
+            per_run = ("steps", "eval_every") if purpose == "validate" else ()  # a validation run's own length
             for cand in self.req.candidates:
                 folder = self.req.out / purpose / _slug(cand.label())
                 for sub in sorted(folder.glob("m*"), key=lambda p: int(p.name[1:]) if p.name[1:].isdigit() else 0):
                     if sub.name[1:].isdigit() and (sub / "summary.json").exists():
-                        self.runs.append(self.read(self.config(cand, int(sub.name[1:]), purpose), purpose))
+                        cfg = self.config(cand, int(sub.name[1:]), purpose)
+                        other = ran_otherwise(sub, cfg, per_run)
+                        if other is not None:
+                            self.log(f"not reused: {sub} ran {other}", flush=True)
+                            continue
+                        self.runs.append(self.read(cfg, purpose))
                         if purpose == "profile":
                             self.spent_s += self.runs[-1].wall_time_s
 
@@ -273,7 +307,7 @@ class Planner:
         # ~15 evaluations for the convergence fit; ~40 for a validation run's crossing of the target
         every = max(1, steps // 40) if purpose == "validate" else max(1, steps // 15)
         return cand.replace(workers=m, steps=steps, eval_every=every, overwrite=True, resume=False,
-                            out=str(self.req.out / purpose / _slug(cand.label()) / f"m{m}"))
+                            out=str(run_folder(self.req.out, purpose, cand.label(), m)))
 
     def profile(self) -> None:
         """The pilot (smallest m) of every candidate, then the design's choice for all candidates."""
@@ -299,8 +333,8 @@ class Planner:
             cheapest = sorted((cost(w), w) for w in req.workers if w != pilot)[:2]
             need = self.spent_s + sum(c for c, _ in cheapest)
             raise ConfigError(f"budget={req.budget_s:g} s affords {len(order) + 1} distinct worker count(s) "
-                              f"(the pilot at m={pilot} took {self.spent_s:.1f} s); the system model needs 3: "
-                              f"raise --budget to about {need:.0f} s or lower --steps")
+                              f"(the pilot at m={pilot} took {_figures(self.spent_s)} s); the system model needs 3: "
+                              f"raise --budget to about {_figures(need)} s or lower --steps")
         self.log(f"profiling design: m = {', '.join(map(str, [pilot, *order]))}"
                  + (f" (within --budget {req.budget_s:g} s wall)" if req.budget_s else ""), flush=True)
         for w in order:

@@ -143,12 +143,14 @@ def remove_unless_written(folder: Path) -> bool:
         return True
 
 
-def remove_replaced(folders: list[Path], what: str, echo=print) -> None:
+def remove_replaced(folders: list[Path], what: str, echo=print, root: Path | None = None) -> None:
     """Remove ``folders``, the ``what`` of a result an --overwrite replaced (each checked by the caller
-    just now), except those a gradwire process is writing; ``echo`` says which went and which stayed."""
+    just now), except those a gradwire process is writing; ``echo`` says which went and which stayed,
+    each named by its path below ``root`` (default: its own name)."""
     removed, busy = [], []
     for folder in folders:
-        (removed if remove_unless_written(folder) else busy).append(folder.name)
+        name = str(folder.relative_to(root)) if root is not None else folder.name
+        (removed if remove_unless_written(folder) else busy).append(name)
     if removed:
         echo(f"removed the replaced {what}: {', '.join(removed)}")
     if busy:
@@ -240,6 +242,12 @@ def require_named(out: str | Path) -> None:
     if path == Path.cwd().resolve():
         raise ConfigError(f"--out {str(out)!r} is the current directory, which holds other files; name a folder of "
                           "its own, e.g. runs/NAME, or leave --out off for a fresh folder under runs/")
+
+
+def holds_run_labelled(folder: Path, label: str) -> bool:
+    """``folder`` is a real folder (not a link) holding a run whose summary's label is ``label``."""
+    return (not folder.is_symlink() and folder.is_dir() and holds_run(folder, files_only=True) is not None
+            and read_json_or_empty(folder / "summary.json").get("label") == label)
 
 
 def holds_others(folder: Path, *, own: tuple[str, ...] = (), runs: bool = True) -> str | None:
