@@ -21,7 +21,6 @@ from gradwire.errors import AlreadyFinished, ConfigError, DivergenceError, NoChe
 from gradwire.report.run_folder import (
     holds_run,
     holds_run_labelled,
-    read_json_or_empty,
     refuse_existing,
     refuse_other_kind,
     refuse_others,
