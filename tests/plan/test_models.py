@@ -86,6 +86,10 @@ def test_crossing_interpolates_in_log_loss():
     assert step == pytest.approx(15.0) and t == pytest.approx(3.0)
     assert crossing(recs, 1.5, "loss") == (0.0, 0.0)
     assert crossing(recs, 0.1, "loss") is None
+    # off the middle the direction shows: 0.3 lies 0.369 of the way (in log loss) from 0.5 to 0.125
+    share = math.log(0.5 / 0.3) / math.log(0.5 / 0.125)
+    step, t = crossing(recs, 0.3, "loss")
+    assert step == pytest.approx(10 + 10 * share) and t == pytest.approx(2 + 2 * share)
 
 
 def test_run_cost_from_a_pilot():
