@@ -391,3 +391,15 @@ def test_a_deadline_validation_that_ends_before_the_deadline_is_rerun_longer(tmp
     assert v["steps_run"] == 28 and v["measured_objective"] == 0.6
     assert v["error_objective"] == pytest.approx((0.7 - 0.6) / 0.6)
     assert [r.steps for r in planner.runs] == [28]  # the short run is not kept as a measurement
+
+
+def test_a_candidate_refused_at_small_counts_is_predicted_only_where_it_runs(tmp_path, data_dir, capsys):
+    """sync with 2 backups cannot run on 1 or 2 workers (refused when profiled): the plan predicts it
+    from 3 workers on, never at a count it would refuse."""
+    out = tmp_path / "plan"
+    assert cli.main(["plan", "--task", "synthetic-logreg", "--steps", "10", "--eval-every", "5", "--data-dir",
+                     str(data_dir), "--algorithms", "sync:backups=2", "--workers", "1,2,4,8,16",
+                     "--target-loss", "0.55", "--max-workers", "16", "--out", str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["fits"]["sync:backups=2"]["smallest_workers"] == 3
+    assert sorted(r["workers"] for r in plan["predictions"]) == [4, 8, 16]
