@@ -43,6 +43,31 @@ REFUSALS = [
     (dict(backend="torch", workers=3, fault_tolerance=FT, algorithm="streaming-diloco:overlap=1"),
      "use streaming-diloco with overlap=0 and no eager", "(--fault-tolerance)"),
     (TP | dict(fault_tolerance=FT), "--tensor-parallel are not supported with it", "(--fault-tolerance)"),
+    # a run that ends before the first change of the model its algorithm evaluates (Algorithm.evaluated_rounds)
+    (dict(algorithm="muloco", workers=4, steps=12), "steps=12 < inner_steps=20: no outer round of algorithm 'muloco' "
+     "would complete", "raise --steps to 20 or more, or lower inner_steps (--steps)"),
+    (dict(algorithm="diloco", backend="threads", workers=3, steps=8), "steps=8 < inner_steps=10", "(--steps)"),
+    (dict(algorithm="sparseloco", steps=4), "steps=4 < inner_steps=5", "(--steps)"),
+    (dict(algorithm="muloco:overlap=2", steps=21), "steps=21 < inner_steps=20 + overlap=2", "(--steps)"),
+    (dict(algorithm="streaming-diloco", steps=5), "steps=5 < inner_steps/fragments=20/4 + overlap=1", "(--steps)"),
+    (dict(algorithm="streaming-diloco:inner_steps=10,fragments=3,eager=true", steps=2),
+     "steps=2 < ⌊inner_steps/fragments=10/3⌋: no outer round", "(--steps)"),
+    (dict(algorithm="local", steps=3), "steps=3 < period=4: no averaging of algorithm 'local'", "(local:eval=average) "
+                                                                                               "(--steps)"),
+    (dict(algorithm="dasgd", steps=4), "steps=4 < period=4 + delay=1", "(--steps)"),
+    (dict(algorithm="easgd", steps=1), "steps=1 < period=2: no communication round", "(--steps)"),
+    # --nesterov where the algorithm's momentum is not --momentum's: said so, not "needs momentum > 0"
+    (dict(algorithm="diloco", nesterov=True), "--nesterov does not apply to algorithm 'diloco' (leave it off): its "
+     "inner optimizer is AdamW", "(--algorithm diloco:inner=sgd --momentum 0.9 --nesterov) (--nesterov)"),
+    (dict(algorithm="sparseloco", nesterov=True, momentum=0.9), "does not apply to algorithm 'sparseloco'",
+     "(--nesterov)"),
+    (dict(algorithm="backup-diloco", nesterov=True), "does not apply to algorithm 'backup-diloco'", "(--nesterov)"),
+    (dict(algorithm="muloco", nesterov=True), "does not apply to algorithm 'muloco' (leave it off): its inner Muon "
+     "takes its Nesterov form and momentum from the spec (muloco:nesterov=true", "(--nesterov)"),
+    (dict(algorithm="demo", nesterov=True), "does not apply to algorithm 'demo'", "(--nesterov)"),
+    (dict(algorithm="diana", nesterov=True), "does not apply to algorithm 'diana'", "(--nesterov)"),
+    (dict(algorithm="signsgd", nesterov=True), "does not apply to algorithm 'signsgd'", "(--nesterov)"),
+    (dict(algorithm="diloco:inner=sgd", nesterov=True), "nesterov=true needs momentum > 0", "(--nesterov)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, timeout_s=5), "timeout_s=10 exceeds --timeout-s 5",
      "(--fault-tolerance)"),
 ]
@@ -94,6 +119,50 @@ def test_what_passes_comes_back_resolved_with_the_algorithms_answers(tmp_path):
                                      algorithm="streaming-diloco:overlap=0"))
     assert ft.cfg.fault_tolerance == FT and not ft.needs_server
     assert check_combination(RunConfig(out=out, error_feedback=True, algorithm="dqgd")).cfg.error_feedback
+
+
+# (algorithm, the first step after which the model it evaluates changes): DiLoCo's θ at its first round's
+# end, H (muloco 20, sparseloco 5), plus τ steps in flight; Streaming DiLoCo's first fragment due at
+# ⌊H/P⌋ (20/4) plus τ = 1, eager at once; local SGD's last average every τ = 4 steps, DaSGD's d = 1 later;
+# EASGD's center every τ = 2; the others' evaluated parameters move at every step
+FIRST_CHANGES = [("diloco", 10), ("muloco", 20), ("sparseloco", 5), ("muloco:overlap=2", 22),
+                 ("streaming-diloco", 6), ("streaming-diloco:eager=true", 5), ("streaming-diloco:fragments=1", 21),
+                 ("local", 4), ("dasgd", 5), ("dasgd:delay=0", 4), ("easgd", 2), ("local:eval=average", 1),
+                 ("easgd:eval=each", 1), ("sync", 1), ("demo", 1), ("backup-diloco", 1), ("async-diloco", 1),
+                 ("dagc:local_steps=3", 1), ("lsgd", 1)]
+
+
+@pytest.mark.parametrize("algorithm, first", FIRST_CHANGES, ids=[a for a, _ in FIRST_CHANGES])
+def test_a_run_refused_for_its_steps_is_exactly_one_that_would_evaluate_the_initial_model(algorithm, first, tmp_path):
+    """Measured (a run of first - 1 steps ends on the initial model's metrics, one of first steps does not)
+    when the bound was written; here the refusal's edge: first - 1 steps refused, first steps not."""
+    cfg = RunConfig(out=str(tmp_path / "run"), algorithm=algorithm, workers=2, steps=first)
+    assert check_combination(cfg).cfg.steps == first
+    if first > 1:
+        with pytest.raises(ConfigError, match=rf"^steps={first - 1} < .* raise --steps to {first} or more, .*"
+                                              r"\(--steps\)$"):
+            check_combination(cfg.replace(steps=first - 1))
+
+
+@pytest.mark.parametrize("algorithm, steps, says", [
+    ("diloco", 25, "the last outer round of algorithm 'diloco' is incomplete: its 5 steps after step 20 will not "
+                   "reach the evaluated model, which changes only at outer rounds (this run's last after step 20); "
+                   "--steps 20 or 30 ends on one"),
+    ("muloco:overlap=2", 30, "its 10 steps after step 20 will not reach the evaluated model"),  # merged at 22
+    ("dasgd", 10, "its 2 steps after step 8 will not reach"),  # averages started at 4 and 8, merged at 5 and 9
+    ("local", 5, "the last averaging of algorithm 'local' is incomplete: its 1 step after step 4 will not reach"),
+])
+def test_an_incomplete_last_round_is_noted_not_refused(algorithm, steps, says, tmp_path):
+    notes = check_combination(RunConfig(out=str(tmp_path / "run"), algorithm=algorithm, workers=2, steps=steps)).notes
+    assert len(notes) == 1 and says in notes[0] and "\n" not in notes[0], notes
+
+
+@pytest.mark.parametrize("algorithm, steps", [("diloco", 30), ("muloco:overlap=2", 22), ("dasgd", 9), ("local", 8),
+                                              ("streaming-diloco", 101), ("sync", 7)])
+def test_a_run_that_ends_on_a_round_has_no_note(algorithm, steps, tmp_path):
+    """Staggered fragments (streaming-diloco) change θ piecemeal: no --steps ends on every fragment's round."""
+    cfg = RunConfig(out=str(tmp_path / "run"), algorithm=algorithm, workers=2, steps=steps)
+    assert check_combination(cfg).notes == ()
 
 
 def test_resolved_takes_the_defaults_from_the_class_and_keeps_what_was_given():

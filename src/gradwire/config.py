@@ -45,7 +45,10 @@ class RunConfig:
     outer_state: str = "device"               # DiLoCo family: θ, outer momentum, residuals on device, or cpu (pinned)
     tensor_parallel: str = ""                 # 1d:p=4 | 2d:q=2 | 2.5d:q=2,d=2: the model split over P processes/worker
 
-    steps: int = 500                          # algorithm steps (aggregation rounds)
+    steps: int = 500                          # algorithm steps: one gradient per worker each for most (in the
+                                              # DiLoCo family and local SGD an inner, local step); one outer
+                                              # round each for backup-diloco and async-diloco (H inner steps
+                                              # a replica), and dagc:local_steps=K (K local steps)
     batch_size: int | str = 32                # per-worker minibatch, or "full" for the whole local shard
     lr: float | None = None                   # step size γ (left out: the algorithm's, task-scaled: docs/defaults.md)
     optimizer: str = "sgd"                    # update rule: sgd (heavy ball), adamw or muon (their keys: gradwire list)
@@ -168,6 +171,12 @@ class RunConfig:
             _step_size(self.lr, "lr", self.dtype, positive=True)
         if self.momentum is not None and not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum={self.momentum} must be in [0, 1) {_flag('momentum')}")
+        if self.nesterov and parse_spec(self.optimizer)[0] != "sgd":  # before asking for a --momentum it refuses
+            own = " (Muon's Nesterov form is its spec's: muon:nesterov=true, the default)" \
+                if parse_spec(self.optimizer)[0] == "muon" else ""
+            raise ConfigError(f"nesterov=true applies to --optimizer sgd's momentum; --optimizer {self.optimizer!r} "
+                              f"keeps its own moments{own} (leave --nesterov off, or use --optimizer sgd --momentum "
+                              f"0.9 --nesterov) {_flag('nesterov')}")
         if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0 "
                               f"{_flag('nesterov')}")

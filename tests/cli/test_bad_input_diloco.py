@@ -34,7 +34,7 @@ from gradwire.cli import main
      "the DDP hook only"),
 ])
 def test_bad_parameters_are_one_clear_line(tmp_path, data_dir, capsys, spec, flags, needle):
-    code = main(["run", "--algorithm", spec, *flags, "--workers", "2", "--steps", "1", "--task", "digits-logreg",
+    code = main(["run", "--algorithm", spec, *flags, "--workers", "2", "--steps", "20", "--task", "digits-logreg",
                  "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
     err = capsys.readouterr().err
     assert code == 2, err

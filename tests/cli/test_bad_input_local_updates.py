@@ -46,7 +46,7 @@ def test_bad_parameters_are_one_clear_line(tmp_path, data_dir, capsys, spec, nee
 
 
 def test_compressor_does_not_apply_to_parameter_exchange(tmp_path, data_dir):
-    p = gw("run", "--algorithm", "easgd", "--compressor", "qsgd", "--task", "digits-logreg", "--steps", "1",
+    p = gw("run", "--algorithm", "easgd", "--compressor", "qsgd", "--task", "digits-logreg", "--steps", "2",
            "--out", str(tmp_path / "o"), "--data-dir", str(data_dir))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "easgd exchanges parameters uncompressed: --compressor and --error-feedback do not apply" in p.stderr
@@ -74,3 +74,45 @@ def test_signsgd_refuses_a_momentum_flag_it_would_ignore(tmp_path, data_dir, cap
     err = capsys.readouterr().err
     assert code == 2 and "signsgd:momentum=β, 0.9 here): --momentum 0.5 does not apply" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--algorithm", "diloco"], "nesterov=true: --nesterov does not apply to algorithm 'diloco'"),
+    (["--algorithm", "diloco", "--momentum", "0.9"], "nesterov=true: --nesterov does not apply to algorithm 'diloco'"),
+    (["--algorithm", "muloco"], "nesterov=true: --nesterov does not apply to algorithm 'muloco'"),
+    (["--algorithm", "demo"], "nesterov=true: --nesterov does not apply to algorithm 'demo'"),
+    (["--algorithm", "diana"], "nesterov=true: --nesterov does not apply to algorithm 'diana'"),
+    (["--optimizer", "adamw"], "nesterov=true applies to --optimizer sgd's momentum; --optimizer 'adamw' keeps its "
+                               "own moments"),
+    (["--optimizer", "adamw", "--momentum", "0.9"], "--optimizer 'adamw' keeps its own moments"),
+    (["--optimizer", "muon"], "--optimizer 'muon' keeps its own moments (Muon's Nesterov form is its spec's: "
+                              "muon:nesterov=true, the default)"),
+])
+def test_nesterov_where_it_does_not_apply_says_so_and_asks_for_no_momentum(tmp_path, data_dir, capsys, flags, says):
+    """It said "needs momentum > 0 (--momentum 0.9 --nesterov)", and with that momentum, that --momentum
+    does not apply: a loop. Now one line, once, with or without --momentum."""
+    code = main(["run", *flags, "--nesterov", "--workers", "2", "--steps", "20", "--task", "digits-logreg",
+                 "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert "needs momentum" not in err and err.strip().endswith("(--nesterov)"), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_steps_that_never_reach_the_evaluated_model_are_noted_on_stderr(tmp_path, data_dir, capsys):
+    """DiLoCo with H = 2 and --steps 3: the step after the last round is computed and thrown away."""
+    code = main(["run", "--algorithm", "diloco:inner_steps=2", "--workers", "2", "--steps", "3", "--task",
+                 "digits-logreg", "--out", str(tmp_path / "o"), "--data-dir", str(data_dir), "--no-curves"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert ("gradwire run: note: the last outer round of algorithm 'diloco:inner_steps=2' is incomplete: its 1 step "
+            "after step 2 will not reach the evaluated model") in err, err
+
+
+def test_too_few_steps_for_one_round_are_refused_before_the_run(tmp_path, data_dir, capsys):
+    code = main(["run", "--algorithm", "muloco", "--workers", "4", "--steps", "12", "--eval-every", "6", "--task",
+                 "digits-logreg", "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "steps=12 < inner_steps=20: no outer round of algorithm 'muloco' would complete" in err, err
+    assert not (tmp_path / "o").exists()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from gradwire.algorithms import ALGORITHMS
 from gradwire.cli import main
 from gradwire.cli.run import EPILOG as EPILOG_RUN
 
@@ -131,6 +132,9 @@ def _small(cmd: list[str], data_dir) -> list[str]:
         return argv if "--list" in argv else [*argv, "--quick", "--only", "lsgd-symmetry"]
     warmup = re.search(r"warmup=(\d+)", " ".join(argv))
     steps = max(4, int(warmup.group(1)) + 2) if warmup else 4
+    if "--algorithm" in argv:  # enough for the first round of one whose evaluated model changes only at rounds
+        rounds = ALGORITHMS.build(argv[argv.index("--algorithm") + 1]).evaluated_rounds()
+        steps = max(steps, rounds.first if rounds else 1)
     small = ["--steps", str(steps), "--eval-every", str(steps), "--data-dir", str(data_dir)]
     if what == "compare":
         small += ["--workers", "4"]

@@ -18,6 +18,8 @@ BAD_VALUES = [
     (dict(threads=0), "--threads"), (dict(batch_size="half"), "--batch-size"), (dict(batch_size=0), "--batch-size"),
     (dict(dtype="float16"), "--dtype"), (dict(lr=0.0), "--lr"), (dict(lr=float("nan")), "--lr"),
     (dict(momentum=1.0), "--momentum"), (dict(nesterov=True, momentum=0.0), "--nesterov"),
+    (dict(nesterov=True, optimizer="adamw"), "--nesterov"), (dict(nesterov=True, momentum=0.9, optimizer="muon"),
+                                                             "--nesterov"),
     (dict(weight_decay=-1.0), "--weight-decay"), (dict(momentum=0.9, optimizer="adamw"), "--momentum"),
     (dict(seed=-1), "--seed"), (dict(backend="mpi"), "--backend"), (dict(device="tpu"), "--device"),
     (dict(checkpoint_every=-2), "--checkpoint-every"), (dict(timeout_s=0.0), "--timeout-s"),

@@ -91,3 +91,21 @@ def test_the_supervisor_starts_without_the_commands():
         modules = [n.module if isinstance(n, ast.ImportFrom) else a.name for n in top
                    for a in (n.names if isinstance(n, ast.Import) else [n])]
         assert [m for m in modules if m and m.split(".")[0] == "gradwire"] == [], name
+
+
+def test_the_steps_help_says_what_a_step_is_and_which_algorithms_count_rounds(capsys):
+    """It said "algorithm steps (aggregation rounds)"; in the DiLoCo family a step is one inner step,
+    and only the server-mode DiLoCo family (and dagc's local_steps) count rounds, which their own
+    help in `gradwire list` says too."""
+    from gradwire.cli import main
+    from gradwire.cli.flags import field_help
+
+    steps = field_help()["steps"]
+    assert "aggregation rounds" not in steps and "inner, local step" in steps, steps
+    assert "one outer round each for backup-diloco and async-diloco" in steps, steps
+    assert field_help()["lr_schedule"] == "lr over the run: constant, cosine or linear:warmup=W,min_ratio=R"
+    assert main(["list", "algorithms"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("backup-diloco", "async-diloco"):
+        line = next(x for x in listing.splitlines() if x.startswith(f"  {name} "))
+        assert "a --steps step is" in line and "outer round" in line, line

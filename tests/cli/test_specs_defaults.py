@@ -35,7 +35,8 @@ def test_every_registry_is_covered():
 
 @pytest.mark.parametrize("name", names("algorithms"))
 def test_algorithm_runs_bare(tmp_path, data_dir, name):
-    cfg = RunConfig(task="digits-logreg", workers=4, steps=3, eval_every=3, algorithm=name,
+    # 20 steps: the longest first round of a bare algorithm (muloco's inner_steps), before which a run is refused
+    cfg = RunConfig(task="digits-logreg", workers=4, steps=20, eval_every=20, algorithm=name,
                     out=str(tmp_path / name), data_dir=str(data_dir)).validate()
     summary = run(cfg, progress=False)
     assert summary["status"] == "finished", summary

@@ -134,7 +134,9 @@ class WorkerSpeeds:
 
 
 @ALGORITHMS.register("async-diloco", help="asynchronous DiLoCo: an outer step on every pseudo-gradient as it arrives, "
-                     "with delayed Nesterov momentum (Liu et al. 2024)", params=ASYNC_DILOCO_PARAMS)
+                     "with delayed Nesterov momentum (Liu et al. 2024); a --steps step is n arrivals, an outer "
+                     "round's worth (H inner steps a replica)",
+                     params=ASYNC_DILOCO_PARAMS)
 class AsyncDiLoCo(ServerDiLoCo):
     name = "async-diloco"
     # the inner AdamW's, as DiLoCo's (docs/defaults.md: 0.003, at which its outer_lr was tuned in

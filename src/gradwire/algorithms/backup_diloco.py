@@ -61,7 +61,9 @@ BACKUP_DILOCO_PARAMS = {"backups": "b >= 0: replicas whose pseudo-gradients each
 
 
 @ALGORITHMS.register("backup-diloco", help="DiLoCo whose outer round averages the first n - b pseudo-gradients "
-                     "(backup replicas, as Chen 2016's backup workers); late ones dropped", params=BACKUP_DILOCO_PARAMS)
+                     "(backup replicas, as Chen 2016's backup workers); late ones dropped; a --steps step is one "
+                     "outer round (H inner steps a replica)",
+                     params=BACKUP_DILOCO_PARAMS)
 class BackupDiLoCo(ServerDiLoCo):
     name = "backup-diloco"
     first_tag = 1  # rounds count from 1

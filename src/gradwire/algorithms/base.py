@@ -5,8 +5,9 @@ keeps replicas), asks :class:`Context` for gradients and compute times, and spea
 workers only through ``ctx.transport``. It never imports torch.distributed: the same class runs
 on the simulated cluster and on the torch backend.
 
-``step(ctx, step)`` performs one step of the algorithm (one aggregation round) and returns a dict
-of per-step figures for the metrics (``loss``: mean minibatch loss of the workers that computed).
+``step(ctx, step)`` performs one step of the algorithm (each worker's next gradient and what follows
+it: an aggregation, or a local or inner step) and returns a dict of per-step figures for the metrics
+(``loss``: mean minibatch loss of the workers that computed).
 
 An algorithm whose ``needs_server`` is true (backup workers, the asynchronous ones) is run by a
 server-mode driver instead of ``step``: it states its protocol in ``worker_step``, ``on_message``
@@ -149,6 +150,31 @@ def nested(key: str, component) -> tuple[str, ...]:
     return tuple(f"{key}/{path}" for path in component.per_worker_state())
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """When the parameters an algorithm evaluates change, for one whose evaluated parameters change only
+    at its rounds (``Algorithm.evaluated_rounds``): first after step ``first``, then every ``period``
+    steps (None: not all at once, as Streaming DiLoCo's staggered fragments), each change holding the
+    work of the steps up to ``delay`` steps before it (a round that travels before it is merged).
+    ``first_is`` says what sets ``first`` (``inner_steps=20``), ``round`` names a round, ``remedy`` the
+    spec change that brings the first one sooner: gradwire.run.combination refuses a run of fewer
+    than ``first`` steps (it would evaluate the initial model) and notes an incomplete last round."""
+
+    first: int
+    period: int | None
+    delay: int
+    first_is: str
+    round: str
+    remedy: str
+
+    def last_change(self, steps: int) -> int:
+        """The last step of a ``steps``-step run (at least ``first``) after which the evaluated
+        parameters change; the step itself where ``period`` is None (no note: no --steps avoids it)."""
+        if self.period is None:
+            return steps
+        return self.first + (steps - self.first) // self.period * self.period
+
+
 class Algorithm(Specced, ABC):
     """Base class; subclasses are registered in ALGORITHMS with their spec parameters."""
 
@@ -197,6 +223,13 @@ class Algorithm(Specced, ABC):
         refuses it (gradwire.run.combination)."""
         return False
 
+    @property
+    def nesterov_instead(self) -> str | None:
+        """None where --momentum and --nesterov set the momentum of its update (the heavy ball of
+        --optimizer sgd); otherwise what sets its momentum instead: gradwire.run.combination refuses
+        --nesterov with it in one line, rather than ask for the --momentum that it would refuse next."""
+        return None
+
     def compressor_spec(self) -> str | None:
         """The compressor that really runs (``compressor_resolved`` in config.json), defaults
         included; None when the algorithm compresses nothing (it sends parameters or dense
@@ -216,6 +249,13 @@ class Algorithm(Specced, ABC):
         ``eval_every`` steps and at the last. An algorithm whose evaluated parameters change only at
         round ends (DiLoCo) moves its evaluations onto them."""
         return step % eval_every == 0 or step == steps
+
+    def evaluated_rounds(self) -> Rounds | None:
+        """When ``eval_params()`` changes, for an algorithm whose evaluated parameters change only at its
+        rounds (DiLoCo's θ, local SGD's last average), known from its spec before set-up; None for one
+        whose evaluated parameters move at every step (the server-mode DiLoCo family's steps are its
+        rounds)."""
+        return None
 
     def before_evaluation(self, ctx: Context) -> None:  # noqa: B027 - most evaluate what every process holds
         """Every process calls this at an evaluation step, before rank 0 evaluates ``eval_params()``:

@@ -56,7 +56,8 @@ MODES = ("relative", "absolute", "uniform")
     params={"budget": "mean kept ratio r in (0, 1]: N·ceil(r·d) elements per step in total (the default: "
                       "docs/defaults.md)",
             "mode": "relative (top-k counts), absolute (thresholds ∝ p_i^(-2/3)) or uniform (equal k)",
-            "local_steps": "local SGD steps per round K; K > 1 sends compressed model deltas (FedAvg)",
+            "local_steps": "local SGD steps per round K (a --steps step is one round); K > 1 sends compressed model "
+                           "deltas (FedAvg)",
             "tau": "absolute mode: threshold of a worker with share 1/N (0 = calibrate at set-up)"})
 class DAGC(Algorithm):
     name = "dagc"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS
+from gradwire.algorithms.base import ALGORITHMS, Rounds
 from gradwire.algorithms.local_sgd import LocalSGD
 from gradwire.algorithms.replicas import carry_progress_, mean_or_nan
 from gradwire.spec import require
@@ -75,6 +75,12 @@ class DaSGD(LocalSGD):
                 self._merge(ctx, info)
         info["in_flight"] = int(self.handle is not None)
         return info
+
+    def evaluated_rounds(self):
+        """The last merged average changes d steps after each averaging starts, every τ steps."""
+        first_is = f"period={self.period}" + (f" + delay={self.delay}" if self.delay else "")
+        return Rounds(first=self.period + self.delay, period=self.period, delay=self.delay, first_is=first_is,
+                      round="averaging", remedy="lower period" + (" or delay" if self.delay else ""))
 
     def _merge(self, ctx, info: dict) -> None:
         average = self.handle.wait()

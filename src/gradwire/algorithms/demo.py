@@ -110,6 +110,10 @@ class DeMo(Algorithm):
         self.rate = ScheduledRate(optim.lr, optim.lr_schedule, optim.horizon)
         self.updates = 0
 
+    @property
+    def nesterov_instead(self):
+        return "it keeps its own momentum (spec key decay), never averaged"
+
     def compressor_spec(self):
         return self.averager.spec()
 

@@ -35,6 +35,10 @@ class DIANA(Algorithm):
         require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")
         self.alpha_arg, self.momentum_arg = alpha, momentum
 
+    @property
+    def nesterov_instead(self):
+        return "its master update is heavy-ball momentum of its own (--momentum, or diana:momentum=β)"
+
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require(not codec.error_feedback, "diana takes no --error-feedback: its memories h_i already correct "

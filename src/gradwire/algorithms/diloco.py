@@ -90,7 +90,7 @@ from dataclasses import replace
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, make_averager, nested
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, OptimConfig, Rounds, make_averager, nested
 from gradwire.algorithms.optim import AdamW, HeavyBall, ScheduledRate, require_sgd
 from gradwire.algorithms.placement import on_device, outer_copy
 from gradwire.algorithms.replicas import Pace, Replicas, carry_progress_, mean_or_nan
@@ -152,6 +152,16 @@ STREAMING_PARAMS = DILOCO_PARAMS | {
              "alpha does not apply)",
 }
 MERGES = ("mix", "carry")
+
+
+def inner_nesterov(name: str, inner: str) -> str | None:
+    """``Algorithm.nesterov_instead`` of a DiLoCo whose inner optimizer is ``inner``: --momentum and
+    --nesterov are the inner SGD's; AdamW keeps moments of its own (the outer step is Nesterov already)."""
+    if inner == "sgd":
+        return None
+    return (f"its inner optimizer is AdamW (inner=adamw), whose moments are the spec's beta1 and beta2, and its outer "
+            f"step is Nesterov already (outer_momentum); --momentum and --nesterov apply to inner=sgd "
+            f"(--algorithm {name}:inner=sgd --momentum 0.9 --nesterov)")
 
 
 # The outer step's defaults (docs/diloco.md, "From a random start"): Nesterov's long-run step multiplier
@@ -250,6 +260,10 @@ class StreamingDiLoCo(Algorithm):
             return None  # the replicas' heavy ball with --lr, --momentum, --nesterov, --weight-decay
         return lambda x: AdamW(x, lr=optim.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                l1=optim.l1, lr_schedule=optim.lr_schedule, horizon=optim.horizon)
+
+    @property
+    def nesterov_instead(self):
+        return inner_nesterov(self.name, self.inner)
 
     @property
     def carries_rounds(self) -> bool:
@@ -359,6 +373,25 @@ class StreamingDiLoCo(Algorithm):
         last fragment's merge (offset t_{P-1}, τ steps in flight). For DiLoCo: step % H == 0."""
         return step >= self.offsets[-1] + self.overlap and \
             (step - self.offsets[-1] - self.overlap) % self.inner_steps == 0
+
+    def evaluated_rounds(self):
+        """θ changes first when the first fragment's round is merged (eager: when it starts, the outer step
+        taken at once): fragment 1's at ⌊H/P⌋ (offset t_1), with one fragment at H, then τ steps in flight.
+        With one fragment every later round changes the whole of θ H steps after the last; staggered
+        fragments change it piecemeal (no period)."""
+        delay = 0 if self.eager else self.overlap
+        if self.fragments == 1:
+            first_round, first_is = self.inner_steps, f"inner_steps={self.inner_steps}"
+        else:
+            first_round = self.inner_steps // self.fragments  # offset t_1 = ⌊H/P⌋: the first fragment due
+            first_is = f"inner_steps/fragments={self.inner_steps}/{self.fragments}"
+            if self.inner_steps % self.fragments:
+                first_is = f"⌊{first_is}⌋"
+        if delay:
+            first_is += f" + overlap={delay}"
+        return Rounds(first=first_round + delay, period=self.inner_steps if self.fragments == 1 else None,
+                      delay=delay, first_is=first_is, round="outer round",
+                      remedy="lower inner_steps" + (" or overlap" if delay else ""))
 
     def eval_params(self):
         return self.theta

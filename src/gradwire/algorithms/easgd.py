@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import Algorithm, nested
+from gradwire.algorithms.base import Algorithm, Rounds, nested
 from gradwire.algorithms.optim import require_constant_lr
 from gradwire.algorithms.protocol import ELASTIC, GO, JOIN, REPORT, Answer, Message, as_body
 from gradwire.algorithms.replicas import (
@@ -155,6 +155,15 @@ class EASGD(Algorithm):
     def before_evaluation(self, ctx):
         if self.evaluates != "center":
             self.evaluated.refresh(ctx, self.replicas)
+
+    def evaluated_rounds(self):
+        """The center (eval=center) changes at each communication, every τ steps (synchronous form; the
+        asynchronous one exchanges as each worker's own count reaches τ, not at a step known before)."""
+        if self.evaluates != "center" or self.asynchronous:
+            return None
+        return Rounds(first=self.period, period=self.period, delay=0, first_is=f"period={self.period}",
+                      round="communication round",
+                      remedy="lower period, or evaluate the workers' mean (easgd:eval=average)")
 
     def eval_params(self):
         return self.center if self.evaluates == "center" else self.evaluated.params

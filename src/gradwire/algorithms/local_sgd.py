@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from gradwire.algorithms.base import ALGORITHMS, Algorithm, nested
+from gradwire.algorithms.base import ALGORITHMS, Algorithm, Rounds, nested
 from gradwire.algorithms.replicas import EvaluatedReplicas, Pace, Replicas, mean_or_nan, require_plain_codec
 from gradwire.spec import require
 
@@ -73,6 +73,14 @@ class LocalSGD(Algorithm):
     def before_evaluation(self, ctx):
         if self.evaluates != "last_average":
             self.evaluated.refresh(ctx, self.replicas)
+
+    def evaluated_rounds(self):
+        """The last average (eval=last_average) changes at each averaging, every τ steps; the workers'
+        mean or each worker at every step."""
+        if self.evaluates != "last_average":
+            return None
+        return Rounds(first=self.period, period=self.period, delay=0, first_is=f"period={self.period}",
+                      round="averaging", remedy="lower period, or evaluate the workers' mean (local:eval=average)")
 
     def eval_params(self):
         return self.average if self.evaluates == "last_average" else self.evaluated.params

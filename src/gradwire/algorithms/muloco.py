@@ -340,6 +340,12 @@ class MuLoCo(DiLoCo):
         super().setup(ctx, params, optim, dataclasses.replace(codec, error_feedback=True, scaled_error_feedback=False))
 
     @property
+    def nesterov_instead(self):
+        return ("its inner Muon takes its Nesterov form and momentum from the spec (muloco:nesterov=true, the "
+                "default, and muon_momentum), its AdamW part has moments of its own, and its outer step is Nesterov "
+                "already (outer_momentum)")
+
+    @property
     def updates_whole_matrices(self) -> bool:
         return True  # Muon orthogonalises each weight matrix whole
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from gradwire.algorithms.base import Algorithm, make_averager
-from gradwire.algorithms.diloco import INNER_CHOICES
+from gradwire.algorithms.diloco import INNER_CHOICES, inner_nesterov
 from gradwire.algorithms.optim import AdamW, require_constant_lr, require_sgd
 from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Message, as_body
 from gradwire.algorithms.replicas import Replicas, mean_or_nan
@@ -121,6 +121,10 @@ class ServerDiLoCo(Algorithm):
         require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
         self.inner_steps, self.inner, self.betas, self.eps, self.weight_decay = (
             inner_steps, inner, (beta1, beta2), eps, weight_decay)
+
+    @property
+    def nesterov_instead(self):
+        return inner_nesterov(self.name, self.inner)
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)

@@ -43,6 +43,10 @@ class SignSGD(Algorithm):
         require(0 <= momentum < 1, f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
 
+    @property
+    def nesterov_instead(self):
+        return f"it takes its momentum from its own spec (signsgd:momentum=β, {self.momentum:g} here)"
+
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_sgd(optim, "signsgd (x <- x - γ·majority vote)")

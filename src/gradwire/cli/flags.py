@@ -79,12 +79,18 @@ def flag_of(key: str) -> str:
 
 
 def field_help() -> dict[str, str]:
-    """The comment beside each RunConfig field is its --help text (one source of truth)."""
-    out = {}
+    """The comment beside each RunConfig field is its --help text (one source of truth), with the
+    comment lines under it whose ``#`` is in the same column (a comment that goes on)."""
+    out, key, column = {}, None, -1
     for line in inspect.getsource(config_mod.RunConfig).splitlines():
-        m = re.match(r"\s+(\w+):.*?#\s*(.*)$", line)
+        m = re.match(r"\s+(\w+):.*?(#\s*)(.*)$", line)
         if m and m.group(1) in KEYS:
-            out[m.group(1)] = m.group(2)
+            key, column = m.group(1), m.start(2)
+            out[key] = m.group(3)
+        elif key is not None and line.find("#") == column and not line[:column].strip():
+            out[key] += " " + line[column + 1:].strip()
+        else:
+            key = None
     return out
 
 

@@ -4,7 +4,8 @@ components that will run them.
 The first stage, ``RunConfig.validate`` (gradwire/config.py), checks every value and every name
 on its own and imports no layer above the config. :func:`check_combination` takes a config through
 it, then asks the components what they support, each answer declared on its class: the algorithm
-(``needs_server``, ``carries_rounds``, ``averages_during_backward``, ``default_compressor``, and its
+(``needs_server``, ``carries_rounds``, ``averages_during_backward``, ``default_compressor``,
+``evaluated_rounds``: a run that ends before its first round would evaluate the initial model, and its
 ``default_lr``, ``default_momentum``, ``default_lr_schedule`` and ``default_lr_on_task`` for
 :func:`resolved`), the learning-rate schedule (a warm-up that fits in the steps), the kernel sets
 (whether Triton can run here), the task (the transformer that tensor parallelism splits, and the
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from gradwire import kernels
 from gradwire.algorithms import ALGORITHMS
-from gradwire.algorithms.base import Algorithm
+from gradwire.algorithms.base import Algorithm, Rounds
 from gradwire.algorithms.optim import lr_schedule
 from gradwire.config import RunConfig, naming_flag, parse_layout
 from gradwire.errors import ConfigError
@@ -40,6 +41,7 @@ class Combination:
 
     cfg: RunConfig      # --lr, --momentum, --lr-schedule filled in (the algorithm's defaults where not given)
     needs_server: bool  # a server takes part: a process of its own on a real backend
+    notes: tuple[str, ...] = ()  # what the run does that the user may not expect (gradwire run prints them)
 
     @property
     def processes(self) -> int:
@@ -102,8 +104,12 @@ def check_combination(cfg: RunConfig, *, workers_counted: bool = True) -> Combin
         raise ConfigError(f"--error-feedback needs --compressor: algorithm {cfg.algorithm!r} sends uncompressed "
                           "gradients without one, so there is no compression error to feed back (e.g. "
                           "--compressor topk:ratio=0.01 --error-feedback)")
+    if cfg.nesterov and algorithm.nesterov_instead is not None:  # before check_values asks for a --momentum
+        raise ConfigError(f"nesterov=true: --nesterov does not apply to algorithm {cfg.algorithm!r} (leave it off): "
+                          f"{algorithm.nesterov_instead} (--nesterov)")
     with naming_flag("lr_schedule"):
         lr_schedule(cfg.lr_schedule, cfg.steps)  # a warm-up that fits in the run
+    notes = _check_rounds(cfg, algorithm.evaluated_rounds())
     cfg.check_values()  # the algorithm's defaults of --lr, --momentum and --lr-schedule with the rest
     if cfg.tensor_parallel:
         with naming_flag("tensor_parallel"):
@@ -113,7 +119,7 @@ def check_combination(cfg: RunConfig, *, workers_counted: bool = True) -> Combin
             ft_spec.check(cfg.fault_tolerance, workers=cfg.workers, backend=cfg.backend,
                           step_timeout_s=cfg.timeout_s, needs_server=algorithm.needs_server,
                           tensor_parallel=cfg.tensor_parallel, carries_rounds=algorithm.carries_rounds)
-    return Combination(cfg, algorithm.needs_server)
+    return Combination(cfg, algorithm.needs_server, notes)
 
 
 def _check_workers(cfg: RunConfig, algorithm: Algorithm) -> None:
@@ -126,6 +132,29 @@ def _check_workers(cfg: RunConfig, algorithm: Algorithm) -> None:
         raise TooFewWorkers(f"algorithm={cfg.algorithm!r}: backups={fewest - 1} leaves no worker to aggregate with "
                             f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}: backups must be fewer than "
                             "--workers (--algorithm)")
+
+
+def _check_rounds(cfg: RunConfig, rounds: Rounds | None) -> tuple[str, ...]:
+    """An algorithm whose evaluated parameters change only at its rounds (``Algorithm.evaluated_rounds``:
+    DiLoCo's θ, local SGD's last average): a run that ends before its first round completes would
+    evaluate the initial model, refused as an --lr that rounds to 0 is; a run whose last round is
+    incomplete (``--algorithm diloco --steps 25``, H = 20) computes steps that never reach the evaluated
+    model, which the note returned says."""
+    if rounds is None:
+        return ()
+    if cfg.steps < rounds.first:
+        raise ConfigError(f"steps={cfg.steps} < {rounds.first_is}: no {rounds.round} of algorithm {cfg.algorithm!r} "
+                          f"would complete, and the model it evaluates changes only at its {rounds.round}s (it would "
+                          f"be the initial one); raise --steps to {rounds.first} or more, or {rounds.remedy} (--steps)")
+    last = rounds.last_change(cfg.steps)
+    if last == cfg.steps:
+        return ()
+    reached = last - rounds.delay  # the last step whose work the evaluated model holds
+    lost = cfg.steps - reached
+    return (f"the last {rounds.round} of algorithm {cfg.algorithm!r} is incomplete: its {lost} "
+            f"step{'s' if lost > 1 else ''} after step {reached} will not reach the evaluated model, which changes "
+            f"only at {rounds.round}s (this run's last after step {last}); --steps {last} or {last + rounds.period} "
+            "ends on one",)
 
 
 def check_started_here(cfg: RunConfig) -> None:

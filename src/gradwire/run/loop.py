@@ -339,10 +339,13 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
     SIGTERM or SIGINT (after writing a summary with status "stopped"), ConfigError when the folder
     holds a run and neither ``overwrite`` nor ``resume`` is set, or another process writes it.
     ``transport``: this process's, for the threads backend (``run_threads``)."""
-    cfg = resolved(cfg)  # the algorithm's --lr and --momentum where not given (config.json holds them)
     if transport is not None:  # a process of the threads backend: run_threads claimed the folder
-        return _run(cfg, progress, transport, None)
-    check_combination(cfg)  # before the folder is claimed (and made); a bad --fault-tolerance is one line here
+        return _run(resolved(cfg), progress, transport, None)
+    # before the folder is claimed (and made); a bad --fault-tolerance is one line here. It fills in the
+    # algorithm's --lr and --momentum where not given (config.json holds them), after asking the algorithm
+    # whether --nesterov applies to it: a momentum filled in before would be refused first, as too small
+    combination = check_combination(cfg)
+    cfg, notes = combination.cfg, combination.notes
     if cfg.fault_tolerance != "none":  # a replica is up, its imports done (recovery is timed from here)
         import torchft  # noqa: F401 - the last of its imports, 0.1-1.4 s on this machine (checked: installed)
 
@@ -358,6 +361,8 @@ def run(cfg: RunConfig, *, progress: bool | None = None, transport: Transport | 
         if lock is not None:
             lock.discard()  # refused: the lock file (and folder) the claim made go again
         raise
+    for text in notes if writer else ():
+        print(f"gradwire run: note: {text}", file=sys.stderr, flush=True)
     # the simulator and the threads backend stop between steps (the threads: the main thread hears the
     # signal, the loops stop); the simulator checkpoints the step reached, where the state is whole
     signals = StopSignals(deferred=cfg.backend != "torch", checkpoints=cfg.backend == "sim")
