@@ -309,6 +309,12 @@ def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = 
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(f"gradwire.ddp.register wants a DistributedDataParallel, "
                         f"got {type(ddp_model).__name__}")
+    sparse = [name for name, m in ddp_model.module.named_modules()
+              if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
+    if sparse:
+        raise ConfigError(f"gradwire.ddp: module {sparse[0]!r} has sparse gradients (sparse=True), which gradwire's "
+                          "hook does not average (its compressors and error feedback work on dense buckets): give it "
+                          "sparse=False, or leave this model on DDP's own allreduce")
     group = process_group if process_group is not None else ddp_model.process_group
     state = HookState(ddp_model, compressor, error_feedback=error_feedback, seed=seed,
                       process_group=group, timeout_s=timeout_s, min_compress_numel=min_compress_numel,
@@ -319,6 +325,10 @@ def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = 
 
 def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: average ``bucket``'s gradients through ``state.averager``."""
+    if bucket.buffer().is_sparse:  # a sparse gradient of a module register() did not recognise
+        raise ConfigError(f"gradwire.ddp: bucket {bucket.index()} holds sparse gradients, which gradwire's hook does "
+                          "not average: make the module's gradients dense, or leave this model on DDP's own "
+                          "allreduce")
     future = state.path(state, bucket)
     if bucket.is_last():
         if state._wait_last:
@@ -375,21 +385,30 @@ def _averager_collectives(state: HookState, bucket: dist.GradBucket) -> torch.fu
                                   f"{state.averager.spec()} (a rank's gradient was not finite)", step=step)
         return out.to(buffer.dtype)
 
-    future = torch.futures.Future()
+    done, outcome = torch.futures.Future(), {}
 
     def job() -> None:
         if state._failed_pass == backward:  # DDP raises the earlier bucket's error: no collective for this one
-            future.set_exception(CommunicationError(f"gradwire.ddp: step {step}, bucket {index}: not sent, "
-                                                    "an earlier bucket of this step failed"))
-            return
-        try:
-            future.set_result(mean())
-        except BaseException as error:  # noqa: BLE001 - handed to DDP, which raises it where it waits
-            state._failed_pass = backward  # the later buckets would wait out a timeout each for nothing
-            future.set_exception(error)
+            outcome["error"] = CommunicationError(f"gradwire.ddp: step {step}, bucket {index}: not sent, an "
+                                                  "earlier bucket of this step failed")
+        else:
+            try:
+                outcome["mean"] = mean()
+            except BaseException as error:  # noqa: BLE001 - handed to DDP, which raises it where it waits
+                state._failed_pass = backward  # the later buckets would wait out a timeout each for nothing
+                outcome["error"] = error
+        done.set_result(None)
+
+    def finish(_: torch.futures.Future) -> torch.Tensor:
+        # raised in a callback, as on the other paths, DDP names the error's type ("... when running the
+        # callback: DivergenceError: ..."); a bare Future's set_exception reached the user as "Unable to
+        # cast <message> to Tensor"
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["mean"]
 
     state.communication_thread().submit(job)
-    return future
+    return done.then(finish)
 
 
 def _layout(state: HookState, bucket: dist.GradBucket) -> list[tuple[int, str, int, int]]:

@@ -444,3 +444,15 @@ def test_framed_topk_on_one_rank_gives_its_own_decoded_topk_on_the_device(tmp_pa
         assert state.wire_bytes_sent == 0
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("module", [torch.nn.EmbeddingBag(50, 8, sparse=True), torch.nn.Embedding(50, 8, sparse=True)])
+def test_a_model_with_sparse_gradients_is_refused_when_the_hook_is_registered(one_rank, module):
+    """Sparse gradients (an embedding with sparse=True) are not averaged by the hook's dense paths:
+    refused in one line at register (every compressor crashed deep in torch at the first backward)."""
+    model = DDP(torch.nn.Sequential(module, torch.nn.Linear(8, 2)))
+    with pytest.raises(ConfigError, match=r"module '0' has sparse gradients \(sparse=True\).*sparse=False"):
+        gwddp.register(model, "none")
+    dense = DDP(torch.nn.Sequential(torch.nn.EmbeddingBag(50, 8), torch.nn.Linear(8, 2)))
+    gwddp.register(dense, "fp16")  # the same layer with dense gradients is taken

@@ -206,7 +206,7 @@ def failure(rank, world_size):
         try:
             train(model, x, y, 2, 1, opt)
         except Exception as e:  # noqa: BLE001 - the parent checks the text
-            message = str(e)
+            message = f"{type(e).__name__}: {e}"
         # what the communication thread still had queued runs before the retry and the counts
         state.communication_thread().submit(lambda: None).result(timeout=20)
         state.load_state_dict(saved)
@@ -324,6 +324,8 @@ def test_a_non_finite_gradient_stops_every_rank(results):
     for got in part(results, "failure"):
         text = got["message"]
         assert "step 2" in text and "non-finite gradients after powersgd:rank=2" in text, text
+        # DDP names the error's type, as on the other paths (it said "Unable to cast <message> to Tensor")
+        assert "DivergenceError: gradwire.ddp: step 2" in text and "Unable to cast" not in text, text
         # step 1 sends both buckets of the rebuilt layout, 2 allreduces each. Step 2 stops after the
         # failed first bucket (the second would run its 2 in vain, and on NCCL wait out a dead peer's
         # timeout), then its retry from the saved state runs in full: 2 + 4
