@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import struct
 import tempfile
@@ -152,9 +153,31 @@ class RunConfig:
             require_tensorboard()
         return self
 
+    def check_types(self) -> None:
+        """The numbers and switches are of their field's type (the command line and config files
+        convert them with :func:`coerce`; a RunConfig made in Python may hold anything): a flag's
+        "yes" or a step count's "10" is refused in one line, not a TypeError or a silent True."""
+        for key, f in KEYS.items():
+            value, default = getattr(self, key), f.default
+            if key == "batch_size" and value == "full":
+                continue
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int) or key == "batch_size":
+                ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            elif isinstance(default, float) or (default is None and key in ("lr", "momentum")):
+                ok = (value is None and default is None) or (isinstance(value, numbers.Real)
+                                                             and not isinstance(value, bool))
+            else:
+                continue
+            if not ok:
+                kind = "bool" if isinstance(default, bool) else "integer" if isinstance(default, int) else "number"
+                raise ConfigError(f"{key}={value!r} is not a valid {kind} {_flag(key)}")
+
     def check_values(self) -> RunConfig:
         """The checks of :meth:`validate` that need no registry and no torch: the values, and the
         specs' names and keys against the written-down table (``registries.check_spec_names``)."""
+        self.check_types()
         _positive(self.workers, "workers")
         _positive(self.steps, "steps")
         _positive(self.eval_every, "eval_every")

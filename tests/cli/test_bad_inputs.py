@@ -304,3 +304,21 @@ def test_the_torch_backend_outside_torchrun_is_bad_input(capsys, tmp_path, data_
     line = one_error_line(capsys, ["--backend", "torch", "--workers", "1"], tmp_path, data_dir)
     assert "needs torchrun's environment" in line and "gradwire launch" in line and line.endswith("(--backend)")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(steps="10"), "steps='10' is not a valid integer (--steps)"),
+    (dict(error_feedback="yes"), "error_feedback='yes' is not a valid bool (--error-feedback)"),
+    (dict(lr="0.1"), "lr='0.1' is not a valid number (--lr)"),
+    (dict(workers=True), "workers=True is not a valid integer (--workers)"),
+])
+def test_a_run_config_made_in_python_refuses_a_value_of_another_type(kw, message):
+    """The command line and config files convert values; a RunConfig made in Python is checked for
+    its types (steps="10" was a TypeError deep in a comparison, error_feedback="yes" a silent True)."""
+    from gradwire.config import RunConfig
+    from gradwire.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        RunConfig(**kw).validate()
+    assert str(e.value) == message
+    RunConfig(steps=10, lr=0.1, batch_size="full", workers=4).check_values()  # the right types pass

@@ -156,7 +156,8 @@ def test_each_algorithm_a_replica_runs_declares_exactly_its_rank_keyed_dicts_per
     """On the simulator every worker is local, so a per-worker dict holds the 3 ranks; digits-logreg
     has 2 tensors, so no dict keyed by tensor index looks like one. Each algorithm a replica can run
     (no server, no outer rounds in flight), and the compressors and options that keep per-worker
-    memory; after 3 steps every per-worker dict is filled, so the declaration is checked both ways."""
+    memory; after 3 steps every per-worker dict is filled, so the declaration is checked both ways (--steps
+    100: past every algorithm's first round, which a shorter run is refused before; only 3 are taken)."""
     from gradwire.algorithms import ALGORITHMS
     from gradwire.run.combination import check_combination
     from gradwire.run.loop import Run
@@ -170,7 +171,7 @@ def test_each_algorithm_a_replica_runs_declares_exactly_its_rank_keyed_dicts_per
              {"algorithm": "diloco", "compressor": "topk:ratio=0.25", "error_feedback": True}]
     checked = []
     for flags in runs:
-        cfg = RunConfig(**({"backend": "sim", "workers": 3, "task": "digits-logreg", "steps": 4, "batch_size": 8,
+        cfg = RunConfig(**({"backend": "sim", "workers": 3, "task": "digits-logreg", "steps": 100, "batch_size": 8,
                             "out": str(tmp_path / "run"), "data_dir": str(data_dir), "overwrite": True} | flags))
         combination = check_combination(cfg)
         algorithm = ALGORITHMS.build(combination.cfg.algorithm)
