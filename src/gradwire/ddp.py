@@ -310,7 +310,8 @@ def register(ddp_model: DistributedDataParallel, compressor: str | Compressor = 
         raise TypeError(f"gradwire.ddp.register wants a DistributedDataParallel, "
                         f"got {type(ddp_model).__name__}")
     sparse = [name for name, m in ddp_model.module.named_modules()
-              if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse]
+              if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+              and m.weight.requires_grad]  # (a frozen one has no gradient to average)
     if sparse:
         raise ConfigError(f"gradwire.ddp: module {sparse[0]!r} has sparse gradients (sparse=True), which gradwire's "
                           "hook does not average (its compressors and error feedback work on dense buckets): give it "

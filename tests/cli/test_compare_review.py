@@ -98,6 +98,11 @@ def test_run_refuses_a_config_file_with_seeds(tmp_path, data_dir, capsys):
                                 f"`gradwire compare --config {config}` runs each seed; a run has one seed: give "
                                 "seed: S in the file, or --seed S (--seeds)")
     assert not out.exists()
+    # --seed on the command line chooses the run's one seed, as the refusal says to
+    assert main(["run", "--config", str(config), "--seed", "1", "--data-dir", str(data_dir), "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["seed"] == 1
+    capsys.readouterr()
+    out = tmp_path / "run2"
     config.write_text("task: digits-logreg\nsteps: 4\nworkers: 2\nseeds: [0, 1]\nvariants:\n  - {algorithm: sync}\n")
     assert main(["run", "--config", str(config), "--data-dir", str(data_dir), "--out", str(out)]) == 0
     assert capsys.readouterr().err == (f"gradwire run: {config} lists 1 variants and seeds [0, 1], which `gradwire "

@@ -456,3 +456,8 @@ def test_a_model_with_sparse_gradients_is_refused_when_the_hook_is_registered(on
         gwddp.register(model, "none")
     dense = DDP(torch.nn.Sequential(torch.nn.EmbeddingBag(50, 8), torch.nn.Linear(8, 2)))
     gwddp.register(dense, "fp16")  # the same layer with dense gradients is taken
+    frozen = torch.nn.EmbeddingBag(50, 8, sparse=True).requires_grad_(False)  # a frozen pretrained table
+    model = DDP(torch.nn.Sequential(frozen, torch.nn.Linear(8, 2)))
+    gwddp.register(model, "fp16")  # has no gradient: taken, and it trains
+    model(torch.randint(0, 50, (4, 3))).sum().backward()
+    assert model.module[1].weight.grad is not None

@@ -403,3 +403,14 @@ def test_a_candidate_refused_at_small_counts_is_predicted_only_where_it_runs(tmp
     plan = json.loads((out / "plan.json").read_text())
     assert plan["fits"]["sync:backups=2"]["smallest_workers"] == 3
     assert sorted(r["workers"] for r in plan["predictions"]) == [4, 8, 16]
+
+
+def test_a_deadline_plans_validation_runs_at_least_a_candidates_first_round(tmp_path, data_dir, capsys):
+    """Under --deadline a validation run takes 1.3x the predicted steps, which for local SGD averaging
+    every 16 steps came to 10: refused (no averaging would complete) where it should be measured."""
+    out = tmp_path / "plan"
+    assert cli.main(["plan", "--task", "synthetic-logreg", "--steps", "40", "--eval-every", "10", "--data-dir",
+                     str(data_dir), "--algorithms", "local:period=16", "--workers", "1,2,4", "--deadline", "0.3",
+                     "--validate", "8", "--out", str(out)]) == 0
+    row = next(r for r in json.loads((out / "plan.json").read_text())["validation"] if r["workers"] == 8)
+    assert row["status"] == "finished" and row["steps_run"] >= 16, row

@@ -98,7 +98,7 @@ def main(ns) -> int:
     cfg = cfg.check_values()  # before torch is imported: a mistyped value is reported at once
     keys = read_config_file(ns.config) if ns.config else {}
     variants = keys.get("variants")
-    if "seeds" in keys and not variants:  # not a comparison's common keys: a run per seed, one of them run silently
+    if "seeds" in keys and not variants and getattr(ns, "seed", None) is None:  # one of the seeds ran silently
         raise ConfigError(f"seeds={keys['seeds']!r} in {ns.config} is gradwire compare's key: `gradwire compare "
                           f"--config {ns.config}` runs each seed; a run has one seed: give seed: S in the file, or "
                           "--seed S (--seeds)")

@@ -451,12 +451,14 @@ class Planner:
                 # scored at D seconds (the last evaluation at or before D), so the run needs to pass D and
                 # no more: 1.3x the predicted steps + 2, not floored at --steps; where the prediction of
                 # f(m) was too high and the run ended before D, it is rerun longer (to the cap)
-                steps = int(min(max(math.ceil(row["iterations"] * 1.3) + 2, 1), cap))
+                first = first_round(cand)  # (a run shorter than its first round is refused)
+                steps = int(min(max(math.ceil(row["iterations"] * 1.3) + 2, first), cap))
                 while meas is None or (not meas.covers_deadline and meas.seconds_per_iteration and meas.steps < cap
                                        and meas.purpose == "validate" and meas.status == "finished"):
                     if meas is not None:  # too short: as many steps as its own pace needs to pass D, +30 %
                         self.runs.remove(meas)
-                        steps = int(min(math.ceil(req.deadline_s / meas.seconds_per_iteration * 1.3) + 2, cap))
+                        steps = int(min(max(math.ceil(req.deadline_s / meas.seconds_per_iteration * 1.3) + 2, first),
+                                        cap))
                     meas = self.measure(self.config(cand, m, "validate", steps), "validate")
             out.append(self._compare(row, meas))
         return out
@@ -613,3 +615,12 @@ def _finite(value):
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def first_round(cfg: RunConfig) -> int:
+    """The fewest steps a run of ``cfg``'s algorithm may take: its first round, for one whose evaluated
+    model changes only at its rounds (``Algorithm.evaluated_rounds``: DiLoCo's H), else 1."""
+    from gradwire.algorithms import ALGORITHMS
+
+    rounds = ALGORITHMS.build(cfg.algorithm).evaluated_rounds()
+    return 1 if rounds is None else rounds.first
