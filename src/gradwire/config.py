@@ -161,8 +161,9 @@ class RunConfig:
             value, default = getattr(self, key), f.default
             if key == "batch_size" and value == "full":
                 continue
-            if isinstance(default, bool):
-                ok = isinstance(value, bool)
+            if isinstance(default, bool):  # (numpy's bool is no subclass of bool)
+                ok = isinstance(value, bool) or (type(value).__module__, type(value).__name__) in (("numpy", "bool"),
+                                                                                                  ("numpy", "bool_"))
             elif isinstance(default, int) or key == "batch_size":
                 ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
             elif isinstance(default, float) or (default is None and key in ("lr", "momentum")):

@@ -322,3 +322,6 @@ def test_a_run_config_made_in_python_refuses_a_value_of_another_type(kw, message
         RunConfig(**kw).validate()
     assert str(e.value) == message
     RunConfig(steps=10, lr=0.1, batch_size="full", workers=4).check_values()  # the right types pass
+    import numpy as np
+
+    RunConfig(steps=np.int64(10), lr=np.float32(0.1), error_feedback=np.True_, timeout_s=30).check_values()

@@ -154,7 +154,8 @@ def _check_rounds(cfg: RunConfig, rounds: Rounds | None) -> tuple[str, ...]:
     return (f"the last {rounds.round} of algorithm {cfg.algorithm!r} is incomplete: its {lost} "
             f"step{'s' if lost > 1 else ''} after step {reached} will not reach the evaluated model, which changes "
             f"only at {rounds.round}s (this run's last after step {last}); --steps {last} or {last + rounds.period} "
-            "ends on one",)
+            "ends on one" + (f" (the {rounds.delay} step{'s' if rounds.delay > 1 else ''} computed while it travels "
+                             "stay outside it, as at the end of every overlapped run)" if rounds.delay else ""),)
 
 
 def check_started_here(cfg: RunConfig) -> None:
