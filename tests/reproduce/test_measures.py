@@ -28,3 +28,21 @@ def test_the_head_and_tail_windows_average_their_own_evaluations():
     assert tail_mean(RECORDS, "test_acc") == pytest.approx((0.9 + 0.9 + 1.0) / 3)  # steps 80-100
     assert tail_mean(RECORDS, "test_acc", fraction=0.5) == pytest.approx((0.7 + 0.8 + 0.8 + 0.9 + 0.9 + 1.0) / 6)
     assert head_mean(RECORDS, "test_acc") == pytest.approx((0.3 + 0.5) / 2)  # steps 10-25, not step 0
+
+
+def test_dqsgd_takes_the_mean_bits_of_the_first_and_the_last_quarter_of_steps():
+    from gradwire.reproduce.dqsgd import bit_quarters
+
+    assert bit_quarters([1, 1, 2, 2, 3, 3, 4, 4]) == {"first_quarter": 1.0, "last_quarter": 4.0}
+    assert bit_quarters([5, 1, 1, 1, 1, 1, 1, 1, 9]) == {"first_quarter": 3.0, "last_quarter": 5.0}
+
+
+def test_dasgd_measures_its_step_on_the_network_and_its_compute_on_the_free_one():
+    from gradwire.reproduce.dasgd import measure
+
+    networked = {"sim_time_s": 3.0, "comm_time_s": 2.0, "bytes_sent": 5_000_000, "final": {"test_acc": 0.7}}
+    free = {"sim_time_s": 2.0, "comm_time_s": 0.0, "bytes_sent": 0, "final": {"test_acc": 0.7}}
+    m = measure(networked, free, steps=100)
+    assert m["step_ms"] == pytest.approx(30.0) and m["compute_ms"] == pytest.approx(20.0)
+    assert m["hidden"] == pytest.approx(0.5)  # 1 s of its 2 s of communication exposed
+    assert (m["comm_s"], m["final_acc"], m["mb_sent"]) == (2.0, 0.7, 5.0)

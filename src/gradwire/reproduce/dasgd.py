@@ -43,6 +43,16 @@ def judge(m: dict) -> list[Check]:
                   "merging a d-step-old average costs accuracy at this length")]
 
 
+def measure(networked: dict, free: dict, steps: int) -> dict:
+    """One variant's figures from its run on the network (``networked``'s summary) and the same run
+    on a free network (``free``): the share of its communication hidden, its time a step on the
+    network and its compute a step (the free run's), its communication seconds, accuracy and MB."""
+    return {"hidden": hidden_share(networked["sim_time_s"], free["sim_time_s"], networked["comm_time_s"]),
+            "step_ms": 1e3 * networked["sim_time_s"] / steps, "compute_ms": 1e3 * free["sim_time_s"] / steps,
+            "comm_s": networked["comm_time_s"], "final_acc": networked["final"]["test_acc"],
+            "mb_sent": networked["bytes_sent"] / 1e6}
+
+
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
     steps, workers = scale.pick(120, 400), 8
@@ -54,11 +64,7 @@ def run(out: Path, scale: Scale) -> Claim:
                    report=not scale.quick)
     measured: dict = {"steps": steps}
     for name, key in zip(VARIANTS, ("local", "dasgd")):
-        s, free = res[name].summary, res[f"{name}, free network"].summary
-        measured[key] = {"hidden": hidden_share(s["sim_time_s"], free["sim_time_s"], s["comm_time_s"]),
-                         "step_ms": 1e3 * s["sim_time_s"] / steps, "compute_ms": 1e3 * free["sim_time_s"] / steps,
-                         "comm_s": s["comm_time_s"], "final_acc": res[name].final["test_acc"],
-                         "mb_sent": s["bytes_sent"] / 1e6}
+        measured[key] = measure(res[name].summary, res[f"{name}, free network"].summary, steps)
     checks = judge(measured)
     verdict, reason = judge_checks(checks)
     rows = [[name, fmt(measured[k]["step_ms"]), fmt(measured[k]["compute_ms"]), fmt(measured[k]["comm_s"]),

@@ -41,6 +41,12 @@ def judge(m: dict) -> list[Check]:
                   "workers (large workers get more bits), not over time (docs/adaptive_compression.md)")]
 
 
+def bit_quarters(bits: list[float]) -> dict:
+    """The mean bits a step of the run's first quarter of steps and of its last quarter."""
+    q = len(bits) // 4
+    return {"first_quarter": statistics.mean(bits[:q]), "last_quarter": statistics.mean(bits[-q:])}
+
+
 def run(out: Path, scale: Scale) -> Claim:
     started = time.perf_counter()
     steps = scale.pick(160, 2000)
@@ -56,8 +62,7 @@ def run(out: Path, scale: Scale) -> Claim:
         measured[k] = {"mb": r.summary["bytes_sent"] / 1e6, "tail": tail_mean(r.metrics, "test_acc"),
                        "final": r.final["test_acc"]}
     bits = [s["bits"] for s in res[BOUND].steps()]
-    q = len(bits) // 4
-    measured["bits"] = {"first_quarter": statistics.mean(bits[:q]), "last_quarter": statistics.mean(bits[-q:])}
+    measured["bits"] = bit_quarters(bits)
     checks = judge(measured)
     verdict, reason = judge_checks(checks)
     rows = [[k, fmt(measured[k]["mb"]), fmt(measured[k]["tail"]), fmt(measured[k]["final"])] for k in res]
