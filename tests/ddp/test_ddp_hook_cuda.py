@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device here (CI has none): runs on a machine with a GPU")
 
 SPECS = [("none", False), ("fp16", False), ("bf16", False), ("qsgd:levels=4", False),
-         ("sign:scaled=true", True), ("topk:ratio=0.1", True)]
+         ("sign:scaled=true", True), ("topk:ratio=0.1", True),
+         ("powersgd:rank=2", False)]  # its own collectives on the communication thread, its errors from a callback
 
 
 def cuda_scenario(rank, world_size, dtype_name):
