@@ -51,7 +51,7 @@ from gradwire.run.combination import check_combination, resolved
 from gradwire.run.drivers import build_driver
 from gradwire.run.evaluate import Evaluator, evaluate_model
 from gradwire.run.folder import open_run_folder, summary
-from gradwire.run.stops import StopSignals, stop_record
+from gradwire.run.stops import StopSignals, resume_step, stop_record
 from gradwire.seeding import hash_seed
 from gradwire.servers.driver import DriverParts, no_faults
 from gradwire.tasks import build_partition, build_task
@@ -327,9 +327,8 @@ def threads_error(cfg: RunConfig, errors: dict[int, BaseException]) -> BaseExcep
     a process that stopped while the writer was still moving ``latest`` to the step they had all
     saved (the writer alone moves it) read the step before."""
     error = errors[min(errors)]
-    if isinstance(error, Stopped) and cfg.checkpoint_every:
-        stepdir = checkpoint.latest(Path(cfg.out) / "checkpoint")
-        error.checkpoint_step = checkpoint.step_of(stepdir) if stepdir is not None else None
+    if isinstance(error, Stopped):
+        error.checkpoint_step = resume_step(cfg)
     return error
 
 

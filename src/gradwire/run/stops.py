@@ -53,11 +53,16 @@ class StopSignals:
 def stop_record(cfg: RunConfig, stopped: Stopped, step: int, writer: bool) -> dict:
     """What summary.json says of a stop, also filled into ``stopped`` for the command's message
     (``out`` only where this process wrote the summary)."""
-    stepdir = checkpoint.latest(Path(cfg.out) / "checkpoint") if cfg.checkpoint_every else None
     stopped.step, stopped.out = step, cfg.out if writer else None
-    stopped.checkpoint_step = int(stepdir.name.split("-")[-1]) if stepdir is not None else None
+    stopped.checkpoint_step = resume_step(cfg)
     record = {"stopped_by": signal.Signals(stopped.signum).name, "checkpoint_step": stopped.checkpoint_step}
     if cfg.checkpoint_every and cfg.backend != "sim":
         record["checkpoint_note"] = ("no checkpoint at the stop: on a real backend every rank must save at the "
                                      "same step; --resume continues from the last periodic checkpoint")
     return record
+
+
+def resume_step(cfg: RunConfig) -> int | None:
+    """The step ``--resume`` continues ``cfg.out``'s run from: its latest checkpoint's (None without one)."""
+    stepdir = checkpoint.latest(Path(cfg.out) / "checkpoint") if cfg.checkpoint_every else None
+    return checkpoint.step_of(stepdir) if stepdir is not None else None
