@@ -12,12 +12,15 @@ from gradwire.run.loop import Run, run
 from tests.helpers import read_jsonl
 
 
-def test_one_replica_with_period_one_is_diloco(make_config):
+@pytest.mark.parametrize("schedule", ["constant", "cosine:warmup=2,min_ratio=0.1"])
+def test_one_replica_with_period_one_is_diloco(make_config, schedule):
     """Period 1 is Nesterov on every arrival, so one replica's θ after round t is DiLoCo's after
-    t·H inner steps, bitwise (float64), the momentum warm-up included."""
-    cfg = make_config(dtype="float64", lr=0.01, workers=1)
-    asynchronous = Run(cfg.replace(algorithm="async-diloco:inner_steps=3,period=1,outer_lr=0.7,outer_warmup=2"))
-    diloco = Run(cfg.replace(algorithm="diloco:inner_steps=3,outer_warmup=2"))
+    t·H inner steps, bitwise (float64), the momentum warm-up included; under a --lr-schedule too,
+    spanning --steps rounds of H inner updates."""
+    cfg = make_config(dtype="float64", lr=0.01, workers=1, lr_schedule=schedule)
+    asynchronous = Run(cfg.replace(algorithm="async-diloco:inner_steps=3,period=1,outer_lr=0.7,outer_warmup=2",
+                                   steps=5))
+    diloco = Run(cfg.replace(algorithm="diloco:inner_steps=3,outer_warmup=2", steps=15))
     for _ in range(5):
         asynchronous.train_step()
         for _ in range(3):

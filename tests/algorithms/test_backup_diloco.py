@@ -11,12 +11,15 @@ from gradwire.run.loop import Run, run
 from tests.helpers import read_jsonl
 
 
-def test_without_backups_it_is_diloco(make_config):
+@pytest.mark.parametrize("schedule", ["constant", "cosine:warmup=2,min_ratio=0.1"])
+@pytest.mark.parametrize("inner", ["adamw", "sgd"])
+def test_without_backups_it_is_diloco(make_config, schedule, inner):
     """b = 0, no stragglers: every round averages every replica's Δ, as DiLoCo's allreduce does (both
-    sum in rank order), so round t's θ is DiLoCo's after t·H inner steps, bitwise (float64)."""
-    cfg = make_config(dtype="float64", lr=0.01, workers=3)
-    backup = Run(cfg.replace(algorithm="backup-diloco:backups=0,inner_steps=3"))
-    diloco = Run(cfg.replace(algorithm="diloco:inner_steps=3"))
+    sum in rank order), so round t's θ is DiLoCo's after t·H inner steps, bitwise (float64); under a
+    --lr-schedule too, whose horizon is --steps rounds of H inner updates (DiLoCo's: its --steps)."""
+    cfg = make_config(dtype="float64", lr=0.01, workers=3, lr_schedule=schedule)
+    backup = Run(cfg.replace(algorithm=f"backup-diloco:backups=0,inner_steps=3,inner={inner}", steps=4))
+    diloco = Run(cfg.replace(algorithm=f"diloco:inner_steps=3,inner={inner}", steps=12))
     for _ in range(4):
         info = backup.train_step()
         assert info["winners"] == [0, 1, 2] and info["dropped"] == 0

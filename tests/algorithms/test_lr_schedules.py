@@ -143,6 +143,8 @@ def test_diloco_inner_adamw_follows_the_schedule(make_config):
     dict(algorithm="sync:backups=1", momentum=0.9),  # the server's rule
     dict(algorithm="local:period=3", momentum=0.9),
     dict(algorithm="diloco:inner_steps=3"),
+    dict(algorithm="backup-diloco:backups=1,inner_steps=2"),  # server mode: each replica's place in it
+    dict(algorithm="async-diloco:inner_steps=2,period=2"),
 ])
 def test_a_run_stopped_mid_schedule_resumes_bitwise(make_config, tmp_path, monkeypatch, kw):
     # stopped by SIGINT after step 7 (a checkpoint of step 7), resumed with the same --steps: the

@@ -11,18 +11,24 @@ algorithm's.
 A replica's inner steps are numbered across its phases (its gradients so far): phase k's seconds
 are the straggler model's draws of the gradients it takes in that phase, so a phase of any length
 (``steps_from_answer``: the server's answer sets the next phase's H_i, async-diloco's DyLU) is
-charged its own steps. With a constant H that is the draws (k-1)H+1 .. kH. With
+charged its own steps. With a constant H that is the draws (k-1)H+1 .. kH. A replica's inner
+optimizer follows --lr-schedule by its own inner updates, over ``--steps`` × H of them (a step of the
+run is an outer round's worth: H inner steps a replica), as DiLoCo's inner optimizer does by step;
+a replica that takes fewer (dropped rounds' work still counts; DyLU's shorter phases) ends its run
+earlier in the schedule. With
 ``report_seconds`` the message carries those seconds, the replica's measure of its own speed, as
 an 8-byte float64 after the codec's payload (``split_report`` on the server).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from gradwire.algorithms.base import Algorithm, make_averager
 from gradwire.algorithms.diloco import INNER_CHOICES, inner_nesterov
-from gradwire.algorithms.optim import AdamW, require_constant_lr, require_sgd
+from gradwire.algorithms.optim import AdamW, require_sgd
 from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Message, as_body
 from gradwire.algorithms.replicas import Replicas, mean_or_nan
 from gradwire.spec import require
@@ -39,8 +45,11 @@ class OuterReplicas:
             require(not optim.momentum and not optim.weight_decay,
                     f"{name} with inner=adamw: --momentum and --weight-decay apply to inner=sgd; AdamW's are "
                     "the spec's beta1, beta2 and weight_decay")
+        # the schedule spans every inner update a replica takes in the run: --steps rounds of H
+        optim = dataclasses.replace(optim, horizon=optim.horizon * inner_steps)
         adamw = None if inner == "sgd" else (
-            lambda x: AdamW(x, lr=optim.lr, betas=betas, eps=eps, weight_decay=weight_decay, l1=optim.l1))
+            lambda x: AdamW(x, lr=optim.lr, betas=betas, eps=eps, weight_decay=weight_decay, l1=optim.l1,
+                            lr_schedule=optim.lr_schedule, horizon=optim.horizon))
         self.inner_steps = inner_steps
         self.replicas = Replicas(ctx, params, optim, optimizer=adamw)
         self.held = {r: params.clone() for r in ctx.local_ranks}  # the θ each replica started from
@@ -129,7 +138,6 @@ class ServerDiLoCo(Algorithm):
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one the server's)")
-        require_constant_lr(optim, f"{self.name} (replicas step at their own pace: no shared step count)")
         self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
                                      betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                      first_tag=self.first_tag, steps_from_answer=self.adapts_inner_steps,
