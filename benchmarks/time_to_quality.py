@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -110,11 +111,18 @@ class Row:
     algorithm: str
     run: dict = field(default_factory=dict)  # RunConfig fields besides the learning rate
     micro_batches: int = 1     # gradient accumulation: k micro-batches of BATCH per optimizer step
-    collective: str = "allreduce"  # allreduce (summable payloads) or allgather (QSGD's)
+    inner_steps: int = 1       # server mode: each replica's inner steps per step of the run (a step is a round)
+    collective: str = "allreduce"  # allreduce (summable payloads), allgather (QSGD's) or server (server_round_seconds)
     collectives: int = 1       # collectives per communication round (latency terms)
     period: int = 1            # steps per communication round
     overlap: str = "backward"  # backward: hidden behind the backward pass (DDP); none; tau:K (K steps)
     runner: str = "sim"        # sim: gradwire's simulator here; torch: ddp_train.py under torchrun
+    compute_algorithm: str = ""  # the spec the compute stage times on one worker, where the row's needs more
+
+    @property
+    def batches_per_step(self) -> int:
+        """Micro-batches each worker takes per step of the run: k for accumulation, H in server mode."""
+        return self.micro_batches * self.inner_steps
 
 
 H = 20
@@ -149,6 +157,14 @@ def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "
                      compressor=compressor, collective="allreduce" if message.allreduced() else "allgather")
     tau = int(parse_spec(row.algorithm)[1].get("overlap", 0))
     return dataclasses.replace(row, overlap=f"tau:{tau}") if tau else row
+
+
+def server_row(key: str, label: str, spec: str, h: int, compute_algorithm: str = "") -> Row:
+    """A server-mode DiLoCo (backup-diloco, async-diloco; Row.inner_steps): a step of the run is an
+    outer round of H inner steps a replica, priced as the simulator's round through the server with
+    the row's compute (``server_round_seconds``)."""
+    return Row(key, label, spec, collective="server", inner_steps=h, overlap="none",
+               compute_algorithm=compute_algorithm)
 
 
 def streaming_row(key: str, label: str, keys: str, *, period: int, tau: int) -> Row:
@@ -277,6 +293,14 @@ ROWS = [
         MUON | dict(compressor=MESSAGE_K96, error_feedback=True), collective="allgather", overlap="none"),
     Row("gw-muon-powersgd", "gradwire sync + Muon + PowerSGD r8 fp16", "sync",
         MUON | dict(compressor="powersgd:rank=8,dtype=fp16"), collectives=2),
+    # DiLoCo's straggler insurance (docs/low_communication.md) at DiLoCo's H and outer settings, where no
+    # worker straggles: what it costs. Server mode: a step is a round of H inner steps; the replicas upload
+    # their Δ and the server answers each with θ (32 bits a parameter), all over the server's link.
+    # backup-diloco with b = 1 cannot run on one worker: its compute is timed at b = 0 (the same replica work)
+    server_row("backup-diloco", f"DiLoCo H={H}, 1 backup replica (server; steps are rounds)",
+               f"backup-diloco:backups=1,inner_steps={H}", H, f"backup-diloco:backups=0,inner_steps={H}"),
+    server_row("async-diloco", f"asynchronous DiLoCo H={H} (server; steps are rounds)",
+               f"async-diloco:inner_steps={H}", H),
 ]
 ROW = {r.key: r for r in ROWS}
 
@@ -284,10 +308,12 @@ ROW = {r.key: r for r in ROWS}
 # -- the pure logic (tests/report/test_time_to_quality.py) ------------------------------------------
 
 def schedule(row: Row, n_steps: int) -> tuple[str, int]:
-    """The row's lr schedule and its horizon in updates: warm-up, cosine to MIN_RATIO at N samples'
-    worth of updates (N/k for accumulation over k), the floor after."""
+    """The row's lr schedule and its horizon in steps of the run: warm-up, cosine to MIN_RATIO at N
+    samples' worth of updates (N/k for accumulation over k), the floor after. In server mode a step
+    is a round of H inner updates and the replicas' schedule spans --steps × H of them
+    (algorithms/outer_replicas.py): the horizon is N/H rounds, the warm-up DDP's WARMUP updates."""
     k = row.micro_batches
-    return f"cosine:warmup={max(1, WARMUP // k)},min_ratio={MIN_RATIO:g}", n_steps // k
+    return f"cosine:warmup={max(1, WARMUP // k)},min_ratio={MIN_RATIO:g}", n_steps // row.batches_per_step
 
 
 def eval_every(step: int, horizon: int) -> int:
@@ -299,9 +325,9 @@ def eval_every(step: int, horizon: int) -> int:
 def evaluates_here(row: Row, step: int, horizon: int, algorithm_says) -> bool:
     """Whether update ``step`` is evaluated: where the algorithm says (``algorithm_says(step,
     every, horizon)``: every ``every`` steps, DiLoCo's round ends after them), or, for accumulation
-    over k, where the samples seen cross a multiple of ``every`` micro-batches' worth (DDP's grid in
-    samples); and at the horizon."""
-    k = row.micro_batches
+    over k (a server-mode round of H), where the samples seen cross a multiple of ``every``
+    micro-batches' worth (DDP's grid in samples); and at the horizon."""
+    k = row.batches_per_step
     every = eval_every(step * k, horizon * k)
     if k == 1:
         return algorithm_says(step, every, horizon)
@@ -390,6 +416,42 @@ def allreduce_seconds(payload_bytes: float, workers: int, mbps: float, latency_m
     return collective_seconds("allreduce", payload_bytes, workers, mbps, latency_ms, collectives)
 
 
+SERVER_ROUNDS = (3, 6)          # server_round_seconds: the simulated rounds it runs, and the last it averages from
+
+
+@functools.cache
+def server_round_seconds(algorithm: str, compute_s: float, workers: int, mbps: float,
+                         latency_ms: float = LATENCY_MS) -> float:
+    """One round of a server-mode row (backup-diloco, async-diloco) on gradwire's simulator itself:
+    ``algorithm`` on ``workers`` replicas of the benchmark's model, each round's computing taking
+    ``compute_s`` (the straggler model ``none``: no one straggles), their messages over the star
+    network (``ps``, whose ``ServerLink`` serialises the server's link in each direction, latency
+    ``latency_ms``) at ``mbps``. The simulated seconds per round from round SERVER_ROUNDS[0] to
+    SERVER_ROUNDS[1] (past the first rounds, where every replica starts at once): where the answers
+    go out one after another, the replicas' next rounds are staggered and their uploads overlap the
+    others' answers. Run with one inner step a round, the whole round's compute on it: the times and
+    the messages (Δ and θ, uncompressed) are the same, and the simulation costs 1/H of the gradients."""
+    from gradwire.config import RunConfig
+    from gradwire.run.loop import Run
+    from gradwire.spec import render
+
+    first, last = SERVER_ROUNDS
+    name, keys = parse_spec(algorithm)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = RunConfig(task=TASK, workers=workers, batch_size=BATCH, steps=last, eval_every=last, lr=1e-3, threads=1,
+                        algorithm=render(name, keys | {"inner_steps": "1"}), seed=TUNING_SEED,
+                        network=f"ps:mbps={mbps!r},latency_ms={latency_ms!r}",
+                        stragglers=f"none:compute_s={compute_s!r}", out=str(Path(tmp) / "run"), overwrite=True)
+        r = Run(cfg)
+        for _ in range(first):
+            r.train_step()
+        start = r.clock.now
+        for _ in range(last - first):
+            r.train_step()
+        r.algorithm.close()
+        return (r.clock.now - start) / (last - first)
+
+
 def ledger_divisor(kind: str, workers: int) -> int:
     """The ledger counts a ring allreduce of B bytes a worker as 2(n-1)B and an allgather of B
     each as (n-1)·n·B (transports/ledger.py): what to divide by for one worker's B."""
@@ -432,13 +494,17 @@ def step_seconds(row: Row, cost: dict, workers: int, mbps: float | None, network
     all-gathered round decoded (the 1-worker measurement decodes its own only: ``decode_s`` each
     for the n - 1 others), plus the communication it cannot hide: a variable-size message's blocking
     exchange of sizes (8 bytes each, before the payload's collective starts: never hidden), then the
-    payload (``payload_bytes`` one worker's per round). ``cost``: ``row_cost``'s; ``mbps`` None: a
-    network of zero cost; ``network``: NETWORKS' ring or halving-doubling."""
+    payload (``payload_bytes`` one worker's per round). A server-mode row's round, its compute and
+    its messages to and from the server, is the simulator's (``server_round_seconds``). ``cost``:
+    ``row_cost``'s; ``mbps`` None: a network of zero cost; ``network``: NETWORKS' ring or
+    halving-doubling."""
     from gradwire.transports.ledger import SIZE_BYTES
 
     compute = cost["compute_s"] + (workers - 1) * cost["decode_s"] / row.period
     if mbps is None:
         return compute
+    if row.collective == "server":  # the simulator's round through the server (no other network applies)
+        return server_round_seconds(row.algorithm, compute, workers, mbps)
     exchange = cost["size_exchanges"] * collective_seconds("allgather", SIZE_BYTES, workers, mbps, network=network)
     if row.overlap == "backward":  # DDP: the buckets' allreduces run while the backward pass goes on
         return compute + exchange + backward_overhang(row, cost, workers, mbps, network)
@@ -757,6 +823,8 @@ def train_torch(row: Row, lr: float, seed: int, n_steps: int, max_steps: int, ou
 def _sim_stepper(row: Row, lr: float, n_steps: int, folder: Path):
     from gradwire.run.loop import Run
 
+    if row.compute_algorithm:
+        row = dataclasses.replace(row, algorithm=row.compute_algorithm)
     r = Run(config(row, lr, TUNING_SEED, 1, n_steps, folder))
     return r.train_step
 
@@ -808,6 +876,8 @@ def wire_costs(row: Row, lr: float, n_steps: int, folder: Path) -> dict:
 
         floats = powersgd_floats(build(TASK, world=1, rank=0, seed=0, batch_size=BATCH)[1], TORCH_POWERSGD_RANK)
         return {"payload_bytes": 4.0 * floats, "decode_s": 0.0, "size_exchanges": 0.0}
+    if row.collective == "server":
+        return server_wire(row, lr, n_steps, folder)
     rounds, decodes, unsized = 4, [], []
     r = Run(config(row, lr, TUNING_SEED, 4, n_steps, folder))
     transport, original = r.transport, CompressedMean.decode_mean
@@ -845,6 +915,34 @@ def wire_costs(row: Row, lr: float, n_steps: int, folder: Path) -> dict:
         decode_s = min(times) / len(buffers)
     return {"payload_bytes": r.transport.bytes_sent / ledger_divisor(row.collective, 4) / rounds,
             "decode_s": decode_s, "size_exchanges": sum(unsized) / rounds}
+
+
+def server_wire(row: Row, lr: float, n_steps: int, folder: Path, rounds: int = 4) -> dict:
+    """A server-mode row's messages, from 4 simulated workers over ``rounds`` rounds: the mean bytes of
+    a replica's upload (``payload_bytes``: its Δ through the codec, with the message's header) and of
+    the server's answer (``answer_bytes``: θ), each as the ledger counts it (every message received,
+    the late ones too; their sum is the ledger's total). No decode is priced on the replicas (the server
+    decodes), and no exchange of sizes (point-to-point messages carry their own)."""
+    from gradwire.run.loop import Run
+    from gradwire.transports.base import SERVER
+
+    r = Run(config(row, lr, TUNING_SEED, 4, n_steps, folder))
+    transport, sizes = r.transport, {"up": [], "down": []}
+    recv = transport.recv
+
+    def recorded(nbytes, src, dst, **kwargs):  # the ledger counts a message as it is received
+        if kwargs.get("count", True):
+            sizes["down" if src == SERVER else "up"].append(nbytes)
+        return recv(nbytes, src, dst, **kwargs)
+
+    transport.recv = recorded
+    for _ in range(rounds):
+        r.train_step()
+    if sum(sizes["up"]) + sum(sizes["down"]) != transport.bytes_sent or not sizes["up"] or not sizes["down"]:
+        raise RuntimeError(f"{row.key}: the messages recorded ({sizes}) are not the ledger's {transport.bytes_sent} "
+                           "bytes")
+    return {"payload_bytes": statistics.mean(sizes["up"]), "answer_bytes": statistics.mean(sizes["down"]),
+            "decode_s": 0.0, "size_exchanges": 0.0}
 
 
 def bucket_shares(shapes, cap_bytes: int = 2**20, itemsize: int = 4) -> list[float]:
@@ -958,7 +1056,7 @@ def tune(row: Row, n_steps: int, workers: int, out: Path) -> dict:
     measurements; the others only those last evaluations). The best wins."""
     trials, quality = {}, {}
     horizon = schedule(row, n_steps)[1]
-    evaluate_from = 0 if row.key == "ddp" else (n_steps - LAST * EVAL_EVERY) // row.micro_batches
+    evaluate_from = 0 if row.key == "ddp" else (n_steps - LAST * EVAL_EVERY) // row.batches_per_step
     while (lr := next_trial(quality)) is not None:
         if row.runner == "torch":
             c = train_torch(row, lr, TUNING_SEED, n_steps, n_steps, out, procs=workers)
@@ -979,7 +1077,7 @@ def screen(row: Row, lrs: list[float], n_steps: int, workers: int, out: Path) ->
     """Trials of ``row`` at the given rates only, outside the walk (``tune``): the settings screened
     at one inner rate. Recorded in out/screening/<row>.json, never as the row's chosen rate."""
     horizon = schedule(row, n_steps)[1]
-    evaluate_from = (n_steps - LAST * EVAL_EVERY) // row.micro_batches
+    evaluate_from = (n_steps - LAST * EVAL_EVERY) // row.batches_per_step
     path = out / "screening" / f"{row.key}.json"
     result = json.loads(path.read_text()) if path.exists() else {"row": row.key, "algorithm": row.algorithm,
                                                                  "trials": {}}

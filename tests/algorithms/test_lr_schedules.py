@@ -201,3 +201,16 @@ def test_bad_schedule_input_is_one_line(tmp_path, data_dir, capsys, flags, messa
                  "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_server_mode_diloco_warms_up_within_its_inner_steps(make_config):
+    """backup-diloco's and async-diloco's step is a round of H inner steps, and their replicas'
+    schedule spans --steps × H updates: a warm-up longer than --steps but shorter than that fits, one
+    as long is refused naming the inner steps."""
+    from gradwire.run.combination import check_combination
+
+    for spec in ("backup-diloco:backups=1,inner_steps=3", "async-diloco:inner_steps=3"):
+        check_combination(make_config(algorithm=spec, steps=4, lr_schedule="cosine:warmup=10"))
+        with pytest.raises(ConfigError, match=r"warms up over 12 steps, but the run has only 12 inner steps "
+                                              r"\(--steps 4 × 3\)"):
+            check_combination(make_config(algorithm=spec, steps=4, lr_schedule="cosine:warmup=12"))

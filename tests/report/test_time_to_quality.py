@@ -469,3 +469,56 @@ def test_a_decode_timed_while_the_machine_was_busy_does_not_count(ttq, tmp_path,
     decode_s = ttq.wire_costs(ttq.ROW["muloco-k96-h3"], 0.002, 100, tmp_path / "busy")["decode_s"]
     assert ttq.DECODE_REPEATS >= 3 and len(calls) > ttq.DECODE_REPEATS
     assert decode_s == pytest.approx(1.0 / 4)
+
+
+def test_a_server_row_steps_by_rounds_of_h_on_ddps_schedule_and_evaluation_grid(ttq):
+    """backup-diloco and async-diloco run in server mode, a step of the run an outer round of H inner
+    steps a replica: N/H rounds, the replicas' schedule spanning N inner updates with DDP's warm-up
+    (the algorithm's schedule counts --steps × H: tests/algorithms/test_backup_diloco.py), evaluated
+    where the inner steps cross DDP's grid of samples."""
+    from gradwire.algorithms.base import ALGORITHMS
+
+    n, base = 1000, (lambda step, every, h: step % every == 0 or step == h)
+    ddp_grid = [s for s in range(1, 2 * n + 1) if ttq.evaluates_here(ttq.ROW["ddp"], s, n, base)]
+    for key in ("backup-diloco", "async-diloco"):
+        row = ttq.ROW[key]
+        h = ALGORITHMS.build(row.algorithm).inner_steps
+        assert row.inner_steps == row.batches_per_step == h == ttq.H and row.collective == "server"
+        spec, horizon = ttq.schedule(row, n)
+        assert horizon == n // h and spec == ttq.schedule(ttq.ROW["ddp"], n)[0]
+        grid = [s for s in range(1, 2 * horizon + 1) if ttq.evaluates_here(row, s, horizon, base)]
+        assert horizon in grid and grid[-1] == 2 * horizon
+        late = [s * h for s in grid if s * h > n // 2 + 2 * ttq.EVAL_EVERY]
+        ddp_late = [s for s in ddp_grid if s > n // 2 + 2 * ttq.EVAL_EVERY]
+        assert len(late) == len(ddp_late) and all(0 <= a - b < h for a, b in zip(late, ddp_late))
+
+
+def test_a_server_rounds_time_is_the_simulators_over_the_servers_link(ttq):
+    """A server-mode row's step is the simulator's round: with b = 0 and no straggler, the n answers
+    leave the server's link one after another, each replica computes on arrival, and the last upload
+    arrives a latency after it has gone out: c + 2 latency + (n + 1) B / bw in the steady state (ps's
+    ServerLink), B = θ's message. A backup round waits for n - 1 uploads, so it is shorter."""
+    from gradwire.algorithms.protocol import HEADER_BYTES
+
+    b = HEADER_BYTES + 4 * 137_216
+    for n, mbps in ((4, 100.0), (3, 10.0)):
+        t = ttq.server_round_seconds(f"backup-diloco:backups=0,inner_steps={ttq.H}", 0.2, n, mbps)
+        assert t == pytest.approx(0.2 + 2 * ttq.LATENCY_MS / 1e3 + (n + 1) * b / (mbps * 1e6 / 8), rel=1e-9)
+        assert ttq.server_round_seconds(f"backup-diloco:backups=1,inner_steps={ttq.H}", 0.2, n, mbps) < t
+    row = ttq.ROW["backup-diloco"]
+    cost = measured(0.2, payload_bytes=b, answer_bytes=b, ddp_compute_s=0.01)
+    assert ttq.step_seconds(row, cost, 4, None) == 0.2
+    assert ttq.step_seconds(row, cost, 4, 100.0) == ttq.server_round_seconds(row.algorithm, 0.2, 4, 100.0)
+
+
+def test_a_server_rows_wire_is_every_upload_and_answer_the_ledger_counts(ttq, tmp_path):
+    """The Δ each replica uploads and the θ the server answers with, uncompressed: header and 32 bits
+    a parameter each, their sum the ledger's; the compute stage times backup-diloco at b = 0, which
+    one worker can run (b = 1 needs two)."""
+    from gradwire.algorithms.protocol import HEADER_BYTES
+
+    wire = ttq.wire_costs(ttq.ROW["backup-diloco"], 0.004, 1000, tmp_path / "w")
+    assert wire["payload_bytes"] == wire["answer_bytes"] == HEADER_BYTES + 4 * 137_216
+    assert wire["decode_s"] == 0.0 == wire["size_exchanges"]
+    assert ttq.ROW["backup-diloco"].compute_algorithm.startswith("backup-diloco:backups=0,")
+    ttq._sim_stepper(ttq.ROW["backup-diloco"], 0.004, 1000, tmp_path / "c")()  # one round on one worker

@@ -230,6 +230,13 @@ class Algorithm(Specced, ABC):
         --nesterov with it in one line, rather than ask for the --momentum that it would refuse next."""
         return None
 
+    @property
+    def schedule_updates_per_step(self) -> int:
+        """The updates of each worker's optimizer that --lr-schedule counts per step of the run: 1,
+        or H for the server-mode DiLoCo family, whose step is an outer round of H inner steps a
+        replica (its schedule spans --steps × H updates)."""
+        return 1
+
     def compressor_spec(self) -> str | None:
         """The compressor that really runs (``compressor_resolved`` in config.json), defaults
         included; None when the algorithm compresses nothing (it sends parameters or dense

@@ -12,8 +12,9 @@ tensor in the checkpoint.
 Every rule counts its own updates, so the rules that update once a step (sync's, each replica's in
 local SGD and synchronous EASGD or LSGD, DiLoCo's inner AdamW) follow the schedule by step; the
 replicas of the server-mode DiLoCos (backup-diloco, async-diloco) by their own inner updates, over
---steps × H of them. Algorithms with an update of their own, a server applying every worker's gradient (async), and workers stepping
-at their own pace (asynchronous EASGD and LSGD) refuse any schedule but constant.
+--steps × H of them. Algorithms with an update of their own, a server applying every worker's
+gradient (async), and workers stepping at their own pace (asynchronous EASGD and LSGD) refuse any
+schedule but constant.
 """
 
 from __future__ import annotations
@@ -82,13 +83,15 @@ class LinearLR(_WarmupDecay):
         return 1 - progress
 
 
-def lr_schedule(spec: str, steps: int):
-    """The schedule ``spec`` names, for a run of ``steps``; ConfigError for a bad spec, or for a
-    warm-up that would last the whole run."""
+def lr_schedule(spec: str, steps: int, per_step: int = 1):
+    """The schedule ``spec`` names, for a run of ``steps`` of ``per_step`` updates each (the
+    server-mode DiLoCos': H inner steps); ConfigError for a bad spec, or for a warm-up that would
+    last the whole run."""
     rule = LR_SCHEDULES.build(spec)
-    if rule.warmup >= steps:
-        raise ConfigError(f"lr_schedule={spec!r} warms up over {rule.warmup} steps, but the run has only --steps "
-                          f"{steps}: lower warmup= (10 % of the steps is common)")
+    if rule.warmup >= steps * per_step:
+        run = f"--steps {steps}" if per_step == 1 else f"{steps * per_step} inner steps (--steps {steps} × {per_step})"
+        raise ConfigError(f"lr_schedule={spec!r} warms up over {rule.warmup} steps, but the run has only {run}: "
+                          "lower warmup= (10 % of the steps is common)")
     return rule
 
 

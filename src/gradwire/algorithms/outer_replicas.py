@@ -135,6 +135,10 @@ class ServerDiLoCo(Algorithm):
     def nesterov_instead(self):
         return inner_nesterov(self.name, self.inner)
 
+    @property
+    def schedule_updates_per_step(self) -> int:
+        return self.inner_steps
+
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one the server's)")

@@ -108,7 +108,7 @@ def check_combination(cfg: RunConfig, *, workers_counted: bool = True) -> Combin
         raise ConfigError(f"nesterov=true: --nesterov does not apply to algorithm {cfg.algorithm!r} (leave it off): "
                           f"{algorithm.nesterov_instead} (--nesterov)")
     with naming_flag("lr_schedule"):
-        lr_schedule(cfg.lr_schedule, cfg.steps)  # a warm-up that fits in the run
+        lr_schedule(cfg.lr_schedule, cfg.steps, algorithm.schedule_updates_per_step)  # a warm-up that fits
     notes = _check_rounds(cfg, algorithm.evaluated_rounds())
     cfg.check_values()  # the algorithm's defaults of --lr, --momentum and --lr-schedule with the rest
     if cfg.tensor_parallel:
