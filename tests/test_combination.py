@@ -68,6 +68,11 @@ REFUSALS = [
     (dict(algorithm="diana", nesterov=True), "does not apply to algorithm 'diana'", "(--nesterov)"),
     (dict(algorithm="signsgd", nesterov=True), "does not apply to algorithm 'signsgd'", "(--nesterov)"),
     (dict(algorithm="diloco:inner=sgd", nesterov=True), "nesterov=true needs momentum > 0", "(--nesterov)"),
+    # a --momentum 0 given: the first stage said "needs momentum > 0", not that --nesterov does not apply
+    (dict(algorithm="diloco", nesterov=True, momentum=0.0), "--nesterov does not apply to algorithm 'diloco' (leave "
+     "it off): its inner optimizer is AdamW", "(--algorithm diloco:inner=sgd --momentum 0.9 --nesterov) (--nesterov)"),
+    (dict(nesterov=True, momentum=0.0), "nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0",
+     "(--nesterov)"),
     (dict(backend="torch", workers=3, fault_tolerance=FT, timeout_s=5), "timeout_s=10 exceeds --timeout-s 5",
      "(--fault-tolerance)"),
 ]

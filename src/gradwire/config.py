@@ -201,9 +201,6 @@ class RunConfig:
             raise ConfigError(f"nesterov=true applies to --optimizer sgd's momentum; --optimizer {self.optimizer!r} "
                               f"keeps its own moments{own} (leave --nesterov off, or use --optimizer sgd --momentum "
                               f"0.9 --nesterov) {_flag('nesterov')}")
-        if self.nesterov and self.momentum == 0:
-            raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0 "
-                              f"{_flag('nesterov')}")
         _step_size(self.weight_decay, "weight_decay", self.dtype, positive=False)
         if self.momentum and parse_spec(self.optimizer)[0] != "sgd":
             raise ConfigError(f"momentum={self.momentum} applies to --optimizer sgd; --optimizer {self.optimizer!r} "

@@ -79,6 +79,7 @@ def test_signsgd_refuses_a_momentum_flag_it_would_ignore(tmp_path, data_dir, cap
 @pytest.mark.parametrize("flags, says", [
     (["--algorithm", "diloco"], "nesterov=true: --nesterov does not apply to algorithm 'diloco'"),
     (["--algorithm", "diloco", "--momentum", "0.9"], "nesterov=true: --nesterov does not apply to algorithm 'diloco'"),
+    (["--algorithm", "diloco", "--momentum", "0"], "nesterov=true: --nesterov does not apply to algorithm 'diloco'"),
     (["--algorithm", "muloco"], "nesterov=true: --nesterov does not apply to algorithm 'muloco'"),
     (["--algorithm", "demo"], "nesterov=true: --nesterov does not apply to algorithm 'demo'"),
     (["--algorithm", "diana"], "nesterov=true: --nesterov does not apply to algorithm 'diana'"),

@@ -17,7 +17,8 @@ BAD_VALUES = [
     (dict(workers=0), "--workers"), (dict(steps=-1), "--steps"), (dict(eval_every=0), "--eval-every"),
     (dict(threads=0), "--threads"), (dict(batch_size="half"), "--batch-size"), (dict(batch_size=0), "--batch-size"),
     (dict(dtype="float16"), "--dtype"), (dict(lr=0.0), "--lr"), (dict(lr=float("nan")), "--lr"),
-    (dict(momentum=1.0), "--momentum"), (dict(nesterov=True, momentum=0.0), "--nesterov"),
+    (dict(momentum=1.0), "--momentum"),  # --nesterov with a --momentum 0 is the second stage's (test_combination.py):
+    # the algorithm says first whether --nesterov applies to it at all (diloco's inner AdamW)
     (dict(nesterov=True, optimizer="adamw"), "--nesterov"), (dict(nesterov=True, momentum=0.9, optimizer="muon"),
                                                              "--nesterov"),
     (dict(weight_decay=-1.0), "--weight-decay"), (dict(momentum=0.9, optimizer="adamw"), "--momentum"),

@@ -104,9 +104,12 @@ def check_combination(cfg: RunConfig, *, workers_counted: bool = True) -> Combin
         raise ConfigError(f"--error-feedback needs --compressor: algorithm {cfg.algorithm!r} sends uncompressed "
                           "gradients without one, so there is no compression error to feed back (e.g. "
                           "--compressor topk:ratio=0.01 --error-feedback)")
-    if cfg.nesterov and algorithm.nesterov_instead is not None:  # before check_values asks for a --momentum
+    if cfg.nesterov and algorithm.nesterov_instead is not None:  # before asking for a --momentum
         raise ConfigError(f"nesterov=true: --nesterov does not apply to algorithm {cfg.algorithm!r} (leave it off): "
                           f"{algorithm.nesterov_instead} (--nesterov)")
+    if cfg.nesterov and cfg.momentum == 0:  # given as 0, or the algorithm's own (sync's): here, not in the first
+        # stage, so that an algorithm --nesterov does not apply to is said first (diloco --momentum 0 --nesterov)
+        raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0 (--nesterov)")
     with naming_flag("lr_schedule"):
         lr_schedule(cfg.lr_schedule, cfg.steps, algorithm.schedule_updates_per_step)  # a warm-up that fits
     notes = _check_rounds(cfg, algorithm.evaluated_rounds())
