@@ -156,6 +156,11 @@ def test_a_run_refused_for_its_steps_is_exactly_one_that_would_evaluate_the_init
     ("muloco:overlap=2", 30, "its 10 steps after step 20 will not reach the evaluated model"),  # merged at 22
     ("dasgd", 10, "its 2 steps after step 8 will not reach"),  # averages started at 4 and 8, merged at 5 and 9
     ("local", 5, "the last averaging of algorithm 'local' is incomplete: its 1 step after step 4 will not reach"),
+    # after the merge at 497, before the averaging of 500 starts: steps 497 (computed while it travelled) and 498
+    ("dasgd", 498, "the last averaging of algorithm 'dasgd' is incomplete: its 2 steps after step 496 will not reach "
+                   "the evaluated model, which changes only at averagings (this run's last after step 497); --steps "
+                   "497 ends on one, --steps 500 with the next in flight"),
+    ("dasgd:delay=2", 11, "its 3 steps after step 8 will not reach"),  # merged at 10, the next starts at 12
 ])
 def test_an_incomplete_last_round_is_noted_not_refused(algorithm, steps, says, tmp_path):
     notes = check_combination(RunConfig(out=str(tmp_path / "run"), algorithm=algorithm, workers=2, steps=steps)).notes
@@ -163,11 +168,22 @@ def test_an_incomplete_last_round_is_noted_not_refused(algorithm, steps, says, t
 
 
 @pytest.mark.parametrize("algorithm, steps", [("diloco", 30), ("muloco:overlap=2", 22), ("dasgd", 9), ("local", 8),
-                                              ("streaming-diloco", 101), ("sync", 7)])
+                                              ("streaming-diloco", 101), ("sync", 7), ("dasgd", 500), ("dasgd", 12),
+                                              ("dasgd:delay=2", 9), ("muloco:overlap=2", 40), ("dasgd:delay=4", 501)])
 def test_a_run_that_ends_on_a_round_has_no_note(algorithm, steps, tmp_path):
-    """Staggered fragments (streaming-diloco) change θ piecemeal: no --steps ends on every fragment's round."""
+    """Staggered fragments (streaming-diloco) change θ piecemeal: no --steps ends on every fragment's round.
+    With a delay, a run that ends while its last round travels (DaSGD's averaging of step 500 or 12, muloco's
+    outer round of step 40; with delay = period one always does) ends on that round, as one that ends at a merge."""
     cfg = RunConfig(out=str(tmp_path / "run"), algorithm=algorithm, workers=2, steps=steps)
     assert check_combination(cfg).notes == ()
+
+
+@pytest.mark.parametrize("algorithm", ["dasgd", "diloco", "local", "muloco", "sparseloco", "easgd", "streaming-diloco"])
+def test_a_run_on_the_defaults_has_no_note(algorithm, tmp_path):
+    """DaSGD's 500 default steps (τ = 4, d = 1) end as its last averaging starts: they had a note that its last
+    averaging was incomplete, printed by every default run."""
+    assert RunConfig().steps == 500
+    assert check_combination(RunConfig(out=str(tmp_path / "run"), algorithm=algorithm)).notes == ()
 
 
 def test_resolved_takes_the_defaults_from_the_class_and_keeps_what_was_given():
