@@ -255,6 +255,19 @@ def test_a_variant_cannot_set_what_the_comparison_sets(capsys, tmp_path, data_di
     assert not out.exists()
 
 
+@pytest.mark.parametrize("variants", [[""], ["   "], ["--name a --algorithm local", ""]])
+def test_an_empty_variant_is_refused_in_one_line(capsys, tmp_path, data_dir, variants):
+    """It ran the common flags as one more variant without a word (``--variant ''``), as plan's --candidate ''
+    is refused."""
+    out = tmp_path / "cmp"
+    given = [w for v in variants for w in ("--variant", v)]
+    assert main(["compare", *COMMON, "--data-dir", str(data_dir), "--out", str(out), *given]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gradwire compare: error: --variant {variants[-1]!r} gives no run flags; give the flags that make the variant "
+        "differ from the common ones, e.g. --variant \"--algorithm sync:backups=2\"")
+    assert not out.exists()
+
+
 def test_a_variant_cannot_set_them_through_a_file_either(capsys, tmp_path, data_dir):
     """Nor through its own --config file, nor with the file's hyphenated spelling of the key."""
     own = tmp_path / "v.yaml"

@@ -92,6 +92,9 @@ def variants_of(ns, parser: argparse.ArgumentParser | None = None) -> tuple[RunC
         specs.append(from_mapping(v, common))
         own_seed.append("seed" in v)
     for text in ns.variant or []:
+        if not text.strip():  # as plan's --candidate: a variant of no flags repeats the common ones, unseen
+            raise ConfigError(f"--variant {text!r} gives no run flags; give the flags that make the variant differ "
+                              "from the common ones, e.g. --variant \"--algorithm sync:backups=2\"")
         sub = parse_flag_string(parser, text, "--variant")
         _refuse_comparison_keys(vars(sub), f"--variant {text!r}")
         if sub.config:
