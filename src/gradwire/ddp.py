@@ -83,11 +83,12 @@ class HookState:
       averaged for a parameter that no rank used in a step, so its residual would lose it.
     * ``seed``: random draws depend on (seed, rank, step, parameter index) only, so a run and its
       resumption draw the same numbers (a loaded state brings its run's seed and step).
-    * ``timeout_s``: how long the sizes-first path (threshold) waits for each collective
-      before raising :class:`~gradwire.errors.CommunicationError` (default: gloo's own 30 minutes;
-      lower it to fail fast). The asynchronous paths (the summable casts, and the fixed-size
-      codecs) wait nowhere in the hook, like DDP's own allreduce, and are bounded by the process
-      group's timeout (``init_process_group(timeout=...)``).
+    * ``timeout_s``: how long the sizes-first path (threshold) and PowerSGD's communication thread
+      wait for each collective before raising :class:`~gradwire.errors.CommunicationError` (default:
+      gloo's own 30 minutes; lower it to fail fast); a shorter process group timeout fires first, and
+      the error names the limit that applied. The asynchronous paths (the summable casts, and the
+      fixed-size codecs) wait nowhere in the hook, like DDP's own allreduce, and are bounded by the
+      process group's timeout (``init_process_group(timeout=...)``).
     * ``powersgd:rank=R`` (its own error feedback, on by default; ``error_feedback=True`` adds
       nothing, and contradicts ``powersgd:error_feedback=false``): rank-R approximations of the
       weight matrices by two allreduces, vectors and small matrices uncompressed (its
@@ -639,13 +640,35 @@ def _allreduce(state: HookState, bucket: dist.GradBucket) -> torch.futures.Futur
 
 def _wait(state: HookState, work, bucket: dist.GradBucket, what: str, collective: str = "all-gather",
           step: int | None = None) -> None:
+    """Wait for a collective the hook waits for itself (the sizes-first path's, PowerSGD's on its
+    thread): at most ``timeout_s``, or the process group's own timeout where that is shorter, the
+    limit the error names (it said ``timeout_s`` whichever had fired)."""
     try:
         work.wait(timeout=timedelta(seconds=state.timeout_s))
     except RuntimeError as error:
         step = state.step if step is None else step
         raise CommunicationError(f"gradwire.ddp: step {step}, rank {state.rank}, bucket "
                                  f"{bucket.index()}: {collective} of {what} failed or took longer than "
-                                 f"{state.timeout_s:g} s: {error}") from error
+                                 f"{_limit(state)}: {error}") from error
+
+
+def _limit(state: HookState) -> str:
+    """The wait that bounds the hook's own waits: ``timeout_s``, or the process group's timeout
+    where that is shorter (gloo's collectives give up after it whatever the wait allows)."""
+    group = _group_timeout_s(state)
+    if group is not None and group < state.timeout_s:
+        return f"the process group's timeout, {group:g} s (timeout_s={state.timeout_s:g} s is longer)"
+    return f"timeout_s={state.timeout_s:g} s"
+
+
+def _group_timeout_s(state: HookState) -> float | None:
+    """The process group's own timeout in seconds (``init_process_group(timeout=...)``, ``new_group``);
+    None where its backend does not say (torch keeps it in the backend's options, not a public API)."""
+    try:
+        group = state.process_group if state.process_group is not None else dist.group.WORLD
+        return group._get_backend(state.device).options._timeout.total_seconds()
+    except Exception:  # noqa: BLE001 - torch's private attributes: then the message names timeout_s alone
+        return None
 
 
 def _allgather(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -365,7 +365,9 @@ def test_non_finite_propagate_gives_every_rank_nan_and_training_goes_on(results)
 @pytest.mark.timeout(120)
 def test_timeout_raises_instead_of_hanging(results):
     kind, text = part(results, "slow_peer")[0]
-    assert kind == "CommunicationError" and "1 s" in text and "bucket 0" in text, text
+    assert kind == "CommunicationError" and "bucket 0" in text, text
+    # timeout_s is the limit here (the group's is gloo's 30 minutes), and the message says which it was
+    assert "all-gather of payload sizes failed or took longer than timeout_s=1 s: " in text, text
 
 
 def test_bad_input_is_rejected_before_any_communication():

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -216,12 +218,43 @@ def failure(rank, world_size):
     return {"message": message, "calls": calls, "step": state.step}
 
 
+GROUP_TIMEOUT_S = 10
+
+
+def group_timeout(rank, world_size, folder):
+    """The hook's collectives on a process group made with a 10 s timeout, the hook's ``timeout_s`` left at
+    its 1800 s: rank 1 never joins step 2, so rank 0's first allreduce fails after the group's 10 s. Rank 1
+    stays (its connections open) until rank 0 is done: leaving would show rank 0 a closed connection."""
+    group = torch.distributed.new_group(list(range(world_size)),
+                                        timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    x, y = make_data(rank, world_size)
+    model = DDP(make_model(), bucket_cap_mb=SMALL_BUCKETS)
+    state = gwddp.register(model, "powersgd:rank=2", process_group=group)
+    opt = train(model, x, y, 0, 2)
+    done = Path(folder, "group_timeout-rank0-done")
+    if rank == 1:
+        deadline = time.monotonic() + 90
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {"message": "", "seconds": 0.0, "timeout_s": state.timeout_s}
+    start = time.monotonic()
+    try:
+        train(model, x, y, 2, 1, opt)
+        message = ""
+    except Exception as e:  # noqa: BLE001 - the parent checks the text
+        message = f"{type(e).__name__}: {e}"
+    finally:
+        done.touch()
+    return {"message": message, "seconds": time.monotonic() - start, "timeout_s": state.timeout_s}
+
+
 def suite(rank, world_size, folder):
     return run_scenarios([("against_pytorch", lambda: against_pytorch(rank, world_size)),
                           ("converge", lambda: converge(rank, world_size)),
                           ("resume", lambda: resume(rank, world_size, folder, 6, 6)),
                           ("overlap", lambda: overlap(rank, world_size, folder)),
-                          ("failure", lambda: failure(rank, world_size))])
+                          ("failure", lambda: failure(rank, world_size)),
+                          ("group_timeout", lambda: group_timeout(rank, world_size, folder))])  # breaks its group
 
 
 # --- tests (the parent compares) --------------------------------------------------------------
@@ -331,6 +364,22 @@ def test_a_non_finite_gradient_stops_every_rank(results):
         # timeout), then its retry from the saved state runs in full: 2 + 4
         assert (got["calls"][1], got["calls"][2]) == (4, 6), got["calls"]
         assert got["step"] == 3
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_a_timeout_names_the_limit_that_applied(results):
+    """The process group's 10 s fired, not the hook's timeout_s of 1800 s: the error said "took longer
+    than 1800 s" after 10 s. It names the group's timeout, as torch's own error on the asynchronous
+    paths does ("Timed out waiting 10000ms")."""
+    got = part(results, "group_timeout")[0]
+    text = got["message"]
+    assert got["timeout_s"] == 1800.0  # the default
+    assert "CommunicationError: gradwire.ddp: step 2, rank 0, bucket " in text, text
+    assert (f"allreduce of PowerSGD factors failed or took longer than the process group's timeout, "
+            f"{GROUP_TIMEOUT_S} s (timeout_s=1800 s is longer): ") in text, text
+    assert "longer than 1800 s" not in text, text
+    assert GROUP_TIMEOUT_S - 1 < got["seconds"] < 100, got["seconds"]  # the group's limit, not the hook's
 
 
 def test_bad_powersgd_settings_are_one_clear_error():
