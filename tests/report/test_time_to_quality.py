@@ -511,6 +511,23 @@ def test_a_server_rounds_time_is_the_simulators_over_the_servers_link(ttq):
     assert ttq.step_seconds(row, cost, 4, 100.0) == ttq.server_round_seconds(row.algorithm, 0.2, 4, 100.0)
 
 
+def test_a_server_rows_table_line_is_in_inner_steps_and_its_time_in_rounds(ttq):
+    """A server-mode row's curve is in rounds of H; its line shows DDP's unit, inner steps (steps to
+    the target, bits and CPU per step), while its time is its rounds times the simulator's round."""
+    h, rounds = ttq.H, [5, 10, 15, 20]
+    curve = dict(steps=rounds, params=137_216, bytes=[1, 2, 3, 4])
+    results = {"ddp": [dict(curve, steps=[100, 200, 300, 400], losses=[3.0, 2.5, 2.1, 2.0])],
+               "backup-diloco": [curve | dict(losses=[2.8, 2.4, 2.0, 1.9])]}
+    b = 4 * 137_216 + 64
+    compute = {"ddp": measured(), "backup-diloco": measured(0.2, payload_bytes=b, answer_bytes=b)}
+    line = next(x for x in ttq.table_rows(2.05, results, compute, 4) if x["key"] == "backup-diloco")
+    assert line["steps"][0] == pytest.approx(h * 14.375)  # 7/8 of the way from round 10 to 15
+    assert line["cpu_ms"] == pytest.approx(1e3 * 0.2 / h) and line["bits_per_param_step"] == pytest.approx(
+        8 * b / 137_216 / h)
+    round_s = ttq.server_round_seconds(ttq.ROW["backup-diloco"].algorithm, 0.2, 4, 100.0)
+    assert line["t@100.0"][0] == pytest.approx(14.375 * round_s) and line["t@None"][0] == pytest.approx(14.375 * 0.2)
+
+
 def test_a_server_rows_wire_is_every_upload_and_answer_the_ledger_counts(ttq, tmp_path):
     """The Δ each replica uploads and the θ the server answers with, uncompressed: header and 32 bits
     a parameter each, their sum the ledger's; the compute stage times backup-diloco at b = 0, which
