@@ -132,7 +132,8 @@ def plot(out: Path, results: dict, compute: dict, workers: int, target: float, n
 
     for ax, mbps in zip(axes, RATES_MBPS):
         ax.axhline(target, color="k", lw=0.8, ls="--")
-        ax.set(xscale="log", title=f"{mbps:g} Mbit/s, {workers} workers, {network}", xlabel="modelled time (s)")
+        star = ", server rows: ps" if any(row.collective == "server" for row in drawn) else ""
+        ax.set(xscale="log", title=f"{mbps:g} Mbit/s, {workers} workers, {network}{star}", xlabel="modelled time (s)")
         ax.xaxis.set_minor_formatter(NullFormatter())  # (log axes label minor ticks over each other)
     axes[0].set_ylabel("validation loss")
     low = min(min(r[0]["losses"]) for r in results.values())
