@@ -90,6 +90,10 @@ def test_crossing_interpolates_in_log_loss():
     share = math.log(0.5 / 0.3) / math.log(0.5 / 0.125)
     step, t = crossing(recs, 0.3, "loss")
     assert step == pytest.approx(10 + 10 * share) and t == pytest.approx(2 + 2 * share)
+    # the first evaluation at or below the target (docs/planning.md): one exactly at it is the crossing,
+    # also when it is the run's last
+    assert crossing(recs, 0.125, "loss") == (20.0, 4.0)
+    assert crossing(recs, 0.5, "loss") == (10.0, 2.0)
 
 
 def test_run_cost_from_a_pilot():
@@ -127,3 +131,23 @@ def test_design_without_budget_runs_everything_and_with_one_stays_inside_it():
 
 def test_design_spends_nothing_when_nothing_fits():
     assert choose_workers([1, 2, 4], lambda m: 100.0, 50.0, [1], 10.0) == []
+
+
+def test_design_counts_the_pilot_against_the_budget_and_a_run_may_use_all_that_is_left():
+    # --budget bounds every profiling run, the pilot's included (docs/planning.md): after a pilot of 5 s
+    # a 10 s budget leaves 5 s, which affords m = 2 (2 s) and then not m = 4 (4 s > 3 s left)
+    assert choose_workers([1, 2, 4, 8], lambda m: float(m), 10.0, [1], 5.0) == [2]
+    # a run that costs exactly what is left still fits: 1 s spent, 2 + 4 s of runs in a 7 s budget
+    assert choose_workers([1, 2, 4], lambda m: float(m), 7.0, [1], 1.0) == [2, 4]
+
+
+def test_design_criterion_is_on_unit_scaled_features_so_the_units_of_s_do_not_matter():
+    """tr(M^-1) is taken over feature columns scaled to their largest value over the candidates
+    (a_criterion's rows), so the choice does not change with --work's units (s of θ1·s/m); on the raw
+    features [1, s/m, log m, m] it does (m = 4 at s = 1, m = 34 at s = 0.001 below) and, with m up to
+    64, the m column's large values leave its variance out of the criterion."""
+    cost = lambda m: 1.0 + 0.01 * m  # noqa: E731
+    for work in (1.0, 1000.0, 0.001):
+        assert choose_workers(list(range(1, 65)), cost, 3.5, [1], 0.0, work) == [2, 3, 10], work
+        # equal costs: the pure A-optimal order
+        assert choose_workers([1, 2, 4, 8, 16, 32, 64], lambda m: 1.0, 3.0, [1], 0.0, work) == [64, 8, 2], work
