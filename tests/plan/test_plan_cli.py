@@ -85,6 +85,19 @@ def test_a_straggler_tail_where_backups_win_and_validation(tmp_path, capsys):
                               "summary.json").read_text())
         assert got == pytest.approx(summary["sim_time_s"] / summary["steps"]) and run["purpose"] == "validate"
     assert p["validation_summary"]["mean_abs_error_seconds_per_iteration"] is not None
+    # a validation run lasts 1.3x the predicted iterations + 2 steps, at least --steps (30), at most
+    # --validate-max-steps (80), and evaluates ~40 times (every other step of 80); a profiling run ~15 times
+    for v in val.values():
+        assert v["steps_run"] == int(min(max(1.3 * v["predicted_iterations"] + 2, 30), 80))
+    runs = {r["purpose"]: [] for r in p["runs"]}
+    for r in p["runs"]:
+        runs[r["purpose"]].append(r)
+    assert [(r["steps"], r["evaluations"]) for r in runs["validate"]] == [(80, 80 // 2 + 1)] * 2
+    assert {(r["steps"], r["evaluations"]) for r in runs["profile"]} == {(30, 30 // 2 + 1)}
+    # the profiling figures (what --budget bounds) are the profiling runs' alone: validation not counted
+    assert len(runs["profile"]) == p["profiling"]["runs"] == 6
+    assert p["profiling"]["wall_s"] == pytest.approx(sum(r["wall_time_s"] for r in runs["profile"]), rel=1e-9)
+    assert p["profiling"]["simulated_s"] == pytest.approx(sum(r["sim_time_s"] for r in runs["profile"]), rel=1e-9)
     # the recommendation carries the error measured for it, and the printed line says it
     own = val.get((best["candidate"], best["workers"]))
     assert best["measured_error"] == (own["error_time"] if own else None)
