@@ -8,7 +8,8 @@ tr((Σ λ_m x(m) x(m)ᵀ)⁻¹), the summed variance of the least-squares θ, su
 handful of candidate m a planner offers we take the greedy version of the same criterion instead:
 start from the cheapest run (the pilot, which also measures what a run costs), then repeatedly add
 the candidate m with the largest drop of tr(M⁻¹) per second of cost that still fits in the
-budget. Without a budget every candidate is run.
+budget, the criterion on the features scaled to unit columns (each divided by its largest value over
+the candidates: the choice does not depend on the units of s). Without a budget every candidate is run.
 
 Cost here is the wall-clock time of a profiling run, whatever the backend: on the simulator the
 wall time of a run grows like m·steps (every simulated worker computes its gradient), and the
