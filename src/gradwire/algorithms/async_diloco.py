@@ -53,7 +53,7 @@ import torch
 
 from gradwire.algorithms.base import ALGORITHMS
 from gradwire.algorithms.diloco import DILOCO_PARAMS, OUTER_MOMENTUM, OUTER_WARMUP, outer_momentum_at
-from gradwire.algorithms.outer_replicas import ServerDiLoCo, split_report
+from gradwire.algorithms.outer_replicas import ANSWER_HELP, ServerDiLoCo, split_report
 from gradwire.algorithms.protocol import PARAMS, Answer
 from gradwire.spec import require
 
@@ -70,6 +70,7 @@ ASYNC_DILOCO_PARAMS = {key: DILOCO_PARAMS[key] for key in (
     "outer_warmup": "W >= 0 momentum updates over which the outer momentum ramps linearly from 0 (0 = constant μ)",
     "dylu": "true: dynamic local updates (Liu et al. 2024): worker i takes H_i = floor(H v_i / max_j v_j) inner "
             "steps, v its measured speed; false: every worker takes H",
+    "answer": ANSWER_HELP,
 }
 
 
@@ -146,9 +147,9 @@ class AsyncDiLoCo(ServerDiLoCo):
     def __init__(self, *, inner_steps: int = 10, period: int = 0, outer_lr: float = ASYNC_OUTER_LR,
                  outer_momentum: float = OUTER_MOMENTUM, outer_warmup: int = OUTER_WARMUP, inner: str = "adamw",
                  beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8, weight_decay: float = 0.1,
-                 dylu: bool = False):
+                 dylu: bool = False, answer: str = "params"):
         self.inner_settings(inner_steps=inner_steps, inner=inner, beta1=beta1, beta2=beta2, eps=eps,
-                            weight_decay=weight_decay)
+                            weight_decay=weight_decay, answer=answer)
         require(period >= 0, f"period must be >= 0 (arrivals per momentum update; 0 = the workers), got {period}")
         require(outer_lr > 0, f"outer_lr must be > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
@@ -198,16 +199,13 @@ class AsyncDiLoCo(ServerDiLoCo):
         return reply
 
     def state_dict(self):
-        return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.averager.state_dict(),
-                **self.workers.state_dict(),
+        return {**self.server_state(), "outer": self.outer.state_dict(),
                 "round": [{"loss": torch.tensor(loss, dtype=torch.float64), "staleness": s, "steps": h}
                           for loss, s, h in self.round],
                 "speeds": self.speeds.state_dict()}
 
     def load_state_dict(self, state):
-        self.theta.copy_(state["theta"])
+        self.load_server_state(state)
         self.outer.load_state_dict(state["outer"])
-        self.averager.load_state_dict(state["codec"])
-        self.workers.load_state_dict(state)
         self.round = [(float(e["loss"]), int(e["staleness"]), int(e["steps"])) for e in state["round"]]
         self.speeds.load_state_dict(state["speeds"])

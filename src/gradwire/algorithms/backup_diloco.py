@@ -46,7 +46,7 @@ import torch
 from gradwire.algorithms.base import ALGORITHMS, OptimConfig
 from gradwire.algorithms.diloco import DILOCO_PARAMS, OUTER_LR, OUTER_MOMENTUM, OUTER_WARMUP, outer_step
 from gradwire.algorithms.optim import HeavyBall
-from gradwire.algorithms.outer_replicas import ServerDiLoCo
+from gradwire.algorithms.outer_replicas import ANSWER_HELP, ServerDiLoCo
 from gradwire.algorithms.protocol import Answer
 from gradwire.spec import require
 
@@ -57,7 +57,8 @@ BACKUP_DILOCO_PARAMS = {"backups": "b >= 0: replicas whose pseudo-gradients each
                                 "weighted 1/sqrt(1+s): FedBuff, Nguyen 2022)"} | {
     key: DILOCO_PARAMS[key] for key in ("inner_steps", "outer_lr", "outer_momentum", "outer_warmup", "inner",
                                         "beta1", "beta2", "eps", "weight_decay")} | {
-    "inner_steps": "H >= 1: inner steps a replica takes before it sends its pseudo-gradient"}
+    "inner_steps": "H >= 1: inner steps a replica takes before it sends its pseudo-gradient",
+    "answer": ANSWER_HELP}
 
 
 @ALGORITHMS.register("backup-diloco", help="DiLoCo whose outer round averages the first n - b pseudo-gradients "
@@ -71,11 +72,11 @@ class BackupDiLoCo(ServerDiLoCo):
     def __init__(self, *, backups: int = 1, late: str = "drop", inner_steps: int = 10, outer_lr: float = OUTER_LR,
                  outer_momentum: float = OUTER_MOMENTUM, outer_warmup: int = OUTER_WARMUP, inner: str = "adamw",
                  beta1: float = 0.9, beta2: float = 0.95,
-                 eps: float = 1e-8, weight_decay: float = 0.1):
+                 eps: float = 1e-8, weight_decay: float = 0.1, answer: str = "params"):
         require(backups >= 0, f"backups must be >= 0, got {backups}")
         require(late in LATE_RULES, f"late={late!r}: valid choices are {', '.join(LATE_RULES)}")
         self.inner_settings(inner_steps=inner_steps, inner=inner, beta1=beta1, beta2=beta2, eps=eps,
-                            weight_decay=weight_decay)
+                            weight_decay=weight_decay, answer=answer)
         require(outer_lr > 0, f"outer_lr must be > 0, got {outer_lr}")
         require(0 <= outer_momentum < 1, f"outer_momentum must be in [0, 1), got {outer_momentum}")
         require(outer_warmup >= 0, f"outer_warmup must be >= 0 (outer rounds of momentum ramp), got {outer_warmup}")
@@ -142,18 +143,15 @@ class BackupDiLoCo(ServerDiLoCo):
         return Answer(replies, info)
 
     def state_dict(self):
-        return {"theta": self.theta, "outer": self.outer.state_dict(), "codec": self.averager.state_dict(),
-                **self.workers.state_dict(),
+        return {**self.server_state(), "outer": self.outer.state_dict(),
                 "server": {"current": self.current, "late": list(self.late),
                            "buffered": [{"delta": d, "staleness": st} for d, st in self.buffered],
                            "arrived": [{"worker": w, "body": b, "loss": torch.tensor(loss, dtype=torch.float64),
                                         "count": c} for w, (b, loss, c) in self.arrived.items()]}}
 
     def load_state_dict(self, state):
-        self.theta.copy_(state["theta"])
+        self.load_server_state(state)
         self.outer.load_state_dict(state["outer"])
-        self.averager.load_state_dict(state["codec"])
-        self.workers.load_state_dict(state)
         s = state["server"]
         self.current, self.late = int(s["current"]), [int(w) for w in s["late"]]
         self.buffered = [(e["delta"].clone(), int(e["staleness"])) for e in s.get("buffered", [])]

@@ -18,6 +18,15 @@ a replica that takes fewer (dropped rounds' work still counts; DyLU's shorter ph
 earlier in the schedule. With
 ``report_seconds`` the message carries those seconds, the replica's measure of its own speed, as
 an 8-byte float64 after the codec's payload (``split_report`` on the server).
+
+The server's answer (``ServerAnswers``) is θ itself (``answer=params``), 32 bits a parameter to
+every replica every round, or (``answer=change``) θ minus what the replica holds, through the same
+codec as the pseudo-gradients: the server keeps each replica's copy (its view) and adds to it what
+the answer decodes to, as the replica does, so what a message leaves out stays in the next one's
+difference. That is EF21-P's primal compression (Gruntkowska, Tyurin, Richtárik 2023, "EF21-P and
+Friends: Improved Theoretical Communication Complexity for Distributed Optimization with
+Bidirectional Compression", arXiv:2209.15218: w̃ ← w̃ + C(w − w̃), the workers computing at w̃).
+A replica that rejoins is sent θ itself (JOIN), and its view restarts there.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from gradwire.algorithms.optim import AdamW, require_sgd
 from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Message, as_body
 from gradwire.algorithms.replicas import Replicas, mean_or_nan
 from gradwire.spec import require
+from gradwire.transports.base import SERVER
 
 
 class OuterReplicas:
@@ -78,12 +88,16 @@ class OuterReplicas:
             body = torch.cat([body, seconds.view(torch.uint8)])
         return Message(GRADIENT, rank, tag=self.tag[rank], count=count, value=mean_or_nan(losses), body=body)
 
-    def apply(self, rank: int, reply: Message) -> None:
+    def apply(self, rank: int, reply: Message, decode_change=None) -> None:
         """PARAMS or JOIN: the next round starts from θ (x_i <- θ); the inner optimizer's state stays;
-        (``steps_from_answer``) the answer's value is the next phase's H_i."""
-        theta = reply.tensor(self.held[rank])
-        self.held[rank].copy_(theta)
-        self.replicas.x[rank].copy_(theta)
+        (``steps_from_answer``) the answer's value is the next phase's H_i. With ``decode_change``
+        (``answer=change``) a PARAMS answer is the codec's payload of θ's change since what the
+        replica holds, added to it (JOIN is θ itself)."""
+        if decode_change is not None and reply.kind != JOIN:
+            self.held[rank].add_(decode_change(reply.body, self.held[rank]))
+        else:
+            self.held[rank].copy_(reply.tensor(self.held[rank]))
+        self.replicas.x[rank].copy_(self.held[rank])
         self.tag[rank] = reply.tag
         if self.steps_from_answer:
             self.steps[rank] = int(reply.value)
@@ -101,6 +115,50 @@ class OuterReplicas:
             self.tag[r] = int(state["tag"][str(r)])
             self.steps[r] = int(state["steps"][str(r)])
             self.gradients[r] = int(state["gradients"][str(r)])
+
+
+ANSWER_CHOICES = ("params", "change")
+ANSWER_HELP = ("what the server answers a replica with: params (θ itself, 32 bits a parameter) or change (θ minus "
+               "the replica's copy through --compressor, the server keeping each copy: EF21-P, Gruntkowska 2023)")
+
+
+class ServerAnswers:
+    """The body of the server's answers (module docstring): θ itself, or its change since each
+    replica's copy through the codec (``change``: the copies, ``views``, are created as a replica is
+    first answered, from the parameters every replica starts with)."""
+
+    def __init__(self, kind: str, theta: torch.Tensor, averager, generator: torch.Generator):
+        self.kind, self.theta, self.averager, self.gen = kind, theta, averager, generator
+        self.start = theta.clone() if kind == "change" else None  # what every replica holds before its first answer
+        self.views: dict[int, torch.Tensor] = {}
+
+    def body(self, worker: int, whole: bool = False) -> torch.Tensor:
+        """Worker ``worker``'s answer body; ``whole``: θ itself whatever the kind (JOIN)."""
+        if self.kind == "params" or whole:
+            if self.kind == "change":
+                self.views[worker] = self.theta.clone()
+            return as_body(self.theta)
+        view = self.views.setdefault(worker, self.start.clone())
+        payload = self.averager.compressor.encode(self.theta - view, generator=self.gen).buffer
+        view.add_(self.averager.decode(payload, view))  # as the replica will (OuterReplicas.apply)
+        return payload
+
+    def decode_change(self):
+        """For the replicas: how to read a PARAMS answer (None: θ itself)."""
+        return self.averager.decode if self.kind == "change" else None
+
+    def state_dict(self) -> dict:
+        if self.kind == "params":
+            return {}
+        return {"start": self.start, "views": {str(w): v for w, v in self.views.items()},
+                "generator": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.kind == "params":
+            return
+        self.start.copy_(state["start"])
+        self.views = {int(w): v.clone() for w, v in state["views"].items()}
+        self.gen.set_state(state["generator"])
 
 
 def split_report(body: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -124,12 +182,14 @@ class ServerDiLoCo(Algorithm):
     adapts_inner_steps = False  # True: replicas report their phase's seconds, the answers set their next H_i
 
     def inner_settings(self, *, inner_steps: int, inner: str, beta1: float, beta2: float, eps: float,
-                       weight_decay: float) -> None:
+                       weight_decay: float, answer: str = "params") -> None:
         require(inner_steps >= 1, f"inner_steps must be >= 1 (inner steps a replica takes per message), got "
                                   f"{inner_steps}")
         require(inner in INNER_CHOICES, f"inner={inner!r}: valid choices are {', '.join(INNER_CHOICES)}")
+        require(answer in ANSWER_CHOICES, f"answer={answer!r}: valid choices are {', '.join(ANSWER_CHOICES)}")
         self.inner_steps, self.inner, self.betas, self.eps, self.weight_decay = (
             inner_steps, inner, (beta1, beta2), eps, weight_decay)
+        self.answer_kind = answer
 
     @property
     def nesterov_instead(self):
@@ -148,6 +208,7 @@ class ServerDiLoCo(Algorithm):
                                      report_seconds=self.adapts_inner_steps)
         self.theta = params.clone()  # the server's θ
         self.averager = make_averager(ctx, codec, default=self.default_compressor)
+        self.answers = ServerAnswers(self.answer_kind, self.theta, self.averager, ctx.generator(SERVER, "answer"))
 
     @property
     def tag(self) -> int:
@@ -164,11 +225,22 @@ class ServerDiLoCo(Algorithm):
         return self.workers.message(ctx, rank, count, self.averager)
 
     def worker_apply(self, ctx, rank, reply):
-        self.workers.apply(rank, reply)
+        self.workers.apply(rank, reply, self.answers.decode_change())
         return None
 
     def answer(self, worker: int, kind: int = PARAMS) -> Message:
-        return Message(kind, worker, tag=self.tag, body=as_body(self.theta))
+        return Message(kind, worker, tag=self.tag, body=self.answers.body(worker, whole=kind == JOIN))
+
+    def server_state(self) -> dict:
+        """What both subclasses' checkpoints hold: θ, the codec, the local replicas, the answers."""
+        return {"theta": self.theta, "codec": self.averager.state_dict(), **self.workers.state_dict(),
+                "answers": self.answers.state_dict()}
+
+    def load_server_state(self, state: dict) -> None:
+        self.theta.copy_(state["theta"])
+        self.averager.load_state_dict(state["codec"])
+        self.workers.load_state_dict(state)
+        self.answers.load_state_dict(state.get("answers", {}))
 
     def join_reply(self, worker):
         return self.answer(worker, JOIN)
