@@ -72,7 +72,8 @@ def test_eager_outer_steps_match_a_reference(make_config, spec):
     assert torch.equal(alg.theta, alg.thetas[0])  # what is evaluated
 
 
-@pytest.mark.parametrize("extra", [{}, dict(compressor="qsgd:levels=8,bucket=64", error_feedback=True)])
+@pytest.mark.parametrize("extra", [{}, dict(compressor="qsgd:levels=8,bucket=64", error_feedback=True),
+                                   dict(compressor="fp16")])
 def test_eager_sends_what_plain_overlapped_rounds_send(make_config, extra):
     """The same collectives at the same steps: the same bytes and the same simulated clock."""
     spec = "streaming-diloco:inner_steps=4,fragments=2,overlap=3"

@@ -82,6 +82,22 @@ def test_the_compressed_mean_is_the_mean_of_each_workers_decoded_payload(spec):
     assert t.bytes_sent > 0
 
 
+@pytest.mark.parametrize("spec,wire", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_a_cast_payload_decodes_to_the_cast(spec, wire):
+    """A cast's payload is the tensor in the wire dtype (it is all-reduced, not gathered as bytes):
+    one participant's payload, as the mean counts it (``decode_payload``, what eager Streaming
+    DiLoCo subtracts as its own share), is that cast back in the gradients' dtype."""
+    avg = averager(spec, payloads=True)
+    x = grads()
+    payloads = avg.payloads(x)
+    for r in WORKERS:
+        assert payloads[r].dtype == wire
+        own = avg.decode_payload(payloads[r], x[r])
+        assert own.dtype == x[r].dtype
+        assert torch.equal(own, x[r].to(wire).to(x[r].dtype))
+        assert not torch.equal(own, x[r])  # the cast rounds: the test can tell it from the tensor
+
+
 def test_powersgd_state_keeps_the_checkpoint_layout():
     """PowerSGD's state is saved under "powersgd", as checkpoints written before averaging/ hold it;
     a fresh averager that loads it continues identically."""
