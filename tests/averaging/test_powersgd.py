@@ -382,6 +382,28 @@ def test_alternate_projects_the_mean_on_the_last_steps_subspace_one_allreduce_a_
         torch.testing.assert_close(out2[i], (grads2[0][i] + grads2[1][i]) / 2)
 
 
+@pytest.mark.parametrize("start_step", [1, 2, 3])
+def test_alternate_counts_its_turns_from_start_step(start_step):
+    """With start_step: the steps before it travel uncompressed, the first compressed step sends P
+    (there is no P to start a Q step from), and P and Q take turns from there, whatever the parity of
+    start_step: one allreduce a step, of every float, then n r and m r floats of the 40x30 matrix."""
+    p = AVERAGERS.build(f"powersgd:rank=3,alternate=true,start_step={start_step}")
+    memory = PowerSGDMemory(seed=1)
+    sizes = []
+
+    def recording_mean(tensors):
+        sizes.append(next(iter(tensors.values())).numel())
+        return local_mean(tensors)
+
+    for step in range(start_step + 4):
+        p.average(memory, gradients(2, step), KEYS, recording_mean)
+        memory.step += 1
+    plain = 40 + 90 + 300 + 4 + 1  # the tensors rank 3 does not compress travel with each factor
+    whole, p_step, q_step = 40 * 30 + plain, 40 * 3 + plain, 30 * 3 + plain
+    assert (p_step, q_step) == (p.wire_numel(SHAPES, "p"), p.wire_numel(SHAPES, "q"))
+    assert sizes == [whole] * start_step + [p_step, q_step, p_step, q_step]
+
+
 def test_alternate_keeps_the_error_feedback_identity_and_its_state_round_trips():
     p = AVERAGERS.build("powersgd:rank=2,min_compression_rate=1,alternate=true,dtype=fp16")
     memory = PowerSGDMemory(seed=4)
