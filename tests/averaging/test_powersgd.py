@@ -3,12 +3,20 @@ ranks, device-generic buffers, and one clear error per bad setting."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
 import torch
 
-from gradwire.averaging.powersgd import AVERAGERS, PowerSGDMemory, matrix_shape, orthogonalize_, orthogonalized
+from gradwire.averaging.powersgd import (
+    AVERAGERS,
+    PowerSGDMean,
+    PowerSGDMemory,
+    matrix_shape,
+    orthogonalize_,
+    orthogonalized,
+)
 from gradwire.errors import ConfigError
 
 SHAPES = [torch.Size(s) for s in [(40, 30), (40,), (6, 3, 5), (3, 100), (2, 2), ()]]
@@ -333,6 +341,34 @@ def test_state_dict_round_trip_and_shape_check():
         copy.errors[1]["t0"], memory.errors[1]["t0"])
     with pytest.raises(ConfigError, match=r"unknown tensors or of the wrong size: \['t0'\]"):
         PowerSGDMemory().load_state_dict(state, shapes={"t0": (40, 31), "t2": (6, 15)})
+
+
+@pytest.mark.parametrize("alternate", ["", ",alternate=true"])
+@pytest.mark.parametrize("saved_at, loaded_at, message", [
+    ("rank=2", "rank=1", "tensor '0' was compressed at rank 2, this averager (rank=1) compresses it at rank 1"),
+    ("rank=1", "rank=2", "tensor '0' was compressed at rank 1, this averager (rank=2) compresses it at rank 2"),
+    ("rank=2", "rank=2,min_compression_rate=8", "tensor '0' was compressed at rank 2, this averager (rank=2) "
+                                                "sends it uncompressed"),
+], ids=["2-into-1", "1-into-2", "2-into-uncompressed"])
+def test_a_state_of_another_rank_is_refused_in_one_line(alternate, saved_at, loaded_at, message):
+    """A state whose factors have another rank than the averager's is one ConfigError naming both,
+    and leaves the averager as it was: its next mean is a fresh averager's. (Accepted, PowerSGD
+    would restart Q from its first draw, but ACP-SGD's Q step starts from the saved P: it crashed.)"""
+    shapes = [torch.Size([16, 8])]
+    g = torch.Generator().manual_seed(0)
+    grads = [{w: [torch.randn(16, 8, generator=g)] for w in (0, 1)} for _ in range(3)]
+    saved = PowerSGDMean(f"powersgd:{saved_at}{alternate}", shapes=shapes, workers=[0, 1], seed=0)
+    for step in (0, 1):  # a P step and a Q step with alternate: both P and Q are in the state
+        saved.mean_tensors_by(local_mean, grads[step], [0])
+        saved.end_step()
+    loaded, fresh = (PowerSGDMean(f"powersgd:{loaded_at}{alternate}", shapes=shapes, workers=[0, 1], seed=0)
+                     for _ in range(2))
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        loaded.load_state_dict(saved.state_dict())
+    assert "\n" not in str(info.value)
+    assert loaded.memory.step == 0 and not loaded.memory.q and not loaded.memory.errors
+    assert torch.equal(loaded.mean_tensors_by(local_mean, grads[2], [0])[0],
+                       fresh.mean_tensors_by(local_mean, grads[2], [0])[0])
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -295,9 +295,10 @@ class PowerSGD(Specced):
     def _start_q(self, memory: PowerSGDMemory, key: str, grad: torch.Tensor, r: int) -> torch.Tensor:
         """The Q this step's power iteration starts from (a copy, m x r): the previous step's Q with
         warm start (Vogels 2019, Sec. 3), else a seeded standard normal draw, the same at every
-        worker. Drawn on the CPU then moved, so every device starts from the same Q."""
+        worker. Drawn on the CPU then moved, so every device starts from the same Q. A kept Q is
+        m x r: this averager made it, or its loader checked its rows and its rank."""
         m = grad[0].numel()
-        if self.warm_start and key in memory.q and memory.q[key].shape == (m, r):
+        if self.warm_start and key in memory.q:
             return self._revived(memory, key, memory.q[key], "q")
         if self.warm_start:
             return memory.first_draw(key, "q", (m, r), grad).clone()
@@ -448,5 +449,19 @@ class PowerSGDMean(Averager):
         return {"powersgd": self.memory.state_dict()}  # the key of the layout before averaging/ existed
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a :meth:`state_dict` saved with the same settings: Q, P or errors of unknown tensors
+        or of the wrong size, and factors of another rank (a state saved at rank=2 loaded at rank=1,
+        or a matrix this averager sends uncompressed), are one ConfigError. (Q restarted from a fresh
+        draw would do for PowerSGD, but ACP-SGD's Q step starts from the saved P.)"""
         shapes = {k: matrix_shape(s) for k, s in zip(self.keys, self.shapes, strict=True) if len(s) >= 2}
-        self.memory.load_state_dict(state["powersgd"], shapes=shapes)
+        ranks = {k: self.powersgd.matrix_rank(s) for k, s in zip(self.keys, self.shapes, strict=True)}
+        saved = state["powersgd"]
+        other = sorted({(k, f.shape[-1]) for factors in (saved["q"], saved.get("p", {}))
+                        for k, f in factors.items() if k in shapes and f.shape[-1] != ranks[k]})
+        if other:
+            k, r = other[0]
+            now = f"compresses it at rank {ranks[k]}" if ranks[k] else "sends it uncompressed"
+            raise ConfigError(f"powersgd state was saved at another rank: tensor {k!r} was compressed at rank {r}, "
+                              f"this averager (rank={self.powersgd.rank}) {now} ({len(other)} tensor(s) differ); "
+                              "load a state saved with the same powersgd settings, or start without it")
+        self.memory.load_state_dict(saved, shapes=shapes)
