@@ -193,18 +193,22 @@ def _files(folder) -> dict:
 
 def test_resume_with_fewer_steps_than_a_finished_run_is_refused(tmp_path, data_dir, capsys):
     """--steps below a finished run's would resume from its checkpoint and cut it short, dropping
-    the rows after that checkpoint (it did, exit 0): refused, naming both counts, nothing touched."""
+    the rows after that checkpoint (it did, exit 0): refused, naming both counts, nothing touched.
+    Also with --steps equal to the latest checkpoint's step (6 here): the resume would end at once
+    and rewrite the summary of the 8-step run as one of 6."""
     out = tmp_path / "done"
     assert main(tiny(data_dir, "--out", str(out), "--steps", "8", "--checkpoint-every", "3")) == 0
     before = _files(out)
     capsys.readouterr()
-    for flag in ("--resume", "--resume-or-start"):
-        assert main(tiny(data_dir, "--out", str(out), "--steps", "7", "--checkpoint-every", "3", flag)) == 2
-        assert capsys.readouterr().err.strip().splitlines() == [
-            f"gradwire run: error: steps=7: run folder {out} holds a run that finished at step 8, more than --steps "
-            "7; resuming would cut it short and drop its rows after its checkpoint: pass --steps 8 or more to "
-            "continue it, --overwrite to replace it, or choose another --out (--steps)"]
-        assert _files(out) == before
+    for steps in (7, 6):
+        for flag in ("--resume", "--resume-or-start"):
+            assert main(tiny(data_dir, "--out", str(out), "--steps", str(steps), "--checkpoint-every", "3",
+                             flag)) == 2, (steps, flag)
+            assert capsys.readouterr().err.strip().splitlines() == [
+                f"gradwire run: error: steps={steps}: run folder {out} holds a run that finished at step 8, more "
+                f"than --steps {steps}; resuming would cut it short and drop its rows after its checkpoint: pass "
+                "--steps 8 or more to continue it, --overwrite to replace it, or choose another --out (--steps)"]
+            assert _files(out) == before
 
 
 @pytest.mark.parametrize("first", [10, 11])
