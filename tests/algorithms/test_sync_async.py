@@ -45,6 +45,7 @@ def test_plain_sync_waits_for_the_slowest_then_the_allreduce(make_config):
         times = r.ctx.stragglers.times(6, step)
         assert r.clock.now - before == pytest.approx(max(times) + cost.time_s, rel=1e-12)
         assert r.transport.bytes_sent - sent == cost.bytes
+    assert r.gradients == 6 * 5  # every step's, the first included (metrics.jsonl's rows write this count)
 
 
 @pytest.mark.parametrize("backups", [1, 3])
@@ -86,6 +87,8 @@ def test_same_seed_same_metrics(make_config, tmp_path):
 
     a, b, other = metrics("a", 1), metrics("b", 1), metrics("c", 2)
     assert a == b
+    # the gradients applied so far: N = 3 of the 4 workers' each step (backups=1), from step 1 on
+    assert [(x["step"], x["gradients"]) for x in a] == [(0, 0), (10, 30), (20, 60)]
     assert a != other
 
 
