@@ -3,7 +3,7 @@
 
 import pytest
 
-from gradwire.report.compare import row_of, seed_rows
+from gradwire.report.compare import _fmt, row_of, seed_rows
 
 
 def summary(status: str, acc: float, loss: float, mb: float, t: float) -> dict:
@@ -28,3 +28,21 @@ def test_a_run_that_did_not_finish_enters_no_figure_over_the_seeds():
     # paired with the first variant's run of the same seed, seeds 0 and 2 only: +10 % and +10 %
     assert row["test_acc_vs_first_pct"] == pytest.approx(10.0)
     assert rows[0]["test_acc_sd"] == pytest.approx(0.1)
+
+
+def test_a_cell_goes_to_scientific_notation_below_a_thousandth():
+    """comparison.md's numbers: 4 significant figures from 1e-3 up, and 4 in scientific notation below
+    (0.0005 would read as one figure)."""
+    assert _fmt(1e-3) == "0.001" and _fmt(9.99e-4) == "9.990e-04"
+    assert _fmt(5e-4) == "5.000e-04" and _fmt(-5e-4) == "-5.000e-04" and _fmt(0.0) == "0"
+    assert _fmt(2.345678) == "2.346"
+
+
+def test_the_paired_difference_gives_its_least_and_greatest_over_the_seeds():
+    base = [summary("finished", 0.5, loss, 1.0, 1.0) for loss in (1.0, 1.0, 1.0)]
+    other = [summary("finished", 0.5, loss, 1.0, 1.0) for loss in (1.1, 0.9, 1.3)]
+    row = seed_rows([0, 1, 2], ["base", "other"], [base, other])[1]
+    # per seed: +10 %, -10 %, +30 %
+    assert row["train_loss_vs_first_pct"] == pytest.approx(10.0)
+    assert row["train_loss_vs_first_min_pct"] == pytest.approx(-10.0)
+    assert row["train_loss_vs_first_max_pct"] == pytest.approx(30.0)
