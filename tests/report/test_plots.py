@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import matplotlib.axes
 import pytest
 
 from gradwire.report import plots
-from gradwire.report.plots import log_worthy, plot_runs
+from gradwire.report.plots import log_worthy, plot_runs, time_label
 
 
 @pytest.mark.parametrize("values, expected", [
     ([5.6, 3.0, 2.2], False),        # a language model's loss: linear, no 3x10^0 tick labels
     ([2.3, 0.05], True),             # a convex objective falling 46-fold: log
+    ([1.0, 10.0], True),             # exactly a decade: log
+    ([1.0, 9.9], False),             # just short of one: linear
     ([0.0, -1.0, 5.0, 0.6], False),  # non-positive values are not plotted on a log axis
     ([], False),
 ])
@@ -62,3 +65,32 @@ def test_a_range_over_seeds_is_shaded(tmp_path, monkeypatch):
     assert all(not ax.collections for ax in line.axes)
     ys = band.axes[0].collections[0].get_paths()[0].vertices[:, 1]
     assert ys.min() == pytest.approx(2.1) and ys.max() == pytest.approx(5.8)  # from the least lo to the greatest hi
+
+
+@pytest.mark.parametrize("backends, label", [
+    (["sim", "sim"], "simulated time (s)"),
+    ([], "simulated time (s)"),
+    (["torch"], "elapsed time (s)"),
+    (["sim", "torch"], "time (s): simulated on sim, elapsed otherwise"),
+])
+def test_the_time_axis_is_named_after_the_backends(backends, label):
+    assert time_label(backends) == label
+
+
+def test_a_band_reaching_zero_is_not_drawn_on_a_log_axis(tmp_path, monkeypatch):
+    """The objective spans three decades (a log axis): a range over seeds whose least value is 0
+    cannot be drawn there; the band is drawn over the other points only."""
+    drawn = []
+    real = matplotlib.axes.Axes.fill_between
+
+    def fill_between(self, x, lo, hi, **kwargs):
+        drawn.append((list(x), list(lo), list(hi)))
+        return real(self, x, lo, hi, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", fill_between)
+    recs = [dict(r, **{"train_loss:lo": lo, "train_loss:hi": 2 * r["train_loss"]})
+            for r, lo in zip(records([10.0, 1.0, 0.01]), [5.0, 0.0, 0.005])]
+    plot_runs({"mean": recs}, tmp_path / "band.png")
+    assert len(drawn) == 3  # the objective's row, one band per x-axis
+    for x, lo, hi in drawn:
+        assert len(x) == 2 and min(lo) > 0 and lo == [5.0, 0.005] and hi == [20.0, 0.02]  # steps 0 and 2
