@@ -159,12 +159,15 @@ def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "
     return dataclasses.replace(row, overlap=f"tau:{tau}") if tau else row
 
 
-def server_row(key: str, label: str, spec: str, h: int, compute_algorithm: str = "") -> Row:
+def server_row(key: str, label: str, spec: str, h: int, compute_algorithm: str = "", run: dict | None = None) -> Row:
     """A server-mode DiLoCo (backup-diloco, async-diloco; Row.inner_steps): a step of the run is an
     outer round of H inner steps a replica, priced as the simulator's round through the server with
-    the row's compute (``server_round_seconds``)."""
-    return Row(key, label, spec, collective="server", inner_steps=h, overlap="none",
+    the row's compute and messages (``server_round_seconds``)."""
+    return Row(key, label, spec, run or {}, collective="server", inner_steps=h, overlap="none",
                compute_algorithm=compute_algorithm)
+
+
+SIGN_BOTH_WAYS = dict(compressor="sign:scaled=true", error_feedback=True)  # with answer=change: 1 bit each way
 
 
 def streaming_row(key: str, label: str, keys: str, *, period: int, tau: int) -> Row:
@@ -305,6 +308,12 @@ ROWS = [
     # screened at the walked inner rate as DiLoCo's outer settings were (diloco-eta*)
     *[server_row(f"async-diloco-eta{eta:g}", f"asynchronous DiLoCo H={H}, outer lr {eta:g} (server)",
                  f"async-diloco:inner_steps={H},outer_lr={eta:g}", H) for eta in (0.35, 0.7)],
+    # ... compressed both ways: the 1-bit scaled sign with error feedback up, θ's change through it down
+    server_row("backup-diloco-sign", f"DiLoCo H={H}, 1 backup replica, 1-bit sign + EF both ways (server)",
+               f"backup-diloco:backups=1,inner_steps={H},answer=change", H,
+               f"backup-diloco:backups=0,inner_steps={H},answer=change", SIGN_BOTH_WAYS),
+    server_row("async-diloco-sign", f"asynchronous DiLoCo H={H}, 1-bit sign + EF both ways (server)",
+               f"async-diloco:inner_steps={H},answer=change", H, run=SIGN_BOTH_WAYS),
 ]
 ROW = {r.key: r for r in ROWS}
 
@@ -424,17 +433,18 @@ SERVER_ROUNDS = (3, 6)          # server_round_seconds: the simulated rounds it 
 
 
 @functools.cache
-def server_round_seconds(algorithm: str, compute_s: float, workers: int, mbps: float,
-                         latency_ms: float = LATENCY_MS) -> float:
+def server_round_seconds(algorithm: str, compute_s: float, workers: int, mbps: float, latency_ms: float = LATENCY_MS,
+                         compressor: str = "none", error_feedback: bool = False) -> float:
     """One round of a server-mode row (backup-diloco, async-diloco) on gradwire's simulator itself:
     ``algorithm`` on ``workers`` replicas of the benchmark's model, each round's computing taking
     ``compute_s`` (the straggler model ``none``: no one straggles), their messages over the star
     network (``ps``, whose ``ServerLink`` serialises the server's link in each direction, latency
-    ``latency_ms``) at ``mbps``. The simulated seconds per round from round SERVER_ROUNDS[0] to
-    SERVER_ROUNDS[1] (past the first rounds, where every replica starts at once): where the answers
-    go out one after another, the replicas' next rounds are staggered and their uploads overlap the
-    others' answers. Run with one inner step a round, the whole round's compute on it: the times and
-    the messages (Δ and θ, uncompressed) are the same, and the simulation costs 1/H of the gradients."""
+    ``latency_ms``) at ``mbps``, through the row's ``compressor``. The simulated seconds per round
+    from round SERVER_ROUNDS[0] to SERVER_ROUNDS[1] (past the first rounds, where every replica
+    starts at once): where the answers go out one after another, the replicas' next rounds are
+    staggered and their uploads overlap the others' answers. Run with one inner step a round, the
+    whole round's compute on it: the times and the messages (their size does not depend on H) are
+    the same, and the simulation costs 1/H of the gradients."""
     from gradwire.config import RunConfig
     from gradwire.run.loop import Run
     from gradwire.spec import render
@@ -445,7 +455,8 @@ def server_round_seconds(algorithm: str, compute_s: float, workers: int, mbps: f
         cfg = RunConfig(task=TASK, workers=workers, batch_size=BATCH, steps=last, eval_every=last, lr=1e-3, threads=1,
                         algorithm=render(name, keys | {"inner_steps": "1"}), seed=TUNING_SEED,
                         network=f"ps:mbps={mbps!r},latency_ms={latency_ms!r}",
-                        stragglers=f"none:compute_s={compute_s!r}", out=str(Path(tmp) / "run"), overwrite=True)
+                        stragglers=f"none:compute_s={compute_s!r}", out=str(Path(tmp) / "run"), overwrite=True,
+                        compressor=compressor, error_feedback=error_feedback)
         r = Run(cfg)
         for _ in range(first):
             r.train_step()
@@ -508,7 +519,8 @@ def step_seconds(row: Row, cost: dict, workers: int, mbps: float | None, network
     if mbps is None:
         return compute
     if row.collective == "server":  # the simulator's round through the server (no other network applies)
-        return server_round_seconds(row.algorithm, compute, workers, mbps)
+        return server_round_seconds(row.algorithm, compute, workers, mbps, compressor=row.run.get("compressor", "none"),
+                                    error_feedback=row.run.get("error_feedback", False))
     exchange = cost["size_exchanges"] * collective_seconds("allgather", SIZE_BYTES, workers, mbps, network=network)
     if row.overlap == "backward":  # DDP: the buckets' allreduces run while the backward pass goes on
         return compute + exchange + backward_overhang(row, cost, workers, mbps, network)

@@ -539,3 +539,24 @@ def test_a_server_rows_wire_is_every_upload_and_answer_the_ledger_counts(ttq, tm
     assert wire["decode_s"] == 0.0 == wire["size_exchanges"]
     assert ttq.ROW["backup-diloco"].compute_algorithm.startswith("backup-diloco:backups=0,")
     ttq._sim_stepper(ttq.ROW["backup-diloco"], 0.004, 1000, tmp_path / "c")()  # one round on one worker
+
+
+def test_a_compressed_server_row_prices_its_codecs_bytes_both_ways(ttq, tmp_path):
+    """The 1-bit rows send the scaled sign up (with error feedback) and θ's change through it down
+    (answer=change): both messages are the codec's payload and the header, and the simulator's round
+    prices those bytes, not θ's."""
+    import torch
+
+    from gradwire.algorithms.protocol import HEADER_BYTES
+    from gradwire.compress import build
+
+    row = ttq.ROW["backup-diloco-sign"]
+    wire = ttq.wire_costs(row, 0.004, 1000, tmp_path / "w")
+    sign = HEADER_BYTES + build("sign:scaled=true").encode(torch.zeros(137_216)).buffer.numel()
+    assert wire["payload_bytes"] == wire["answer_bytes"] == sign
+    cost = measured(0.2, payload_bytes=sign, answer_bytes=sign)
+    compressed = ttq.server_round_seconds(row.algorithm, 0.2, 4, 10.0, compressor="sign:scaled=true",
+                                          error_feedback=True)
+    assert ttq.step_seconds(row, cost, 4, 10.0) == compressed
+    dense = ttq.server_round_seconds(f"backup-diloco:backups=0,inner_steps={ttq.H},answer=change", 0.2, 4, 10.0)
+    assert compressed < 0.3 < dense  # 1 bit a parameter each way against 32
