@@ -50,11 +50,15 @@ def test_sim_and_torch_backends_agree(tmp_path, data_dir, spec):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("spec", ["backup-diloco:backups=0,inner_steps=2", "async-diloco:inner_steps=2",
-                                  "async-diloco:inner_steps=2,dylu=true"])  # DyLU: its 8-byte reports in the bytes
+                                  "async-diloco:inner_steps=2,dylu=true",  # DyLU: its 8-byte reports in the bytes
+                                  # compressed both ways: the server's copy of the replica's θ (EF21-P)
+                                  "backup-diloco:backups=0,inner_steps=2,answer=change|randk:ratio=0.1"])
 def test_server_mode_diloco_runs_its_protocol_on_gloo_processes(tmp_path, data_dir, spec):
     """The server-mode protocol over torch.distributed: a server process and one replica, whose
     messages come in one order only, so every figure is the simulator's (bytes: headers and bodies)."""
-    args = COMMON + ["--algorithm", spec, "--steps", "4", "--eval-every", "2"]
+    spec, _, compressor = spec.partition("|")
+    args = COMMON + ["--algorithm", spec, "--steps", "4", "--eval-every", "2"] + (
+        ["--compressor", compressor] if compressor else [])
     p = launch(2, args, tmp_path / "torch", data_dir)  # 2 processes: the server and one replica
     assert p.returncode == 0, p.stderr[-3000:]
     assert main(["run", *args, "--workers", "1", "--out", str(tmp_path / "sim"), "--data-dir", str(data_dir)]) == 0
