@@ -314,6 +314,14 @@ ROWS = [
                f"backup-diloco:backups=0,inner_steps={H},answer=change", SIGN_BOTH_WAYS),
     server_row("async-diloco-sign", f"asynchronous DiLoCo H={H}, 1-bit sign + EF both ways (server)",
                f"async-diloco:inner_steps={H},answer=change", H, run=SIGN_BOTH_WAYS),
+    # screening: which way the 1-bit message costs quality (up only, θ itself down), and a 2-bit message
+    server_row("backup-diloco-sign-up", f"DiLoCo H={H}, 1 backup replica, 1-bit sign + EF up, θ down (server)",
+               f"backup-diloco:backups=1,inner_steps={H}", H, f"backup-diloco:backups=0,inner_steps={H}",
+               SIGN_BOTH_WAYS),
+    server_row("backup-diloco-pquant", f"DiLoCo H={H}, 1 backup replica, 2-bit pquant + EF both ways (server)",
+               f"backup-diloco:backups=1,inner_steps={H},answer=change", H,
+               f"backup-diloco:backups=0,inner_steps={H},answer=change",
+               dict(compressor="pquant:p=inf,block=32", error_feedback=True)),
 ]
 ROW = {r.key: r for r in ROWS}
 
