@@ -314,6 +314,12 @@ ROWS = [
                f"backup-diloco:backups=0,inner_steps={H},answer=change", SIGN_BOTH_WAYS),
     server_row("async-diloco-sign", f"asynchronous DiLoCo H={H}, 1-bit sign + EF both ways (server)",
                f"async-diloco:inner_steps={H},answer=change", H, run=SIGN_BOTH_WAYS),
+    # ... at MuLoCo's 1-bit setting (H = 3, outer lr 1, no momentum: the sign keeps a small round's change)
+    server_row("backup-diloco-sign-h3", "DiLoCo H=3 η 1 μ 0, 1 backup replica, 1-bit sign + EF both ways (server)",
+               "backup-diloco:backups=1,inner_steps=3,outer_lr=1,outer_momentum=0,answer=change", 3,
+               "backup-diloco:backups=0,inner_steps=3,outer_lr=1,outer_momentum=0,answer=change", SIGN_BOTH_WAYS),
+    server_row("async-diloco-sign-h3", "asynchronous DiLoCo H=3 η 1 μ 0, 1-bit sign + EF both ways (server)",
+               "async-diloco:inner_steps=3,outer_lr=1,outer_momentum=0,answer=change", 3, run=SIGN_BOTH_WAYS),
     # screening: which way the 1-bit message costs quality (up only, θ itself down), and a 2-bit message
     server_row("backup-diloco-sign-up", f"DiLoCo H={H}, 1 backup replica, 1-bit sign + EF up, θ down (server)",
                f"backup-diloco:backups=1,inner_steps={H}", H, f"backup-diloco:backups=0,inner_steps={H}",
