@@ -605,7 +605,11 @@ def table_rows(target: float, results: dict, compute: dict, workers: int, networ
         # a server-mode row's steps are rounds: shown in inner steps (DDP's steps), as its bits and CPU
         line["steps"] = summarise([None if s is None else s * row.inner_steps for s in hit])
         payload = cost["payload_bytes"]
-        line["bits_per_param_round"] = 8 * payload / runs[0]["params"]
+        # every byte a worker's link carries for the round: its payload; in server mode its upload and
+        # the server's answer to it (each bits per parameter: up + down)
+        line["bits_up"] = 8 * payload / runs[0]["params"]
+        line["bits_down"] = 8 * cost["answer_bytes"] / runs[0]["params"] if row.collective == "server" else 0.0
+        line["bits_per_param_round"] = line["bits_up"] + line["bits_down"]
         line["bits_per_param_step"] = line["bits_per_param_round"] / (row.period * row.inner_steps)
         line["cpu_ms"] = 1e3 * step_seconds(row, cost, workers, None) / row.inner_steps
         for mbps in (None, *RATES_MBPS):
@@ -652,6 +656,13 @@ def _fmt_range(s, unit="", digits=0, seeds=True) -> str:
     return text + (f", {n} seed{'s' if n > 1 else ''}" if seeds else "")
 
 
+def _bits_cell(line: dict) -> str:
+    """Bits per parameter per round; a server-mode row's as up + down (the server's answer)."""
+    if line.get("bits_down"):
+        return f"{line['bits_up']:.3g} up + {line['bits_down']:.3g} down"
+    return f"{line['bits_per_param_round']:.3g}"
+
+
 def markdown(lines: list[dict], workers: int, target: float) -> str:
     head = (f"\n### {workers} workers (target: validation loss {target:.4f})\n\n| row | steps to target | "
             + " | ".join(f"time @ {m:g} Mbit/s (x DDP at zero cost; DDP's speed-up)" for m in RATES_MBPS)
@@ -664,13 +675,13 @@ def markdown(lines: list[dict], workers: int, target: float) -> str:
         if line["steps"][0] is None:
             out.append(f"| {line['label']} | not reached in {line['seeds']} seeds (best {line['best']:.4f}) |"
                        + " — |" * len(RATES_MBPS) + f" {line['bits_per_param_step']:.3g} | "
-                       f"{line['bits_per_param_round']:.3g} | {line['cpu_ms']:.1f} |")
+                       f"{_bits_cell(line)} | {line['cpu_ms']:.1f} |")
             continue
         cells = [f"{_fmt_range(line[f't@{m}'], ' s', 1, seeds=False)}, {line[f'x@{m}']:.2f}x; "
                  f"{line[f'vs_ddp@{m}']:.2f}x" for m in RATES_MBPS]
         of = "" if line["steps"][3] == line["seeds"] else f" of {line['seeds']}"
         out.append(f"| {line['label']} | {_fmt_range(line['steps'])}{of} | " + " | ".join(cells)
-                   + f" | {line['bits_per_param_step']:.3g} | {line['bits_per_param_round']:.3g} | "
+                   + f" | {line['bits_per_param_step']:.3g} | {_bits_cell(line)} | "
                    f"{line['cpu_ms']:.1f} |")
     return head + "\n".join(out) + "\n"
 

@@ -156,11 +156,18 @@ def test_a_run_refused_for_its_steps_is_exactly_one_that_would_evaluate_the_init
     ("muloco:overlap=2", 30, "its 10 steps after step 20 will not reach the evaluated model"),  # merged at 22
     ("dasgd", 10, "its 2 steps after step 8 will not reach"),  # averages started at 4 and 8, merged at 5 and 9
     ("local", 5, "the last averaging of algorithm 'local' is incomplete: its 1 step after step 4 will not reach"),
-    # after the merge at 497, before the averaging of 500 starts: steps 497 (computed while it travelled) and 498
+    # after the merge at 497: steps 497 (computed while it travelled) and 498
     ("dasgd", 498, "the last averaging of algorithm 'dasgd' is incomplete: its 2 steps after step 496 will not reach "
                    "the evaluated model, which changes only at averagings (this run's last after step 497); --steps "
-                   "497 ends on one, --steps 500 with the next in flight"),
+                   "497 or 501 ends on one (the 1 step computed while it travels stays outside it"),
     ("dasgd:delay=2", 11, "its 3 steps after step 8 will not reach"),  # merged at 10, the next starts at 12
+    # a run that ends while its last round travels leaves out more than the delay's steps: that round is never
+    # merged (DaSGD's defaults: the averaging of step 500; a review found these unnoted for a while)
+    ("dasgd", 500, "its 4 steps after step 496 will not reach the evaluated model"),
+    ("dasgd", 12, "its 4 steps after step 8 will not reach"),
+    ("dasgd:delay=2", 9, "its 5 steps after step 4 will not reach"),
+    ("muloco:overlap=2", 40, "its 20 steps after step 20 will not reach"),
+    ("dasgd:delay=4", 501, "its 5 steps after step 496 will not reach"),
 ])
 def test_an_incomplete_last_round_is_noted_not_refused(algorithm, steps, says, tmp_path):
     notes = check_combination(RunConfig(out=str(tmp_path / "run"), algorithm=algorithm, workers=2, steps=steps)).notes
@@ -168,20 +175,19 @@ def test_an_incomplete_last_round_is_noted_not_refused(algorithm, steps, says, t
 
 
 @pytest.mark.parametrize("algorithm, steps", [("diloco", 30), ("muloco:overlap=2", 22), ("dasgd", 9), ("local", 8),
-                                              ("streaming-diloco", 101), ("sync", 7), ("dasgd", 500), ("dasgd", 12),
-                                              ("dasgd:delay=2", 9), ("muloco:overlap=2", 40), ("dasgd:delay=4", 501)])
+                                              ("streaming-diloco", 101), ("sync", 7), ("dasgd", 497), ("dasgd", 501),
+                                              ("dasgd:delay=4", 500)])
 def test_a_run_that_ends_on_a_round_has_no_note(algorithm, steps, tmp_path):
     """Staggered fragments (streaming-diloco) change θ piecemeal: no --steps ends on every fragment's round.
-    With a delay, a run that ends while its last round travels (DaSGD's averaging of step 500 or 12, muloco's
-    outer round of step 40; with delay = period one always does) ends on that round, as one that ends at a merge."""
+    With a delay, a run that ends at a merge leaves out only the steps computed while it travelled."""
     cfg = RunConfig(out=str(tmp_path / "run"), algorithm=algorithm, workers=2, steps=steps)
     assert check_combination(cfg).notes == ()
 
 
-@pytest.mark.parametrize("algorithm", ["dasgd", "diloco", "local", "muloco", "sparseloco", "easgd", "streaming-diloco"])
+@pytest.mark.parametrize("algorithm", ["diloco", "local", "muloco", "sparseloco", "easgd", "streaming-diloco"])
 def test_a_run_on_the_defaults_has_no_note(algorithm, tmp_path):
-    """DaSGD's 500 default steps (τ = 4, d = 1) end as its last averaging starts: they had a note that its last
-    averaging was incomplete, printed by every default run."""
+    """The defaults end on a round (DaSGD's do not: its 500 steps leave out the averaging of step 500, noted
+    above)."""
     assert RunConfig().steps == 500
     assert check_combination(RunConfig(out=str(tmp_path / "run"), algorithm=algorithm)).notes == ()
 

@@ -111,3 +111,76 @@ def test_compressed_answers_follow_ef21_p_and_cost_the_codecs_bytes(make_config,
     assert not torch.equal(reference[0], alg.theta)  # what the answers left out is still owed
     payload = codec.encode(torch.zeros_like(start)).buffer.numel()
     assert payload * 8 < start.numel() * 32 / 16 and set(received) == {HEADER_BYTES + payload}
+
+
+def test_every_replica_follows_the_schedule_by_the_runs_progress(make_config, monkeypatch):
+    """--lr-schedule spans --steps × H inner updates; a replica's phase computed for tag t starts at
+    the run's progress then (async-diloco: t arrivals × H/n), so under a slow worker the fast ones do
+    not run past the schedule (they took 125 updates of 100 and ended at rate 0) nor the slow one lag
+    behind it (it ended at 58 % of --lr): every replica's last inner step is near the schedule's end."""
+    from gradwire.algorithms.optim import ScheduledRate
+    from gradwire.algorithms.outer_replicas import PhaseRate
+    from gradwire.run.loop import Run
+
+    used: dict[int, list[float]] = {}
+    at = PhaseRate.at
+
+    def recorded(self, update):
+        used.setdefault(id(self), []).append(at(self, update))
+        return used[id(self)][-1]
+
+    monkeypatch.setattr(PhaseRate, "at", recorded)
+    r = Run(make_config(algorithm="async-diloco:inner_steps=5", workers=4, steps=20, lr=0.01,
+                        lr_schedule="cosine", stragglers="slow:count=1,slowdown=3"))
+    for _ in range(20):
+        r.train_step()
+    counts = r.algorithm.workers.gradients
+    assert max(counts.values()) > 100 > min(counts.values())  # the fast ones take more than 20 × 5 updates
+    schedule = ScheduledRate(0.01, "cosine", 100)
+    for w, opt in r.algorithm.workers.replicas.opt.items():
+        rates = used[id(opt.rate)]
+        assert rates[-1] <= schedule.at(100 - 2 * 5), (w, rates[-1])  # at the schedule's end, the slow one too
+        assert sum(rate == schedule.at(100) for rate in rates) <= 5, w  # past it for one phase at most (after the end)
+
+
+def test_a_replica_that_rejoins_continues_the_schedule_where_the_run_is(make_config):
+    """A JOIN (a replica rejoining with no state of its own) carries the server's tag: the replica's
+    next phase is at that round's place in --lr-schedule, not at its optimizer's count."""
+    from gradwire.algorithms.optim import ScheduledRate
+    from gradwire.run.loop import Run
+
+    r = Run(make_config(algorithm="backup-diloco:backups=1,inner_steps=3", workers=3, steps=10, lr=0.01,
+                        lr_schedule="cosine"))
+    for _ in range(4):
+        r.train_step()
+    alg = r.algorithm
+    opt = alg.workers.replicas.opt[0]
+    opt.steps = 0  # as a replica that rejoins without state: a fresh optimizer
+    opt.exp_avg.zero_(), opt.exp_avg_sq.zero_()
+    alg.workers.apply(0, alg.join_reply(0))
+    assert alg.workers.tag[0] == alg.current == 5
+    rates = []
+    at = opt.rate.at
+    opt.rate.at = lambda update: rates.append(at(update)) or rates[-1]
+    alg.workers.message(r.ctx, 0, 99, alg.averager)
+    schedule = ScheduledRate(0.01, "cosine", 10 * 3)
+    assert rates == [schedule.at(12), schedule.at(13), schedule.at(14)]  # round 5's three inner steps
+    assert opt.steps == 3 and rates[0] != schedule.at(0)
+
+
+def test_compressed_answers_through_an_unbiased_codec_stay_close_to_theta(make_config):
+    """EF21-P needs a contractive compressor: rand-k's answers are scaled by 1/(1 + ω) as error
+    feedback's input is, so the replicas' copies stay near θ and the run learns (unscaled, the copies'
+    distance to θ grew about √ω a round: loss 1.3e6 after 30 steps)."""
+    from gradwire.run.loop import Run
+
+    cfg = make_config(algorithm="backup-diloco:backups=1,inner_steps=2,answer=change", workers=4, steps=30,
+                      lr=0.01, compressor="randk:ratio=0.1")
+    r = Run(cfg)
+    first = r.train_step()["loss"]
+    for _ in range(29):
+        info = r.train_step()
+    alg = r.algorithm
+    assert info["loss"] < first
+    for w, view in alg.answers.views.items():
+        assert float((alg.theta - view).norm()) < float(alg.theta.norm()), w

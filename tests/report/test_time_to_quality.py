@@ -522,8 +522,11 @@ def test_a_server_rows_table_line_is_in_inner_steps_and_its_time_in_rounds(ttq):
     compute = {"ddp": measured(), "backup-diloco": measured(0.2, payload_bytes=b, answer_bytes=b)}
     line = next(x for x in ttq.table_rows(2.05, results, compute, 4) if x["key"] == "backup-diloco")
     assert line["steps"][0] == pytest.approx(h * 14.375)  # 7/8 of the way from round 10 to 15
+    # every byte of the round on the replica's link: its upload and the server's answer
     assert line["cpu_ms"] == pytest.approx(1e3 * 0.2 / h) and line["bits_per_param_step"] == pytest.approx(
-        8 * b / 137_216 / h)
+        2 * 8 * b / 137_216 / h)
+    assert line["bits_per_param_round"] == pytest.approx(2 * 8 * b / 137_216)
+    assert "| 32 up + 32 down |" in ttq.markdown([line], 4, 2.05)
     round_s = ttq.server_round_seconds(ttq.ROW["backup-diloco"].algorithm, 0.2, 4, 100.0)
     assert line["t@100.0"][0] == pytest.approx(14.375 * round_s) and line["t@None"][0] == pytest.approx(14.375 * 0.2)
 

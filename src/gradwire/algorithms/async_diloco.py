@@ -170,6 +170,9 @@ class AsyncDiLoCo(ServerDiLoCo):
     def tag(self) -> int:
         return self.outer.arrivals  # the version of θ a replica reads
 
+    def schedule_start(self, tag):
+        return tag * self.inner_steps // self.world_size  # n arrivals are a round of H inner steps
+
     def on_message(self, msg, finished):
         if finished:  # after the last step: nothing more is applied
             return Answer([self.answer(msg.worker)], dropped=True)

@@ -99,6 +99,9 @@ class BackupDiLoCo(ServerDiLoCo):
     def tag(self) -> int:
         return self.current  # the round a replica computes for
 
+    def schedule_start(self, tag):
+        return (tag - self.first_tag) * self.inner_steps  # round t's phase: after t - 1 rounds of H
+
     def min_workers(self):
         return self.backups + 1  # the b backups and at least one to aggregate
 

@@ -12,10 +12,12 @@ A replica's inner steps are numbered across its phases (its gradients so far): p
 are the straggler model's draws of the gradients it takes in that phase, so a phase of any length
 (``steps_from_answer``: the server's answer sets the next phase's H_i, async-diloco's DyLU) is
 charged its own steps. With a constant H that is the draws (k-1)H+1 .. kH. A replica's inner
-optimizer follows --lr-schedule by its own inner updates, over ``--steps`` × H of them (a step of the
-run is an outer round's worth: H inner steps a replica), as DiLoCo's inner optimizer does by step;
-a replica that takes fewer (dropped rounds' work still counts; DyLU's shorter phases) ends its run
-earlier in the schedule. With
+optimizer follows --lr-schedule by the run's progress (``PhaseRate``): the schedule spans ``--steps``
+× H inner updates (a step of the run is an outer round's worth: H inner steps a replica), and the
+j-th inner step of a phase computed for tag t is at position ``schedule_start(t) + j`` (backup-diloco:
+(round - 1) H; async-diloco: the version read, in arrivals, times H/n), as DiLoCo's inner optimizer is
+by step. So a fast replica does not run past the schedule, a slow one is not held back in it, and a
+replica that rejoins (JOIN's tag) continues where the run is. With
 ``report_seconds`` the message carries those seconds, the replica's measure of its own speed, as
 an 8-byte float64 after the codec's payload (``split_report`` on the server).
 
@@ -40,6 +42,7 @@ from gradwire.algorithms.diloco import INNER_CHOICES, inner_nesterov
 from gradwire.algorithms.optim import AdamW, require_sgd
 from gradwire.algorithms.protocol import GRADIENT, JOIN, PARAMS, Message, as_body
 from gradwire.algorithms.replicas import Replicas, mean_or_nan
+from gradwire.compress.error_feedback import ef_scale
 from gradwire.spec import require
 from gradwire.transports.base import SERVER
 
@@ -50,7 +53,7 @@ class OuterReplicas:
 
     def __init__(self, ctx, params: torch.Tensor, optim, *, name: str, inner: str, inner_steps: int,
                  betas: tuple[float, float], eps: float, weight_decay: float, first_tag: int,
-                 steps_from_answer: bool = False, report_seconds: bool = False):
+                 schedule_start, steps_from_answer: bool = False, report_seconds: bool = False):
         if inner == "adamw":
             require(not optim.momentum and not optim.weight_decay,
                     f"{name} with inner=adamw: --momentum and --weight-decay apply to inner=sgd; AdamW's are "
@@ -62,6 +65,9 @@ class OuterReplicas:
                             lr_schedule=optim.lr_schedule, horizon=optim.horizon))
         self.inner_steps = inner_steps
         self.replicas = Replicas(ctx, params, optim, optimizer=adamw)
+        for opt in self.replicas.opt.values():  # the schedule by the run's progress, not the replica's count
+            opt.rate = PhaseRate(opt.rate)
+        self.schedule_start = schedule_start  # tag -> the schedule position of a phase computed for it
         self.held = {r: params.clone() for r in ctx.local_ranks}  # the θ each replica started from
         self.tag = {r: first_tag for r in ctx.local_ranks}         # what it computes for
         self.steps = {r: inner_steps for r in ctx.local_ranks}     # H_i of its current phase
@@ -78,7 +84,11 @@ class OuterReplicas:
         """H_i inner steps, then Δ_i = θ - x_i through the averager's codec (key ``outer``), and
         (``report_seconds``) the phase's seconds after it."""
         first, steps = self.gradients[rank], self.steps[rank]
-        losses = [self.replicas.sgd_step(ctx, rank) for _ in range(steps)]
+        rate, start = self.replicas.opt[rank].rate, self.schedule_start(self.tag[rank])
+        losses = []
+        for j in range(steps):
+            rate.position = start + j
+            losses.append(self.replicas.sgd_step(ctx, rank))
         self.gradients[rank] = first + steps
         self.seconds[rank] = sum(ctx.compute_time(rank, first + j) for j in range(1, steps + 1))
         delta = self.held[rank] - self.replicas.x[rank]
@@ -117,6 +127,17 @@ class OuterReplicas:
             self.gradients[r] = int(state["gradients"][str(r)])
 
 
+class PhaseRate:
+    """A replica's --lr-schedule rate at the position its phase sets (module docstring), whatever
+    its optimizer's own update count (which AdamW's bias correction keeps using)."""
+
+    def __init__(self, rate):
+        self.rate, self.position = rate, 0
+
+    def at(self, update: int) -> float:
+        return self.rate.at(self.position)
+
+
 ANSWER_CHOICES = ("params", "change")
 ANSWER_HELP = ("what the server answers a replica with: params (θ itself, 32 bits a parameter) or change (θ minus "
                "the replica's copy through --compressor, the server keeping each copy: EF21-P, Gruntkowska 2023)")
@@ -125,7 +146,10 @@ ANSWER_HELP = ("what the server answers a replica with: params (θ itself, 32 bi
 class ServerAnswers:
     """The body of the server's answers (module docstring): θ itself, or its change since each
     replica's copy through the codec (``change``: the copies, ``views``, are created as a replica is
-    first answered, from the parameters every replica starts with)."""
+    first answered, from the parameters every replica starts with). EF21-P's rule needs a
+    contractive compressor: an unbiased one of variance ω ≥ 1 (rand-k, QSGD) is sent the change
+    scaled by 1/(1 + ω), as error feedback scales its input (``compress.error_feedback.ef_scale``);
+    unscaled, the copies' distance to θ grows by about √ω a round."""
 
     def __init__(self, kind: str, theta: torch.Tensor, averager, generator: torch.Generator):
         self.kind, self.theta, self.averager, self.gen = kind, theta, averager, generator
@@ -139,7 +163,10 @@ class ServerAnswers:
                 self.views[worker] = self.theta.clone()
             return as_body(self.theta)
         view = self.views.setdefault(worker, self.start.clone())
-        payload = self.averager.compressor.encode(self.theta - view, generator=self.gen).buffer
+        change = self.theta - view
+        scale = ef_scale(self.averager.compressor, change.numel())  # a contraction, as error feedback's
+        payload = self.averager.compressor.encode(change.mul_(scale) if scale != 1.0 else change,
+                                                  generator=self.gen).buffer
         view.add_(self.averager.decode(payload, view))  # as the replica will (OuterReplicas.apply)
         return payload
 
@@ -204,8 +231,8 @@ class ServerDiLoCo(Algorithm):
         require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one the server's)")
         self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
                                      betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
-                                     first_tag=self.first_tag, steps_from_answer=self.adapts_inner_steps,
-                                     report_seconds=self.adapts_inner_steps)
+                                     first_tag=self.first_tag, schedule_start=self.schedule_start,
+                                     steps_from_answer=self.adapts_inner_steps, report_seconds=self.adapts_inner_steps)
         self.theta = params.clone()  # the server's θ
         self.averager = make_averager(ctx, codec, default=self.default_compressor)
         self.answers = ServerAnswers(self.answer_kind, self.theta, self.averager, ctx.generator(SERVER, "answer"))
@@ -213,6 +240,11 @@ class ServerDiLoCo(Algorithm):
     @property
     def tag(self) -> int:
         """What the server's answers carry (a round, a parameter version)."""
+        raise NotImplementedError
+
+    def schedule_start(self, tag: int) -> int:
+        """Where in --lr-schedule (inner updates from the run's start) a phase computed for ``tag``
+        begins: the run's progress when it was answered."""
         raise NotImplementedError
 
     def compressor_spec(self):

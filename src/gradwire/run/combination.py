@@ -142,11 +142,7 @@ def _check_rounds(cfg: RunConfig, rounds: Rounds | None) -> tuple[str, ...]:
     DiLoCo's θ, local SGD's last average): a run that ends before its first round completes would
     evaluate the initial model, refused as an --lr that rounds to 0 is; a run whose last round is
     incomplete (``--algorithm diloco --steps 25``, H = 20) computes steps that never reach the evaluated
-    model, which the note returned says. With a delay (a round merged d steps after its exchange starts:
-    DaSGD, an overlap) the steps computed while the last exchange travels stay outside the evaluated
-    model whatever --steps is, so a run that ends from the start of a round's exchange to its merge
-    ends on that round (DaSGD's defaults, τ = 4 and d = 1 in 500 steps: its last averaging starts at
-    step 500): only the steps after a merge that no exchange takes up are noted."""
+    model, which the note returned says."""
     if rounds is None:
         return ()
     if cfg.steps < rounds.first:
@@ -154,17 +150,16 @@ def _check_rounds(cfg: RunConfig, rounds: Rounds | None) -> tuple[str, ...]:
                           f"would complete, and the model it evaluates changes only at its {rounds.round}s (it would "
                           f"be the initial one); raise --steps to {rounds.first} or more, or {rounds.remedy} (--steps)")
     last = rounds.last_change(cfg.steps)
-    after = cfg.steps - last  # steps after the last change; the next round's exchange starts period - delay after it
-    if after == 0 or after >= rounds.period - rounds.delay:
+    if last == cfg.steps:
         return ()
     reached = last - rounds.delay  # the last step whose work the evaluated model holds
     lost = cfg.steps - reached
-    ends = f"--steps {last} or {last + rounds.period} ends on one" if not rounds.delay else \
-        (f"--steps {last} ends on one, --steps {last + rounds.period - rounds.delay} with the next in flight (the "
-         "steps computed while one travels stay outside it, as at the end of every overlapped run)")
     return (f"the last {rounds.round} of algorithm {cfg.algorithm!r} is incomplete: its {lost} "
             f"step{'s' if lost > 1 else ''} after step {reached} will not reach the evaluated model, which changes "
-            f"only at {rounds.round}s (this run's last after step {last}); {ends}",)
+            f"only at {rounds.round}s (this run's last after step {last}); --steps {last} or {last + rounds.period} "
+            "ends on one" + (f" (the {rounds.delay} step{'s' if rounds.delay > 1 else ''} computed while it travels "
+                             f"stay{'' if rounds.delay > 1 else 's'} outside it, as at the end of every overlapped "
+                             "run)" if rounds.delay else ""),)
 
 
 def check_started_here(cfg: RunConfig) -> None:
