@@ -184,3 +184,21 @@ def test_compressed_answers_through_an_unbiased_codec_stay_close_to_theta(make_c
     assert info["loss"] < first
     for w, view in alg.answers.views.items():
         assert float((alg.theta - view).norm()) < float(alg.theta.norm()), w
+
+
+@pytest.mark.parametrize("spec, compressor, noted", [
+    ("backup-diloco:answer=change", "randk:ratio=0.1", True), ("async-diloco:answer=change", "qsgd", True),
+    ("async-diloco:answer=change", "pquant:p=inf,block=32", True), ("backup-diloco:answer=change", "sign:scaled=true",
+                                                                    False),
+    ("backup-diloco:answer=change", "natural", False),  # unbiased, but ω = 1/8: not scaled
+    ("backup-diloco:answer=change", "none", False), ("backup-diloco", "randk:ratio=0.1", False)])
+def test_compressed_answers_through_a_scaled_codec_are_noted(make_config, spec, compressor, noted):
+    """answer=change through an unbiased codec of ω >= 1 runs, with a note naming the codec and the
+    biased ones that keep the copies closer (its answers are scaled by 1/(1 + ω))."""
+    from gradwire.run.combination import check_combination
+
+    notes = check_combination(make_config(algorithm=spec, compressor=compressor)).notes
+    assert bool(notes) == noted
+    if noted:
+        assert f"through {compressor!r}, an unbiased codec of variance ω >= 1: they are scaled by 1/(1 + ω)" in notes[0]
+        assert "sign:scaled=true or chunked-topk" in notes[0]

@@ -237,6 +237,11 @@ class Algorithm(Specced, ABC):
         replica (its schedule spans --steps × H updates)."""
         return 1
 
+    def combination_notes(self, compressor: str) -> tuple[str, ...]:
+        """Notes on stderr for a combination that runs but is unlikely what the user wants (with
+        --compressor ``compressor``), said once by ``gradwire run``; none by default."""
+        return ()
+
     def compressor_spec(self) -> str | None:
         """The compressor that really runs (``compressor_resolved`` in config.json), defaults
         included; None when the algorithm compresses nothing (it sends parameters or dense

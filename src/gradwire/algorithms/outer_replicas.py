@@ -226,6 +226,22 @@ class ServerDiLoCo(Algorithm):
     def schedule_updates_per_step(self) -> int:
         return self.inner_steps
 
+    def combination_notes(self, compressor):
+        """``answer=change`` through an unbiased codec: its answers are scaled to a contraction
+        (``ServerAnswers``), so the replicas' copies follow θ slowly (measured: 2-bit pquant diverged at
+        H = 20, docs/time_to_accuracy.md's thirteenth pass)."""
+        from gradwire.averaging import build_method
+        from gradwire.compress import Compressor
+
+        codec = build_method(compressor)
+        # scaled (ef_scale) where its variance bound ω >= 1, as at a model of a million parameters
+        if self.answer_kind != "change" or not isinstance(codec, Compressor) or ef_scale(codec, 10**6) == 1.0:
+            return ()
+        return (f"answer=change sends the server's answers through {compressor!r}, an unbiased codec of variance "
+                "ω >= 1: they are scaled by 1/(1 + ω) to keep EF21-P's copies bounded, so each replica's copy "
+                "follows θ slowly (2-bit pquant diverged at H = 20 on stdlib-lm); a biased codec such as "
+                "sign:scaled=true or chunked-topk keeps them closer",)
+
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one the server's)")

@@ -112,7 +112,7 @@ def check_combination(cfg: RunConfig, *, workers_counted: bool = True) -> Combin
         raise ConfigError("nesterov=true needs momentum > 0 (--momentum 0.9 --nesterov), got momentum=0 (--nesterov)")
     with naming_flag("lr_schedule"):
         lr_schedule(cfg.lr_schedule, cfg.steps, algorithm.schedule_updates_per_step)  # a warm-up that fits
-    notes = _check_rounds(cfg, algorithm.evaluated_rounds())
+    notes = _check_rounds(cfg, algorithm.evaluated_rounds()) + algorithm.combination_notes(cfg.compressor)
     cfg.check_values()  # the algorithm's defaults of --lr, --momentum and --lr-schedule with the rest
     if cfg.tensor_parallel:
         with naming_flag("tensor_parallel"):
