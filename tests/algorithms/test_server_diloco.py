@@ -200,5 +200,6 @@ def test_compressed_answers_through_a_scaled_codec_are_noted(make_config, spec, 
     notes = check_combination(make_config(algorithm=spec, compressor=compressor)).notes
     assert bool(notes) == noted
     if noted:
-        assert f"through {compressor!r}, an unbiased codec of variance ω >= 1: they are scaled by 1/(1 + ω)" in notes[0]
-        assert "sign:scaled=true or chunked-topk" in notes[0]
+        assert (f"through {compressor!r}, an unbiased codec: where its variance ω at the model's size is >= 1 "
+                "they are scaled by 1/(1 + ω)") in notes[0]
+        assert "sign:scaled=true or chunked-topk" in notes[0] and "(outer_momentum=0)" in notes[0]

@@ -234,13 +234,14 @@ class ServerDiLoCo(Algorithm):
         from gradwire.compress import Compressor
 
         codec = build_method(compressor)
-        # scaled (ef_scale) where its variance bound ω >= 1, as at a model of a million parameters
+        # scaled (ef_scale) where its variance bound ω >= 1 at the model's size, unknown here: as at a million
         if self.answer_kind != "change" or not isinstance(codec, Compressor) or ef_scale(codec, 10**6) == 1.0:
             return ()
-        return (f"answer=change sends the server's answers through {compressor!r}, an unbiased codec of variance "
-                "ω >= 1: they are scaled by 1/(1 + ω) to keep EF21-P's copies bounded, so each replica's copy "
-                "follows θ slowly (2-bit pquant diverged at H = 20 on stdlib-lm); a biased codec such as "
-                "sign:scaled=true or chunked-topk keeps them closer",)
+        return (f"answer=change sends the server's answers through {compressor!r}, an unbiased codec: where its "
+                "variance ω at the model's size is >= 1 they are scaled by 1/(1 + ω) to keep EF21-P's copies bounded, "
+                "so each replica's copy follows θ slowly (2-bit pquant diverged at H = 20 on stdlib-lm); a biased "
+                "codec such as sign:scaled=true or chunked-topk keeps them closer, the closest without outer "
+                "momentum (outer_momentum=0)",)
 
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
