@@ -167,7 +167,7 @@ def server_row(key: str, label: str, spec: str, h: int, compute_algorithm: str =
                compute_algorithm=compute_algorithm)
 
 
-SIGN_BOTH_WAYS = dict(compressor="sign:scaled=true", error_feedback=True)  # with answer=change: 1 bit each way
+SIGN_EF = dict(compressor="sign:scaled=true", error_feedback=True)  # 1 bit up; with answer=change, down too
 
 
 def streaming_row(key: str, label: str, keys: str, *, period: int, tau: int) -> Row:
@@ -311,19 +311,19 @@ ROWS = [
     # ... compressed both ways: the 1-bit scaled sign with error feedback up, θ's change through it down
     server_row("backup-diloco-sign", f"DiLoCo H={H}, 1 backup replica, 1-bit sign + EF both ways (server)",
                f"backup-diloco:backups=1,inner_steps={H},answer=change", H,
-               f"backup-diloco:backups=0,inner_steps={H},answer=change", SIGN_BOTH_WAYS),
+               f"backup-diloco:backups=0,inner_steps={H},answer=change", SIGN_EF),
     server_row("async-diloco-sign", f"asynchronous DiLoCo H={H}, 1-bit sign + EF both ways (server)",
-               f"async-diloco:inner_steps={H},answer=change", H, run=SIGN_BOTH_WAYS),
+               f"async-diloco:inner_steps={H},answer=change", H, run=SIGN_EF),
     # ... at MuLoCo's 1-bit setting (H = 3, outer lr 1, no momentum: the sign keeps a small round's change)
     server_row("backup-diloco-sign-h3", "DiLoCo H=3 η 1 μ 0, 1 backup replica, 1-bit sign + EF both ways (server)",
                "backup-diloco:backups=1,inner_steps=3,outer_lr=1,outer_momentum=0,answer=change", 3,
-               "backup-diloco:backups=0,inner_steps=3,outer_lr=1,outer_momentum=0,answer=change", SIGN_BOTH_WAYS),
+               "backup-diloco:backups=0,inner_steps=3,outer_lr=1,outer_momentum=0,answer=change", SIGN_EF),
     server_row("async-diloco-sign-h3", "asynchronous DiLoCo H=3 η 1 μ 0, 1-bit sign + EF both ways (server)",
-               "async-diloco:inner_steps=3,outer_lr=1,outer_momentum=0,answer=change", 3, run=SIGN_BOTH_WAYS),
+               "async-diloco:inner_steps=3,outer_lr=1,outer_momentum=0,answer=change", 3, run=SIGN_EF),
     # screening: which way the 1-bit message costs quality (up only, θ itself down), and a 2-bit message
     server_row("backup-diloco-sign-up", f"DiLoCo H={H}, 1 backup replica, 1-bit sign + EF up, θ down (server)",
                f"backup-diloco:backups=1,inner_steps={H}", H, f"backup-diloco:backups=0,inner_steps={H}",
-               SIGN_BOTH_WAYS),
+               SIGN_EF),
     server_row("backup-diloco-pquant", f"DiLoCo H={H}, 1 backup replica, 2-bit pquant + EF both ways (server)",
                f"backup-diloco:backups=1,inner_steps={H},answer=change", H,
                f"backup-diloco:backups=0,inner_steps={H},answer=change",

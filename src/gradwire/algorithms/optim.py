@@ -12,9 +12,9 @@ tensor in the checkpoint.
 Every rule counts its own updates, so the rules that update once a step (sync's, each replica's in
 local SGD and synchronous EASGD or LSGD, DiLoCo's inner AdamW) follow the schedule by step; the
 replicas of the server-mode DiLoCos (backup-diloco, async-diloco) by the run's progress over --steps
-× H inner updates (outer_replicas.PhaseRate). Algorithms with an update of their own, a server applying every worker's
-gradient (async), and workers stepping at their own pace (asynchronous EASGD and LSGD) refuse any
-schedule but constant.
+× H inner updates (outer_replicas.PhaseRate). Algorithms with an update of their own, a server
+applying every worker's gradient (async), and workers stepping at their own pace (asynchronous EASGD
+and LSGD) refuse any schedule but constant.
 """
 
 from __future__ import annotations

@@ -58,8 +58,6 @@ class OuterReplicas:
             require(not optim.momentum and not optim.weight_decay,
                     f"{name} with inner=adamw: --momentum and --weight-decay apply to inner=sgd; AdamW's are "
                     "the spec's beta1, beta2 and weight_decay")
-        # the schedule spans every inner update a replica takes in the run: --steps rounds of H
-        optim = dataclasses.replace(optim, horizon=optim.horizon * inner_steps)
         adamw = None if inner == "sgd" else (
             lambda x: AdamW(x, lr=optim.lr, betas=betas, eps=eps, weight_decay=weight_decay, l1=optim.l1,
                             lr_schedule=optim.lr_schedule, horizon=optim.horizon))
@@ -246,6 +244,8 @@ class ServerDiLoCo(Algorithm):
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         require_sgd(optim, f"{self.name} (its inner optimizer is the spec's inner=, its outer one the server's)")
+        # the replicas' schedule spans --steps rounds of H inner updates (the warm-up check's count too)
+        optim = dataclasses.replace(optim, horizon=optim.horizon * self.schedule_updates_per_step)
         self.workers = OuterReplicas(ctx, params, optim, name=self.name, inner=self.inner, inner_steps=self.inner_steps,
                                      betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                      first_tag=self.first_tag, schedule_start=self.schedule_start,
