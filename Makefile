@@ -20,11 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
-	$(PY) -m pytest -q -n 3 --dist loadgroup --durations=25
+	$(PY) -m pytest -q -n 3 --dist load --durations=25
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not multiprocess"
+	$(PY) -m pytest -q -n 2 --dist load -m "not multiprocess"
 
 bench: $(STAMP)
 	$(PY) benchmarks/compressors.py

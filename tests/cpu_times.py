@@ -2,7 +2,7 @@
 and waited for, torchrun's ranks included), for finding what makes the suite slow on 2 shared cores
 where wall times measure the neighbours:
 
-    .venv/bin/python -m pytest -p tests.cpu_times --cpu-times cpu.jsonl -n 3 --dist loadgroup
+    .venv/bin/python -m pytest -p tests.cpu_times --cpu-times cpu.jsonl -n 3 --dist load
     .venv/bin/python -m tests.cpu_times cpu.jsonl          # the 25 costliest tests and files
 
 Each line of the file is {"test", "cpu_s", "self_s", "children_s", "wall_s"}; xdist's workers append

@@ -34,9 +34,6 @@ from tests.ddp.ddp_harness import (
     train,
 )
 
-# the module's processes are spawned once (a module fixture): keep its tests on one xdist worker
-pytestmark = pytest.mark.xdist_group("ddp-hook-processes")
-
 SMALL_BUCKETS = 0.004  # MB
 
 

@@ -21,8 +21,6 @@ from gradwire.compress import build
 from gradwire.errors import ConfigError
 from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params, part, poison, run_scenarios, train
 
-pytestmark = pytest.mark.xdist_group("ddp-edges-processes")
-
 SMALL_BUCKETS = 0.004  # MB: several buckets
 ONE_BUCKET = 25  # MB: the whole MLP in one bucket
 

@@ -59,9 +59,6 @@ from tests.ddp.ddp_harness import (
     train,
 )
 
-# the module's processes are spawned once (a module fixture): keep its tests on one xdist worker
-pytestmark = pytest.mark.xdist_group("ddp-powersgd-processes")
-
 SMALL_BUCKETS = 0.004  # MB: several buckets, rebuilt in another order after the first step
 COMPARE_STEPS = (3, 10, 30)  # compared after these steps (the first two are uncompressed)
 # max |gradwire - PyTorch| allowed after each: rounding (one float32 ulp of the parameters is ~3e-8),

@@ -15,9 +15,6 @@ from gradwire.parallel.mesh import parse_layout
 from tests.parallel.harness import HID, IN, OUT, TINY, TOKENS
 from tests.parallel.spawn import run_scenario
 
-# the module's processes are spawned once (a module fixture): keep its tests on one xdist worker
-pytestmark = pytest.mark.xdist_group("tensor-parallel-processes")
-
 F64 = 8
 
 

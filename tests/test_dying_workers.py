@@ -1,0 +1,58 @@
+"""``make test``'s way of spreading tests over processes finishes a run in which a process dies.
+
+The suite ran with ``--dist loadgroup`` until CI waited out its 90 minutes at 98 % of the tests: a
+C++ thread's abort had killed one pytest-xdist worker (tests/ddp/conftest.py has that cause), and
+pytest-xdist 3.8.0's group scheduler never ends a run once a worker has died (it sends the dead
+worker's finished tests again as empty lists, gives a replacement worker a single test, which a
+worker never runs before it knows the next one, and runs the test that killed the worker again;
+pytest-xdist issues 1323, 1327, 1378). Its groups did nothing here either: under pytest 9 the group
+name it appends to a test's id is lost, so no ``xdist_group`` ever kept tests together. ``--dist load``
+has none of the three faults. This test runs a small suite of its own, whose tests end their process
+with ``os._exit``, with the flags the Makefile gives ``make test``: the run ends, each dead test is
+reported failed once, and every other test passes exactly once. (With ``--dist loadgroup`` both
+cases hang: checked by hand.)"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SUITE = {
+    "test_early.py": "import os\ndef test_e1(): pass\ndef test_e2(): os._exit(3)\ndef test_e3(): pass\n",
+    "test_plain.py": "\n".join(f"def test_p{i}():\n    pass\n" for i in range(8)),
+    # the last test: the dead worker holds more finished tests than the survivors have left to run
+    "test_zz_last.py": "import os\ndef test_z():\n    os._exit(4)\n",
+}
+DIED = {"test_e2", "test_z"}
+PASSED = {"test_e1", "test_e3", *(f"test_p{i}" for i in range(8))}
+
+
+def make_test_dist() -> str:
+    """The ``--dist`` mode of the Makefile's ``test`` recipe."""
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    return re.search(r"--dist[ =](\w+)", recipe).group(1)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("workers", [1, 2])  # 1: the replacement worker is the only one left
+def test_a_run_whose_workers_die_ends_and_runs_every_other_test_once(tmp_path, workers):
+    for name, text in SUITE.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    command = [sys.executable, "-m", "pytest", "-n", str(workers), "--dist", make_test_dist(), "-v",
+               "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path),
+               str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    found: dict[str, list[str]] = {}
+    for outcome, nodeid in re.findall(r"\[gw\d+\] \[ *\d+%\] (PASSED|FAILED) \S+\.py::(\w+)", done.stdout):
+        found.setdefault(nodeid, []).append(outcome)
+    assert done.returncode == 1, done.stdout[-3000:]
+    expected = {**{name: ["PASSED"] for name in PASSED}, **{name: ["FAILED"] for name in DIED}}
+    assert found == expected, done.stdout[-3000:]
+    assert f"{len(DIED)} failed, {len(PASSED)} passed" in done.stdout
