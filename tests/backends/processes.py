@@ -4,9 +4,11 @@ one process per rank by hand when a test must see each process's exit code."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
+import time
 
 from tests.helpers import gw
 
@@ -33,10 +35,26 @@ def sim_and_torch(tmp_path, data_dir, nproc: int, args: list[str]) -> tuple[list
     return read_jsonl(tmp_path / "torch" / "metrics.jsonl"), read_jsonl(tmp_path / "sim" / "metrics.jsonl")
 
 
+_ports = random.Random()  # its own generator: the suite seeds the global one from each test's id
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port that no other pytest-xdist worker of this run picks, and that the kernel never
+    hands out on its own: a port of the kernel's ephemeral range (32768-60999 here), free when asked,
+    could be given to some other test's gloo connection in the seconds before the child process
+    that was meant to bind it has imported torch. So: a block of 2,000 ports per worker below that
+    range (20000 + 2000 k for worker gw<k>), one found free there by binding it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    low = 20000 + 2000 * (int(worker) % 6 if worker.isdigit() else 0)
+    for _ in range(200):
+        port = _ports.randrange(low, low + 2000)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{low + 1999}")
 
 
 def spawn(nproc, args, out, data_dir, env_extra):
@@ -55,17 +73,24 @@ def spawn(nproc, args, out, data_dir, env_extra):
 
 
 def finished(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str]]:
-    """(exit code, stderr) of each process, in order, each waited for at most ``timeout`` seconds
-    (then killed)."""
-    results = []
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            try:  # a grandchild that holds the pipe open must not hold the test too
-                _, err = p.communicate(timeout=30)
+    """(exit code, stderr) of each process, in order, all of them within ``timeout`` seconds of the
+    call (then killed). However the wait ends (pytest-timeout's exception included), no process is
+    left running."""
+    results, deadline = [], time.monotonic() + timeout
+    try:
+        for p in procs:
+            try:
+                _, err = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                err = f"(killed after {timeout} s; its pipes stayed open 30 s more: a child of it still runs)"
-        results.append((p.returncode, err))
+                p.kill()
+                try:  # a grandchild that holds the pipe open must not hold the test too
+                    _, err = p.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    err = f"(killed after {timeout} s; its pipes stayed open 30 s more: a child of it still runs)"
+            results.append((p.returncode, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
     return results

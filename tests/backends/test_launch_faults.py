@@ -256,7 +256,20 @@ def test_worker_killed_under_launch_is_survived(tmp_path, data_dir):
     assert summary["gradients_received"]["1"] == 3
 
 
-def start_launch(tmp_path, data_dir, nproc: int, args: list[str]):
+@pytest.fixture
+def reap():
+    """Register a process started in the background: killed when the test ends, however it ends (a
+    launcher of a million-step run, left behind by a failed assertion, would share the machine's two
+    cores with every later test). SIGKILL to ``gradwire launch`` takes its whole group down."""
+    started: list[subprocess.Popen] = []
+    yield started.append
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+
+
+def start_launch(tmp_path, data_dir, nproc: int, args: list[str], reap):
     """``gradwire launch`` of a long run in the background; returns (Popen, out folder) once process 0
     has evaluated twice."""
     out = tmp_path / "long"
@@ -265,6 +278,7 @@ def start_launch(tmp_path, data_dir, nproc: int, args: list[str]):
                           *RUN, "--steps", "1000000", *args, "--out", str(out), "--data-dir", str(data_dir),
                           "--timeout-s", "30"], stdout=log, stderr=subprocess.STDOUT,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    reap(p)
     metrics = out / "metrics.jsonl"
     wait_until(lambda: p.poll() is not None or (metrics.exists() and len(metrics.read_text().splitlines()) >= 2),
                120, "the run started")
@@ -274,16 +288,16 @@ def start_launch(tmp_path, data_dir, nproc: int, args: list[str]):
 
 
 @pytest.mark.timeout(180)
-def test_killing_the_launcher_leaves_no_process(tmp_path, data_dir):
-    p, out = start_launch(tmp_path, data_dir, 3, ["--algorithm", "sync:backups=1"])
+def test_killing_the_launcher_leaves_no_process(tmp_path, data_dir, reap):
+    p, out = start_launch(tmp_path, data_dir, 3, ["--algorithm", "sync:backups=1"], reap)
     p.kill()
     p.wait(timeout=10)
     wait_until(lambda: not processes_with(str(out)), 20, "every process of the killed launcher ended")
 
 
 @pytest.mark.timeout(240)
-def test_sigterm_to_launch_stops_with_a_summary_and_a_resumable_checkpoint(tmp_path, data_dir):
-    p, out = start_launch(tmp_path, data_dir, 2, ["--checkpoint-every", "2"])
+def test_sigterm_to_launch_stops_with_a_summary_and_a_resumable_checkpoint(tmp_path, data_dir, reap):
+    p, out = start_launch(tmp_path, data_dir, 2, ["--checkpoint-every", "2"], reap)
     wait_until(lambda: (out / "checkpoint" / "latest").exists(), 60, "a checkpoint was taken")
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=60) == 128 + signal.SIGTERM
@@ -329,7 +343,7 @@ def test_launch_hands_torchrun_a_thread_count_so_it_prints_no_banner(monkeypatch
 
 
 @pytest.mark.timeout(120)
-def test_sigint_in_the_rendezvous_says_nothing_was_written(tmp_path, data_dir):
+def test_sigint_in_the_rendezvous_says_nothing_was_written(tmp_path, data_dir, reap):
     """Ctrl-C while the launcher waits in a two-node rendezvous (the other node never comes): one line
     that says no process started and nothing was written (not "metrics so far are in the run folder"),
     exit 130, no folder."""
@@ -347,6 +361,8 @@ def test_sigint_in_the_rendezvous_says_nothing_was_written(tmp_path, data_dir):
                           "--out", str(out), "--data-dir", str(data_dir), "--timeout-s", "60"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    reap(p)
+
     def store_up() -> bool:  # node 0 serves the rendezvous's store at the endpoint: torchrun is in it
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
             return True

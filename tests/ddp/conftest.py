@@ -16,7 +16,7 @@ def _free_process_groups_on_this_thread():
     destructor joins that very thread, and the process aborts ("terminate called after throwing an
     instance of 'std::system_error', what(): Resource deadlock avoided"): about one run in 20 of this
     folder's in-process tests did, and an xdist worker with them. Torn down last, this runs after
-    ``one_rank`` has destroyed its group."""
+    ``one_rank`` has destroyed its group (which collects too, while the group is still registered)."""
     yield
     gc.collect()
 
@@ -28,4 +28,5 @@ def one_rank(tmp_path):
     try:
         yield
     finally:
+        gc.collect()  # the test's DDP models first, here, while the group is still registered
         dist.destroy_process_group()

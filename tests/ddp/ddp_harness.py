@@ -44,15 +44,19 @@ def launch(scenario, tmp_path: Path, *args, world_size: int = 2, timeout_s: floa
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_child, args=(scenario, rank, world_size, str(tmp_path), args, backend))
              for rank in range(world_size)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
-    for rank in hung:
-        procs[rank].kill()
-        procs[rank].join(5)
+    hung = []
+    try:  # however the wait ends (pytest-timeout's exception included), no rank is left running
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
     errors = "".join(f"\n--- rank {r} ---\n{f.read_text()}" for r in range(world_size)
                      if (f := tmp_path / f"error-{r}.txt").exists())
     assert not hung, f"ranks {hung} still running after {timeout_s} s{errors}"

@@ -3,6 +3,7 @@ a replica that dies is restarted and recovers from a peer while the others train
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -86,3 +87,56 @@ def test_launch_does_not_restart_a_replica_that_exits_with_a_configuration_error
     assert all(f"replica {k} exited with 2 (bad input, its message is above); not restarted" in p.stderr
                for k in range(2))
     assert p.stderr.count("batch_size=100000 is larger than the smallest shard") == 2  # once a replica, none restarted
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_killing_the_launcher_ends_its_replicas(tmp_path, data_dir):
+    """SIGKILL to `gradwire launch --fault-tolerance` (it cannot pass anything on): its replicas, left
+    with a Lighthouse that is gone, used to retry for quorum_timeout_s; each now ends with SIGTERM
+    when its launcher dies (GRADWIRE_DIE_WITH), saying so in its summary."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.backends.test_launch_faults import processes_with, wait_until
+
+    out = tmp_path / "run"
+    log = (tmp_path / "launch.log").open("w")
+    p = subprocess.Popen([sys.executable, "-m", "gradwire", "launch", "--nproc-per-node", "2", "--", "run",
+                          "--task", "synthetic-logreg", "--steps", "1000000", "--eval-every", "1000000",
+                          "--batch-size", "8", "--fault-tolerance", "torchft:min_replicas=2,timeout_s=10,"
+                          "quorum_timeout_s=180", "--out", str(out), "--data-dir", str(data_dir)],
+                         stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1",
+                                                                        RUST_LOG="warn"))
+    try:
+        steps = [out / f"replica-{k}" / "steps.jsonl" for k in range(2)]
+        wait_until(lambda: p.poll() is not None or all(s.exists() and s.stat().st_size for s in steps), 200,
+                   "both replicas trained")
+        assert p.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
+        assert len(processes_with(str(out))) == 3  # the launcher and two replicas
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        wait_until(lambda: not processes_with(str(out)), 60, "both replicas of the killed launcher ended")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        for pid in processes_with(str(out)):
+            os.kill(pid, signal.SIGKILL)
+    for k in range(2):
+        summary = json.loads((out / f"replica-{k}" / "summary.json").read_text())
+        assert summary["status"] == "stopped" and summary["steps"] > 0, summary
+    assert (tmp_path / "launch.log").read_text().count("stopped by SIGTERM") == 2
+
+
+@pytest.mark.multiprocess
+def test_a_replica_whose_launcher_is_already_gone_ends_at_once(tmp_path):
+    """A launcher that died before its replica could ask to die with it: the replica finds another
+    parent, ends with SIGTERM at once and writes nothing."""
+    import signal
+
+    p = gw("run", "--steps", "2", "--out", str(tmp_path / "run"), env=dict(os.environ, GRADWIRE_DIE_WITH="1"),
+           timeout=60)
+    assert p.returncode == -signal.SIGTERM, p.stderr[-2000:]
+    assert not (tmp_path / "run").exists()

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gradwire.config import RunConfig
+from tests.backends.processes import free_port
 
 pytest.importorskip("torchft")
 
@@ -202,14 +203,6 @@ def test_a_peer_of_another_configuration_is_refused_in_one_line_naming_it(replic
 
 
 # -- a Lighthouse that cannot be reached when a replica starts ----------------------------------
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _unreachable(tmp_path, data_dir, port: int, **ft) -> RunConfig:
     spec = ",".join(f"{k}={v}" for k, v in ({"min_replicas": 1, "timeout_s": 1, "quorum_timeout_s": 6,
                                               "lighthouse": f"127.0.0.1:{port}"} | ft).items())
@@ -232,7 +225,7 @@ def test_an_unreachable_lighthouse_ends_the_start_in_one_line_and_leaves_no_stat
 
     attempts, real = [], torchft.Manager
     monkeypatch.setattr(torchft, "Manager", lambda *a, **kw: attempts.append(1) or real(*a, **kw))
-    port, servers = _free_port(), _state_servers()
+    port, servers = free_port(), _state_servers()
     with pytest.raises(CommunicationError) as e:
         Run(_unreachable(tmp_path, data_dir, port))
     assert str(e.value).startswith(f"replica 0: the Lighthouse at 127.0.0.1:{port} could not be reached within "
@@ -248,7 +241,7 @@ def test_a_lighthouse_that_comes_up_after_the_replica_is_waited_for(tmp_path, da
 
     from gradwire.run.loop import Run
 
-    port, started, real = _free_port(), [], torchft.Manager
+    port, started, real = free_port(), [], torchft.Manager
 
     def manager(*args, **kwargs):  # the first attempt finds no Lighthouse; then it starts
         try:

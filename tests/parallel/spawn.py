@@ -24,15 +24,17 @@ def run_scenario(scenario: str, world: int, tmp_path: Path, timeout_s: float = 1
     store = tmp_path / "store"
     procs = [_ctx.Process(target=child, args=(scenario, rank, world, str(store), str(tmp_path)))
              for rank in range(world)]
-    for p in procs:
-        p.start()
-    deadline = _clock() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - _clock()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+    try:  # however the wait ends (pytest-timeout's exception included), no rank is left running
+        for p in procs:
+            p.start()
+        deadline = _clock() + timeout_s
+        for p in procs:
+            p.join(max(0.0, deadline - _clock()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
     codes = [p.exitcode for p in procs]
     assert codes == [0] * world, f"{scenario}: exit codes {codes} (stderr above)"
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]

@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 from gradwire.cli.flags import add_run_flags, config_from_args, fresh_out, out_given
+from gradwire.cli.supervise import die_with
 from gradwire.config import read_config_file
 from gradwire.errors import AlreadyFinished, ConfigError, Stopped
+from gradwire.fault.launch import DIE_WITH_ENV
 from gradwire.report.run_folder import require_named
 
 EPILOG = """examples:
@@ -92,6 +94,9 @@ def _failed_then_stopped(cfg, failure: BaseException, stop: Stopped, reports: bo
 
 
 def main(ns) -> int:
+    launcher = os.environ.pop(DIE_WITH_ENV, None)  # not handed on to processes this run starts
+    if launcher is not None:
+        die_with(int(launcher))
     cfg = config_from_args(ns)
     if out_given(ns):
         require_named(cfg.out)  # before check_values probes the folder: --out / and --out . are refused

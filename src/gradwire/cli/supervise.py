@@ -68,6 +68,15 @@ def set_parent_death_signal(libc, sig: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
+def die_with(parent_pid: int, sig: int = signal.SIGTERM) -> None:
+    """End this process with ``sig`` when its parent ``parent_pid`` dies (Linux). Called once the
+    process runs (a parent holding threads cannot use ``preexec_fn``), so a parent that died before
+    the call is caught by comparing pids: this process was handed to another parent by then."""
+    set_parent_death_signal(_libc(), sig)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
+
+
 def describe(code: int) -> str:
     """``SIGKILL, signal 9`` for a negative Popen return code, else ``exit code N``."""
     if code < 0:

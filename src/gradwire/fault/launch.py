@@ -25,6 +25,9 @@ from gradwire.report.run_folder import refuse_existing, require_named
 from gradwire.transports.ft_spec import parse, require_torchft
 
 CONFIG_ERROR_EXIT = 2  # gradwire's exit status for bad input (cli/__init__.py)
+# this launcher's pid, in each replica's environment: `gradwire run` reads it and ends with SIGTERM
+# when the launcher dies (cli/supervise.py's die_with), so a killed launcher leaves no replica running
+DIE_WITH_ENV = "GRADWIRE_DIE_WITH"
 
 
 def launch_replicas(ns, run_args: list[str], cfg, check) -> int:
@@ -62,7 +65,8 @@ def launch_replicas(ns, run_args: list[str], cfg, check) -> int:
     restarts = dict.fromkeys(range(n), 0)
 
     def start(k: int, again: bool) -> subprocess.Popen:
-        env = dict(os.environ, TORCHELASTIC_RESTART_COUNT=str(restarts[k]))  # the run's restart count
+        env = dict(os.environ, TORCHELASTIC_RESTART_COUNT=str(restarts[k]),  # the run's restart count
+                   **{DIE_WITH_ENV: str(os.getpid())})
         args = [*run_args, "--backend", "torch", "--workers", str(n), "--fault-tolerance", f"{spec},replica={k}",
                 "--out", os.path.join(cfg.out, f"replica-{k}")] + (["--overwrite"] if again else [])
         return subprocess.Popen([sys.executable, "-u", "-m", "gradwire", "run", *args], env=env)

@@ -207,3 +207,4 @@ class FtTransport(Transport):
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None
+        self.pg.shutdown()  # lets go of its gloo group here, on the closing thread, not in a later collection
