@@ -1063,6 +1063,15 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
                                "bucket_shares": shares if row.overlap == "backward" else [1.0],
                                **wire_costs(row, lrs.get(row.key, FIRST_TRIALS[0]), n_steps,
                                             Path(tmp) / f"{row.key}-bytes")}
+        if any(row.runner == "torch" for row in rows):  # the one-rank group of _torch_powersgd_stepper
+            import gc
+
+            import torch.distributed as dist
+
+            steppers.clear()
+            gc.collect()  # its DDP model first, on this thread (docs/ddp.md, "Limits"), then the group
+            if dist.is_initialized():
+                dist.destroy_process_group()
     return result
 
 
