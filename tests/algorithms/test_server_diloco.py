@@ -188,8 +188,8 @@ def test_compressed_answers_through_an_unbiased_codec_stay_close_to_theta(make_c
 
 @pytest.mark.parametrize("spec, compressor, noted", [
     ("backup-diloco:answer=change", "randk:ratio=0.1", True), ("async-diloco:answer=change", "qsgd", True),
-    ("async-diloco:answer=change", "pquant:p=inf,block=32", True), ("backup-diloco:answer=change", "sign:scaled=true",
-                                                                    False),
+    ("async-diloco:answer=change", "pquant:p=inf,block=32", True),
+    ("backup-diloco:answer=change,outer_momentum=0", "sign:scaled=true", False),  # biased: the note below
     ("backup-diloco:answer=change", "natural", False),  # unbiased, but ω = 1/8: not scaled
     ("backup-diloco:answer=change", "none", False), ("backup-diloco", "randk:ratio=0.1", False)])
 def test_compressed_answers_through_a_scaled_codec_are_noted(make_config, spec, compressor, noted):
@@ -203,3 +203,24 @@ def test_compressed_answers_through_a_scaled_codec_are_noted(make_config, spec, 
         assert (f"through {compressor!r}, an unbiased codec: where its variance ω at the model's size is >= 1 "
                 "they are scaled by 1/(1 + ω)") in notes[0]
         assert "sign:scaled=true or chunked-topk" in notes[0] and "(outer_momentum=0)" in notes[0]
+
+
+@pytest.mark.parametrize("spec, compressor, factor", [
+    ("backup-diloco:answer=change", "sign:scaled=true", "7"),  # outer_lr 0.7, momentum 0.9
+    ("async-diloco:answer=change", "topk:ratio=0.1", "2"),  # outer_lr 0.2, momentum 0.9
+    ("backup-diloco:answer=change,outer_lr=1,outer_momentum=0", "sign:scaled=true", None),
+    ("backup-diloco:answer=change", "fp16", None),  # a cast
+    ("backup-diloco:answer=change", "natural", None),  # unbiased, unscaled
+    ("backup-diloco", "sign:scaled=true", None)])  # θ answered
+def test_lossy_answers_with_outer_momentum_are_noted_with_the_step_they_lag(make_config, spec, compressor, factor):
+    """answer=change through a biased lossy codec with outer momentum: a note with the factor by which
+    θ outruns a round's mean change, and the measured setting without momentum."""
+    from gradwire.run.combination import check_combination
+
+    notes = check_combination(make_config(algorithm=spec, compressor=compressor)).notes
+    if factor is None:
+        assert not notes, notes
+    else:
+        assert len(notes) == 1 and f"through {compressor!r}, a lossy codec, with outer momentum 0.9" in notes[0]
+        assert f"outer_lr / (1 - outer_momentum) = {factor} times a round's mean change" in notes[0]
+        assert "with outer_lr=1,outer_momentum=0 0.623" in notes[0]
