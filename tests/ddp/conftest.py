@@ -5,20 +5,37 @@ import gc
 import pytest
 import torch.distributed as dist
 
+# Every process group these tests destroy, kept until the process exits (see the fixture below).
+_DESTROYED_GROUPS = []
+
+
+def destroy_default_group() -> None:
+    """``dist.destroy_process_group()``, but the group object itself is kept alive until the process
+    exits, so that its destructor never runs on one of its own threads (below)."""
+    _DESTROYED_GROUPS.append(dist.group.WORLD)
+    dist.destroy_process_group()
+
 
 @pytest.fixture(autouse=True)
-def _free_process_groups_on_this_thread():
-    """Collect the test's garbage here, on the main thread, once the test is over.
+def _collect_on_the_main_thread_only():
+    """No automatic garbage collection during a test: its garbage is collected here, on the main
+    thread, once it is over.
 
-    DDP keeps its process group alive through reference cycles, so a finished test's DDP model, and
-    with it a one-rank gloo group, is freed by Python's cyclic collector on whichever thread happens
-    to run it. When that is one of gloo's own threads (running a future's callback), the group's
-    destructor joins that very thread, and the process aborts ("terminate called after throwing an
-    instance of 'std::system_error', what(): Resource deadlock avoided"): about one run in 20 of this
-    folder's in-process tests did, and an xdist worker with them. Torn down last, this runs after
-    ``one_rank`` has destroyed its group (which collects too, while the group is still registered)."""
-    yield
-    gc.collect()
+    A gloo group's destructor joins the group's threads; run on one of them, it aborts the process
+    ("terminate called after throwing an instance of 'std::system_error', what(): Resource deadlock
+    avoided"). DDP keeps its group alive through reference cycles, and a future's Python callback
+    (the hook's) runs on a gloo thread, where it can start a collection or drop a last reference:
+    this folder's in-process tests aborted in 2 of 45 runs, and an xdist worker with them in CI.
+    Collecting after each test still left 1 in 36 (faulthandler named the thread "Garbage-collecting");
+    with automatic collection off as well, 2 in 60 (no Python frame: a last reference dropped there).
+    So a destroyed group is also kept (``destroy_default_group``): its destructor never runs while
+    the tests do."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect()
+        gc.enable()
 
 
 @pytest.fixture
@@ -28,5 +45,4 @@ def one_rank(tmp_path):
     try:
         yield
     finally:
-        gc.collect()  # the test's DDP models first, here, while the group is still registered
-        dist.destroy_process_group()
+        destroy_default_group()

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gradwire import ddp as gwddp
 from gradwire.compress import build
 from gradwire.errors import ConfigError
+from tests.ddp.conftest import destroy_default_group
 from tests.ddp.ddp_harness import batch, launch, make_data, make_model, params, part, poison, run_scenarios, train
 
 SMALL_BUCKETS = 0.004  # MB: several buckets
@@ -441,7 +442,7 @@ def test_framed_topk_on_one_rank_gives_its_own_decoded_topk_on_the_device(tmp_pa
         assert state.bytes_sent == 0  # one rank reaches no peer
         assert state.wire_bytes_sent == 0
     finally:
-        dist.destroy_process_group()
+        destroy_default_group()
 
 
 @pytest.mark.timeout(60)
