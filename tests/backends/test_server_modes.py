@@ -203,3 +203,49 @@ def test_a_checkpoint_whose_every_worker_is_lost_fails_and_commits_nothing():
     with pytest.raises(CommunicationError, match="every worker was lost"):
         server.save_checkpoint(10)
     assert "save" not in checkpoints.calls and "mark_latest" not in checkpoints.calls
+
+
+@pytest.mark.parametrize("refused_at", [0, 1])  # the header refused, or the header sent and the body refused
+def test_a_refused_answer_counts_only_the_bytes_that_did_not_go(refused_at):
+    """gloo refuses a send to a worker that has gone: the worker is lost, and the summary's
+    ``answers_refused_bytes`` counts what never left (the whole answer, or its body once the header
+    went), so that the bytes received by the workers equal what the server says it sent less it."""
+    import types
+
+    from gradwire.servers.real import RealServer
+    from gradwire.transports.base import PeerLost
+
+    class Sent:
+        def wait(self, timeout):
+            pass
+
+    class Refusing:  # accepts ``refused_at`` sends, then refuses
+        def __init__(self):
+            self.sends = 0
+
+        def send(self, *args, **kwargs):
+            if self.sends == refused_at:
+                raise PeerLost("worker process 2 died")
+            self.sends += 1
+            return Sent()
+
+    class Algorithm:
+        name = "async"
+
+        def __init__(self):
+            self.told = []
+
+        def on_lost(self, w):
+            self.told.append(w)
+
+        def workers_needed(self):
+            return 1
+
+    server = object.__new__(RealServer)  # the reply and its bookkeeping only: no process group
+    server.n, server.algo, server.transport, server.timeout_s = 2, Algorithm(), Refusing(), 1.0
+    server.lost, server.lost_in_run, server.in_flight, server.orphans = {}, {}, {}, []
+    server.finished, server.refused_bytes = False, 0
+    answer = Message(PARAMS, 1, body=torch.zeros(100, dtype=torch.uint8))
+    server._reply(answer)
+    assert server.lost == {1: "worker process 2 died"} and server.algo.told == [1] and 1 not in server.in_flight
+    assert server.refused_bytes == (HEADER_BYTES + 100 if refused_at == 0 else 100)
