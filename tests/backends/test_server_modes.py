@@ -2,6 +2,7 @@
 threads backend, the code path of torch.distributed's processes in one process) run each
 server-mode algorithm's protocol with the same arithmetic and the same bytes."""
 
+import collections
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from gradwire.algorithms import ALGORITHMS
 from gradwire.algorithms.base import Algorithm
-from gradwire.algorithms.protocol import GRADIENT, HEADER_BYTES, PARAMS, Message
+from gradwire.algorithms.protocol import ACK, GRADIENT, HEADER_BYTES, PARAMS, SAVE, Message
 from gradwire.run.loop import Run, run
 from gradwire.transports.base import SERVER
 from tests.helpers import read_jsonl, through_bytes
@@ -249,3 +250,90 @@ def test_a_refused_answer_counts_only_the_bytes_that_did_not_go(refused_at):
     server._reply(answer)
     assert server.lost == {1: "worker process 2 died"} and server.algo.told == [1] and 1 not in server.in_flight
     assert server.refused_bytes == (HEADER_BYTES + 100 if refused_at == 0 else 100)
+
+
+def _scripted_server(n: int, script: list):
+    """A RealServer on no process group whose inbox hands over ``script`` in order: a Message, or
+    ``("lose", w)`` (worker w's connection fails there); the checkpoints and the sends are recorded."""
+    import time
+    import types
+
+    from gradwire.servers.real import RealServer
+
+    class Sent:
+        def wait(self, timeout):
+            pass
+
+    class Transport:
+        def __init__(self):
+            self.sent = []  # (worker, kind) of every message the server sent
+
+        def send(self, tensor, src, dst, tag=0):
+            if tensor.numel() == HEADER_BYTES:
+                self.sent.append((dst, int(tensor.view(torch.int64)[0])))
+            return Sent()
+
+        def count(self, nbytes, seconds):
+            pass
+
+    class Inbox:
+        last_arrival = time.perf_counter()
+
+        def next_message(self, deadline, lose, done):
+            while script:
+                item = script.pop(0)
+                if isinstance(item, Message):
+                    return item
+                lose(item[1], "worker process died")
+                if done is not None and done():
+                    return None
+            return None
+
+    class Algorithm:
+        name = "async"
+
+        def on_lost(self, w):
+            pass
+
+        def workers_needed(self):
+            return 1
+
+    class Checkpoints:
+        def __init__(self):
+            self.calls = []
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: self.calls.append(name)
+
+    server = object.__new__(RealServer)
+    server.n, server.algo, server.transport, server.timeout_s = n, Algorithm(), Transport(), 30.0
+    server.inbox, server.clock = Inbox(), types.SimpleNamespace(now=0.0)
+    server.parts = types.SimpleNamespace(checkpoints=Checkpoints())
+    server.lost, server.lost_in_run, server.in_flight, server.orphans = {}, {}, {}, []
+    server.said_bye, server.finished, server.refused_bytes, server.rejoined = set(), False, 0, set()
+    server.received, server.counts = {w: 0 for w in range(n)}, {w: 0 for w in range(n)}
+    server.replay = collections.deque()
+    return server
+
+
+def test_a_worker_lost_before_the_cut_is_left_out_and_the_checkpoint_commits():
+    """Worker 1 sends its next gradient, then dies before every live worker holds one: the cut is
+    worker 0 alone (no SAVE to the dead worker), and the checkpoint commits without it."""
+    server = _scripted_server(2, [Message(GRADIENT, 1, count=4), ("lose", 1), Message(GRADIENT, 0, count=4),
+                                  Message(ACK, 0, count=4)])
+    server.save_checkpoint(10)
+    assert server.transport.sent == [(0, SAVE)]
+    assert server.parts.checkpoints.calls == ["clear_parts", "save", "mark_latest"]
+    assert [m.worker for m in server.replay] == [1, 0]  # held, handled next (the lost one's skipped)
+
+
+def test_a_member_lost_after_its_acknowledgement_abandons_the_cut():
+    """Both workers hold and get SAVE; worker 1 acknowledges, then dies before worker 0 does: the
+    algorithm has already forgotten worker 1 (on_lost), so the cut is not committed (a resume would
+    bring it back with its own state while the server's state counts it lost); ``latest`` stays."""
+    server = _scripted_server(2, [Message(GRADIENT, 0, count=4), Message(GRADIENT, 1, count=4),
+                                  Message(ACK, 1, count=4), ("lose", 1), Message(ACK, 0, count=4)])
+    server.save_checkpoint(10)
+    assert server.transport.sent == [(0, SAVE), (1, SAVE)]
+    assert "save" not in server.parts.checkpoints.calls and "mark_latest" not in server.parts.checkpoints.calls
+    assert [m.worker for m in server.replay] == [0, 1]  # what was held is handled all the same
