@@ -298,6 +298,9 @@ def _scripted_server(n: int, script: list):
         def workers_needed(self):
             return 1
 
+        def server_summary(self):
+            return {}
+
     class Checkpoints:
         def __init__(self):
             self.calls = []
@@ -308,6 +311,7 @@ def _scripted_server(n: int, script: list):
     server = object.__new__(RealServer)
     server.n, server.algo, server.transport, server.timeout_s = n, Algorithm(), Transport(), 30.0
     server.inbox, server.clock = Inbox(), types.SimpleNamespace(now=0.0)
+    server.ctx = types.SimpleNamespace(device=torch.device("cpu"))
     server.parts = types.SimpleNamespace(checkpoints=Checkpoints())
     server.lost, server.lost_in_run, server.in_flight, server.orphans = {}, {}, {}, []
     server.said_bye, server.finished, server.refused_bytes, server.rejoined = set(), False, 0, set()
@@ -337,3 +341,14 @@ def test_a_member_lost_after_its_acknowledgement_abandons_the_cut():
     assert server.transport.sent == [(0, SAVE), (1, SAVE)]
     assert "save" not in server.parts.checkpoints.calls and "mark_latest" not in server.parts.checkpoints.calls
     assert [m.worker for m in server.replay] == [0, 1]  # what was held is handled all the same
+
+
+def test_the_workers_that_rejoined_before_a_checkpoint_are_still_named_after_resuming_from_it():
+    """Worker 1 rejoined (HELLO) before the cut: the resumed server's summary still names it, as it
+    names the workers lost before its checkpoint."""
+    before = _scripted_server(3, [])
+    before.rejoined = {1}
+    after = _scripted_server(3, [])
+    after.load_state_dict(through_bytes({"server": before._cut_state([])}))
+    after.said_bye = {0, 1, 2}
+    assert after.finish()["rejoined_workers"] == [1]
