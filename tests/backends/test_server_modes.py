@@ -352,3 +352,16 @@ def test_the_workers_that_rejoined_before_a_checkpoint_are_still_named_after_res
     after.load_state_dict(through_bytes({"server": before._cut_state([])}))
     after.said_bye = {0, 1, 2}
     assert after.finish()["rejoined_workers"] == [1]
+
+
+def test_a_worker_lost_after_the_last_step_ends_the_run_normally():
+    """Once the run's steps are done (finish), a worker that dies before its goodbye is named lost,
+    and the run still ends: even where a step needed every worker (no backups), there are no
+    steps left to fail."""
+    from gradwire.algorithms.protocol import BYE
+
+    server = _scripted_server(2, [("lose", 1), Message(BYE, 0, count=8)])
+    server.algo.workers_needed = lambda: 2  # a step takes both workers' messages
+    summary = server.finish()
+    assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "worker process died"}
+    assert server.said_bye == {0}
