@@ -328,7 +328,9 @@ def test_a_worker_lost_before_the_cut_is_left_out_and_the_checkpoint_commits():
     server.save_checkpoint(10)
     assert server.transport.sent == [(0, SAVE)]
     assert server.parts.checkpoints.calls == ["clear_parts", "save", "mark_latest"]
-    assert [m.worker for m in server.replay] == [1, 0]  # held, handled next (the lost one's skipped)
+    assert [m.worker for m in server.replay] == [1, 0]  # held, handled next ...
+    assert server._receive("step 11").worker == 0  # ... but the lost worker's, which is dropped
+    assert not server.replay
 
 
 def test_a_member_lost_after_its_acknowledgement_abandons_the_cut():
