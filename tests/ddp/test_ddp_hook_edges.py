@@ -363,6 +363,29 @@ def test_min_compress_numel_is_saved_and_a_different_one_refused_on_load(one_ran
 
 
 @pytest.mark.timeout(60)
+def test_load_state_dict_refuses_another_world_size_and_residuals_that_do_not_fit(one_rank):
+    """Residuals belong to one rank of one configuration: a state saved at another world size, or
+    with error feedback off, or holding a residual of the wrong size or for an unknown parameter,
+    is refused whole (ConfigError naming it), and the hook keeps what it had."""
+    state = gwddp.HookState(make_model(), "topk:ratio=0.1", error_feedback=True)
+    saved = state.state_dict()
+    name, numel = next((n, k) for _, n, k in state._params.values())
+    residual = torch.ones(numel)
+    cases = [
+        (dict(saved, world_size=2), r"saved with world_size=2, this hook has 1"),
+        (dict(saved, error_feedback=False), r"saved with error_feedback=False, this hook has True"),
+        (dict(saved, residuals={name: torch.ones(numel + 1)}), rf"of the wrong size: \['{name}'\]"),
+        (dict(saved, residuals={name: residual, "nope.weight": residual}), r"unknown parameters .*'nope.weight'"),
+    ]
+    for bad, named in cases:
+        with pytest.raises(ConfigError, match=named):
+            state.load_state_dict(bad)
+        assert state.error_feedback.residuals == {}
+    state.load_state_dict(dict(saved, residuals={name: residual}))  # a fitting one loads
+    assert torch.equal(state.error_feedback.residuals[name], residual)
+
+
+@pytest.mark.timeout(60)
 def test_load_state_dict_restores_the_byte_counters(one_rank):
     state = gwddp.HookState(make_model(), "qsgd:levels=4")
     saved = dict(state.state_dict(), bytes_sent=1234, wire_bytes_sent=1300)
