@@ -386,6 +386,34 @@ def test_load_state_dict_refuses_another_world_size_and_residuals_that_do_not_fi
 
 
 @pytest.mark.timeout(60)
+def test_propagate_a_skipped_step_whose_first_bucket_travels_raw_keeps_the_last_steps_residuals(one_rank):
+    """non_finite="propagate", error feedback: at step 2 the last layer's gradient (all of it below
+    min_compress_numel, so its bucket, the first DDP hands over, travels raw and encodes nothing
+    through the codec) turns NaN. The step is skipped, and the residuals after it are those after
+    step 1: not those before step 1, which the hook still kept from that pass."""
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 4)), bucket_cap_mb=SMALL_BUCKETS)
+    state = gwddp.register(model, "topk:ratio=0.1", error_feedback=True, non_finite="propagate")
+    calls = {"n": 0}
+
+    def nan_at_step_2(grad):
+        calls["n"] += 1
+        return torch.full_like(grad, float("nan")) if calls["n"] == 3 else grad
+
+    model.module[1].bias.register_hook(nan_at_step_2)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+    residuals = []
+    for _ in range(3):
+        model.zero_grad()
+        model(x).pow(2).mean().backward()
+        residuals.append({k: v.clone() for k, v in state.error_feedback.residuals.items()})
+    assert not bool(torch.isfinite(model.module[0].weight.grad).any())  # step 2: NaN everywhere, skipped
+    assert list(residuals[2]) == ["0.weight"]  # the one compressed parameter
+    assert not torch.equal(residuals[1]["0.weight"], residuals[0]["0.weight"])
+    assert torch.equal(residuals[2]["0.weight"], residuals[1]["0.weight"])
+
+
+@pytest.mark.timeout(60)
 def test_load_state_dict_restores_the_byte_counters(one_rank):
     state = gwddp.HookState(make_model(), "qsgd:levels=4")
     saved = dict(state.state_dict(), bytes_sent=1234, wire_bytes_sent=1300)
