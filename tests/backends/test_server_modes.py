@@ -10,7 +10,7 @@ import torch
 
 from gradwire.algorithms import ALGORITHMS
 from gradwire.algorithms.base import Algorithm
-from gradwire.algorithms.protocol import ACK, GRADIENT, HEADER_BYTES, PARAMS, SAVE, Message
+from gradwire.algorithms.protocol import ACK, GRADIENT, HEADER_BYTES, HELLO, JOIN, PARAMS, SAVE, Message
 from gradwire.run.loop import Run, run
 from gradwire.transports.base import SERVER
 from tests.helpers import read_jsonl, through_bytes
@@ -301,6 +301,9 @@ def _scripted_server(n: int, script: list):
         def server_summary(self):
             return {}
 
+        def join_reply(self, w):
+            return Message(JOIN, w)
+
     class Checkpoints:
         def __init__(self):
             self.calls = []
@@ -367,3 +370,14 @@ def test_a_worker_lost_after_the_last_step_ends_the_run_normally():
     summary = server.finish()
     assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "worker process died"}
     assert server.said_bye == {0}
+
+
+def test_a_worker_that_rejoins_during_a_cut_is_answered_and_then_holds_like_the_others():
+    """Worker 1 says HELLO while the server gathers a cut: it gets its JOIN at once (it holds no
+    message yet), and joins the cut with the gradient it sends next."""
+    server = _scripted_server(2, [Message(GRADIENT, 0, count=4), Message(HELLO, 1), Message(GRADIENT, 1, count=1),
+                                  Message(ACK, 0, count=4), Message(ACK, 1, count=1)])
+    server.save_checkpoint(10)
+    assert server.transport.sent == [(1, JOIN), (0, SAVE), (1, SAVE)]
+    assert server.rejoined == {1} and server.parts.checkpoints.calls == ["clear_parts", "save", "mark_latest"]
+    assert [(m.worker, m.kind) for m in server.replay] == [(0, GRADIENT), (1, GRADIENT)]
