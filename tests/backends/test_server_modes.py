@@ -381,3 +381,14 @@ def test_a_worker_that_rejoins_during_a_cut_is_answered_and_then_holds_like_the_
     assert server.transport.sent == [(1, JOIN), (0, SAVE), (1, SAVE)]
     assert server.rejoined == {1} and server.parts.checkpoints.calls == ["clear_parts", "save", "mark_latest"]
     assert [(m.worker, m.kind) for m in server.replay] == [(0, GRADIENT), (1, GRADIENT)]
+
+
+def test_a_worker_that_never_says_goodbye_is_named_lost():
+    """The run is over and worker 1 stays silent until the deadline: the summary names it lost
+    ("did not finish"); worker 0's count is the one its goodbye said."""
+    from gradwire.algorithms.protocol import BYE
+
+    server = _scripted_server(2, [Message(BYE, 0, count=8)])
+    summary = server.finish()
+    assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "did not finish"}
+    assert summary["local_steps"] == {"0": 8, "1": 0}
