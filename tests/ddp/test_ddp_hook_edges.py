@@ -414,6 +414,21 @@ def test_propagate_a_skipped_step_whose_first_bucket_travels_raw_keeps_the_last_
 
 
 @pytest.mark.timeout(60)
+def test_load_state_dict_brings_the_saved_runs_seed_and_step_so_the_draws_go_on_alike(one_rank):
+    """A hook built with another seed takes the saved run's seed and step: its next random draws
+    (qsgd's stochastic rounding) are the saved run's."""
+    saved_run = gwddp.HookState(make_model(), "qsgd:levels=4", seed=5)
+    saved_run.step = 7
+    fresh = gwddp.HookState(make_model(), "qsgd:levels=4", seed=0)
+    fresh.load_state_dict(saved_run.state_dict())
+    assert (fresh.seed, fresh.step) == (5, 7)
+    grad = torch.randn(4096, generator=torch.Generator().manual_seed(2))
+    index, name, _ = next(iter(saved_run._params.values()))
+    expected = gwddp._encode(saved_run, grad, index, name).buffer
+    assert torch.equal(gwddp._encode(fresh, grad, index, name).buffer, expected)
+
+
+@pytest.mark.timeout(60)
 def test_load_state_dict_restores_the_byte_counters(one_rank):
     state = gwddp.HookState(make_model(), "qsgd:levels=4")
     saved = dict(state.state_dict(), bytes_sent=1234, wire_bytes_sent=1300)
