@@ -392,3 +392,19 @@ def test_a_worker_that_never_says_goodbye_is_named_lost():
     summary = server.finish()
     assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "did not finish"}
     assert summary["local_steps"] == {"0": 8, "1": 0}
+
+
+def test_a_worker_lost_before_the_checkpoint_resumed_from_stays_named_through_the_next_one():
+    """Resumed from a checkpoint that named worker 1 lost, the server took worker 1 back (HELLO), then
+    saved a checkpoint of its own: resuming from that one, the summary still names worker 1 as lost
+    in this run (and as rejoined)."""
+    first = _scripted_server(2, [])
+    first.lost_in_run = {1: "SIGKILL (signal 9)"}  # loaded from the older checkpoint; lost forgot it
+    first._handle(Message(HELLO, 1))
+    assert first.lost == {} and first.transport.sent == [(1, JOIN)]
+    second = _scripted_server(2, [])
+    second.load_state_dict(through_bytes({"server": first._cut_state([])}))
+    second.said_bye = {0, 1}
+    summary = second.finish()
+    assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "SIGKILL (signal 9)"}
+    assert summary["rejoined_workers"] == [1]
