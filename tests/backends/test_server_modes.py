@@ -408,3 +408,16 @@ def test_a_worker_lost_before_the_checkpoint_resumed_from_stays_named_through_th
     summary = second.finish()
     assert summary["lost_workers"] == [1] and summary["lost_reasons"] == {"1": "SIGKILL (signal 9)"}
     assert summary["rejoined_workers"] == [1]
+
+
+def test_the_end_stops_listening_once_every_worker_said_goodbye():
+    """finish() returns as soon as every worker has said goodbye (or is lost): it does not wait out
+    its deadline for messages that cannot come, and leaves anything after the goodbyes unread."""
+    from gradwire.algorithms.protocol import BYE
+
+    late = Message(GRADIENT, 0, count=9)
+    script = [Message(BYE, 0, count=8), ("lose", 2), Message(BYE, 1, count=8), late]
+    server = _scripted_server(3, script)
+    summary = server.finish()
+    assert script == [late] and server.said_bye == {0, 1}
+    assert summary["lost_workers"] == [2] and summary["gradients_received"] == {"0": 0, "1": 0, "2": 0}
