@@ -211,8 +211,6 @@ def test_a_refused_answer_counts_only_the_bytes_that_did_not_go(refused_at):
     """gloo refuses a send to a worker that has gone: the worker is lost, and the summary's
     ``answers_refused_bytes`` counts what never left (the whole answer, or its body once the header
     went), so that the bytes received by the workers equal what the server says it sent less it."""
-    import types
-
     from gradwire.servers.real import RealServer
     from gradwire.transports.base import PeerLost
 
