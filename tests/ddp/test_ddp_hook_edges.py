@@ -101,6 +101,24 @@ def exact_bytes(rank, world_size, steps):
     return out
 
 
+def cast_bytes(rank, world_size, steps):
+    """Per step, this rank's (payload, wire) bytes on the allreduce paths: the summable casts, none
+    with error feedback (the encoded bucket's allreduce), none without (in place)."""
+    x, y = make_data(rank, world_size)
+    out = {}
+    for spec, ef in (("fp16", False), ("bf16", True), ("none", True), ("none", False)):
+        model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
+        state = gwddp.register(model, spec, error_feedback=ef)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        rows = []
+        for step in range(steps):
+            before = (state.bytes_sent, state.wire_bytes_sent)
+            train(model, x, y, step, 1, opt)
+            rows.append((state.bytes_sent - before[0], state.wire_bytes_sent - before[1]))
+        out[f"{spec}{'+ef' if ef else ''}"] = rows
+    return out
+
+
 def draws(rank, world_size):
     """qsgd's packets of one and the same tensor on each rank, at steps 0 and 1: the random draws
     depend on the rank and the step."""
@@ -192,6 +210,7 @@ def suite(rank, world_size, folder):
                           ("propagate_keeps_residuals", lambda: propagate_keeps_residuals(rank, world_size)),
                           ("failed_bucket_bytes", lambda: failed_bucket_bytes(rank, world_size)),
                           ("exact_bytes", lambda: exact_bytes(rank, world_size, EXACT_STEPS)),
+                          ("cast_bytes", lambda: cast_bytes(rank, world_size, 2)),
                           ("draws", lambda: draws(rank, world_size)),
                           ("resume_counters", lambda: resume_counters(rank, world_size, folder))])
 
@@ -272,6 +291,17 @@ def test_wire_bytes_of_the_data_dependent_sizes_framed_or_sizes_first(results):
                     assert wire == 1 + sum(topk.max_nbytes(p.numel()) + 4 for p in parameters), step
                 else:
                     assert wire == 8 * len(parameters) + max(payload[0][step], payload[1][step]), (spec, step)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_the_allreduce_paths_count_the_bytes_of_their_wire_dtype(results):
+    """World size 2: each rank's bucket reaches one peer, in the dtype that travels: 2 bytes per
+    element for fp16 and bf16 (not the float32 gradients' 4), 4 for none; payload and wire alike."""
+    numel = sum(p.numel() for p in make_model().parameters())
+    expected = {"fp16": 2 * numel, "bf16+ef": 2 * numel, "none+ef": 4 * numel, "none": 4 * numel}
+    for out in part(results, "cast_bytes"):
+        assert out == {spec: [(n, n)] * 2 for spec, n in expected.items()}
 
 
 @pytest.mark.multiprocess
