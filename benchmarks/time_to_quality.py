@@ -871,6 +871,9 @@ def _sim_stepper(row: Row, lr: float, n_steps: int, folder: Path):
     return r.train_step
 
 
+_KEPT_GROUPS = []  # process groups measure_compute destroyed, kept until the process exits
+
+
 def _torch_powersgd_stepper(lr: float, folder: Path):
     """PyTorch DDP with the PowerSGD hook in one process (a 1-rank gloo group): forward, backward
     with the hook (compression and decompression; the allreduces trivial), AdamW."""
@@ -1069,8 +1072,9 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
             import torch.distributed as dist
 
             steppers.clear()
-            gc.collect()  # its DDP model first, on this thread (docs/ddp.md, "Limits"), then the group
-            if dist.is_initialized():
+            gc.collect()  # its DDP model first, on this thread (docs/ddp.md, "Limits"), then the group,
+            if dist.is_initialized():  # kept alive: its destructor must not run on one of its own threads
+                _KEPT_GROUPS.append(dist.group.WORLD)
                 dist.destroy_process_group()
     return result
 
