@@ -143,3 +143,28 @@ def record_gradients(r) -> dict:
 
     r.ctx.gradient = recorded
     return grads
+
+
+class AsyncServerSide:
+    """What a ``RealServer`` asks of its algorithm in the tests that drive it without one
+    (tests/backends/test_server_modes.py, tests/cli/test_resume.py): an asynchronous algorithm that
+    needs one worker, notes the workers it is told are lost, and answers a HELLO with a bare JOIN."""
+
+    name = "async"
+
+    def __init__(self):
+        self.told = []
+
+    def on_lost(self, w):
+        self.told.append(w)
+
+    def workers_needed(self):
+        return 1
+
+    def server_summary(self):
+        return {}
+
+    def join_reply(self, w):
+        from gradwire.algorithms.protocol import JOIN, Message
+
+        return Message(JOIN, w)

@@ -13,7 +13,7 @@ from gradwire.algorithms.base import Algorithm
 from gradwire.algorithms.protocol import ACK, GRADIENT, HEADER_BYTES, HELLO, JOIN, PARAMS, SAVE, Message
 from gradwire.run.loop import Run, run
 from gradwire.transports.base import SERVER
-from tests.helpers import read_jsonl, through_bytes
+from tests.helpers import AsyncServerSide, read_jsonl, through_bytes
 
 RELEASE_BYTES = 8  # the server's release of a worker that said goodbye (servers/real.py)
 
@@ -181,15 +181,6 @@ def test_a_checkpoint_whose_every_worker_is_lost_fails_and_commits_nothing():
 
         allgather = allreduce_mean = broadcast = gather = None  # no collectives in server mode
 
-    class Algorithm:
-        name = "async"
-
-        def on_lost(self, w):
-            pass
-
-        def workers_needed(self):
-            return 1
-
     class Checkpoints:
         def __init__(self):
             self.calls = []
@@ -199,7 +190,7 @@ def test_a_checkpoint_whose_every_worker_is_lost_fails_and_commits_nothing():
 
     checkpoints = Checkpoints()
     ctx = types.SimpleNamespace(world_size=2, local_ranks=(), device=torch.device("cpu"), timeline=None)
-    server = RealServer(DriverParts(ctx=ctx, algorithm=Algorithm(), transport=DeadPeers(), clock=WallClock(),
+    server = RealServer(DriverParts(ctx=ctx, algorithm=AsyncServerSide(), transport=DeadPeers(), clock=WallClock(),
                                     timeout_s=30.0, checkpoints=checkpoints))
     with pytest.raises(CommunicationError, match="every worker was lost"):
         server.save_checkpoint(10)
@@ -228,20 +219,8 @@ def test_a_refused_answer_counts_only_the_bytes_that_did_not_go(refused_at):
             self.sends += 1
             return Sent()
 
-    class Algorithm:
-        name = "async"
-
-        def __init__(self):
-            self.told = []
-
-        def on_lost(self, w):
-            self.told.append(w)
-
-        def workers_needed(self):
-            return 1
-
     server = object.__new__(RealServer)  # the reply and its bookkeeping only: no process group
-    server.n, server.algo, server.transport, server.timeout_s = 2, Algorithm(), Refusing(), 1.0
+    server.n, server.algo, server.transport, server.timeout_s = 2, AsyncServerSide(), Refusing(), 1.0
     server.lost, server.lost_in_run, server.in_flight, server.orphans = {}, {}, {}, []
     server.finished, server.refused_bytes = False, 0
     answer = Message(PARAMS, 1, body=torch.zeros(100, dtype=torch.uint8))
@@ -287,21 +266,6 @@ def _scripted_server(n: int, script: list):
                     return None
             return None
 
-    class Algorithm:
-        name = "async"
-
-        def on_lost(self, w):
-            pass
-
-        def workers_needed(self):
-            return 1
-
-        def server_summary(self):
-            return {}
-
-        def join_reply(self, w):
-            return Message(JOIN, w)
-
     class Checkpoints:
         def __init__(self):
             self.calls = []
@@ -310,7 +274,7 @@ def _scripted_server(n: int, script: list):
             return lambda *args, **kwargs: self.calls.append(name)
 
     server = object.__new__(RealServer)
-    server.n, server.algo, server.transport, server.timeout_s = n, Algorithm(), Transport(), 30.0
+    server.n, server.algo, server.transport, server.timeout_s = n, AsyncServerSide(), Transport(), 30.0
     server.inbox, server.clock = Inbox(), types.SimpleNamespace(now=0.0)
     server.ctx = types.SimpleNamespace(device=torch.device("cpu"))
     server.parts = types.SimpleNamespace(checkpoints=Checkpoints())

@@ -11,7 +11,7 @@ import torch
 
 from gradwire.cli import main
 from gradwire.run.loop import run
-from tests.helpers import read_jsonl
+from tests.helpers import AsyncServerSide, read_jsonl
 
 TINY = ["--task", "digits-logreg", "--workers", "2", "--steps", "4", "--eval-every", "2"]
 
@@ -115,20 +115,6 @@ def test_wall_time_continues_across_a_resume(make_config, tmp_path, capsys):
     assert training == sorted(training)
 
 
-class _Algorithm:
-    def __init__(self):
-        self.told: list[int] = []
-
-    def on_lost(self, w):
-        self.told.append(w)
-
-    def workers_needed(self):
-        return 1
-
-    def server_summary(self):
-        return {}
-
-
 class _Sent:
     def wait(self, timeout):
         pass
@@ -143,7 +129,7 @@ def _server(n: int):
     from gradwire.servers.real import RealServer
 
     server = object.__new__(RealServer)  # the state and the summary only: no process group
-    server.n, server.algo, server.transport, server.timeout_s = n, _Algorithm(), _Transport(), 1.0
+    server.n, server.algo, server.transport, server.timeout_s = n, AsyncServerSide(), _Transport(), 1.0
     server.lost, server.lost_in_run, server.in_flight, server.orphans = {}, {}, {}, []
     server.said_bye, server.finished, server.refused_bytes, server.rejoined = set(), False, 0, set()
     server.received, server.counts = {w: 0 for w in range(n)}, {w: 0 for w in range(n)}

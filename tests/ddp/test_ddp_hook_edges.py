@@ -87,36 +87,30 @@ def exact_bytes(rank, world_size, steps):
     depend on the data: topk framed at its bound (one all-gather), threshold sizes first (an
     all-gather of sizes, then one of padded payloads)."""
     x, y = make_data(rank, world_size)
-    out = {}
-    for spec in ("topk:ratio=0.1", "threshold:tau=0.01"):
-        model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
-        state = gwddp.register(model, spec, error_feedback=True, min_compress_numel=0)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        rows = []
-        for step in range(steps):
-            before = (state.bytes_sent, state.wire_bytes_sent)
-            train(model, x, y, step, 1, opt)
-            rows.append((state.bytes_sent - before[0], state.wire_bytes_sent - before[1]))
-        out[spec] = rows
-    return out
+    return {spec: bytes_per_step(spec, x, y, steps, error_feedback=True, min_compress_numel=0)
+            for spec in ("topk:ratio=0.1", "threshold:tau=0.01")}
+
+
+def bytes_per_step(spec: str, x, y, steps: int, **register) -> list[tuple[int, int]]:
+    """This rank's (payload, wire) bytes in each of ``steps`` steps of a one-bucket model trained with
+    ``spec`` (``register``: the hook's other settings)."""
+    model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
+    state = gwddp.register(model, spec, **register)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    rows = []
+    for step in range(steps):
+        before = (state.bytes_sent, state.wire_bytes_sent)
+        train(model, x, y, step, 1, opt)
+        rows.append((state.bytes_sent - before[0], state.wire_bytes_sent - before[1]))
+    return rows
 
 
 def cast_bytes(rank, world_size, steps):
     """Per step, this rank's (payload, wire) bytes on the allreduce paths: the summable casts, none
     with error feedback (the encoded bucket's allreduce), none without (in place)."""
     x, y = make_data(rank, world_size)
-    out = {}
-    for spec, ef in (("fp16", False), ("bf16", True), ("none", True), ("none", False)):
-        model = DDP(make_model(), bucket_cap_mb=ONE_BUCKET)
-        state = gwddp.register(model, spec, error_feedback=ef)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        rows = []
-        for step in range(steps):
-            before = (state.bytes_sent, state.wire_bytes_sent)
-            train(model, x, y, step, 1, opt)
-            rows.append((state.bytes_sent - before[0], state.wire_bytes_sent - before[1]))
-        out[f"{spec}{'+ef' if ef else ''}"] = rows
-    return out
+    return {f"{spec}{'+ef' if ef else ''}": bytes_per_step(spec, x, y, steps, error_feedback=ef)
+            for spec, ef in (("fp16", False), ("bf16", True), ("none", True), ("none", False))}
 
 
 def draws(rank, world_size):
