@@ -136,7 +136,8 @@ def test_a_replica_whose_launcher_is_already_gone_ends_at_once(tmp_path):
     parent, ends with SIGTERM at once and writes nothing."""
     import signal
 
-    p = gw("run", "--steps", "2", "--out", str(tmp_path / "run"), env=dict(os.environ, GRADWIRE_DIE_WITH="1"),
-           timeout=60)
+    from gradwire.fault.launch import DIE_WITH_ENV
+
+    p = gw("run", "--steps", "2", "--out", str(tmp_path / "run"), env={**os.environ, DIE_WITH_ENV: "1"}, timeout=60)
     assert p.returncode == -signal.SIGTERM, p.stderr[-2000:]
     assert not (tmp_path / "run").exists()
