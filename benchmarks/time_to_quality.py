@@ -285,6 +285,19 @@ ROWS = [
     # takes about 71 ms, six steps about 76)
     *[muloco_row(f"muloco-fp16-h6-ns3-eager-eta{eta:g}", f"MuLoCo H=6 fp16, 3 NS steps, eager τ=6, outer lr {eta:g}",
                  6, "fp16", f"outer_lr={eta:g},outer_momentum=0,ns_steps=3,overlap=6,eager=true") for eta in (1, 0.5)],
+    # MuLoCo's 1-bit H=3 rounds with DDP's own AdamW as the inner step (fourteenth pass): Muon's step costs
+    # 1.5x AdamW's on this model, which alone put the 16-worker MuLoCo rows at 1.24x DDP's zero-cost time
+    *[Row(f"diloco-sign-h3{name}", f"DiLoCo H=3 η 1 μ 0, 1-bit sign (times the mean magnitude) + EF{label}",
+          f"{spec}:inner_steps=3,outer_lr=1,outer_momentum=0{keys}", SIGN_EF, collective="allgather", period=3,
+          overlap=f"tau:{tau}" if tau else "none")
+      for name, label, spec, keys, tau in (("", "", "diloco", "", 0),
+                                           ("-tau1-carry", ", τ=1 carried", "streaming-diloco",
+                                            ",fragments=1,overlap=1,merge=carry", 1),
+                                           ("-tau2-carry", ", τ=2 carried", "streaming-diloco",
+                                            ",fragments=1,overlap=2,merge=carry", 2))],
+    # ... and its rounds nearly uncompressed (screening: the sign message's cost, against the locality's)
+    diloco_row("diloco-fp16-h3", "DiLoCo H=3 η 1 μ 0, fp16", "inner_steps=3,outer_lr=1,outer_momentum=0", 3,
+               compressor="fp16"),
     diloco_row("sparseloco-k96-h3", "SparseLoCo H=3 top-k 96/4096 α=1", "inner_steps=3,k=96,outer_lr=1", 3,
                method="sparseloco", collective="allgather"),
     Row("demo-k1of64", "DeMo top-1 of 64 DCT, sign", "demo:chunk=64,k=1", collective="allgather", overlap="none"),
