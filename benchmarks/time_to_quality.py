@@ -129,6 +129,7 @@ H = 20
 MUON_LR_RATIO = 10             # MuLoCo's Muon η per unit of the walked lr (Muon's authors' 0.02 at lr 2e-3)
 MESSAGE_K96 = "chunked-topk:chunk=4096,k=96"  # docs/low_communication.md: 0.212 bits/param/round
 MUON = dict(optimizer=f"muon:lr_ratio={MUON_LR_RATIO}", weight_decay=0.0)  # MuLoCo's inner rule as DDP's
+MULOCO_MEASURED = "muon_momentum=0.95,beta2=0.95"  # the MuLoCo rows' inner settings (muloco_row)
 
 
 def diloco_row(key: str, label: str, keys: str, h: int, *, method: str = "diloco", compressor: str = "",
@@ -153,7 +154,10 @@ def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "
     # the collective MuLoCo's averager takes for this message (it always keeps error feedback): an
     # allreduce for a cast (fp16, bf16), else an allgather
     message = CompressedMean(build_compressor(compressor or MuLoCo.default_compressor), {}, error_feedback=True)
-    row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO}", h, method="muloco",
+    # Muon's momentum and the AdamW part's β2 as every MuLoCo row was measured (MuLoCo's defaults until
+    # 2026-11-30, when the default task's sweep moved them to 0.9 and 0.99: docs/defaults.md, eighth round)
+    row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO},{MULOCO_MEASURED}", h,
+                     method="muloco",
                      compressor=compressor, collective="allreduce" if message.allreduced() else "allgather")
     tau = int(parse_spec(row.algorithm)[1].get("overlap", 0))
     return dataclasses.replace(row, overlap=f"tau:{tau}") if tau else row

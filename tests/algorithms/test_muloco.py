@@ -55,7 +55,7 @@ def test_muon_on_matrices_and_adamw_on_the_rest_match_a_reference():
 
 @pytest.mark.parametrize("keys, mu, nesterov", [("muon_momentum=0.8,nesterov=false", 0.8, False),
                                                 ("muon_momentum=0.6", 0.6, True),
-                                                ("nesterov=false", 0.95, False)])  # μ: Muon's authors' 0.95
+                                                ("nesterov=false", 0.9, False)])  # μ: the default 0.9
 def test_muloco_inner_steps_are_muon_with_the_spec_s_momentum(make_config, keys, mu, nesterov):
     """MuLoCo's inner steps on digits-mlp (float64, 2 workers, across three outer rounds) against Muon
     written here on the weight matrices: B <- μB + G; U = G + μB (Nesterov) or B; O = NewtonSchulz5(U/||U||_F)
@@ -76,8 +76,8 @@ def test_muloco_inner_steps_are_muon_with_the_spec_s_momentum(make_config, keys,
     buffers = {w: [torch.zeros(s, dtype=torch.float64) for s in shapes if len(s) == 2] for w in range(2)}
     biases = {w: [torch.nn.Parameter(torch.zeros(s, dtype=torch.float64)) for s in shapes if len(s) == 1]
               for w in range(2)}
-    adamw = {w: [torch.optim.AdamW([p], lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=wd) for p in b]
-             for w, b in biases.items()}
+    adamw = {w: [torch.optim.AdamW([p], lr=lr, betas=(0.9, 0.99), eps=1e-8, weight_decay=wd) for p in b]
+             for w, b in biases.items()}  # β2: MuLoCo's default 0.99
     for step in range(1, 10):
         before = {w: alg.replicas.x[w].clone() for w in range(2)}
         r.train_step()
@@ -106,16 +106,18 @@ def test_muloco_inner_steps_are_muon_with_the_spec_s_momentum(make_config, keys,
     assert alg.outer[0].steps == 3  # three outer rounds: the inner state was kept across them
 
 
-def test_muloco_learns_and_resumes_bitwise(make_config):
+@pytest.mark.parametrize("compressor, spec", [(None, "sign:scaled=true"),  # the default message
+                                               ("pquant:p=inf,block=32", "pquant")])  # stochastic: its generator
+def test_muloco_learns_and_resumes_bitwise(make_config, compressor, spec):
     """MuLoCo (inner_steps=3) learns on digits-mlp, and a run resumed after 4 steps ends bit for bit
-    where the run that never stopped does."""
+    where the run that never stopped does, with its default message and with a stochastic one."""
     cfg = make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.003, steps=12,
-                      stragglers="lognormal:sigma=0.5,compute_s=0.05")
+                      stragglers="lognormal:sigma=0.5,compute_s=0.05", **({"compressor": compressor} if compressor else {}))
     straight = Run(cfg)
     before = straight.evaluate()["train_loss"]
     expected = [straight.train_step() for _ in range(12)]
     assert straight.evaluate()["train_loss"] < before
-    assert straight.algorithm.averager.ef is not None and straight.algorithm.averager.spec().startswith("pquant")
+    assert straight.algorithm.averager.ef is not None and straight.algorithm.averager.spec().startswith(spec)
     first = Run(cfg)
     for _ in range(4):
         first.train_step()
@@ -349,12 +351,8 @@ def test_muloco_ns_steps_and_coefficients_reach_every_muon_and_are_validated(mak
         MuLoCo(ns_coefficients="newton")
 
 
-def test_muloco_error_feedback_compresses_e_plus_delta_itself(make_config):
-    """MuLoCo's rule (Thérien et al. 2025): Δ̂ = Q(e + Δ), e <- e + Δ - Δ̂, with nothing scaled. Its
-    default 2-bit blocks of 32 are an unbiased quantiser with ω = 2.33, for which gradwire's generic
-    error feedback would send Q(Δ / (1 + ω)): 30 % of each delta. So in the first round (e = 0) every
-    block's kept values are ± that block's max |Δ| (rounded up to float32), and the residual is Δ - Δ̂."""
-    r = Run(make_config(algorithm="muloco:inner_steps=2,outer_warmup=0", task="digits-mlp", lr=0.003, workers=2))
+def first_round_messages(r) -> dict:
+    """Each worker's e + Δ of the first round (e = 0 then: Δ), recorded at the averager, after the round."""
     alg = r.algorithm
     seen = {}
     payloads = alg.averager.payloads
@@ -367,7 +365,33 @@ def test_muloco_error_feedback_compresses_e_plus_delta_itself(make_config):
     r.train_step()
     r.train_step()  # the first round
     assert seen
-    for rank, delta in seen.items():
+    return seen
+
+
+def test_muloco_default_message_is_the_sign_times_the_mean_magnitude_with_its_residual_kept(make_config):
+    """MuLoCo's default message (docs/defaults.md, eighth round) is EF-signSGD's scaled sign of e + Δ:
+    in the first round (e = 0) each worker sends sign(Δ) · mean|Δ| (the mean rounded to float32), and
+    the residual keeps Δ - Δ̂."""
+    r = Run(make_config(algorithm="muloco:inner_steps=2,outer_warmup=0", task="digits-mlp", lr=0.003, workers=2))
+    assert r.algorithm.averager.compressor.name == "sign"
+    for rank, delta in first_round_messages(r).items():
+        decoded = delta - r.algorithm.averager.ef[rank].residual("fragment0")
+        scale = delta.abs().double().mean().float()
+        nonzero = delta != 0
+        assert nonzero.sum() > delta.numel() // 2
+        torch.testing.assert_close(decoded[nonzero], torch.sign(delta[nonzero]) * scale, rtol=1e-6, atol=0)
+
+
+def test_muloco_error_feedback_compresses_e_plus_delta_itself(make_config):
+    """MuLoCo's rule (Thérien et al. 2025): Δ̂ = Q(e + Δ), e <- e + Δ - Δ̂, with nothing scaled. The 2-bit
+    blocks of 32 (its default until 2026-11-30) are an unbiased quantiser with ω = 2.33, for which
+    gradwire's generic error feedback would send Q(Δ / (1 + ω)): 30 % of each delta. So in the first
+    round (e = 0) every block's kept values are ± that block's max |Δ| (rounded up to float32), and the
+    residual is Δ - Δ̂."""
+    r = Run(make_config(algorithm="muloco:inner_steps=2,outer_warmup=0", compressor="pquant:p=inf,block=32",
+                        task="digits-mlp", lr=0.003, workers=2))
+    alg = r.algorithm
+    for rank, delta in first_round_messages(r).items():
         decoded = delta - alg.averager.ef[rank].residual("fragment0")  # what the first round sent
         n = delta.numel() // 32 * 32  # the whole blocks (a last partial block has its own max)
         top = delta[:n].view(-1, 32).abs().amax(1, keepdim=True)
