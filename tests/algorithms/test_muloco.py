@@ -112,7 +112,8 @@ def test_muloco_learns_and_resumes_bitwise(make_config, compressor, spec):
     """MuLoCo (inner_steps=3) learns on digits-mlp, and a run resumed after 4 steps ends bit for bit
     where the run that never stopped does, with its default message and with a stochastic one."""
     cfg = make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.003, steps=12,
-                      stragglers="lognormal:sigma=0.5,compute_s=0.05", **({"compressor": compressor} if compressor else {}))
+                      stragglers="lognormal:sigma=0.5,compute_s=0.05",
+                      **({"compressor": compressor} if compressor else {}))
     straight = Run(cfg)
     before = straight.evaluate()["train_loss"]
     expected = [straight.train_step() for _ in range(12)]

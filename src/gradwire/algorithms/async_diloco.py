@@ -162,7 +162,8 @@ class AsyncDiLoCo(ServerDiLoCo):
         super().setup(ctx, params, optim, codec)
         self.world_size = ctx.world_size
         self.outer = DelayedNesterov(self.theta, lr=self.outer_lr, momentum=self.outer_momentum,
-                                     period=self.period or ctx.world_size, warmup=self.outer_warmup)
+                                     period=self.period or ctx.world_size, warmup=self.outer_warmup) \
+            if self.serves else None
         self.round: list[tuple[float, int, int]] = []  # this step's (loss, staleness, inner steps)
         self.speeds = WorkerSpeeds(ctx.world_size, self.inner_steps)
 
@@ -201,14 +202,13 @@ class AsyncDiLoCo(ServerDiLoCo):
             reply.value = float(self.speeds.assigned[worker])
         return reply
 
-    def state_dict(self):
-        return {**self.server_state(), "outer": self.outer.state_dict(),
+    def server_only_state(self):
+        return {"outer": self.outer.state_dict(),
                 "round": [{"loss": torch.tensor(loss, dtype=torch.float64), "staleness": s, "steps": h}
                           for loss, s, h in self.round],
                 "speeds": self.speeds.state_dict()}
 
-    def load_state_dict(self, state):
-        self.load_server_state(state)
+    def load_server_only_state(self, state):
         self.outer.load_state_dict(state["outer"])
         self.round = [(float(e["loss"]), int(e["staleness"]), int(e["steps"])) for e in state["round"]]
         self.speeds.load_state_dict(state["speeds"])

@@ -88,7 +88,7 @@ class BackupDiLoCo(ServerDiLoCo):
                 f"backups={self.backups} leaves no replica to average with {ctx.world_size} workers")
         super().setup(ctx, params, optim, codec)
         self.outer = HeavyBall(self.theta, OptimConfig(lr=self.outer_lr, momentum=self.outer_momentum,
-                                                       nesterov=self.outer_momentum > 0))
+                                                       nesterov=self.outer_momentum > 0)) if self.serves else None
         self.need = ctx.world_size - self.backups
         self.current = 1
         self.arrived: dict[int, tuple[torch.Tensor, float, int]] = {}
@@ -145,15 +145,14 @@ class BackupDiLoCo(ServerDiLoCo):
         self.arrived, self.late, self.buffered = {}, [], []
         return Answer(replies, info)
 
-    def state_dict(self):
-        return {**self.server_state(), "outer": self.outer.state_dict(),
+    def server_only_state(self):
+        return {"outer": self.outer.state_dict(),
                 "server": {"current": self.current, "late": list(self.late),
                            "buffered": [{"delta": d, "staleness": st} for d, st in self.buffered],
                            "arrived": [{"worker": w, "body": b, "loss": torch.tensor(loss, dtype=torch.float64),
                                         "count": c} for w, (b, loss, c) in self.arrived.items()]}}
 
-    def load_state_dict(self, state):
-        self.load_server_state(state)
+    def load_server_only_state(self, state):
         self.outer.load_state_dict(state["outer"])
         s = state["server"]
         self.current, self.late = int(s["current"]), [int(w) for w in s["late"]]

@@ -309,8 +309,8 @@ MULOCO_PARAMS = {
 }
 
 
-@ALGORITHMS.register("muloco", help="MuLoCo (arXiv:2505.23725): DiLoCo with Muon inside and compressed (1-bit scaled sign) "
-                     "outer deltas with error feedback", params=MULOCO_PARAMS)
+@ALGORITHMS.register("muloco", help="MuLoCo (arXiv:2505.23725): DiLoCo with Muon inside and compressed "
+                     "(1-bit scaled sign) outer deltas with error feedback", params=MULOCO_PARAMS)
 class MuLoCo(DiLoCo):
     name = "muloco"
     default_compressor = "sign:scaled=true"

@@ -168,10 +168,6 @@ class ServerAnswers:
         view.add_(self.averager.decode(payload, view))  # as the replica will (OuterReplicas.apply)
         return payload
 
-    def decode_change(self):
-        """For the replicas: how to read a PARAMS answer (None: θ itself)."""
-        return self.averager.decode if self.kind == "change" else None
-
     def state_dict(self) -> dict:
         if self.kind == "params":
             return {}
@@ -260,9 +256,13 @@ class ServerDiLoCo(Algorithm):
                                      betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
                                      first_tag=self.first_tag, schedule_start=self.schedule_start,
                                      steps_from_answer=self.adapts_inner_steps, report_seconds=self.adapts_inner_steps)
-        self.theta = params.clone()  # the server's θ
         self.averager = make_averager(ctx, codec, default=self.default_compressor)
-        self.answers = ServerAnswers(self.answer_kind, self.theta, self.averager, ctx.generator(SERVER, "answer"))
+        # the server's θ and answers (and a subclass's outer state: ``serves``), in the process that
+        # holds the server only: a worker's process of a real backend would keep copies it never uses
+        self.serves = ctx.transport.holds_server
+        self.theta = params.clone() if self.serves else None
+        self.answers = ServerAnswers(self.answer_kind, self.theta, self.averager, ctx.generator(SERVER, "answer")) \
+            if self.serves else None
 
     @property
     def tag(self) -> int:
@@ -284,22 +284,34 @@ class ServerDiLoCo(Algorithm):
         return self.workers.message(ctx, rank, count, self.averager)
 
     def worker_apply(self, ctx, rank, reply):
-        self.workers.apply(rank, reply, self.answers.decode_change())
+        self.workers.apply(rank, reply, self.averager.decode if self.answer_kind == "change" else None)
         return None
 
     def answer(self, worker: int, kind: int = PARAMS) -> Message:
         return Message(kind, worker, tag=self.tag, body=self.answers.body(worker, whole=kind == JOIN))
 
-    def server_state(self) -> dict:
-        """What both subclasses' checkpoints hold: θ, the codec, the local replicas, the answers."""
-        return {"theta": self.theta, "codec": self.averager.state_dict(), **self.workers.state_dict(),
-                "answers": self.answers.state_dict()}
+    def state_dict(self) -> dict:
+        """The codec and the local replicas; where this process holds the server, θ, the answers
+        and the subclass's server state (``server_only_state``) too."""
+        state = {"codec": self.averager.state_dict(), **self.workers.state_dict()}
+        if self.serves:
+            state |= {"theta": self.theta, "answers": self.answers.state_dict(), **self.server_only_state()}
+        return state
 
-    def load_server_state(self, state: dict) -> None:
-        self.theta.copy_(state["theta"])
+    def load_state_dict(self, state: dict) -> None:
         self.averager.load_state_dict(state["codec"])
         self.workers.load_state_dict(state)
-        self.answers.load_state_dict(state.get("answers", {}))
+        if self.serves:
+            self.theta.copy_(state["theta"])
+            self.answers.load_state_dict(state.get("answers", {}))
+            self.load_server_only_state(state)
+
+    def server_only_state(self) -> dict:
+        """The subclass's server state (its outer optimizer, the round or arrivals in progress)."""
+        raise NotImplementedError
+
+    def load_server_only_state(self, state: dict) -> None:
+        raise NotImplementedError
 
     def join_reply(self, worker):
         return self.answer(worker, JOIN)

@@ -143,6 +143,13 @@ class Transport(ABC):
         self.local_ranks = () if self.rank == 0 else (self.rank - 1,)
         self.first_worker_process = 1
 
+    @property
+    def holds_server(self) -> bool:
+        """Whether this process holds a server-mode algorithm's server part (its θ, outer state and
+        answers): the simulator's one process, or process 0 once it serves; a process that hosts only
+        a worker needs none of it."""
+        return self.first_worker_process == 0 or self.rank == 0
+
     def barrier(self) -> None:  # noqa: B027 - one process has no peers to wait for
         """Wait until every process has called it (a real backend); nothing to do in one process."""
 
