@@ -45,9 +45,11 @@ class AsyncSGD(Algorithm):
     def setup(self, ctx, params, optim, codec):
         super().setup(ctx, params, optim, codec)
         self.world_size = ctx.world_size
-        self.x = params.clone()  # the server's parameters
         require_constant_lr(optim, "async (its server applies every worker's gradient, world_size updates a step)")
-        self.opt = make_optimizer(self.x, optim)
+        # the server's parameters and optimizer, in the process that holds the server only
+        self.serves = ctx.transport.holds_server
+        self.x = params.clone() if self.serves else None
+        self.opt = make_optimizer(self.x, optim) if self.serves else None
         self.averager = make_averager(ctx, codec)
         self.version = 0
         self.workers = GradientWorkers(ctx.local_ranks, params, first_tag=0)  # tag: the version read
@@ -101,16 +103,21 @@ class AsyncSGD(Algorithm):
         return self.x
 
     def state_dict(self):
-        return {"x": self.x, "opt": self.opt.state_dict(), "codec": self.averager.state_dict(), "version": self.version,
-                "workers": self.workers.state_dict(),
-                "round": [{"loss": torch.tensor(loss, dtype=torch.float64), "staleness": -1 if s is None else s}
-                          for loss, s in self.round]}
+        """The codec and the local workers; where this process holds the server, its parameters,
+        optimizer, version and the step's arrivals too."""
+        state = {"codec": self.averager.state_dict(), "workers": self.workers.state_dict()}
+        if self.serves:
+            state |= {"x": self.x, "opt": self.opt.state_dict(), "version": self.version,
+                      "round": [{"loss": torch.tensor(loss, dtype=torch.float64), "staleness": -1 if s is None else s}
+                                for loss, s in self.round]}
+        return state
 
     def load_state_dict(self, state):
-        self.x.copy_(state["x"])
-        self.opt.load_state_dict(state["opt"])
         self.averager.load_state_dict(state["codec"])
-        self.version = int(state["version"])
         self.workers.load_state_dict(state["workers"])
-        self.round = [(float(e["loss"]), None if int(e["staleness"]) < 0 else int(e["staleness"]))
-                      for e in state["round"]]
+        if self.serves:
+            self.x.copy_(state["x"])
+            self.opt.load_state_dict(state["opt"])
+            self.version = int(state["version"])
+            self.round = [(float(e["loss"]), None if int(e["staleness"]) < 0 else int(e["staleness"]))
+                          for e in state["round"]]

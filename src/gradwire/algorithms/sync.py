@@ -81,8 +81,11 @@ class SyncSGD(Algorithm):
         super().setup(ctx, params, optim, codec)
         require(self.backups < ctx.world_size,
                 f"backups={self.backups} leaves no worker to aggregate with {ctx.world_size} workers")
-        self.x = params.clone()
-        self.opt = make_optimizer(self.x, optim)
+        # the parameters and optimizer every worker steps, or with backups the server's, which a process
+        # that hosts only a worker does not hold (it computes at its own copy: GradientWorkers)
+        self.serves = not self.needs_server or ctx.transport.holds_server
+        self.x = params.clone() if self.serves else None
+        self.opt = make_optimizer(self.x, optim) if self.serves else None
         self.averager = make_averager(ctx, codec, default=self.default_compressor, mean_only=not self.needs_server)
         if self.needs_server:
             self.need = ctx.world_size - self.backups
@@ -245,7 +248,9 @@ class SyncSGD(Algorithm):
         return nested("codec", self.averager)
 
     def state_dict(self):
-        state = {"x": self.x, "opt": self.opt.state_dict(), "codec": self.averager.state_dict()}
+        state = {"codec": self.averager.state_dict()}
+        if self.serves:
+            state |= {"x": self.x, "opt": self.opt.state_dict()}
         if self.needs_server:
             state["server"] = {"current": self.current, "late": list(self.late),
                                "arrived": [{"worker": w, "body": b, "loss": torch.tensor(loss, dtype=torch.float64),
@@ -255,8 +260,9 @@ class SyncSGD(Algorithm):
         return state
 
     def load_state_dict(self, state):
-        self.x.copy_(state["x"])
-        self.opt.load_state_dict(state["opt"])
+        if self.serves:
+            self.x.copy_(state["x"])
+            self.opt.load_state_dict(state["opt"])
         self.averager.load_state_dict(state["codec"])
         if self.needs_server:
             s = state["server"]
