@@ -68,3 +68,12 @@ def test_a_gather_is_the_others_buffers_over_the_roots_link(spec):
     c = build(spec).gather([1000, 3000, 2000], 2)
     assert c.bytes == 4000
     assert c.time_s == pytest.approx(LAT + 4000 / BW, rel=REL)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_gather_among_one_participant_sends_nothing_and_waits_for_nothing(spec):
+    """A root gathering from no one sends no message: no byte and no latency, as every other
+    collective among one participant (it used to charge one latency: a 1-worker signsgd run reported
+    1 ms of communication a step, with 0 bytes)."""
+    c = build(spec).gather([4000], 0)
+    assert (c.bytes, c.time_s) == (0, 0.0)

@@ -140,3 +140,25 @@ def test_a_collective_in_flight_is_recorded_as_overlap_a_blocking_one_as_communi
     t.allreduce_mean({r: torch.ones(250_000) for r in range(2)})
     assert [(w, kind) for w, kind, *_ in records(t)] == [(0, COMM), (1, COMM)]
     assert [x for _w, _k, s, e, _b in records(t) for x in (s, e)] == pytest.approx([1.0, 2.0] * 2, rel=REL)
+
+
+def test_every_collective_of_a_one_worker_simulator_is_free():
+    """One worker: an allreduce, an all-gather, a gather and a broadcast move neither the counters nor
+    the clock, on every topology."""
+    for spec in ("ps", "ring", "halving-doubling"):
+        t, clock = sim(1, f"{spec}:mbps=8,latency_ms=1")
+        t.allreduce_mean({0: torch.ones(3)})
+        t.allgather({0: u8(10)})
+        t.gather({0: u8(10)}, 0)
+        t.broadcast(u8(10), 0)
+        assert (t.bytes_sent, t.comm_time_s, clock.now) == (0, 0.0, 0.0)
+
+
+def test_a_one_worker_signsgd_run_reports_no_communication(make_config):
+    """signsgd gathers the signs at worker 0 and broadcasts the vote: with one worker neither sends a
+    byte, and the run's comm_time_s is 0 as sync's is."""
+    from gradwire.run.loop import run
+
+    summary = run(make_config(workers=1, steps=3, eval_every=3, algorithm="signsgd",
+                              network="ring:mbps=100,latency_ms=1"), progress=False)
+    assert (summary["bytes_sent"], summary["comm_time_s"]) == (0, 0.0)

@@ -106,6 +106,8 @@ class Network(Specced):
         return Cost(ledger.point_to_point(n), self.latency_s + n / self.bytes_per_s)
 
     def gather(self, sizes: list[int], root_index: int) -> Cost:
+        if len(sizes) < 2:  # the root alone: no message, no latency
+            return Cost(0, 0.0)
         total = ledger.gather(sizes, root_index)
         return Cost(total, self.latency_s + total / self.bytes_per_s)
 
