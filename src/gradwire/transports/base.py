@@ -19,7 +19,7 @@ Point-to-point messages (``send`` / ``recv``) carry the server modes (gradwire/s
 talks to ``SERVER``, the parameter server or coordinator (process 0 on a real backend), which
 answers each worker alone. ``send`` does not block; ``recv`` waits at most ``timeout_s`` and raises
 :class:`PeerLost` when the peer has gone or stayed silent. Bytes are counted by the transport
-alone: the simulator counts each message once, when it is sent; a real transport counts every
+alone: the simulator counts each message once, when it is received; a real transport counts every
 message its process sends or receives, so the server's process counts every message of a server
 mode exactly once.
 """
