@@ -291,14 +291,8 @@ ROWS = [
                  6, "fp16", f"outer_lr={eta:g},outer_momentum=0,ns_steps=3,overlap=6,eager=true") for eta in (1, 0.5)],
     # MuLoCo's 1-bit H=3 rounds with DDP's own AdamW as the inner step (fourteenth pass): Muon's step costs
     # 1.5x AdamW's on this model, which alone put the 16-worker MuLoCo rows at 1.24x DDP's zero-cost time
-    *[Row(f"diloco-sign-h3{name}", f"DiLoCo H=3 η 1 μ 0, 1-bit sign (times the mean magnitude) + EF{label}",
-          f"{spec}:inner_steps=3,outer_lr=1,outer_momentum=0{keys}", SIGN_EF, collective="allgather", period=3,
-          overlap=f"tau:{tau}" if tau else "none")
-      for name, label, spec, keys, tau in (("", "", "diloco", "", 0),
-                                           ("-tau1-carry", ", τ=1 carried", "streaming-diloco",
-                                            ",fragments=1,overlap=1,merge=carry", 1),
-                                           ("-tau2-carry", ", τ=2 carried", "streaming-diloco",
-                                            ",fragments=1,overlap=2,merge=carry", 2))],
+    Row("diloco-sign-h3", "DiLoCo H=3 η 1 μ 0, 1-bit sign (times the mean magnitude) + EF",
+        "diloco:inner_steps=3,outer_lr=1,outer_momentum=0", SIGN_EF, collective="allgather", period=3, overlap="none"),
     # ... and its rounds nearly uncompressed (screening: the sign message's cost, against the locality's)
     diloco_row("diloco-fp16-h3", "DiLoCo H=3 η 1 μ 0, fp16", "inner_steps=3,outer_lr=1,outer_momentum=0", 3,
                compressor="fp16"),
