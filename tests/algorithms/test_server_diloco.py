@@ -230,7 +230,9 @@ def test_lossy_answers_with_outer_momentum_are_noted_with_the_step_they_lag(make
     ("backup-diloco:backups=0,inner_steps=2,answer=change", "sign:scaled=true", ("theta", "answers", "outer")),
     ("async-diloco:inner_steps=2,period=2", "none", ("theta", "answers", "outer")),
     ("async", "none", ("x", "opt")),
-    ("sync:backups=1", "none", ("x", "opt"))])
+    ("sync:backups=1", "none", ("x", "opt")),
+    ("easgd:async=true,period=2", "none", ("center",)),
+    ("lsgd:async=true,period=2", "none", ("leader_x",))])
 def test_only_the_server_process_holds_the_server_s_model_sized_state(make_config, monkeypatch, tmp_path, spec,
                                                                        compressor, server_only):
     """On a real backend process 0 serves and process w + 1 hosts worker w: a worker's process holds

@@ -70,7 +70,9 @@ class EASGD(Algorithm):
                                 "steps)")
         self.alpha = self.alpha_arg or self.beta / ctx.world_size
         self.replicas = Replicas(ctx, params, optim)
-        self.center = params.clone()
+        # async: the master's x̃ lives where the master runs (on a real backend process 0; a worker's
+        # process neither uses nor checkpoints it)
+        self.center = params.clone() if not self.asynchronous or ctx.transport.holds_server else None
         self.world_size = ctx.world_size
         if self.asynchronous:
             self.local_steps = {w: 0 for w in range(ctx.world_size)}  # as reported to the master
@@ -177,7 +179,9 @@ class EASGD(Algorithm):
         return nested("replicas", self.replicas) + (() if self.asynchronous else nested("pace", self.pace))
 
     def state_dict(self):
-        state = {"replicas": self.replicas.state_dict(), "center": self.center}
+        state = {"replicas": self.replicas.state_dict()}
+        if self.center is not None:
+            state["center"] = self.center
         if self.asynchronous:
             state["local_steps"] = {str(w): n for w, n in self.local_steps.items()}
             state["round"] = {"losses": torch.tensor(self.round["losses"], dtype=torch.float64),
@@ -191,7 +195,8 @@ class EASGD(Algorithm):
 
     def load_state_dict(self, state):
         self.replicas.load_state_dict(state["replicas"])
-        self.center.copy_(state["center"])
+        if self.center is not None:
+            self.center.copy_(state["center"])
         if self.asynchronous:
             self.local_steps = {w: int(state["local_steps"][str(w)]) for w in self.local_steps}
             r = state["round"]

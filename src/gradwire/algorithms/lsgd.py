@@ -143,7 +143,9 @@ class LeaderSGD(Algorithm):
             else (self.pull, self.period, self.prox, self.window_size))
         self.replicas = Replicas(ctx, params, optim)
         self.leader, self.group_leaders = 0, [m[0] for m in self.members]  # lowest rank until elected
-        self.leader_x = params.clone()
+        # async: the leader's parameters as last uploaded live where the server runs (on a real backend
+        # process 0; a worker's process neither uses nor checkpoints them)
+        self.leader_x = params.clone() if not self.asynchronous or ctx.transport.holds_server else None
         self.model_bytes = params.numel() * params.element_size()
         self.world_size = n
         self.shared_data = ctx.shared_data
@@ -332,9 +334,11 @@ class LeaderSGD(Algorithm):
         return own if self.asynchronous else own + nested("pace", self.pace) + nested("window", self.window)
 
     def state_dict(self):
-        state = {"replicas": self.replicas.state_dict(), "leader": self.leader, "leader_x": self.leader_x,
+        state = {"replicas": self.replicas.state_dict(), "leader": self.leader,
                  "group_leaders": {str(k): r for k, r in enumerate(self.group_leaders)},
                  "snapshots": {str(r): dict(s) for r, s in self.snapshots.items()}}
+        if self.leader_x is not None:
+            state["leader_x"] = self.leader_x
         if self.asynchronous:
             state |= {"server": self.server.state_dict(),
                       "local_steps": {str(w): n for w, n in self.local_steps.items()},
@@ -351,7 +355,8 @@ class LeaderSGD(Algorithm):
         self.replicas.load_state_dict(state["replicas"])
         self.leader = int(state["leader"])
         self.group_leaders = [int(state["group_leaders"][str(k)]) for k in range(len(self.members))]
-        self.leader_x.copy_(state["leader_x"])
+        if self.leader_x is not None:
+            self.leader_x.copy_(state["leader_x"])
         # one tensor shared by every worker's "global" snapshot in the sync form: loaded as copies,
         # which the next round replaces alike
         self.snapshots = {r: {k: t.clone() for k, t in state["snapshots"][str(r)].items()} for r in self.snapshots}
