@@ -141,7 +141,8 @@ def diloco_row(key: str, label: str, keys: str, h: int, *, method: str = "diloco
                collective=collective, period=h, overlap="none")
 
 
-def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "outer_lr=1,outer_momentum=0") -> Row:
+def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "outer_lr=1,outer_momentum=0",
+               inner: str = MULOCO_MEASURED) -> Row:
     """MuLoCo with Muon's η tied to the walked lr (``muon_lr_ratio``, MUON_LR_RATIO; scheduled as
     every row's rate), the outer step η 1, μ 0 (docs/low_communication.md's pick at H = 3), and its
     message (default: MuLoCo's 2-bit pquant) by allgather: quantised or sparse, not summable. A round
@@ -156,7 +157,8 @@ def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "
     message = CompressedMean(build_compressor(compressor or MuLoCo.default_compressor), {}, error_feedback=True)
     # Muon's momentum and the AdamW part's β2 as every MuLoCo row was measured (MuLoCo's defaults until
     # 2026-11-30, when the default task's sweep moved them to 0.9 and 0.99: docs/defaults.md, eighth round)
-    row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO},{MULOCO_MEASURED}", h,
+    # (``inner``: other inner settings, screened)
+    row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO},{inner}", h,
                      method="muloco",
                      compressor=compressor, collective="allreduce" if message.allreduced() else "allgather")
     tau = int(parse_spec(row.algorithm)[1].get("overlap", 0))
@@ -252,14 +254,19 @@ ROWS = [
     # 36 ms at 100 Mbit/s (3 inner steps compute 41 ms) and 225 ms at 10 Mbit/s (12 steps: 166 ms)
     *[muloco_row(f"muloco-sign-h{h}-tau{tau}-carry", f"MuLoCo H={h} 1-bit sign + EF, τ={tau} carried", h,
                  "sign:scaled=true", f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry")
-      for h, tau in ((3, 3), (6, 3), (6, 6), (12, 12), (4, 3))],
+      for h, tau in ((3, 3), (6, 3), (6, 6), (12, 12), (4, 3), (2, 1))],
+    # ... at MuLoCo's inner defaults since 2026-11-30 (Muon μ 0.9, the AdamW part's β2 0.99: docs/defaults.md,
+    # eighth round), screened at batch 32 and 16 workers (sixteenth pass)
+    muloco_row("muloco-sign-h3-tau1-carry-mu0.9", "MuLoCo H=3 1-bit sign + EF, τ=1 carried, Muon μ 0.9, β2 0.99", 3,
+               "sign:scaled=true", "outer_lr=1,outer_momentum=0,overlap=1,merge=carry",
+               inner="muon_momentum=0.9,beta2=0.99"),
     # blocking at other H (screening at 16 workers: is what τ = H loses the delay, or the steps between averages?)
     *[muloco_row(f"muloco-sign-h{h}", f"MuLoCo H={h} 1-bit sign + EF", h, "sign:scaled=true") for h in (2, 6)],
     # ... with a smaller outer step (a one-round delay wants one: Kale et al. 2025's Table 2 lowers the outer
     # rate of its delayed variant), screened at 16 workers
     *[muloco_row(f"muloco-sign-h3-tau{tau}-carry-eta{eta:g}", f"MuLoCo H=3 1-bit sign + EF, τ={tau} carried, "
                  f"outer lr {eta:g}", 3, "sign:scaled=true", f"outer_lr={eta:g},outer_momentum=0,overlap={tau},"
-                 "merge=carry") for tau, eta in ((2, 0.8), (3, 0.8), (3, 0.6), (2, 1.2), (3, 1.3))],
+                 "merge=carry") for tau, eta in ((2, 0.8), (3, 0.8), (3, 0.6), (2, 1.2), (3, 1.3), (1, 1.2))],
     # fewer Newton-Schulz iterations (most of Muon's cost): Jordan's coefficients, or Polar Express's first K
     *[muloco_row(f"muloco-k96-h3-ns{k}", f"MuLoCo H=3 top-k 96/4096 + EF, {k} NS steps", 3, MESSAGE_K96,
                  f"outer_lr=1,outer_momentum=0,ns_steps={k}") for k in (2, 3, 4)],
@@ -1205,6 +1212,9 @@ def main(argv=None) -> int:
     p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0); tune "
                    "stage: only these trials, outside the walk (screening/<row>.json; a row screened at one rate "
                    "takes it in the other stages)")
+    p.add_argument("--target-seeds", default=None,
+                   help="curves stage: the DDP seeds whose mean quality at N is the target (default: --seeds); "
+                   "to run a row's seeds as separate processes against one target: --seeds 2 --target-seeds 1,2,3")
     p.add_argument("--pick", action="store_true",
                    help="tune stage with --lrs: the best screened rate becomes the row's chosen rate (a reduced "
                    "protocol, noted in tuning/<row>.json; the walk is the full one)")
@@ -1263,9 +1273,11 @@ def main(argv=None) -> int:
         for w in workers:
             if "ddp" in args.rows.split(","):
                 train_ddp(lrs["ddp"], seeds, w, n, out)
-            target = ddp_target(out, lrs, w, seeds, n)
+            target_seeds = [int(x) for x in args.target_seeds.split(",")] if args.target_seeds else seeds
+            check_seeds(TUNING_SEED, target_seeds)
+            target = ddp_target(out, lrs, w, target_seeds, n)
             if target is None:
-                print(f"[time_to_quality] {w} workers: DDP's curves for seeds {seeds} first", flush=True)
+                print(f"[time_to_quality] {w} workers: DDP's curves for seeds {target_seeds} first", flush=True)
                 continue
             for row in rows:
                 if row.key != "ddp" and row.runner == "sim":

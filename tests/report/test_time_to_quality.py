@@ -563,3 +563,32 @@ def test_a_compressed_server_row_prices_its_codecs_bytes_both_ways(ttq, tmp_path
     assert ttq.step_seconds(row, cost, 4, 10.0) == compressed
     dense = ttq.server_round_seconds(f"backup-diloco:backups=0,inner_steps={ttq.H},answer=change", 0.2, 4, 10.0)
     assert compressed < 0.3 < dense  # 1 bit a parameter each way against 32
+
+
+def test_a_seed_run_alone_is_judged_against_the_target_of_every_ddp_seed_given(ttq, tmp_path, monkeypatch):
+    """``curves --seeds 2 --target-seeds 1,2,3`` (a row's seeds as separate processes): the target is
+    the mean of DDP's qualities at N over the target seeds, not seed 2's own; without the flag the
+    target is the given seeds'; a target seed that tunes is refused before anything runs."""
+    import json
+
+    n = 100
+    steps = list(range(20, 2 * n + 1, 20))
+    at_n = {1: 2.0, 2: 2.3, 3: 2.9}  # each DDP seed's loss at every evaluation: its quality at N
+    for seed, quality in at_n.items():
+        folder = ttq.run_folder(tmp_path, ttq.ROW["ddp"], 0.004, seed, 2)
+        folder.mkdir(parents=True)
+        (folder / "curve.json").write_text(json.dumps({"steps": steps, "losses": [quality] * len(steps)}))
+    (tmp_path / "tuning").mkdir()
+    for key in ("ddp", "muloco-sign-h3-tau1-carry"):
+        (tmp_path / "tuning" / f"{key}.json").write_text(json.dumps({key: 0.004}))
+    targets = []
+    monkeypatch.setattr(ttq, "train", lambda row, lr, seed, *a, target=None, **k: targets.append((seed, target)))
+    argv = ["curves", "--rows", "muloco-sign-h3-tau1-carry", "--seeds", "2", "--n-steps", str(n), "--workers", "2",
+            "--out", str(tmp_path)]
+    assert ttq.main([*argv, "--target-seeds", "1,2,3"]) == 0
+    assert targets == [(2, pytest.approx(sum(at_n.values()) / 3))]
+    assert ttq.main(argv) == 0
+    assert targets[1] == (2, pytest.approx(at_n[2]))
+    with pytest.raises(ValueError, match="tuning seed 0 is also a table seed"):
+        ttq.main([*argv, "--target-seeds", "0,1"])
+    assert len(targets) == 2
