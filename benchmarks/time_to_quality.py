@@ -130,6 +130,7 @@ MUON_LR_RATIO = 10             # MuLoCo's Muon η per unit of the walked lr (Muo
 MESSAGE_K96 = "chunked-topk:chunk=4096,k=96"  # docs/low_communication.md: 0.212 bits/param/round
 MUON = dict(optimizer=f"muon:lr_ratio={MUON_LR_RATIO}", weight_decay=0.0)  # MuLoCo's inner rule as DDP's
 MULOCO_MEASURED = "muon_momentum=0.95,beta2=0.95"  # the MuLoCo rows' inner settings (muloco_row)
+MULOCO_DEFAULTS = "muon_momentum=0.9,beta2=0.99"    # MuLoCo's own since 2026-11-30 (the rows named -mu0.9)
 
 
 def diloco_row(key: str, label: str, keys: str, h: int, *, method: str = "diloco", compressor: str = "",
@@ -256,10 +257,15 @@ ROWS = [
                  "sign:scaled=true", f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry")
       for h, tau in ((3, 3), (6, 3), (6, 6), (12, 12), (4, 3), (2, 1))],
     # ... at MuLoCo's inner defaults since 2026-11-30 (Muon μ 0.9, the AdamW part's β2 0.99: docs/defaults.md,
-    # eighth round), screened at batch 32 and 16 workers (sixteenth pass)
-    muloco_row("muloco-sign-h3-tau1-carry-mu0.9", "MuLoCo H=3 1-bit sign + EF, τ=1 carried, Muon μ 0.9, β2 0.99", 3,
-               "sign:scaled=true", "outer_lr=1,outer_momentum=0,overlap=1,merge=carry",
-               inner="muon_momentum=0.9,beta2=0.99"),
+    # eighth round), screened at 16 workers (sixteenth pass): blocking, τ = 1 and τ = 2 carried
+    *[muloco_row(f"muloco-sign-h3{name}-mu0.9", f"MuLoCo H=3 1-bit sign + EF{label}, Muon μ 0.9, β2 0.99", 3,
+                 "sign:scaled=true", f"outer_lr=1,outer_momentum=0{keys}", inner=MULOCO_DEFAULTS)
+      for name, label, keys in (("", "", ""), ("-tau1-carry", ", τ=1 carried", ",overlap=1,merge=carry"),
+                                ("-tau2-carry", ", τ=2 carried", ",overlap=2,merge=carry"))],
+    # ... and the whole 10 Mbit/s round hidden at batch 32 (about 225 ms against 33 ms a step), screened there
+    *[muloco_row(f"muloco-sign-h{h}-tau{h}-carry-mu0.9", f"MuLoCo H={h} 1-bit sign + EF, τ={h} carried, Muon μ 0.9, "
+                 "β2 0.99", h, "sign:scaled=true", f"outer_lr=1,outer_momentum=0,overlap={h},merge=carry",
+                 inner=MULOCO_DEFAULTS) for h in (6, 8)],
     # blocking at other H (screening at 16 workers: is what τ = H loses the delay, or the steps between averages?)
     *[muloco_row(f"muloco-sign-h{h}", f"MuLoCo H={h} 1-bit sign + EF", h, "sign:scaled=true") for h in (2, 6)],
     # ... with a smaller outer step (a one-round delay wants one: Kale et al. 2025's Table 2 lowers the outer

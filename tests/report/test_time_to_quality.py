@@ -592,3 +592,21 @@ def test_a_seed_run_alone_is_judged_against_the_target_of_every_ddp_seed_given(t
     with pytest.raises(ValueError, match="tuning seed 0 is also a table seed"):
         ttq.main([*argv, "--target-seeds", "0,1"])
     assert len(targets) == 2
+
+
+def test_the_rows_named_for_muloco_s_defaults_run_them_and_the_others_the_measured_settings(ttq):
+    """The -mu0.9 rows take MuLoCo's own inner defaults (what a user gets), every other MuLoCo row the
+    settings the earlier passes measured (MULOCO_MEASURED): both written into the row's spec, so a later
+    change of MuLoCo's defaults changes no row; and MULOCO_DEFAULTS still says what the defaults are."""
+    from gradwire.algorithms.muloco import MuLoCo
+    from gradwire.spec import parse_spec
+
+    defaults = MuLoCo()
+    keys = dict(kv.split("=") for kv in ttq.MULOCO_DEFAULTS.split(","))
+    assert float(keys["muon_momentum"]) == defaults.muon_momentum and float(keys["beta2"]) == defaults.betas[1]
+    muloco_rows = [row for row in ttq.ROWS if row.algorithm.startswith("muloco:")]
+    for row in muloco_rows:
+        spec = parse_spec(row.algorithm)[1]
+        settings = (float(spec["muon_momentum"]), float(spec["beta2"]))
+        assert settings == ((0.9, 0.99) if row.key.endswith("-mu0.9") else (0.95, 0.95)), row.key
+    assert sum(row.key.endswith("-mu0.9") for row in muloco_rows) == 5
