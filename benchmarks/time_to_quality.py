@@ -76,7 +76,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gradwire.cli.flags import add_run_flags, parse_run_args
+from gradwire.cli.flags import Sweep, add_run_flags, parse_run_args
 from gradwire.spec import parse_spec
 
 TASK = "stdlib-lm:dim=64,layers=2,heads=2,val_bytes=65536"
@@ -156,9 +156,9 @@ def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "
     # the collective MuLoCo's averager takes for this message (it always keeps error feedback): an
     # allreduce for a cast (fp16, bf16), else an allgather
     message = CompressedMean(build_compressor(compressor or MuLoCo.default_compressor), {}, error_feedback=True)
-    # Muon's momentum and the AdamW part's β2 as every MuLoCo row was measured (MuLoCo's defaults until
-    # 2026-11-30, when the default task's sweep moved them to 0.9 and 0.99: docs/defaults.md, eighth round)
-    # (``inner``: other inner settings, screened)
+    # ``inner``: Muon's momentum and the AdamW part's β2; by default as every MuLoCo row was measured
+    # (MuLoCo's defaults until 2026-11-30, when the default task's sweep moved them to 0.9 and 0.99:
+    # docs/defaults.md, eighth round), MULOCO_DEFAULTS for the rows named -mu0.9
     row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO},{inner}", h,
                      method="muloco",
                      compressor=compressor, collective="allreduce" if message.allreduced() else "allgather")
@@ -1218,7 +1218,7 @@ def main(argv=None) -> int:
     p.add_argument("--lrs", default=None, help="torch stage: these trials instead of the tuned lr (seed 0); tune "
                    "stage: only these trials, outside the walk (screening/<row>.json; a row screened at one rate "
                    "takes it in the other stages)")
-    p.add_argument("--target-seeds", default=None,
+    p.add_argument("--target-seeds", nargs="+", action=Sweep, metavar="SEED", default=None,
                    help="curves stage: the DDP seeds whose mean quality at N is the target (default: --seeds); "
                    "to run a row's seeds as separate processes against one target: --seeds 2 --target-seeds 1,2,3")
     p.add_argument("--pick", action="store_true",
@@ -1279,7 +1279,7 @@ def main(argv=None) -> int:
         for w in workers:
             if "ddp" in args.rows.split(","):
                 train_ddp(lrs["ddp"], seeds, w, n, out)
-            target_seeds = [int(x) for x in args.target_seeds.split(",")] if args.target_seeds else seeds
+            target_seeds = args.target_seeds or seeds
             check_seeds(TUNING_SEED, target_seeds)
             target = ddp_target(out, lrs, w, target_seeds, n)
             if target is None:

@@ -591,6 +591,8 @@ def test_a_seed_run_alone_is_judged_against_the_target_of_every_ddp_seed_given(t
     assert targets[1] == (2, pytest.approx(at_n[2]))
     with pytest.raises(ValueError, match="tuning seed 0 is also a table seed"):
         ttq.main([*argv, "--target-seeds", "0,1"])
+    with pytest.raises(SystemExit):  # one parser error naming the flag, as --seeds gives
+        ttq.main([*argv, "--target-seeds", "1,x"])
     assert len(targets) == 2
 
 

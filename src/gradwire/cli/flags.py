@@ -105,8 +105,9 @@ SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>",
 SWEEP_FLAGS = {"seed": "--seeds"}
 
 
-class _Sweep(argparse.Action):
-    """Several values of one run key, typed at once: ``--workers 2 4`` or ``--workers 2,4``."""
+class Sweep(argparse.Action):
+    """Several values of one run key, typed at once: ``--workers 2 4`` or ``--workers 2,4``; the key is
+    the flag's metavar (``metavar="SEED"``: each value a seed), a bad value one parser error."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         try:
@@ -146,7 +147,7 @@ def add_run_flags(parser: argparse.ArgumentParser, *, only: Iterable[str] | None
         text = f"{helps.get(key, '')} (default: {values.get(key, shown.get(key, KEYS[key].default))})"
         if key in sweep:
             flag = SWEEP_FLAGS.get(key, flag_of(key))
-            parser.add_argument(flag, dest=flag[2:].replace("-", "_"), nargs="+", action=_Sweep,
+            parser.add_argument(flag, dest=flag[2:].replace("-", "_"), nargs="+", action=Sweep,
                                 default=values[key], metavar=key.upper(),
                                 help=f"{text}; several values (or a comma-separated list), one run each")
         elif isinstance(KEYS[key].default, bool):
