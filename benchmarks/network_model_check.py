@@ -16,6 +16,14 @@ the frames' own headers and the TCP acknowledgements, which the ledger (payload 
 the column "model × wire/ledger" prices those measured bytes too, and what error is left is latency
 (gloo's per-message cost, queueing in the token bucket) and, where nodes outnumber cores, the CPU.
 
+``--collective scatter`` checks the compressed mean's scatter route instead (``--compressed-mean
+scatter``: two all-to-alls, ``Network.alltoall``: latency + (n-1)·slot/bw each, every message posted
+at once): `sync` with the 1-bit scaled sign message and error feedback, its exchange read from the
+``WAIT`` record of the step's mean (on the torch backend both all-to-alls and the owners' reduction
+run on the transport's own thread while the caller waits), the rank that waited least per step (the
+last to arrive: the others' records include their wait for it), against the model for the slot the
+ledger counted.
+
 ``--realtime`` runs the bed under ``chrt --rr 1``: the nodes' processes then take a core before
 any ordinary process of this shared machine, so a case measures the network and gloo rather than
 the neighbours' load (the 1-minute load average is recorded either way).
@@ -63,21 +71,44 @@ def allreduce_seconds(run_dir: Path) -> list[float]:
     return out
 
 
+def exchange_seconds(run_dir: Path) -> list[float]:
+    """Per step (from SKIP on), the scatter route's two all-to-alls: the shortest ``WAIT`` among the
+    ranks (the last to arrive waits for the transfer alone)."""
+    import numpy as np
+
+    from gradwire.report.timeline import WAIT, read_timeline
+
+    recs, _ = read_timeline(run_dir, overlapped=False)
+    wait = recs[(recs["kind"] == WAIT) & (recs["step"] >= SKIP)]
+    return [float(np.min(wait[wait["step"] == step]["end"] - wait[wait["step"] == step]["start"]))
+            for step in np.unique(wait["step"])]
+
+
+def scatter_model_seconds(slot_bytes: float, nodes: int, mbps: float, latency_ms: float) -> float:
+    from gradwire.transports.network import RingNetwork
+
+    return 2 * RingNetwork(mbps=mbps, latency_ms=latency_ms).alltoall(int(slot_bytes), nodes).time_s
+
+
 def model_seconds(payload_bytes: float, nodes: int, mbps: float, latency_ms: float) -> float:
     from gradwire.transports.network import RingNetwork
 
     return RingNetwork(mbps=mbps, latency_ms=latency_ms).allreduce(int(payload_bytes), nodes).time_s
 
 
+SCATTER_FLAGS = ["--compressor", "sign:scaled=true", "--error-feedback", "--compressed-mean", "scatter"]
+
+
 def run_case(nodes: int, mbps: float, out: Path, realtime: bool, timeout_s: float, queue_ms: float,
-             steps: int | None = None) -> dict:
-    folder = out / f"n{nodes}-{mbps:g}mbps-q{queue_ms:g}"
+             steps: int | None = None, collective: str = "allreduce") -> dict:
+    folder = out / (f"n{nodes}-{mbps:g}mbps-q{queue_ms:g}" + ("-scatter" if collective == "scatter" else ""))
     steps = steps or STEPS.get(mbps, 40)
     cmd = [sys.executable, str(TESTBED), "--nodes", str(nodes), "--mbps", f"{mbps:g}", "--timeout-s", str(timeout_s),
            "--queue-ms", f"{queue_ms:g}", "--prefix", f"gwn-{os.getpid()}-{nodes}", "--",
            "run", "--task", TASK, "--algorithm", "sync:overlap=false",
            "--optimizer", "adamw:beta2=0.95", "--weight-decay", "0.1", "--lr", "0.002", "--batch-size", "8",
-           "--steps", str(steps), "--eval-every", "100000", "--threads", "1", "--out", str(folder), "--overwrite"]
+           "--steps", str(steps), "--eval-every", "100000", "--threads", "1", "--out", str(folder), "--overwrite",
+           *(SCATTER_FLAGS if collective == "scatter" else [])]
     if realtime:
         cmd = ["chrt", "--rr", "1", *cmd]
     before = loadavg()
@@ -88,13 +119,16 @@ def run_case(nodes: int, mbps: float, out: Path, realtime: bool, timeout_s: floa
     metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
     last = metrics[-1]
     ledger_bytes = last["bytes_sent"]
-    payload = ledger_bytes / (2 * (nodes - 1)) / last["step"]
     bed = json.loads((folder / "testbed" / "testbed.json").read_text())
     wire = sum(x["tx_bytes"] for x in bed["links"])
-    measured = allreduce_seconds(folder)
+    if collective == "scatter":  # the ledger's two all-to-alls of one slot a step
+        payload = ledger_bytes / (2 * nodes * (nodes - 1)) / last["step"]
+        measured, model = exchange_seconds(folder), scatter_model_seconds(payload, nodes, mbps, 0.0)
+    else:
+        payload = ledger_bytes / (2 * (nodes - 1)) / last["step"]
+        measured, model = allreduce_seconds(folder), model_seconds(payload, nodes, mbps, 0.0)
     med = statistics.median(measured)
-    model = model_seconds(payload, nodes, mbps, 0.0)
-    return {"nodes": nodes, "mbps": mbps, "steps": last["step"], "payload_bytes": payload,
+    return {"nodes": nodes, "mbps": mbps, "collective": collective, "steps": last["step"], "payload_bytes": payload,
             "measured_s": med, "measured_spread_s": [min(measured), max(measured)], "model_s": model,
             "model_error": model / med - 1, "ledger_bytes": ledger_bytes, "wire_bytes": wire,
             "wire_over_ledger": wire / ledger_bytes - 1, "load_before": before, "load_after": after,
@@ -103,13 +137,14 @@ def run_case(nodes: int, mbps: float, out: Path, realtime: bool, timeout_s: floa
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| nodes | Mbit/s | tbf queue | measured allreduce (median; range) | model | model error "
+    lines = ["| nodes | Mbit/s | collective | tbf queue | measured (median; range) | model | model error "
              "| wire bytes vs ledger | model × wire/ledger: error | packets dropped | load (1-min, before/after) "
-             "| real-time |", "|---" * 11 + "|"]
+             "| real-time |", "|---" * 12 + "|"]
     for r in results:
         lo, hi = r["measured_spread_s"]
         priced = r["model_s"] * (1 + r["wire_over_ledger"]) / r["measured_s"] - 1
-        lines.append(f"| {r['nodes']} | {r['mbps']:g} | {r['queue_ms']:g} ms "
+        what = "two all-to-alls" if r.get("collective") == "scatter" else "allreduce"
+        lines.append(f"| {r['nodes']} | {r['mbps']:g} | {what} | {r['queue_ms']:g} ms "
                      f"| {1e3 * r['measured_s']:.1f} ms ({1e3 * lo:.1f}-{1e3 * hi:.1f}) "
                      f"| {1e3 * r['model_s']:.1f} ms | {100 * r['model_error']:+.1f} % "
                      f"| {100 * r['wire_over_ledger']:+.1f} % "
@@ -128,6 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--case-steps", type=int, default=None,
                    help=f"steps a case (default by rate: {', '.join(f'{k:g} Mbit/s {v}' for k, v in STEPS.items())})")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per case (default 600)")
+    p.add_argument("--collective", choices=("allreduce", "scatter"), default="allreduce",
+                   help="allreduce: sync's dense allreduce; scatter: the compressed mean's scatter route (above)")
     add_run_flags(p, only=("out",), defaults={"out": "runs/network-model"}, helps={"out": "the results folder"})
     args, _ = parse_run_args(p, argv)
     try:
@@ -147,12 +184,14 @@ def main(argv=None) -> int:
     results = json.loads(path.read_text()) if path.exists() else []
     for n in nodes:
         for mbps in rates:
-            r = run_case(n, mbps, out, args.realtime, args.timeout_s, args.queue_ms, args.case_steps)
-            key = (n, mbps, args.realtime, args.queue_ms)
-            results = [x for x in results if (x["nodes"], x["mbps"], x["realtime"], x.get("queue_ms")) != key] + [r]
+            r = run_case(n, mbps, out, args.realtime, args.timeout_s, args.queue_ms, args.case_steps, args.collective)
+            key = (n, mbps, args.realtime, args.queue_ms, args.collective)
+            results = [x for x in results if (x["nodes"], x["mbps"], x["realtime"], x.get("queue_ms"),
+                                              x.get("collective", "allreduce")) != key] + [r]
             path.write_text(json.dumps(results, indent=1) + "\n")
             print(markdown([r]).splitlines()[-1], flush=True)
-    order = sorted(results, key=lambda r: (r["realtime"], r["queue_ms"], r["nodes"], r["mbps"]))
+    order = sorted(results, key=lambda r: (r.get("collective", "allreduce"), r["realtime"], r["queue_ms"], r["nodes"],
+                                           r["mbps"]))
     (out / "results.md").write_text(markdown(order))
     print(markdown(results))
     return 0

@@ -112,7 +112,8 @@ class Row:
     run: dict = field(default_factory=dict)  # RunConfig fields besides the learning rate
     micro_batches: int = 1     # gradient accumulation: k micro-batches of BATCH per optimizer step
     inner_steps: int = 1       # server mode: each replica's inner steps per step of the run (a step is a round)
-    collective: str = "allreduce"  # allreduce (summable payloads), allgather (QSGD's) or server (server_round_seconds)
+    collective: str = "allreduce"  # allreduce (summable payloads), allgather (QSGD's), scatter (--compressed-mean
+    #                                scatter: two all-to-alls) or server (server_round_seconds)
     collectives: int = 1       # collectives per communication round (latency terms)
     period: int = 1            # steps per communication round
     overlap: str = "backward"  # backward: hidden behind the backward pass (DDP); none; tau:K (K steps)
@@ -143,12 +144,13 @@ def diloco_row(key: str, label: str, keys: str, h: int, *, method: str = "diloco
 
 
 def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "outer_lr=1,outer_momentum=0",
-               inner: str = MULOCO_MEASURED) -> Row:
+               inner: str = MULOCO_MEASURED, mean: str = "gather") -> Row:
     """MuLoCo with Muon's η tied to the walked lr (``muon_lr_ratio``, MUON_LR_RATIO; scheduled as
     every row's rate), the outer step η 1, μ 0 (docs/low_communication.md's pick at H = 3), and its
     message (default: MuLoCo's 2-bit pquant) by allgather: quantised or sparse, not summable. A round
     that travels (``overlap=τ`` in ``keys``) is priced as hidden behind τ inner steps. A cast (fp16) is summed by
-    allreduce instead."""
+    allreduce instead. ``mean="scatter"``: the message's mean taken by its chunks' owners
+    (``--compressed-mean scatter``: two all-to-alls, the ``scatter`` collective)."""
     from gradwire.algorithms.muloco import MuLoCo
     from gradwire.averaging import CompressedMean
     from gradwire.compress import build as build_compressor
@@ -162,6 +164,8 @@ def muloco_row(key: str, label: str, h: int, compressor: str = "", keys: str = "
     row = diloco_row(key, label, f"inner_steps={h},{keys},muon_lr_ratio={MUON_LR_RATIO},{inner}", h,
                      method="muloco",
                      compressor=compressor, collective="allreduce" if message.allreduced() else "allgather")
+    if mean == "scatter":
+        row = dataclasses.replace(row, run=row.run | dict(compressed_mean="scatter"), collective="scatter")
     tau = int(parse_spec(row.algorithm)[1].get("overlap", 0))
     return dataclasses.replace(row, overlap=f"tau:{tau}") if tau else row
 
@@ -260,6 +264,13 @@ ROWS = [
     # eighth round), screened at 16 workers (sixteenth pass): blocking, τ = 1 and τ = 2 carried
     *[muloco_row(f"muloco-sign-h3{name}-mu0.9", f"MuLoCo H=3 1-bit sign + EF{label}, Muon μ 0.9, β2 0.99", 3,
                  "sign:scaled=true", f"outer_lr=1,outer_momentum=0{keys}", inner=MULOCO_DEFAULTS)
+      for name, label, keys in (("", "", ""), ("-tau1-carry", ", τ=1 carried", ",overlap=1,merge=carry"),
+                                ("-tau2-carry", ", τ=2 carried", ",overlap=2,merge=carry"))],
+    # ... with the message's mean taken by its chunks' owners (--compressed-mean scatter: each link carries
+    # 2(n-1)/n messages a round instead of n-1, in two exchanges of one latency each)
+    *[muloco_row(f"muloco-sign-h3{name}-mu0.9-scatter", f"MuLoCo H=3 1-bit sign + EF{label}, Muon μ 0.9, β2 0.99, "
+                 "mean by chunk owners", 3, "sign:scaled=true", f"outer_lr=1,outer_momentum=0{keys}",
+                 inner=MULOCO_DEFAULTS, mean="scatter")
       for name, label, keys in (("", "", ""), ("-tau1-carry", ", τ=1 carried", ",overlap=1,merge=carry"),
                                 ("-tau2-carry", ", τ=2 carried", ",overlap=2,merge=carry"))],
     # ... and the whole 10 Mbit/s round hidden at batch 32 (about 225 ms against 33 ms a step), screened there
@@ -449,7 +460,9 @@ def collective_seconds(kind: str, payload_bytes: float, workers: int, mbps: floa
     that carry ``payload_bytes`` of one worker's between them. ``ring`` (RingNetwork; Patarasuk & Yuan
     2009, what gloo runs): allreduce 2(n-1)(latency + B/(n·bw)); allgather (n-1)(latency + B/bw), per
     collective. ``halving-doubling`` (HalvingDoublingNetwork): the same bytes in 2·log2 n rounds (an
-    allreduce, n a power of two; two more otherwise) or ceil(log2 n) (an allgather)."""
+    allreduce, n a power of two; two more otherwise) or ceil(log2 n) (an allgather). ``scatter`` (the
+    compressed mean's scatter route): two all-to-alls of one n-th of the message each, every message
+    posted at once, 2·(latency + (n-1)·B/(n·bw)) on either network (``Network.alltoall``)."""
     from gradwire.transports.network import NETWORKS
 
     if workers <= 1:
@@ -459,7 +472,9 @@ def collective_seconds(kind: str, payload_bytes: float, workers: int, mbps: floa
         return collectives * net.allreduce(each, workers).time_s
     if kind == "allgather":
         return collectives * net.allgather([each] * workers).time_s
-    raise ValueError(f"collective {kind!r}: allreduce or allgather")
+    if kind == "scatter":
+        return collectives * 2 * net.alltoall(each / workers, workers).time_s
+    raise ValueError(f"collective {kind!r}: allreduce, allgather or scatter")
 
 
 def allreduce_seconds(payload_bytes: float, workers: int, mbps: float, latency_ms: float = LATENCY_MS,
@@ -508,6 +523,8 @@ def server_round_seconds(algorithm: str, compute_s: float, workers: int, mbps: f
 def ledger_divisor(kind: str, workers: int) -> int:
     """The ledger counts a ring allreduce of B bytes a worker as 2(n-1)B and an allgather of B
     each as (n-1)·n·B (transports/ledger.py): what to divide by for one worker's B."""
+    if kind == "scatter":  # two all-to-alls of n slots: B is the whole message, n slots (chunks' headers included)
+        return 2 * (workers - 1)
     return 2 * (workers - 1) if kind == "allreduce" else (workers - 1) * workers
 
 
@@ -548,7 +565,10 @@ def step_seconds(row: Row, cost: dict, workers: int, mbps: float | None, network
     for the n - 1 others), plus the communication it cannot hide: a variable-size message's blocking
     exchange of sizes (8 bytes each, before the payload's collective starts: never hidden), then the
     payload (``payload_bytes`` one worker's per round). A server-mode row's round, its compute and
-    its messages to and from the server, is the simulator's (``server_round_seconds``). ``cost``:
+    its messages to and from the server, is the simulator's (``server_round_seconds``). A scatter
+    round's decoding does not grow with n (each worker decodes n chunks of a n-th of the message, then
+    the n owners' chunks): it is in the one-worker measurement, ``decode_s`` 0 (its owner encodes the
+    whole message there, a n-th of it among n: priced a little high). ``cost``:
     ``row_cost``'s; ``mbps`` None: a network of zero cost; ``network``: NETWORKS' ring or
     halving-doubling."""
     from gradwire.transports.ledger import SIZE_BYTES

@@ -23,6 +23,7 @@ from gradwire.errors import ConfigError
 from gradwire.registries import REGISTRIES, check_spec_names, registry_for
 from gradwire.spec import BOOL_SPELLINGS, parse_bool, parse_spec
 
+COMPRESSED_MEANS = ("gather", "scatter")  # --compressed-mean (averaging/compressed.py's routes)
 OUTER_STATES = ("device", "cpu")  # where the DiLoCo family keeps its outer state (--outer-state)
 KERNEL_SETS = ("torch", "triton")  # codec kernels (--kernels; gradwire.kernels runs them)
 BACKENDS = ("sim", "torch", "threads")
@@ -37,6 +38,9 @@ class RunConfig:
     algorithm: str = "sync"                   # algorithm spec, e.g. sync:backups=2, async, diana
     compressor: str = "none"                  # compressor spec for the workers' payloads
     error_feedback: bool = False              # keep per-worker compression residuals
+    compressed_mean: str = "gather"           # gather: every worker decodes every message; scatter: worker j
+                                              # averages chunk j of all and sends it on compressed again (1-bit
+                                              # Adam's compressed allreduce: 2(n-1)/n messages a link, not n-1)
     partition: str = "iid"                    # how the training data is split among workers
     stragglers: str = "none"                  # per-worker compute-time model (simulated seconds)
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
@@ -80,6 +84,7 @@ class RunConfig:
         text = self.algorithm
         if self.compressor != "none":
             text += f" + {self.compressor}" + (" + EF" if self.error_feedback else "")
+            text += " (scatter)" if self.compressed_mean == "scatter" else ""
         return text
 
     def with_defaults(self, *, default_lr: float, default_momentum: float, default_lr_schedule: str) -> RunConfig:
@@ -127,6 +132,9 @@ class RunConfig:
         if self.kernels not in KERNEL_SETS:
             raise ConfigError(f"kernels={self.kernels!r}: valid choices are {', '.join(KERNEL_SETS)} "
                               f"{_flag('kernels')}")
+        if self.compressed_mean not in COMPRESSED_MEANS:
+            raise ConfigError(f"compressed_mean={self.compressed_mean!r}: valid choices are "
+                              f"{', '.join(COMPRESSED_MEANS)} (--compressed-mean)")
         if self.outer_state not in OUTER_STATES:
             raise ConfigError(f"outer_state={self.outer_state!r}: valid choices are {', '.join(OUTER_STATES)} "
                               "(--outer-state)")

@@ -21,14 +21,16 @@ def run_one_worker_per_thread(cfg: RunConfig, steps: int) -> dict[int, dict]:
 
     def worker(rank: int) -> None:
         try:
-            r = Run(cfg.replace(algorithm="sync"))  # data, model and straggler model; its own algorithm below
+            # data, model and straggler model; its own algorithm below
+            r = Run(cfg.replace(algorithm="sync", compressed_mean="gather"))
             transport = ThreadTransport(hub, cfg.workers, rank)
             ctx = Context(world_size=cfg.workers, local_ranks=(rank,), transport=transport, oracle=r.oracle,
                           stragglers=r.ctx.stragglers, clock=SimClock(), seed=cfg.seed,
                           param_shapes=r.ctx.param_shapes)
             alg = ALGORITHMS.build(cfg.algorithm)
             alg.setup(ctx, r.model.flatten(), OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov),
-                      CodecConfig())
+                      CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback,
+                                  compressed_mean=cfg.compressed_mean))
             infos = []
             for t in range(1, steps + 1):
                 r.oracle.step = t

@@ -67,8 +67,19 @@ def test_the_time_model_is_gradwires_ring_network(ttq):
         # one worker's B from the ledger's count of the collective
         assert ledger.allreduce(nbytes, workers) / ttq.ledger_divisor("allreduce", workers) == nbytes
         assert ledger.allgather([nbytes] * workers) / ttq.ledger_divisor("allgather", workers) == nbytes
-    with pytest.raises(ValueError, match="allreduce or allgather"):
+        # the scatter route: two all-to-alls of B/n a worker, every message posted at once (gloo's alltoall),
+        # B the whole message that the ledger's two all-to-alls of n slots count
+        assert ttq.collective_seconds("scatter", nbytes, workers, mbps) == pytest.approx(
+            2 * (lat + (workers - 1) * nbytes / workers / bw))
+        slot = nbytes // workers
+        assert 2 * ledger.alltoall(slot, workers) / ttq.ledger_divisor("scatter", workers) == slot * workers
+    with pytest.raises(ValueError, match="allreduce, allgather or scatter"):
         ttq.collective_seconds("broadcast", 1, 4, 10.0)
+    scatter = ttq.ROW["muloco-sign-h3-tau1-carry-mu0.9-scatter"]  # τ = 1: hidden behind one step's compute
+    assert scatter.run["compressed_mean"] == "scatter" and scatter.collective == "scatter"
+    comm = ttq.collective_seconds("scatter", 17_129, 16, 10.0)
+    assert ttq.step_seconds(scatter, measured(0.024, 0.01, 17_129), 16, 10.0) == pytest.approx(
+        0.024 + max(0.0, comm - 0.024) / 3)
     qsgd = ttq.ROW["gw-qsgd"]  # an allgather, not hidden: (n-1)(latency + B/bw) a step
     gather = NETWORKS.build("ring:mbps=10,latency_ms=1").allgather([20_000] * 16).time_s
     assert ttq.step_seconds(qsgd, measured(0.01, 0.006, 20_000), 16, 10.0) == pytest.approx(0.01 + gather)
@@ -597,7 +608,7 @@ def test_a_seed_run_alone_is_judged_against_the_target_of_every_ddp_seed_given(t
 
 
 def test_the_rows_named_for_muloco_s_defaults_run_them_and_the_others_the_measured_settings(ttq):
-    """The -mu0.9 rows take MuLoCo's own inner defaults (what a user gets), every other MuLoCo row the
+    """The -mu0.9 rows (-mu0.9-scatter too) take MuLoCo's inner defaults (what a user gets), every other MuLoCo row the
     settings the earlier passes measured (MULOCO_MEASURED): both written into the row's spec, so a later
     change of MuLoCo's defaults changes no row; and MULOCO_DEFAULTS still says what the defaults are."""
     from gradwire.algorithms.muloco import MuLoCo
@@ -610,5 +621,6 @@ def test_the_rows_named_for_muloco_s_defaults_run_them_and_the_others_the_measur
     for row in muloco_rows:
         spec = parse_spec(row.algorithm)[1]
         settings = (float(spec["muon_momentum"]), float(spec["beta2"]))
-        assert settings == ((0.9, 0.99) if row.key.endswith("-mu0.9") else (0.95, 0.95)), row.key
+        assert settings == ((0.9, 0.99) if "-mu0.9" in row.key else (0.95, 0.95)), row.key
     assert sum(row.key.endswith("-mu0.9") for row in muloco_rows) == 5
+    assert sum(row.key.endswith("-mu0.9-scatter") for row in muloco_rows) == 3

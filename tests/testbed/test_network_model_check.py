@@ -32,7 +32,27 @@ def test_reports_the_ledger_the_wire_and_the_ring_model(netns_ok, tmp_path):  # 
     assert r["wire_bytes"] > r["ledger_bytes"] and 0 < r["wire_over_ledger"] < 0.2
     assert r["model_s"] == RingNetwork(mbps=200, latency_ms=0).allreduce(GRADIENT_BYTES, 2).time_s
     assert r["measured_s"] > 0 and r["model_error"] == r["model_s"] / r["measured_s"] - 1
-    assert "| 2 | 200 | 50 ms |" in (out / "results.md").read_text()
+    assert "| 2 | 200 | allreduce | 50 ms |" in (out / "results.md").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_reports_the_scatter_route_s_two_alltoalls(netns_ok, tmp_path):  # noqa: F811
+    """--collective scatter: the 1-bit sign message's mean by its chunks' owners, one slot of each half
+    of the gradient's signs (and a float32 scale) in each of two all-to-alls a step."""
+    from gradwire.transports.network import RingNetwork
+
+    out = tmp_path / "nm"
+    p = subprocess.run([sys.executable, str(SCRIPT), "--nodes", "2", "--mbps", "200", "--case-steps", "6",
+                        "--collective", "scatter", "--timeout-s", "180", "--out", str(out)],
+                       capture_output=True, text=True, timeout=230)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    (r,) = json.loads((out / "results.json").read_text())
+    slot = GRADIENT_BYTES // 4 // 2 // 8 + 4
+    assert (r["collective"], r["payload_bytes"]) == ("scatter", slot)
+    assert r["ledger_bytes"] == 2 * (2 * 1 * slot) * 6
+    assert r["wire_bytes"] > r["ledger_bytes"]
+    assert r["model_s"] == 2 * RingNetwork(mbps=200, latency_ms=0).alltoall(slot, 2).time_s
+    assert r["measured_s"] > 0 and "| 2 | 200 | two all-to-alls | 50 ms |" in (out / "results.md").read_text()
 
 
 def test_refuses_too_few_steps():

@@ -59,6 +59,7 @@ class CodecConfig:
     # error feedback sends a non-contractive compressor's input scaled by 1/(1+ω) (compress/error_feedback.py);
     # False: unscaled, for a method whose paper specifies it so (MuLoCo)
     scaled_error_feedback: bool = True
+    compressed_mean: str = "gather"  # the compressed mean's route (averaging/compressed.py): gather or scatter
 
 
 @dataclass
@@ -141,7 +142,9 @@ def make_averager(ctx: Context, cfg: CodecConfig, *, default: str = "none", mean
     spec = cfg.compressor if cfg.compressor != "none" else default
     return build_averager(spec, workers=ctx.local_ranks, seed=ctx.seed, shapes=ctx.param_shapes,
                           error_feedback=cfg.error_feedback, generator=lambda r: ctx.generator(r, "compress"),
-                          payloads=not mean_only, scaled_error_feedback=cfg.scaled_error_feedback)
+                          payloads=not mean_only, scaled_error_feedback=cfg.scaled_error_feedback,
+                          route=cfg.compressed_mean, world_size=ctx.world_size,
+                          owner_generator=lambda r: ctx.generator(r, "compress-owner"))
 
 
 def nested(key: str, component) -> tuple[str, ...]:
@@ -183,6 +186,10 @@ class Algorithm(Specced, ABC):
     # the compressor its averager uses when --compressor is "none" ("none": gradients travel as they
     # are); None: the algorithm has no averager (it sends parameters, or chooses its compressors itself)
     default_compressor: str | None = None  # which parameters evaluation uses (recorded in the metrics)
+    # whether its messages go through the averager's own collectives alone (``mean``, ``start_payloads``),
+    # so that --compressed-mean scatter can route them (averaging/compressed.py); not where they go to
+    # a server, are gathered whole (backups, combine rules) or are encoded by the algorithm itself
+    scatters_mean: bool = False
     # --lr, --momentum and --lr-schedule when they are not given (gradwire.run.combination.resolved): chosen per
     # algorithm so that each learns on the default task in the default steps (docs/defaults.md)
     default_lr: float = 0.05

@@ -173,6 +173,7 @@ OUTER_LR, OUTER_MOMENTUM, OUTER_WARMUP = 0.7, 0.9, 10  # the papers' η and μ, 
 
 class StreamingDiLoCo(Algorithm):
     name = "streaming-diloco"
+    scatters_mean = True
     evaluates = "global"
     default_compressor = "none"
     default_lr = 1e-2  # the inner AdamW's --lr when not given (docs/defaults.md; DiLoCo and its kin inherit it)
@@ -326,7 +327,8 @@ class StreamingDiLoCo(Algorithm):
 
     def _payloads_mean(self, ctx, p: int):
         a, b = self.ranges[p]
-        return self.averager.start_payloads(ctx.transport, self.in_flight[p]["payloads"], self.theta[a:b])
+        return self.averager.start_payloads(ctx.transport, self.in_flight[p]["payloads"], self.theta[a:b],
+                                            key=f"fragment{p}")
 
     @property
     def carries_progress(self) -> bool:

@@ -91,7 +91,7 @@ class SparseLoCo(DiLoCo):
             self.accumulators[r][a:b].mul_(self.decay).add_(self.theta[a:b] - x[a:b].to(self.theta.device))
         payloads = self.averager.payloads({r: e[a:b] for r, e in self.accumulators.items()}, key=f"fragment{p}")
         for r, e in self.accumulators.items():
-            e[a:b].sub_(self.averager.decode(payloads[r], e[a:b]))
+            e[a:b].sub_(self.averager.decode_payload(payloads[r], e[a:b]))
         self.in_flight[p] = {"started_at": step, "payloads": payloads}
         self._start_collective(ctx, p)
 

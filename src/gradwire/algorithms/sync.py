@@ -64,6 +64,7 @@ OVERLAP_CHOICES = ("auto", "true", "false")
                              "bucket_mb": "with overlap: gradient megabytes per bucket (the last layers' first)"})
 class SyncSGD(Algorithm):
     name = "sync"
+    scatters_mean = True  # without backups (set per instance in __init__)
     default_lr = 0.8  # --lr when not given (docs/defaults.md)
     default_compressor = "none"
 
@@ -74,6 +75,8 @@ class SyncSGD(Algorithm):
         require(not (overlap == "true" and backups), "overlap=true needs backups=0: with backups a server collects "
                 "whole gradients")
         self.backups, self.overlap, self.bucket_mb = backups, overlap, bucket_mb
+        # --compressed-mean scatter routes the mean; not with backups, which gather the first n - b messages
+        self.scatters_mean = backups == 0
         self.plan: BucketPlan | None = None
         self._thread: ThreadPoolExecutor | None = None
 

@@ -42,14 +42,20 @@ def build_method(spec: str) -> Compressor | PowerSGD:
 def build_averager(spec: str, *, workers: Sequence[int], seed: int, shapes: Sequence[torch.Size],
                    error_feedback: bool, generator: Callable[[int], torch.Generator],
                    payloads: bool, keys: Sequence[str] | None = None,
-                   scaled_error_feedback: bool = True) -> Averager:
+                   scaled_error_feedback: bool = True, route: str = "gather", world_size: int = 0,
+                   owner_generator: Callable[[int], torch.Generator] | None = None) -> Averager:
     """The averager of ``spec`` for the local ``workers``, for the run's algorithms and the DDP hook
     alike. ``payloads``: the caller also handles compressed payloads itself (sends them to a server,
     keeps them in flight), which only a byte compressor makes, so PowerSGD is refused; ``shapes``:
     the model's tensors in the flat vector's order (PowerSGD works per matrix), ``keys`` their names
     where the averager's memory should be keyed by name (default: by position); ``generator(rank)``:
-    worker ``rank``'s compression stream; ``scaled_error_feedback``: see ``ErrorFeedback``'s ``scaled``."""
+    worker ``rank``'s compression stream; ``scaled_error_feedback``: see ``ErrorFeedback``'s ``scaled``;
+    ``route``, ``world_size``, ``owner_generator``: a compressed mean's route (gather or scatter) and
+    what the scatter route needs (``CompressedMean``)."""
     if _averages_itself(spec):
+        if route != "gather":
+            raise ConfigError(f"compressed_mean={route}: --compressor {spec} averages by allreduce itself; "
+                              "the scatter route is for byte compressors (--compressed-mean gather)")
         if payloads:
             raise ValueError(f"--compressor {spec} averages gradients by allreduce itself: it runs with sync "
                              "(without backups) and the DDP hook only")
@@ -59,4 +65,5 @@ def build_averager(spec: str, *, workers: Sequence[int], seed: int, shapes: Sequ
                               "(its error_feedback key, on by default)")
         return averager
     return CompressedMean(build_compressor(spec), {r: generator(r) for r in workers}, error_feedback=error_feedback,
-                          identity=spec == "none", scaled_error_feedback=scaled_error_feedback)
+                          identity=spec == "none", scaled_error_feedback=scaled_error_feedback, route=route,
+                          world_size=world_size, owner_generator=owner_generator)

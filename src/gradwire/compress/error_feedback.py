@@ -85,6 +85,13 @@ class ErrorFeedback:
         self.residuals: dict[str, torch.Tensor] = {}
 
     def encode(self, x: torch.Tensor, *, key: str, generator: torch.Generator | None = None) -> Packet:
+        packet, self.residuals[key] = self.encode_pending(x, key=key, generator=generator)
+        return packet
+
+    def encode_pending(self, x: torch.Tensor, *, key: str,
+                       generator: torch.Generator | None = None) -> tuple[Packet, torch.Tensor]:
+        """:meth:`encode` without keeping the new residual: (the packet, the residual that
+        :meth:`commit` keeps), for a caller that keeps it only once the message has been delivered."""
         work = work_dtype(x.dtype)
         residual = self.residuals.get(key)
         if residual is not None and residual.shape != x.shape:
@@ -98,8 +105,11 @@ class ErrorFeedback:
         lam = ef_scale(self.compressor, x.numel()) if self.scaled else 1.0
         send = corrected if lam == 1.0 else corrected * lam  # C(lam v): a contraction (module docstring)
         packet = self.compressor.encode(send.to(x.dtype), generator=generator)
-        self.residuals[key] = corrected.sub_(self.compressor.decode(packet).to(work))
-        return packet
+        return packet, corrected.sub_(self.compressor.decode(packet).to(work))
+
+    def commit(self, key: str, residual: torch.Tensor) -> None:
+        """Keep ``residual`` (from :meth:`encode_pending`) as ``key``'s."""
+        self.residuals[key] = residual
 
     def decode(self, packet: Packet) -> torch.Tensor:
         return self.compressor.decode(packet)

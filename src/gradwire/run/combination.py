@@ -104,6 +104,11 @@ def check_combination(cfg: RunConfig, *, workers_counted: bool = True) -> Combin
         raise ConfigError(f"--error-feedback needs --compressor: algorithm {cfg.algorithm!r} sends uncompressed "
                           "gradients without one, so there is no compression error to feed back (e.g. "
                           "--compressor topk:ratio=0.01 --error-feedback)")
+    if cfg.compressed_mean == "scatter" and not algorithm.scatters_mean:
+        able = [n for n in ALGORITHMS.names() if getattr(ALGORITHMS.entry(n).factory, "scatters_mean", False)]
+        raise ConfigError(f"compressed_mean=scatter: algorithm {cfg.algorithm!r} does not average through the "
+                          f"compressed mean's own collectives; the scatter route applies to {', '.join(able)} "
+                          "(sync without backups) (--compressed-mean)")
     if cfg.nesterov and algorithm.nesterov_instead is not None:  # before asking for a --momentum
         raise ConfigError(f"nesterov=true: --nesterov does not apply to algorithm {cfg.algorithm!r} (leave it off): "
                           f"{algorithm.nesterov_instead} (--nesterov)")

@@ -172,7 +172,8 @@ class Run:
                             l1=self.task.l1, optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, horizon=cfg.steps,
                             shapes=tuple(self.model.shapes))
         self.optim_config = optim
-        self.codec_config = CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback)
+        self.codec_config = CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback,
+                                        compressed_mean=cfg.compressed_mean)
         try:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim, self.codec_config)
         except ValueError as e:

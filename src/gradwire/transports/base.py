@@ -202,6 +202,36 @@ class Transport(ABC):
         computation."""
         return Handle(self.allgather(buffers, ranks, size=size))
 
+    def alltoall(self, buffers: dict[int, torch.Tensor], ranks: Sequence[int] | None = None, *,
+                 size: int) -> dict[int, dict[int, torch.Tensor]]:
+        """Each participant's uint8 buffer is n slots of ``size`` bytes, slot j addressed to the j-th
+        participant in rank order (its own slot stays home); for each local participant, the slots
+        addressed to it, keyed by the sender's rank. Every message is posted at once, as gloo's
+        alltoall does. A transport without one says so here."""
+        raise NotImplementedError(f"an all-to-all (--compressed-mean scatter) is not supported on {self.kind()}")
+
+    def kind(self) -> str:
+        """The transport's name in an error message."""
+        return type(self).__name__
+
+    def exchange_reduce_start(self, buffers: dict[int, torch.Tensor],
+                              reduce: Callable[[int, dict[int, torch.Tensor]], torch.Tensor],
+                              ranks: Sequence[int] | None = None, *, size: int) -> Handle:
+        """Start a reduction done by its owners (1-bit Adam's compressed allreduce, Tang et al. 2021):
+        slot j of each participant's buffer goes to the j-th participant (:meth:`alltoall`), which
+        turns what it received into one buffer of ``size`` bytes, ``reduce(its rank, {sender:
+        slot})``; then every owner's buffer goes to every other participant (an all-gather by direct
+        exchange: an all-to-all with that buffer in every slot, one latency instead of the ring's
+        n - 1). ``wait()`` gives the owners' buffers keyed by rank, the same at every participant.
+        ``reduce`` runs once per local participant and round (again after :meth:`restart`). This
+        default runs both exchanges at the call, blocking (the threads backend); the simulator prices
+        them one after the other from the call, and the torch backend runs them on a thread of its own."""
+        n = len(self.participants(ranks))
+        received = self.alltoall(buffers, ranks, size=size)
+        owned = {r: reduce(r, got) for r, got in received.items()}
+        gathered = self.alltoall({r: b.repeat(n) for r, b in owned.items()}, ranks, size=size)
+        return Handle(next(iter(gathered.values())))
+
     @abstractmethod
     def send(self, buffer: torch.Tensor, src: int, dst: int, *, tag: int = 0) -> Sent:
         """Send a uint8 ``buffer`` from ``src`` (a local worker, or ``SERVER``) to ``dst``; does not

@@ -15,14 +15,16 @@ all-reduce algorithms for clusters of workstations", J. Parallel Distrib. Comput
   (a padded all-gather, as gloo and NCCL need equal sizes, is that with every n_i = max n_i)
 * broadcast, reduce (pipelined along a chain): ``(n-1)·nbytes``
 * gather to a root: every non-root buffer once: ``Σ_{i≠root} n_i``
+* all-to-all of one ``slot`` of bytes from every participant to every other: ``n·(n-1)·slot``
+  (an all-gather by direct exchange, each participant's one buffer to every other, is the same)
 * point-to-point: ``nbytes``
 * a live state transfer (a recovering replica fetches a healthy peer's serialised state,
   gradwire/fault/transfer.py): the payload once per recipient, ``Σ nbytes_i`` (as point-to-point;
   the HTTP headers around it are not counted, as no collective's framing is)
 
 A star through one server (the simulator's ``ps`` network) sends everything to the server and
-back: allreduce ``2·n·nbytes``, all-gather ``n·Σ n_i``; broadcast, gather and point-to-point as
-above.
+back: allreduce ``2·n·nbytes``, all-gather ``n·Σ n_i``, all-to-all every message in and out,
+``2·n·(n-1)·slot``; broadcast, gather and point-to-point as above.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def gather(sizes: Sequence[int], root_index: int) -> int:
     return sum(sizes) - sizes[root_index]
 
 
+def alltoall(slot: int, n: int) -> int:
+    """All-to-all of one ``slot``-byte message from each of ``n`` participants to each other one."""
+    return n * (n - 1) * slot if n > 1 else 0
+
+
 def point_to_point(nbytes: int) -> int:
     """One message."""
     return nbytes
@@ -86,6 +93,11 @@ def state_transfer(payloads: Sequence[int]) -> int:
 def star_allreduce(nbytes: int, n: int) -> int:
     """All-reduce through one server: every tensor in, the mean back out to each."""
     return 2 * n * nbytes if n > 1 else 0
+
+
+def star_alltoall(slot: int, n: int) -> int:
+    """All-to-all through one server: every message in, then out to its addressee."""
+    return 2 * alltoall(slot, n)
 
 
 def star_allgather(sizes: Sequence[int]) -> int:

@@ -12,6 +12,9 @@ allreduce      bytes 2·N·B;                         bytes 2·(N-1)·B;
                time 2·(lat + N·B/bw)                time 2·(N-1)·(lat + B/(N·bw))  (Patarasuk 2009)
 allgather      bytes N·Σn; time 2·lat + N·Σn/bw     bytes (N-1)·Σn; time (N-1)·(lat + max n/bw)
 gather (to r)  bytes Σ_{i≠r} n_i; time lat + that/bw  (same: the root's link takes it all)
+all-to-all     bytes 2·N·(N-1)·s;                   bytes N·(N-1)·s; time lat + (N-1)·s/bw
+(slots of s)   time 2·lat + N·(N-1)·s/bw            (every message posted at once, each worker's
+                                                    own link carrying its N-1: gloo's alltoall)
 broadcast      bytes (N-1)·n; time lat + (N-1)·n/bw  bytes (N-1)·n; time (N-1)·lat + n/bw (pipelined)
 send           bytes n; time lat + n/bw             (same)
 =============  ===================================  =============================================
@@ -85,6 +88,7 @@ class Network(Specced):
     server_link_shared = False
     allreduce_bytes = staticmethod(ledger.allreduce)  # the ledger's count (a star's differs: PSNetwork)
     allgather_bytes = staticmethod(ledger.allgather)
+    alltoall_bytes = staticmethod(ledger.alltoall)
 
     def __init__(self, *, mbps: float = 100.0, latency_ms: float = 1.0):
         require(mbps > 0, f"mbps must be > 0, got {mbps}")
@@ -98,6 +102,15 @@ class Network(Specced):
 
     def allgather(self, sizes: list[int]) -> Cost:
         return Cost(self.allgather_bytes(sizes), self.allgather_s(sizes)) if len(sizes) > 1 else Cost(0, 0.0)
+
+    def alltoall(self, slot: int, n: int) -> Cost:
+        """An all-to-all of ``slot`` bytes from every participant to every other one."""
+        return Cost(self.alltoall_bytes(slot, n), self.alltoall_s(slot, n)) if n > 1 else Cost(0, 0.0)
+
+    def alltoall_s(self, slot: int, n: int) -> float:
+        """Every message posted at once (gloo's alltoall), each worker's link carrying its n - 1:
+        one latency, then the link's bytes; the ring's and halving-doubling's links alike."""
+        return self.latency_s + (n - 1) * slot / self.bytes_per_s
 
     def broadcast(self, nbytes: int, n: int) -> Cost:
         return Cost(ledger.broadcast(nbytes, n), self.broadcast_s(nbytes, n)) if n > 1 else Cost(0, 0.0)
@@ -119,6 +132,7 @@ class PSNetwork(Network):
     server_link_shared = True
     allreduce_bytes = staticmethod(ledger.star_allreduce)
     allgather_bytes = staticmethod(ledger.star_allgather)
+    alltoall_bytes = staticmethod(ledger.star_alltoall)
 
     def allreduce_s(self, nbytes: int, n: int) -> float:
         return 2 * (self.latency_s + n * nbytes / self.bytes_per_s)
@@ -128,6 +142,9 @@ class PSNetwork(Network):
 
     def broadcast_s(self, nbytes: int, n: int) -> float:
         return self.latency_s + (n - 1) * nbytes / self.bytes_per_s
+
+    def alltoall_s(self, slot: int, n: int) -> float:
+        return 2 * self.latency_s + n * (n - 1) * slot / self.bytes_per_s
 
 
 @NETWORKS.register("ring", help="ring collectives over neighbour links that transmit in parallel",

@@ -50,12 +50,13 @@ class SimTransport(Transport):
         self.mailbox: dict[tuple[int, int, int], collections.deque] = {}  # (src, dst, tag) -> buffers
 
     def _charge(self, cost: Cost, *, advance: bool = True, ranks: list[int] | None = None,
-                sizes: list[int] | None = None) -> float:
+                sizes: list[int] | None = None, after_s: float = 0.0) -> float:
         """Count ``cost``; ``advance``: a blocking call (the clock moves on). ``ranks``: a
         collective's participants, whose timelines get the interval (``OVERLAP`` when it does not
-        block) and each its share of the bytes (by payload ``sizes``, else equal)."""
+        block; ``after_s`` after now, for the second collective of a chain) and each its share of
+        the bytes (by payload ``sizes``, else equal)."""
         if ranks is not None:
-            now = self.clock.now
+            now = self.clock.now + after_s
             shares = sim_shares(int(cost.bytes), sizes or [0] * len(ranks))
             self.timeline.add_many(ranks, COMM if advance else OVERLAP, now, now + cost.time_s, shares)
         self.bytes_sent += int(cost.bytes)
@@ -98,6 +99,33 @@ class SimTransport(Transport):
         self._charge(self.network.broadcast(int(buffer.numel() * buffer.element_size()), len(ranks)), ranks=ranks,
                      sizes=[int(r == src) for r in ranks])
         return buffer
+
+    def _exchange(self, buffers, ranks: list[int], size: int) -> dict[int, dict[int, torch.Tensor]]:
+        """The all-to-all's result (nothing charged): slot j of each buffer to the j-th participant."""
+        self._check(buffers, ranks)
+        for r in ranks:
+            if buffers[r].numel() != size * len(ranks):
+                raise ValueError(f"all-to-all: rank {r}'s buffer has {buffers[r].numel()} bytes, expected "
+                                 f"{len(ranks)} slots of {size}")
+        return {dst: {src: buffers[src][j * size:(j + 1) * size].clone() for src in ranks}
+                for j, dst in enumerate(ranks)}
+
+    def alltoall(self, buffers, ranks=None, *, size):
+        ranks = self.participants(ranks)
+        out = self._exchange(buffers, ranks, size)
+        self._charge(self.network.alltoall(size, len(ranks)), ranks=ranks)
+        return out
+
+    def exchange_reduce_start(self, buffers, reduce, ranks=None, *, size):
+        """Both exchanges computed and priced at the call, the second from the first's finish; the
+        clock is paid only by ``wait()``, as for ``allgather_start``."""
+        ranks = self.participants(ranks)
+        n = len(ranks)
+        owned = {r: reduce(r, got) for r, got in self._exchange(buffers, ranks, size).items()}
+        gathered = self._exchange({r: b.repeat(n) for r, b in owned.items()}, ranks, size)[ranks[0]]
+        first = self._charge(self.network.alltoall(size, n), advance=False, ranks=ranks)
+        second = self._charge(self.network.alltoall(size, n), advance=False, ranks=ranks, after_s=first)
+        return SimHandle(gathered, self.clock.now + first + second, self.clock)
 
     def send(self, buffer, src, dst, *, tag=0):
         cost = self.network.send(int(buffer.numel() * buffer.element_size()))

@@ -134,6 +134,13 @@ class ThreadTransport(Transport):
         self._count(ledger.allgather([int(got[r].numel()) for r in sorted(got)]), ranks)
         return {r: b.clone() for r, b in sorted(got.items())}
 
+    def alltoall(self, buffers, ranks=None, *, size):
+        got = self._meet("alltoall", ranks, buffers[self.rank].clone())
+        order = sorted(got)
+        j = order.index(self.rank)
+        self._count(ledger.alltoall(size, len(order)), ranks)
+        return {self.rank: {r: got[r][j * size:(j + 1) * size].clone() for r in order}}
+
     def gather(self, buffers, dst, ranks=None, *, size=None):
         got = self._meet("gather", ranks, buffers[self.rank].clone())
         order = sorted(got)

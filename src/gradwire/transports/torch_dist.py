@@ -38,6 +38,8 @@ import datetime
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 import torch.distributed as dist
@@ -120,6 +122,34 @@ class _TorchHandle(Handle):
         return self._result
 
 
+class _ChainHandle(Handle):
+    """Collectives run one after another on the transport's own thread (``exchange_reduce_start``):
+    ``wait()`` waits for them (bounded by twice the group's timeout, one per collective), records the
+    interval in flight as ``_TorchHandle`` does, and returns their result, once."""
+
+    def __init__(self, future, transport: TorchTransport, what: str):
+        super().__init__(None)
+        self.future, self.transport, self.what = future, transport, what
+        self.done = False
+        self.started = transport.timeline.now() if transport.timeline.enabled else 0.0
+        self.began = time.perf_counter()
+
+    def wait(self):
+        if not self.done:
+            t = self.transport
+
+            def result():
+                try:
+                    return self.future.result(timeout=2 * t.timeout_s)
+                except FutureTimeout:
+                    raise RuntimeError(f"no result within {2 * t.timeout_s:g} s") from None
+
+            self._result = t._guard(result, f"{self.what} (async)", kind=WAIT, since=self.began)
+            t.timeline.add_many(t.local_ranks, OVERLAP, self.started, t.timeline.now() if t.timeline.enabled else 0.0)
+            self.done = True
+        return self._result
+
+
 class _TorchSent(Sent):
     def __init__(self, work, buffer: torch.Tensor):
         super().__init__()
@@ -150,6 +180,8 @@ class TorchTransport(Transport):
         self.timeout_s = timeout_s
         self._groups: dict[tuple[int, ...], object] = {}
         self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        # exchange_reduce_start's collectives: a group and a thread of their own, made at its first call
+        self._chain: tuple[object, ThreadPoolExecutor] | None = None
 
     def _all(self, ranks: Sequence[int] | None, what: str) -> list[int]:
         ranks = self.participants(ranks)
@@ -295,6 +327,40 @@ class TorchTransport(Transport):
         self._count(ledger.padded_allgather(padded.numel(), n), group, ranks)
         return {r: out[i][: sizes[r] if group is self._world else size] for i, r in enumerate(ranks)}
 
+    def _exchange_slots(self, mine: torch.Tensor, ranks: list[int], size: int, group) -> dict[int, torch.Tensor]:
+        n = len(ranks)
+        if mine.numel() != n * size:
+            raise ValueError(f"rank {self.rank}: all-to-all buffer of {mine.numel()} bytes, expected {n} slots "
+                             f"of {size}")
+        out = self._empty(n * size)
+        dist.all_to_all_single(out, self._on_device(mine), group=group)
+        return {r: out[i * size:(i + 1) * size] for i, r in enumerate(ranks)}
+
+    def alltoall(self, buffers, ranks=None, *, size):
+        ranks = self._all(ranks, "alltoall")
+        got = self._guard(lambda: self._exchange_slots(buffers[self.rank], ranks, size, self._world), "alltoall")
+        self.bytes_sent += ledger.alltoall(size, len(ranks))
+        return {self.rank: got}
+
+    def exchange_reduce_start(self, buffers, reduce, ranks=None, *, size):
+        """Both all-to-alls and the reduction between them run on this transport's own thread and
+        process group (made at the first call, in the same order in every process), so that the
+        caller computes meanwhile and its own collectives never interleave with them."""
+        ranks = self._all(ranks, "exchange and reduce")
+        if self._chain is None:
+            group = self._guard(lambda: dist.new_group(self._global, use_local_synchronization=True),
+                                "creating the exchange group", kind=None)
+            self._chain = group, ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradwire-exchange")
+        group, executor = self._chain
+        mine, n = buffers[self.rank].clone(), len(ranks)
+
+        def chain():
+            owned = reduce(self.rank, self._exchange_slots(mine, ranks, size, group))
+            return self._exchange_slots(owned.repeat(n), ranks, size, group)
+
+        self.bytes_sent += 2 * ledger.alltoall(size, n)
+        return _ChainHandle(executor.submit(chain), self, "exchange and reduce")
+
     def gather(self, buffers, dst, ranks=None, *, size=None):
         ranks = self._all(ranks, "gather")
         mine = buffers[self.rank]
@@ -370,5 +436,8 @@ class TorchTransport(Transport):
         self._guard(dist.barrier, "barrier")
 
     def close(self) -> None:
+        if self._chain is not None:
+            self._chain[1].shutdown(wait=False, cancel_futures=True)
+            self._chain = None
         if dist.is_initialized():
             dist.destroy_process_group()

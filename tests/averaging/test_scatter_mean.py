@@ -1,0 +1,207 @@
+"""The compressed mean's scatter route (``--compressed-mean scatter``, averaging/compressed.py): the
+mean taken by its chunks' owners with error feedback on both sides (Tang et al. 2019, 2021). Its
+numbers against a reference written from the papers' rule, its bytes and time on the simulator
+against the ledger's and the network model's formulas, the owners' residuals kept only when a round
+is delivered (so a resumed round repeats it), the threads backend equal to the simulator, and the
+combinations it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradwire.averaging.compressed import CompressedMean
+from gradwire.compress import build
+from gradwire.errors import ConfigError
+from gradwire.run.combination import check_combination
+from gradwire.run.loop import Run
+from gradwire.transports import ledger
+from gradwire.transports.clocks import SimClock
+from gradwire.transports.network import HalvingDoublingNetwork, PSNetwork, RingNetwork
+from gradwire.transports.sim import SimTransport
+from tests.algorithms.test_diloco import resume_mid_run
+from tests.backends.threads import run_one_worker_per_thread
+
+
+def scatter_mean(n: int, compressor: str = "sign:scaled=true", error_feedback: bool = True) -> CompressedMean:
+    return CompressedMean(build(compressor), {r: torch.Generator().manual_seed(r) for r in range(n)},
+                          error_feedback=error_feedback, route="scatter", world_size=n,
+                          owner_generator=lambda r: torch.Generator().manual_seed(100 + r))
+
+
+def scaled_sign(v: torch.Tensor) -> torch.Tensor:
+    """EF-signSGD's message (Karimireddy et al. 2019): sign(v) times mean |v| (sign(0) sent as +)."""
+    return torch.where(v >= 0, 1.0, -1.0) * v.abs().mean()
+
+
+def reference_rounds(xs: list[dict[int, torch.Tensor]], n: int) -> list[torch.Tensor]:
+    """The rule written from the papers, chunk by chunk (tensor_split's chunks): each worker sends
+    C(x_j + e_j) of chunk j and keeps e_j the rest; owner j averages the n messages, sends C(m + f),
+    keeps f the rest; the mean is the owners' messages, concatenated."""
+    numel = next(iter(xs[0].values())).numel()
+    chunks = [(int(c[0]), int(c[-1]) + 1) for c in torch.arange(numel).tensor_split(n)]
+    worker_res = {(r, j): torch.zeros(b - a) for r in range(n) for j, (a, b) in enumerate(chunks)}
+    owner_res = {j: torch.zeros(b - a) for j, (a, b) in enumerate(chunks)}
+    out = []
+    for x in xs:
+        parts = []
+        for j, (a, b) in enumerate(chunks):
+            sent = []
+            for r in range(n):
+                corrected = x[r][a:b] + worker_res[(r, j)]
+                sent.append(scaled_sign(corrected))
+                worker_res[(r, j)] = corrected - sent[-1]
+            total = sent[0].clone()
+            for s in sent[1:]:
+                total += s
+            corrected = total / n + owner_res[j]
+            parts.append(scaled_sign(corrected))
+            owner_res[j] = corrected - parts[-1]
+        out.append(torch.cat(parts))
+    return out
+
+
+@pytest.mark.parametrize("n, numel", [(4, 1003), (3, 64), (5, 7)])
+def test_the_mean_is_the_papers_two_sided_error_feedback_rule(n, numel):
+    g = torch.Generator().manual_seed(0)
+    xs = [{r: torch.randn(numel, generator=g) for r in range(n)} for _ in range(5)]
+    averager = scatter_mean(n)
+    transport = SimTransport(n, RingNetwork(mbps=100, latency_ms=1), SimClock())
+    got = [averager.mean(transport, x) for x in xs]
+    for k, (mine, theirs) in enumerate(zip(got, reference_rounds(xs, n), strict=True)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"round {k}: {m}")
+
+
+def test_the_owners_error_feedback_makes_the_mean_of_rounds_converge():
+    """The same vectors every round: what both compressions drop comes back, so the average of K rounds'
+    means approaches the exact mean as 1/K (the error feedback identity), not the bias of one round."""
+    n, g = 4, torch.Generator().manual_seed(1)
+    x = {r: torch.randn(500, generator=g) for r in range(n)}
+    exact = sum(x.values()) / n
+    averager = scatter_mean(n)
+    transport = SimTransport(n, RingNetwork(mbps=100, latency_ms=1), SimClock())
+    means = torch.stack([averager.mean(transport, x) for _ in range(400)])
+
+    def error(k: int) -> float:
+        return float((means[:k].mean(0) - exact).norm() / exact.norm())
+
+    # both residuals stay bounded, so the error of the K-round average falls as 1/K (8x from 50 to 400; 3x asked)
+    assert error(1) > 0.5 and error(400) < 0.4 * error(50) and error(50) < 0.2 * error(1)
+
+
+@pytest.mark.parametrize("network", [RingNetwork(mbps=10, latency_ms=1), PSNetwork(mbps=10, latency_ms=1),
+                                     HalvingDoublingNetwork(mbps=10, latency_ms=1)])
+def test_bytes_and_time_are_two_alltoalls_of_one_slot(network):
+    """Per round: two all-to-alls of the largest chunk's message (1003 elements over 4: 251 → 32 bytes of
+    signs and a float32 scale), counted by the ledger and timed by the network model, one after the other."""
+    n = 4
+    averager = scatter_mean(n)
+    assert averager.slot_size(1003, torch.float32) == (36, False)
+    transport = SimTransport(n, network, SimClock())
+    handle = averager.start_payloads(transport, averager.payloads({r: torch.randn(1003) for r in range(n)}),
+                                     torch.zeros(1003))
+    assert transport.clock.now == 0.0  # priced, not paid, until the wait
+    handle.wait()
+    one = network.alltoall(36, n)
+    assert transport.bytes_sent == 2 * one.bytes
+    assert one.bytes == (ledger.star_alltoall(36, n) if isinstance(network, PSNetwork) else n * (n - 1) * 36)
+    assert transport.clock.now == pytest.approx(2 * one.time_s, rel=1e-12)
+    expected = (2 * 1e-3 + n * (n - 1) * 36 / 1.25e6 if isinstance(network, PSNetwork)
+                else 1e-3 + (n - 1) * 36 / 1.25e6)
+    assert one.time_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_scatter_route_sends_fewer_bytes_than_the_gather_route_at_16_workers():
+    """Each link: 2·(n-1)/n messages a round instead of n - 1 (1-bit messages of a 137K vector)."""
+    n, numel = 16, 137_000
+    x = {r: torch.randn(numel) for r in range(n)}
+    counts = {}
+    for route in ("gather", "scatter"):
+        averager = scatter_mean(n) if route == "scatter" else CompressedMean(
+            build("sign:scaled=true"), {r: torch.Generator().manual_seed(r) for r in range(n)}, error_feedback=True)
+        transport = SimTransport(n, RingNetwork(mbps=10, latency_ms=1), SimClock())
+        averager.mean(transport, x)
+        counts[route] = transport.bytes_sent
+    assert counts["gather"] == ledger.allgather([numel // 8 + 4] * n)
+    assert counts["scatter"] == 2 * ledger.alltoall(-(-numel // n) // 8 + 1 + 4, n)
+    assert 7.9 < counts["gather"] / counts["scatter"] < 8.0  # n/2, less the chunks' scales
+
+
+def test_a_bounded_codec_travels_framed_and_a_stochastic_one_repeats_after_a_restart():
+    """Top-k chunks (a bound, not a size) travel framed at the bound; a round started twice from the same
+    payloads (``Transport.restart`` after a resume) gives the same mean and keeps the owners' residuals
+    and random streams once, so the next round equals that of a run that never restarted."""
+    n = 3
+    x = [{r: torch.randn(300, generator=torch.Generator().manual_seed(10 * k + r)) for r in range(n)}
+         for k in range(3)]
+    for spec in ("topk:ratio=0.1", "qsgd:levels=4,bucket=32"):
+        straight, restarted = scatter_mean(n, spec), scatter_mean(n, spec)
+        assert straight.slot_size(300, torch.float32)[1] == (spec.startswith("topk"))
+        t1 = SimTransport(n, RingNetwork(), SimClock())
+        t2 = SimTransport(n, RingNetwork(), SimClock())
+        expected = [straight.mean(t1, xk) for xk in x]
+        like = torch.zeros(300)
+        got = [restarted.mean(t2, x[0])]
+        payloads = restarted.payloads(x[1])
+        restarted.start_payloads(t2, payloads, like)  # started, never waited: a checkpoint in flight
+        again = t2.restart(lambda m=restarted, t=t2, p=payloads, z=like: m.start_payloads(t, p, z), None)
+        got.append(again.wait())
+        got.append(restarted.mean(t2, x[2]))
+        for a, b in zip(expected, got, strict=True):
+            assert torch.equal(a, b), spec
+        assert t2.bytes_sent == t1.bytes_sent  # the restarted round counted once
+
+
+@pytest.mark.parametrize("spec, extra", [
+    ("muloco:inner_steps=3", {}),
+    ("muloco:inner_steps=4,overlap=2,merge=carry", {}),  # a round in flight at the checkpoint
+    ("streaming-diloco:inner_steps=4,fragments=2,overlap=2", dict(compressor="qsgd:levels=8,bucket=64",
+                                                                  error_feedback=True)),
+])
+def test_resume_mid_run_equals_never_stopping(make_config, spec, extra):
+    extra |= dict(compressed_mean="scatter", network="ring:mbps=10,latency_ms=1")
+    if spec.startswith("muloco"):
+        extra |= dict(task="digits-mlp", lr=0.003)
+    in_flight = resume_mid_run(make_config, spec, extra)
+    assert in_flight == ("overlap" in spec)
+
+
+@pytest.mark.parametrize("spec, extra", [("muloco:inner_steps=3", dict(task="digits-mlp")),
+                                         ("sync", dict(compressor="sign:scaled=true", error_feedback=True))])
+def test_one_thread_per_rank_matches_the_simulator(make_config, spec, extra):
+    cfg = make_config(algorithm=spec, lr=0.01, workers=3, compressed_mean="scatter", **extra)
+    sim = Run(cfg)
+    sim_infos = [sim.train_step() for _ in range(6)]
+    threads = run_one_worker_per_thread(cfg, 6)
+    for rank, got in threads.items():
+        assert torch.equal(got["eval"], sim.algorithm.eval_params()), rank
+    assert len(sim_infos) == 6
+
+
+def test_the_run_learns_and_its_bytes_are_the_ledger_s(make_config):
+    cfg = make_config(algorithm="muloco:inner_steps=3", task="digits-mlp", lr=0.003, steps=12,
+                      compressed_mean="scatter", network="ring:mbps=100,latency_ms=1")
+    r = Run(cfg)
+    before = r.evaluate()["train_loss"]
+    for _ in range(12):
+        r.train_step()
+    assert r.evaluate()["train_loss"] < before
+    numel = r.algorithm.theta.numel()
+    slot, _ = r.algorithm.averager.slot_size(numel, torch.float32)
+    assert r.transport.bytes_sent == 4 * 2 * ledger.alltoall(slot, 4)  # 4 rounds of H = 3
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(compressed_mean="bogus"), "valid choices are gather, scatter"),
+    (dict(algorithm="diana"), "applies to"),
+    (dict(algorithm="sync:backups=1", compressor="sign:scaled=true"), "sync without backups"),
+    (dict(compressor="fp16"), "summed by an allreduce"),
+    (dict(compressor="powersgd:rank=2"), "averages by allreduce itself"),
+    (dict(compressor="threshold:tau=0.1"), "known size or bound"),
+])
+def test_what_the_scatter_route_refuses_is_one_line_naming_it(make_config, overrides, words):
+    cfg = make_config(**({"compressed_mean": "scatter", "algorithm": "sync"} | overrides))
+    with pytest.raises(ConfigError) as e:
+        check_combination(cfg)
+        Run(cfg)
+    assert words in str(e.value) and "\n" not in str(e.value)
