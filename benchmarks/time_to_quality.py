@@ -540,8 +540,11 @@ def row_cost(compute: dict, key: str) -> dict:
         raise SystemExit(f"compute.json: row {key!r} was measured without {', '.join(missing)} (before the time "
                          f"model priced them): run `compute --rows {key}` again")
     scale = ddp["compute_s"] / cost["ddp_compute_s"]
-    return cost | {"compute_s": cost["compute_s"] * scale, "decode_s": cost["decode_s"] * scale,
-                   "backward_s": ddp["backward_s"]}
+    scaled = {"compute_s": cost["compute_s"] * scale, "decode_s": cost["decode_s"] * scale,
+              "backward_s": ddp["backward_s"]}
+    if "scatter_round_s" in cost:
+        scaled["scatter_round_s"] = {n: s * scale for n, s in cost["scatter_round_s"].items()}
+    return cost | scaled
 
 
 def backward_overhang(row: Row, cost: dict, workers: int, mbps: float, network: str = "ring") -> float:
@@ -566,14 +569,21 @@ def step_seconds(row: Row, cost: dict, workers: int, mbps: float | None, network
     exchange of sizes (8 bytes each, before the payload's collective starts: never hidden), then the
     payload (``payload_bytes`` one worker's per round). A server-mode row's round, its compute and
     its messages to and from the server, is the simulator's (``server_round_seconds``). A scatter
-    round's decoding does not grow with n (each worker decodes n chunks of a n-th of the message, then
-    the n owners' chunks): it is in the one-worker measurement, ``decode_s`` 0 (its owner encodes the
-    whole message there, a n-th of it among n: priced a little high). ``cost``:
+    round's averaging (a worker's n chunks encoded, n messages of its chunk decoded and its mean
+    encoded again, the n owners' chunks decoded) is measured at each worker count
+    (``scatter_round_s``, ``scatter_round_seconds``): the one-worker measurement holds the one-worker
+    round, and the difference is added a round. ``cost``:
     ``row_cost``'s; ``mbps`` None: a network of zero cost; ``network``: NETWORKS' ring or
     halving-doubling."""
     from gradwire.transports.ledger import SIZE_BYTES
 
     compute = cost["compute_s"] + (workers - 1) * cost["decode_s"] / row.period
+    if row.collective == "scatter":  # the round's averaging at this worker count, not at the measurement's one
+        rounds = cost.get("scatter_round_s")
+        if rounds is None or str(workers) not in rounds:
+            raise SystemExit(f"compute.json: row {row.key!r} has no scatter round cost at {workers} workers "
+                             f"(measured at {sorted(rounds or {}, key=int)}): run `compute --rows {row.key}` again")
+        compute += (rounds[str(workers)] - rounds["1"]) / row.period
     if mbps is None:
         return compute
     if row.collective == "server":  # the simulator's round through the server (no other network applies)
@@ -1002,8 +1012,40 @@ def wire_costs(row: Row, lr: float, n_steps: int, folder: Path) -> dict:
             original(averager, buffers, like)
             times.append(time.process_time() - start)
         decode_s = min(times) / len(buffers)
-    return {"payload_bytes": r.transport.bytes_sent / ledger_divisor(row.collective, 4) / rounds,
-            "decode_s": decode_s, "size_exchanges": sum(unsized) / rounds}
+    out = {"payload_bytes": r.transport.bytes_sent / ledger_divisor(row.collective, 4) / rounds,
+           "decode_s": decode_s, "size_exchanges": sum(unsized) / rounds}
+    if row.collective == "scatter":
+        averager, numel = r.algorithm.averager, r.algorithm.theta.numel()
+        out["scatter_round_s"] = {str(n): scatter_round_seconds(averager, numel, n) for n in SCATTER_WORKERS}
+    return out
+
+
+SCATTER_WORKERS = (1, 4, 16, 64)  # the worker counts a scatter round's averaging is measured at
+
+
+def scatter_round_seconds(averager, numel: int, workers: int, repeats: int = DECODE_REPEATS) -> float:
+    """The CPU seconds of one worker's share of a scatter round among ``workers``, in
+    ``averager``'s settings (its compressor and error feedback): its vector encoded in n chunks, the
+    n messages of the chunk it owns decoded, averaged and encoded again, the n owners' chunks decoded
+    into the mean; the fastest of ``repeats`` (interference only adds time). The messages decoded are
+    its own, as every worker's are alike in size and work."""
+    import torch
+
+    from gradwire.averaging.compressed import CompressedMean
+
+    mean = CompressedMean(averager.compressor, {0: torch.Generator().manual_seed(0)},
+                          error_feedback=averager.ef is not None, route="scatter", world_size=workers,
+                          owner_generator=lambda r: torch.Generator().manual_seed(1))
+    x, like = torch.randn(numel, generator=torch.Generator().manual_seed(2)), torch.zeros(numel)
+    slot, _ = mean.slot_size(numel, like.dtype)
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        payload = mean.payloads({0: x})[0]
+        owned = mean.reduce_chunk(0, dict.fromkeys(range(workers), payload[:slot]), like, "grad")
+        mean.assemble({r: owned if r == 0 else payload[r * slot:(r + 1) * slot] for r in range(workers)}, like, "grad")
+        times.append(time.process_time() - start)
+    return min(times)
 
 
 def server_wire(row: Row, lr: float, n_steps: int, folder: Path, rounds: int = 4) -> dict:

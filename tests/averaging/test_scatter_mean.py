@@ -198,6 +198,7 @@ def test_the_run_learns_and_its_bytes_are_the_ledger_s(make_config):
     (dict(compressor="fp16"), "summed by an allreduce"),
     (dict(compressor="powersgd:rank=2"), "averages by allreduce itself"),
     (dict(compressor="threshold:tau=0.1"), "known size or bound"),
+    (dict(compressor="sign", fault_tolerance="torchft:min_replicas=1", backend="torch"), "--fault-tolerance"),
 ])
 def test_what_the_scatter_route_refuses_is_one_line_naming_it(make_config, overrides, words):
     cfg = make_config(**({"compressed_mean": "scatter", "algorithm": "sync"} | overrides))

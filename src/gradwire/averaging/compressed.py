@@ -37,6 +37,90 @@ from gradwire.transports.base import Handle, Transport
 ROUTES = ("gather", "scatter")  # --compressed-mean (module docstring)
 
 
+class ChunkSlots(Compressor):
+    """``inner`` applied chunk by chunk: a vector cut in ``n`` chunks (:meth:`chunks`, as
+    ``torch.tensor_split`` cuts it), each encoded into a slot of the largest chunk's size (its fixed
+    size padded with zeros, or, for a bounded codec, framed at the bound: :meth:`slot_size`), the n
+    slots one after another. What a worker sends on the scatter route (slot j to worker j); error
+    feedback wraps it whole, one residual for the vector, the variance bound that of the largest chunk."""
+
+    def __init__(self, inner: Compressor, n: int):
+        self.inner, self.n = inner, n
+        self.name, self.unbiased, self.stochastic = inner.name, inner.unbiased, inner.stochastic
+
+    def spec(self) -> str:
+        return self.inner.spec()
+
+    def omega(self, numel: int) -> float | None:
+        return self.inner.omega(-(-numel // self.n))
+
+    def chunks(self, numel: int) -> list[tuple[int, int]]:
+        """The [a, b) element ranges of the n chunks: sizes as equal as can be, the first numel mod n
+        one larger."""
+        q, extra = divmod(numel, self.n)
+        bounds, a = [], 0
+        for j in range(self.n):
+            b = a + q + (j < extra)
+            bounds.append((a, b))
+            a = b
+        return bounds
+
+    def slot_size(self, numel: int, dtype: torch.dtype) -> tuple[int, bool]:
+        """(the bytes every chunk's message travels in, whether it is framed)."""
+        largest = -(-numel // self.n)
+        size = self.inner.nbytes(largest, dtype)
+        if size is not None:
+            return size, False
+        return self.inner.max_nbytes(largest, dtype) + FRAME_BYTES, True
+
+    def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return self.n * self.slot_size(numel, dtype)[0]
+
+    def to_slot(self, buffer: torch.Tensor, slot: int, framed: bool) -> torch.Tensor:
+        if framed:
+            return frame(buffer, slot - FRAME_BYTES)
+        out = torch.zeros(slot, dtype=torch.uint8, device=buffer.device)
+        out[: buffer.numel()] = buffer
+        return out
+
+    def decode_slot(self, buffer: torch.Tensor, numel: int, dtype: torch.dtype, framed: bool) -> torch.Tensor:
+        """One chunk of ``numel`` elements, decoded from its slot."""
+        buffer = unframe(buffer, self.inner.name) if framed else buffer[: self.inner.nbytes(numel, dtype)]
+        return self.inner.decode(Packet(buffer, torch.Size([numel]), dtype))
+
+    def encode(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> Packet:
+        flat = x.reshape(-1)
+        slot, framed = self.slot_size(flat.numel(), x.dtype)
+        buffer = torch.cat([self.to_slot(self.inner.encode(flat[a:b], generator=generator).buffer, slot, framed)
+                            for a, b in self.chunks(flat.numel())])
+        return Packet(buffer, x.shape, x.dtype)
+
+    def decode(self, packet: Packet) -> torch.Tensor:
+        numel = packet.numel
+        slot, framed = self.slot_size(numel, packet.dtype)
+        if framed:
+            parts = [self.decode_slot(packet.buffer[j * slot:(j + 1) * slot], b - a, packet.dtype, framed)
+                     for j, (a, b) in enumerate(self.chunks(numel))]
+            return torch.cat(parts).view(packet.shape)
+        # a fixed size: the slots of the longer chunks (the first numel mod n), then the shorter, each
+        # group decoded in one pass (``Compressor.decode_rows``)
+        rows = packet.buffer.view(self.n, slot)
+        q, extra = divmod(numel, self.n)
+        parts = [self.inner.decode_rows(rows[:extra], q + 1, packet.dtype).reshape(-1)] if extra else []
+        if q:
+            parts.append(self.inner.decode_rows(rows[extra:], q, packet.dtype).reshape(-1))
+        return torch.cat(parts).view(packet.shape) if parts else torch.empty(packet.shape, dtype=packet.dtype,
+                                                                              device=packet.buffer.device)
+
+    def decode_slots(self, slots: list[torch.Tensor], numel: int, dtype: torch.dtype,
+                     framed: bool) -> list[torch.Tensor]:
+        """Several messages of one chunk of ``numel`` elements (a chunk owner's n), decoded; in one
+        pass where the codec's size is fixed."""
+        if framed:
+            return [self.decode_slot(b, numel, dtype, framed) for b in slots]
+        return list(self.inner.decode_rows(torch.stack(slots), numel, dtype))
+
+
 class CompressedMean(Averager):
     """One compressor, an optional error-feedback memory and a seeded generator per local worker.
 
@@ -54,7 +138,9 @@ class CompressedMean(Averager):
         that worker ``rank`` owns (its second encode)."""
         self.compressor = compressor
         self.identity = identity  # the spec asked for no compression ("none")
-        self.ef = ({r: ErrorFeedback(compressor, scaled=scaled_error_feedback) for r in generators}
+        # what a worker's message is: the compressor's packet, or on the scatter route its n chunks' slots
+        self.sent = ChunkSlots(compressor, world_size) if route == "scatter" else compressor
+        self.ef = ({r: ErrorFeedback(self.sent, scaled=scaled_error_feedback) for r in generators}
                    if error_feedback else None)
         self.gen = generators
         self.combine: MessageCombine | None = None  # None: the plain mean of the decoded payloads
@@ -95,7 +181,7 @@ class CompressedMean(Averager):
         """``key`` names the tensor whose residual error feedback keeps (one per key)."""
         if self.ef is not None:
             return self.ef[rank].encode(x, key=key, generator=self.gen[rank])
-        return self.compressor.encode(x, generator=self.gen[rank])
+        return self.sent.encode(x, generator=self.gen[rank])
 
     def decode(self, buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return self.compressor.decode(Packet(buffer, like.shape, like.dtype))
@@ -187,7 +273,7 @@ class CompressedMean(Averager):
             return {r: t.clone() for r, t in tensors.items()}
         like = next(iter(tensors.values()))
         if self.route == "scatter":
-            return {r: self._chunk_payload(r, t, key) for r, t in tensors.items()}
+            return {r: self.encode(r, t.reshape(-1), key=key).buffer for r, t in tensors.items()}
         packets = {r: self.encode(r, t, key=key) for r, t in tensors.items()}
         if self.compressor.summable:
             wire_dtype = self.compressor.wire_dtype(like.dtype)
@@ -220,10 +306,7 @@ class CompressedMean(Averager):
         if self.allreduced():
             return payload.to(like.dtype)
         if self.route == "scatter":
-            slot, framed = self.slot_size(like.numel(), like.dtype)
-            parts = [self._decode_slot(payload[j * slot:(j + 1) * slot], a, b, like, framed)
-                     for j, (a, b) in enumerate(self.chunks(like.numel()))]
-            return torch.cat(parts).view(like.shape)
+            return self.sent.decode(Packet(payload, like.shape, like.dtype))
         return self.decode(payload, like)
 
     def decode_mean(self, buffers: dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -248,49 +331,12 @@ class CompressedMean(Averager):
     # -- the scatter route (module docstring) --------------------------------------------------------
 
     def chunks(self, numel: int) -> list[tuple[int, int]]:
-        """The [a, b) element ranges of the n chunks, chunk j owned by the j-th worker: sizes as
-        equal as can be, the first numel mod n one larger (``torch.tensor_split``'s rule)."""
-        n = self.world_size
-        q, extra = divmod(numel, n)
-        bounds, a = [], 0
-        for j in range(n):
-            b = a + q + (j < extra)
-            bounds.append((a, b))
-            a = b
-        return bounds
+        """The scatter route's chunks, chunk j owned by the j-th worker (``ChunkSlots.chunks``)."""
+        return self.sent.chunks(numel)
 
     def slot_size(self, numel: int, dtype: torch.dtype) -> tuple[int, bool]:
-        """(the bytes every chunk's message travels in, whether it is framed): the largest chunk's
-        fixed size, or its bound plus a 4-byte length for a bounded codec (``wire_size``); a smaller
-        chunk's message is padded with zeros to it."""
-        largest = -(-numel // self.world_size)
-        size = self.compressor.nbytes(largest, dtype)
-        if size is not None:
-            return size, False
-        return self.compressor.max_nbytes(largest, dtype) + FRAME_BYTES, True
-
-    def _to_slot(self, buffer: torch.Tensor, slot: int, framed: bool) -> torch.Tensor:
-        if framed:
-            return frame(buffer, slot - FRAME_BYTES)
-        out = torch.zeros(slot, dtype=torch.uint8, device=buffer.device)
-        out[: buffer.numel()] = buffer
-        return out
-
-    def _decode_slot(self, buffer: torch.Tensor, a: int, b: int, like: torch.Tensor, framed: bool) -> torch.Tensor:
-        """Chunk [a, b)'s message, decoded from its slot."""
-        if framed:
-            buffer = unframe(buffer, self.compressor.name)
-        else:
-            buffer = buffer[: self.compressor.nbytes(b - a, like.dtype)]
-        return self.compressor.decode(Packet(buffer, torch.Size([b - a]), like.dtype))
-
-    def _chunk_payload(self, rank: int, x: torch.Tensor, key: str) -> torch.Tensor:
-        """Worker ``rank``'s message on the scatter route: its flat ``x`` encoded chunk by chunk (each
-        chunk its own residual, ``key/j``), the n slots one after another."""
-        flat = x.reshape(-1)
-        slot, framed = self.slot_size(flat.numel(), x.dtype)
-        return torch.cat([self._to_slot(self.encode(rank, flat[a:b], key=f"{key}/{j}").buffer, slot, framed)
-                          for j, (a, b) in enumerate(self.chunks(flat.numel()))])
+        """(the bytes each chunk's message travels in, whether it is framed: ``ChunkSlots.slot_size``)."""
+        return self.sent.slot_size(numel, dtype)
 
     def reduce_chunk(self, rank: int, received: dict[int, torch.Tensor], like: torch.Tensor, key: str) -> torch.Tensor:
         """What the owner ``rank`` sends on: the mean of its chunk's n messages (decoded, summed in rank
@@ -298,27 +344,25 @@ class CompressedMean(Averager):
         a, b = self.chunks(like.numel())[sorted(received).index(rank)]
         slot, framed = self.slot_size(like.numel(), like.dtype)
         order = sorted(received)
-        total = self._decode_slot(received[order[0]], a, b, like, framed).clone()
-        for r in order[1:]:
-            total += self._decode_slot(received[r], a, b, like, framed)
+        decoded = self.sent.decode_slots([received[r] for r in order], b - a, like.dtype, framed)
+        total = decoded[0].clone()
+        for d in decoded[1:]:
+            total += d
         gen = torch.Generator(device=self.owner_gen[rank].device)
         gen.set_state(self.owner_gen[rank].get_state())
         packet, residual = self.owner_ef[rank].encode_pending(total.div_(len(order)), key=key, generator=gen)
         self.pending[(rank, key)] = residual, gen.get_state()
-        return self._to_slot(packet.buffer, slot, framed)
+        return self.sent.to_slot(packet.buffer, slot, framed)
 
     def assemble(self, owned: dict[int, torch.Tensor], like: torch.Tensor, key: str) -> torch.Tensor:
         """The mean from the owners' chunks (keyed by owner rank), and each local owner's residual and
         random stream kept: the round has been delivered."""
-        slot, framed = self.slot_size(like.numel(), like.dtype)
-        order = sorted(owned)
-        parts = [self._decode_slot(owned[r], a, b, like, framed) for r, (a, b) in zip(order, self.chunks(like.numel()),
-                                                                                         strict=True)]
+        mean = self.sent.decode(Packet(torch.cat([owned[r] for r in sorted(owned)]), like.shape, like.dtype))
         for r in self.owner_ef:
             residual, gen_state = self.pending.pop((r, key))
             self.owner_ef[r].commit(key, residual)
             self.owner_gen[r].set_state(gen_state)
-        return torch.cat(parts).view(like.shape).to(like.dtype)
+        return mean
 
     def per_worker_state(self) -> tuple[str, ...]:
         owners = ("owner_generators", "owner_error_feedback") if self.route == "scatter" else ()

@@ -69,6 +69,16 @@ class Compressor(Specced, ABC):
     def nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int | None:
         """Exact payload size for a tensor of ``numel`` elements, or None where it depends on the data."""
 
+    def decode_rows(self, rows: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """k packets of ``numel`` elements each, one at the start of each row of the uint8 ``rows``
+        (k x at least ``nbytes(numel)``; the rest of a row is ignored), decoded: k x ``numel``, each
+        row what :meth:`decode` gives for it. This default decodes them one by one (a codec of a fixed
+        size only); a codec that can decode them in one pass overrides it (sign)."""
+        size = self.nbytes(numel, dtype)
+        if size is None:
+            raise ValueError(f"{self.name}: decode_rows needs a fixed size")
+        return torch.stack([self.decode(Packet(row[:size], torch.Size([numel]), dtype)) for row in rows])
+
     def max_nbytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int | None:
         """The most bytes a payload of ``numel`` elements can take, whatever the data: ``nbytes``
         for a fixed size; a codec whose size depends on the data but is bounded (a fixed count of

@@ -118,6 +118,21 @@ class Sign(Compressor):
             pack_signs(xf, out[head:])
         return make_packet(out, x)
 
+    def decode_rows(self, rows: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Every row's signs unpacked in one pass, then times its row's scale: bit for bit what
+        ``decode`` gives row by row (the same float32 or float64 products); other dtypes (whose
+        single decode rounds after the product) and the fused kernels' devices row by row."""
+        k, nb, head = rows.shape[0], -(-numel // 8), 4 if self.scaled else 0
+        out = torch.empty(k, 8 * nb, dtype=dtype, device=rows.device)
+        if not numel or work_dtype(dtype) != dtype or kernels.wanted(out):
+            return super().decode_rows(rows, numel, dtype)
+        unpack_signs(rows[:, head:head + nb].contiguous().reshape(-1), k * 8 * nb, out.view(-1), 1.0, self.name)
+        if self.scaled:
+            scales = rows[:, :4].reshape(-1).clone().view(torch.float32)  # aligned, whatever the row stride
+            check_scales(scales, self.name)
+            out.mul_(scales.to(dtype)[:, None])
+        return out[:, :numel]
+
     def decode(self, packet: Packet) -> torch.Tensor:
         n = packet.numel
         buf = payload(packet, self.nbytes(n), self.name)

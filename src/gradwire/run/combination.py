@@ -109,6 +109,9 @@ def check_combination(cfg: RunConfig, *, workers_counted: bool = True) -> Combin
         raise ConfigError(f"compressed_mean=scatter: algorithm {cfg.algorithm!r} does not average through the "
                           f"compressed mean's own collectives; the scatter route applies to {', '.join(able)} "
                           "(sync without backups) (--compressed-mean)")
+    if cfg.compressed_mean == "scatter" and cfg.fault_tolerance != "none":
+        raise ConfigError("compressed_mean=scatter needs an all-to-all among a fixed set of workers, which "
+                          "--fault-tolerance's quorums do not have (--compressed-mean gather)")
     if cfg.nesterov and algorithm.nesterov_instead is not None:  # before asking for a --momentum
         raise ConfigError(f"nesterov=true: --nesterov does not apply to algorithm {cfg.algorithm!r} (leave it off): "
                           f"{algorithm.nesterov_instead} (--nesterov)")
