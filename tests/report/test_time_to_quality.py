@@ -78,8 +78,15 @@ def test_the_time_model_is_gradwires_ring_network(ttq):
     scatter = ttq.ROW["muloco-sign-h3-tau1-carry-mu0.9-scatter"]  # τ = 1: hidden behind one step's compute
     assert scatter.run["compressed_mean"] == "scatter" and scatter.collective == "scatter"
     comm = ttq.collective_seconds("scatter", 17_129, 16, 10.0)
-    assert ttq.step_seconds(scatter, measured(0.024, 0.01, 17_129), 16, 10.0) == pytest.approx(
-        0.024 + max(0.0, comm - 0.024) / 3)
+    # its round's averaging measured at each worker count: the one-worker measurement holds the
+    # one-worker round (2 ms), and 16 workers' round (4 ms) costs 2 ms more a round
+    rounds = {"1": 0.002, "4": 0.0025, "16": 0.004, "64": 0.009}
+    cost = measured(0.024, 0.01, 17_129, scatter_round_s=rounds)
+    compute = 0.024 + (0.004 - 0.002) / 3
+    assert ttq.step_seconds(scatter, cost, 16, 10.0) == pytest.approx(compute + max(0.0, comm - compute) / 3)
+    assert ttq.step_seconds(scatter, cost, 16, None) == pytest.approx(compute)
+    with pytest.raises(SystemExit, match="no scatter round cost at 16 workers"):
+        ttq.step_seconds(scatter, measured(0.024, 0.01, 17_129), 16, 10.0)
     qsgd = ttq.ROW["gw-qsgd"]  # an allgather, not hidden: (n-1)(latency + B/bw) a step
     gather = NETWORKS.build("ring:mbps=10,latency_ms=1").allgather([20_000] * 16).time_s
     assert ttq.step_seconds(qsgd, measured(0.01, 0.006, 20_000), 16, 10.0) == pytest.approx(0.01 + gather)
@@ -437,6 +444,8 @@ def test_a_row_is_priced_by_its_ratio_to_the_ddp_measured_beside_it(ttq):
     cost = ttq.row_cost(compute, "diloco")
     assert cost["compute_s"] == pytest.approx(0.015) and cost["decode_s"] == pytest.approx(0.0025)
     assert cost["backward_s"] == 0.005 and ttq.row_cost(compute, "ddp")["compute_s"] == 0.010
+    compute["scatter"] = measured(0.012, 0.004, ddp_compute_s=0.008, scatter_round_s={"1": 0.002, "16": 0.004})
+    assert ttq.row_cost(compute, "scatter")["scatter_round_s"] == pytest.approx({"1": 0.0025, "16": 0.005})
     compute["diloco"] = {"compute_s": 0.012, "backward_s": 0.004, "payload_bytes": 1.0}
     with pytest.raises(SystemExit, match="'diloco'.*session.*compute --rows diloco"):
         ttq.row_cost(compute, "diloco")
@@ -574,6 +583,26 @@ def test_a_compressed_server_row_prices_its_codecs_bytes_both_ways(ttq, tmp_path
     assert ttq.step_seconds(row, cost, 4, 10.0) == compressed
     dense = ttq.server_round_seconds(f"backup-diloco:backups=0,inner_steps={ttq.H},answer=change", 0.2, 4, 10.0)
     assert compressed < 0.3 < dense  # 1 bit a parameter each way against 32
+
+
+def test_a_scatter_row_s_wire_is_its_whole_message_and_its_rounds_at_every_worker_count(ttq, tmp_path, monkeypatch):
+    """A scatter row (--compressed-mean scatter) sends its message in n slots twice a round: the ledger's
+    count over ``ledger_divisor`` is one worker's n slots (4 workers: 4 chunks of 34,304 elements at 1
+    bit and a float32 scale each); its round's averaging is measured at 1, 4, 16 and 64 workers, each
+    with that many chunks; no payload of its round is decoded whole (``decode_s`` 0)."""
+    seen = []
+    measure = ttq.scatter_round_seconds
+
+    def recorded(averager, numel, workers, repeats=ttq.DECODE_REPEATS):
+        seen.append((averager.compressor.spec(), averager.ef is not None, numel, workers))
+        return measure(averager, numel, workers, repeats=1)
+
+    monkeypatch.setattr(ttq, "scatter_round_seconds", recorded)
+    wire = ttq.wire_costs(ttq.ROW["muloco-sign-h3-tau1-carry-mu0.9-scatter"], 0.004, 1000, tmp_path / "w")
+    assert wire["payload_bytes"] == 4 * (34_304 // 8 + 4) and wire["decode_s"] == 0.0
+    assert sorted(wire["scatter_round_s"], key=int) == ["1", "4", "16", "64"]
+    assert all(s > 0 for s in wire["scatter_round_s"].values())
+    assert seen == [("sign:scaled=true", True, 137_216, n) for n in (1, 4, 16, 64)]
 
 
 def test_a_seed_run_alone_is_judged_against_the_target_of_every_ddp_seed_given(ttq, tmp_path, monkeypatch):
