@@ -40,7 +40,8 @@ class RunConfig:
     error_feedback: bool = False              # keep per-worker compression residuals
     compressed_mean: str = "gather"           # gather: every worker decodes every message; scatter: worker j
                                               # averages chunk j of all and sends it on compressed again (1-bit
-                                              # Adam's compressed allreduce: 2(n-1)/n messages a link, not n-1)
+                                              # Adam's compressed allreduce: 2(n-1)/n messages a link, not n-1;
+                                              # compressed twice, which can cost quality: docs/compressors.md)
     partition: str = "iid"                    # how the training data is split among workers
     stragglers: str = "none"                  # per-worker compute-time model (simulated seconds)
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
