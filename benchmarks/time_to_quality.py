@@ -1033,9 +1033,10 @@ def scatter_round_seconds(averager, numel: int, workers: int, repeats: int = DEC
 
     from gradwire.averaging.compressed import CompressedMean
 
+    scaled = next(iter(averager.ef.values())).scaled if averager.ef else True  # MuLoCo's: unscaled
     mean = CompressedMean(averager.compressor, {0: torch.Generator().manual_seed(0)},
                           error_feedback=averager.ef is not None, route="scatter", world_size=workers,
-                          owner_generator=lambda r: torch.Generator().manual_seed(1))
+                          owner_generator=lambda r: torch.Generator().manual_seed(1), scaled_error_feedback=scaled)
     x, like = torch.randn(numel, generator=torch.Generator().manual_seed(2)), torch.zeros(numel)
     slot, _ = mean.slot_size(numel, like.dtype)
     times = []
