@@ -2,9 +2,9 @@
 Streaming DiLoCo (replicas, outer momentum, a round in flight at the checkpoint, compressed outer
 gradients with error feedback, averaged by all-gather or by chunk owners) on 2 gloo processes
 (``gradwire launch``) stopped after step 7, then resumed from the checkpoint of step 5, give the
-same metrics, bit for bit, as the run that never stopped, and the same final checkpoint. One thing
-differs, as on the simulator (tests/algorithms/test_diloco.py): a round in flight at the checkpoint
-is sent again after the resume, so its bytes are counted twice, from the resume on."""
+same metrics, bit for bit, as the run that never stopped, and the same final checkpoint. A round in
+flight at the checkpoint is sent again after the resume and counted once (``Transport.restart``), as
+on the simulator (tests/algorithms/test_diloco.py): the same bytes as never stopping."""
 
 import json
 
