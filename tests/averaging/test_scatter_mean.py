@@ -23,10 +23,11 @@ from tests.algorithms.test_diloco import resume_mid_run
 from tests.backends.threads import run_one_worker_per_thread
 
 
-def scatter_mean(n: int, compressor: str = "sign:scaled=true", error_feedback: bool = True) -> CompressedMean:
-    return CompressedMean(build(compressor), {r: torch.Generator().manual_seed(r) for r in range(n)},
+def scatter_mean(n: int, compressor: str = "sign:scaled=true", error_feedback: bool = True,
+                 device: torch.device | str = "cpu") -> CompressedMean:
+    return CompressedMean(build(compressor), {r: torch.Generator(device=device).manual_seed(r) for r in range(n)},
                           error_feedback=error_feedback, route="scatter", world_size=n,
-                          owner_generator=lambda r: torch.Generator().manual_seed(100 + r))
+                          owner_generator=lambda r: torch.Generator(device=device).manual_seed(100 + r))
 
 
 def scaled_sign(v: torch.Tensor) -> torch.Tensor:
@@ -40,8 +41,9 @@ def reference_rounds(xs: list[dict[int, torch.Tensor]], n: int) -> list[torch.Te
     keeps f the rest; the mean is the owners' messages, concatenated."""
     numel = next(iter(xs[0].values())).numel()
     chunks = [(int(c[0]), int(c[-1]) + 1) for c in torch.arange(numel).tensor_split(n)]
-    worker_res = {(r, j): torch.zeros(b - a) for r in range(n) for j, (a, b) in enumerate(chunks)}
-    owner_res = {j: torch.zeros(b - a) for j, (a, b) in enumerate(chunks)}
+    device = next(iter(xs[0].values())).device
+    worker_res = {(r, j): torch.zeros(b - a, device=device) for r in range(n) for j, (a, b) in enumerate(chunks)}
+    owner_res = {j: torch.zeros(b - a, device=device) for j, (a, b) in enumerate(chunks)}
     out = []
     for x in xs:
         parts = []
@@ -62,12 +64,14 @@ def reference_rounds(xs: list[dict[int, torch.Tensor]], n: int) -> list[torch.Te
 
 
 @pytest.mark.parametrize("n, numel", [(4, 1003), (3, 64), (5, 7)])
-def test_the_mean_is_the_papers_two_sided_error_feedback_rule(n, numel):
-    g = torch.Generator().manual_seed(0)
-    xs = [{r: torch.randn(numel, generator=g) for r in range(n)} for _ in range(5)]
-    averager = scatter_mean(n)
+def test_the_mean_is_the_papers_two_sided_error_feedback_rule(n, numel, device):
+    """On the workers' device (a tensor's device decides where the work happens)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    xs = [{r: torch.randn(numel, generator=g, device=device) for r in range(n)} for _ in range(5)]
+    averager = scatter_mean(n, device=device)
     transport = SimTransport(n, RingNetwork(mbps=100, latency_ms=1), SimClock())
     got = [averager.mean(transport, x) for x in xs]
+    assert all(m.device == xs[0][0].device for m in got)
     for k, (mine, theirs) in enumerate(zip(got, reference_rounds(xs, n), strict=True)):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"round {k}: {m}")
 
@@ -175,7 +179,7 @@ def test_one_thread_per_rank_matches_the_simulator(make_config, spec, extra):
     threads = run_one_worker_per_thread(cfg, 6)
     for rank, got in threads.items():
         assert torch.equal(got["eval"], sim.algorithm.eval_params()), rank
-    assert len(sim_infos) == 6
+        assert [i.get("merged") for i in got["infos"]] == [i.get("merged") for i in sim_infos], rank
 
 
 def test_the_run_learns_and_its_bytes_are_the_ledger_s(make_config):

@@ -30,11 +30,10 @@ from gradwire.averaging.base import Averager, Finished
 from gradwire.averaging.combine import MessageCombine
 from gradwire.compress import Compressor, ErrorFeedback, Packet
 from gradwire.compress.wire import FRAME_BYTES, frame, unframe
+from gradwire.config import COMPRESSED_MEANS
 from gradwire.errors import ConfigError
 from gradwire.spec import require
 from gradwire.transports.base import Handle, Transport
-
-ROUTES = ("gather", "scatter")  # --compressed-mean (module docstring)
 
 
 class ChunkSlots(Compressor):
@@ -144,8 +143,8 @@ class CompressedMean(Averager):
                    if error_feedback else None)
         self.gen = generators
         self.combine: MessageCombine | None = None  # None: the plain mean of the decoded payloads
-        require(route in ROUTES,
-                f"compressed_mean={route!r}: valid choices are {', '.join(ROUTES)} (--compressed-mean)")
+        require(route in COMPRESSED_MEANS,
+                f"compressed_mean={route!r}: valid choices are {', '.join(COMPRESSED_MEANS)} (--compressed-mean)")
         self.route = route
         if route == "scatter":
             if self.plain() or compressor.summable:

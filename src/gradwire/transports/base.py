@@ -208,11 +208,8 @@ class Transport(ABC):
         participant in rank order (its own slot stays home); for each local participant, the slots
         addressed to it, keyed by the sender's rank. Every message is posted at once, as gloo's
         alltoall does. A transport without one says so here."""
-        raise NotImplementedError(f"an all-to-all (--compressed-mean scatter) is not supported on {self.kind()}")
-
-    def kind(self) -> str:
-        """The transport's name in an error message."""
-        return type(self).__name__
+        raise NotImplementedError(f"an all-to-all (--compressed-mean scatter) is not supported on "
+                                  f"{type(self).__name__}")
 
     def exchange_reduce_start(self, buffers: dict[int, torch.Tensor],
                               reduce: Callable[[int, dict[int, torch.Tensor]], torch.Tensor],

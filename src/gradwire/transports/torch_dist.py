@@ -122,32 +122,19 @@ class _TorchHandle(Handle):
         return self._result
 
 
-class _ChainHandle(Handle):
-    """Collectives run one after another on the transport's own thread (``exchange_reduce_start``):
-    ``wait()`` waits for them (bounded by twice the group's timeout, one per collective), records the
-    interval in flight as ``_TorchHandle`` does, and returns their result, once."""
+class _FutureWork:
+    """A thread's result in the shape of a torch.distributed work (``exchange_reduce_start``), for
+    :class:`_TorchHandle`: ``wait()`` is bounded (twice the group's timeout: one per collective) and
+    fails as gloo does, with a RuntimeError; ``result`` is the thread's."""
 
-    def __init__(self, future, transport: TorchTransport, what: str):
-        super().__init__(None)
-        self.future, self.transport, self.what = future, transport, what
-        self.done = False
-        self.started = transport.timeline.now() if transport.timeline.enabled else 0.0
-        self.began = time.perf_counter()
+    def __init__(self, future, timeout_s: float):
+        self.future, self.timeout_s, self.result = future, timeout_s, None
 
-    def wait(self):
-        if not self.done:
-            t = self.transport
-
-            def result():
-                try:
-                    return self.future.result(timeout=2 * t.timeout_s)
-                except FutureTimeout:
-                    raise RuntimeError(f"no result within {2 * t.timeout_s:g} s") from None
-
-            self._result = t._guard(result, f"{self.what} (async)", kind=WAIT, since=self.began)
-            t.timeline.add_many(t.local_ranks, OVERLAP, self.started, t.timeline.now() if t.timeline.enabled else 0.0)
-            self.done = True
-        return self._result
+    def wait(self) -> None:
+        try:
+            self.result = self.future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            raise RuntimeError(f"no result within {self.timeout_s:g} s") from None
 
 
 class _TorchSent(Sent):
@@ -359,7 +346,8 @@ class TorchTransport(Transport):
             return self._exchange_slots(owned.repeat(n), ranks, size, group)
 
         self.bytes_sent += 2 * ledger.alltoall(size, n)
-        return _ChainHandle(executor.submit(chain), self, "exchange and reduce")
+        work = _FutureWork(executor.submit(chain), 2 * self.timeout_s)
+        return _TorchHandle(work, lambda: work.result, self, "exchange and reduce")
 
     def gather(self, buffers, dst, ranks=None, *, size=None):
         ranks = self._all(ranks, "gather")
