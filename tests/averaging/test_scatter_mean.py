@@ -7,6 +7,8 @@ combinations it refuses."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,6 +23,8 @@ from gradwire.transports.network import HalvingDoublingNetwork, PSNetwork, RingN
 from gradwire.transports.sim import SimTransport
 from tests.algorithms.test_diloco import resume_mid_run
 from tests.backends.threads import run_one_worker_per_thread
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def scatter_mean(n: int, compressor: str = "sign:scaled=true", error_feedback: bool = True,
@@ -210,3 +214,37 @@ def test_what_the_scatter_route_refuses_is_one_line_naming_it(make_config, overr
         check_combination(cfg)
         Run(cfg)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_ablation_s_exact_owner_is_the_all_gather_of_chunked_messages(tmp_path, data_dir):
+    """benchmarks/scatter_mean_ablation.py: the scatter route with the owners' mean taken exactly and the
+    all-gather of messages cut in n chunks compute the same mean in the same order, so their runs end
+    equal, bit for bit; the route as shipped (the owners' second compression) ends elsewhere."""
+    from tests.helpers import load_script
+
+    ablation = load_script(ROOT / "benchmarks" / "scatter_mean_ablation.py", "scatter_mean_ablation")
+    kw = dict(task="digits-mlp", algorithm="muloco:inner_steps=3", workers=4, steps=6, seed=3,
+              data_dir=str(data_dir))
+    runs = {v: ablation.run(v, out=str(tmp_path / v), **kw)
+            for v in ("exact-owner", "chunked-gather", "scatter", "owner=qsgd:levels=7,bucket=32")}
+    theta = {v: r.algorithm.theta for v, r in runs.items()}
+    assert torch.equal(theta["exact-owner"], theta["chunked-gather"])
+    assert not torch.equal(theta["exact-owner"], theta["scatter"])
+    assert not torch.equal(theta["owner=qsgd:levels=7,bucket=32"], theta["scatter"])
+    assert runs["scatter"].transport.bytes_sent == runs["exact-owner"].transport.bytes_sent  # values, not bytes
+
+
+def test_the_ablation_command_prints_a_row_a_run_and_refuses_an_unknown_variant(tmp_path, data_dir, capsys):
+    from tests.helpers import load_script
+
+    ablation = load_script(ROOT / "benchmarks" / "scatter_mean_ablation.py", "scatter_mean_ablation")
+    common = ["--task", "digits-mlp", "--workers", "4", "--steps", "3", "--seeds", "3,4", "--data-dir", str(data_dir),
+              "--out", str(tmp_path / "run")]
+    assert ablation.main([*common, "--variants", "gather,owner=pquant:p=inf,block=32"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[:2] for r in rows] == [["| gather", "3"], ["| gather", "4"],
+                                                  ["| owner=pquant:p=inf,block=32", "3"],
+                                                  ["| owner=pquant:p=inf,block=32", "4"]]
+    with pytest.raises(SystemExit) as e:
+        ablation.main([*common, "--variants", "gather,bogus"])
+    assert e.value.code == 2 and "--variants: bogus; valid: gather, scatter" in capsys.readouterr().err
