@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
-	$(PY) -m pytest -q -n 3 --dist load --durations=25
+	$(PY) -m pytest -q -n 3 --dist load --maxschedchunk 4 --durations=25
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts

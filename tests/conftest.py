@@ -53,6 +53,7 @@ def _runs_draw_no_curves(request, monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     tiers.mark_multiprocess(items)
+    tiers.longest_first(items)
 
 
 @pytest.fixture(autouse=True)
