@@ -273,6 +273,15 @@ ROWS = [
                  inner=MULOCO_DEFAULTS, mean="scatter")
       for name, label, keys in (("", "", ""), ("-tau1-carry", ", τ=1 carried", ",overlap=1,merge=carry"),
                                 ("-tau2-carry", ", τ=2 carried", ",overlap=2,merge=carry"))],
+    # ... with Muon on the hidden layers' weights only, the embeddings and the head on AdamW (matrices=hidden, as
+    # Muon's and MuLoCo's authors do; eighteenth pass), with 5 Newton-Schulz iterations or Polar Express's first 3
+    *[muloco_row(f"muloco-sign-h3-tau{tau}-carry-mu0.9-scatter-hidden{ns}",
+                 f"MuLoCo H=3 1-bit sign + EF, τ={tau} carried, Muon μ 0.9 on the hidden matrices{label}, β2 0.99, "
+                 "mean by chunk owners", 3, "sign:scaled=true",
+                 f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry,matrices=hidden{keys}",
+                 inner=MULOCO_DEFAULTS, mean="scatter")
+      for tau in (1, 2) for ns, label, keys in (("", "", ""), ("-pe3", ", 3 Polar Express steps",
+                                                              ",ns_steps=3,ns_coefficients=polar-express"))],
     # ... and the whole 10 Mbit/s round hidden at batch 32 (about 225 ms against 33 ms a step), screened there
     *[muloco_row(f"muloco-sign-h{h}-tau{h}-carry-mu0.9", f"MuLoCo H={h} 1-bit sign + EF, τ={h} carried, Muon μ 0.9, "
                  "β2 0.99", h, "sign:scaled=true", f"outer_lr=1,outer_momentum=0,overlap={h},merge=carry",

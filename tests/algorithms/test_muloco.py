@@ -400,3 +400,60 @@ def test_muloco_error_feedback_compresses_e_plus_delta_itself(make_config):
         kept = magnitudes > 0
         assert kept.sum() > n // 4
         torch.testing.assert_close(magnitudes[kept], top.expand_as(magnitudes)[kept], rtol=1e-6, atol=0)
+
+
+def test_parameter_roles_divide_a_network_as_muon_s_authors_do():
+    """The transformer's token and position tables are embeddings, its head the output layer, the
+    attention and MLP weights hidden, biases and LayerNorm gains vectors; an MLP's last Linear is its
+    output layer and the others hidden; a FlatModel carries them in its tensors' order."""
+    from gradwire.tasks.models import transformer_lm
+    from gradwire.tasks.oracle import FlatModel, parameter_roles
+
+    lm = transformer_lm(torch.Generator().manual_seed(0), vocab=16, context=8, dim=8, layers=2, heads=2,
+                        dtype=torch.float32)
+    roles = dict(zip((name for name, _ in lm.named_parameters()), parameter_roles(lm)))
+    assert roles["embed.weight"] == roles["position"] == "embedding" and roles["head.weight"] == "output"
+    hidden = {name for name, role in roles.items() if role == "hidden"}
+    layers = ("attention.qkv", "attention.out", "mlp.0", "mlp.2")
+    assert hidden == {f"blocks.{b}.{w}.weight" for b in range(2) for w in layers}
+    assert {name for name, role in roles.items() if role == "vector"} == \
+        {name for name, p in lm.named_parameters() if p.dim() == 1}
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 6), torch.nn.ReLU(),
+                              torch.nn.Linear(6, 3))
+    assert parameter_roles(mlp) == ("hidden", "vector", "hidden", "vector", "output", "vector")
+    assert FlatModel(mlp).roles == parameter_roles(mlp)
+
+
+def test_muloco_matrices_hidden_puts_embeddings_and_the_output_layer_on_adamw(make_config):
+    """``matrices=hidden``: on the transformer, Muon updates only the hidden weights and AdamW the
+    embeddings, the head and the vectors (the state holds a momentum buffer for the first, AdamW's
+    moments for the others); the default (all) gives Muon every matrix; the run learns, resumes bit
+    for bit, and an unknown value is refused in one line naming the valid ones."""
+    from gradwire.algorithms.muloco import MuLoCo
+    from gradwire.errors import ConfigError
+
+    common = dict(task="stdlib-lm:dim=16,layers=1,heads=2,context=16,train_bytes=20000,val_bytes=2048", lr=0.004,
+                  steps=8, eval_every=4, workers=2)
+    run = Run(make_config(algorithm="muloco:inner_steps=2,matrices=hidden", **common))
+    roles = run.ctx.param_roles
+    opt = run.algorithm.replicas.opt[0]
+    on_muon = sorted(i for members, _, _ in opt.groups for i in members)
+    assert on_muon == [i for i, role in enumerate(roles) if role == "hidden"] and len(on_muon) == 4
+    assert sorted(opt.others) == [i for i, role in enumerate(roles) if role != "hidden"]
+    state = opt.state_dict()
+    assert all(("buffer" in state[str(i)]) == (role == "hidden") for i, role in enumerate(roles))
+    every = Run(make_config(algorithm="muloco:inner_steps=2", **common)).algorithm.replicas.opt[0]
+    assert sorted(i for members, _, _ in every.groups for i in members) == \
+        [i for i, role in enumerate(roles) if role != "vector"]
+    before = run.evaluate()["train_loss"]
+    expected = [run.train_step() for _ in range(8)]
+    assert run.evaluate()["train_loss"] < before
+    first = Run(make_config(algorithm="muloco:inner_steps=2,matrices=hidden", **common))
+    for _ in range(3):
+        first.train_step()
+    resumed = Run(make_config(algorithm="muloco:inner_steps=2,matrices=hidden", **common))
+    resumed.load_state_dict(through_bytes(first.state_dict()))
+    assert [resumed.train_step() for _ in range(5)] == expected[3:]
+    assert torch.equal(resumed.algorithm.theta, run.algorithm.theta)
+    with pytest.raises((ConfigError, ValueError), match=r"^matrices must be one of all, hidden, got 'embeddings'$"):
+        MuLoCo(matrices="embeddings")

@@ -26,7 +26,7 @@ def run_one_worker_per_thread(cfg: RunConfig, steps: int) -> dict[int, dict]:
             transport = ThreadTransport(hub, cfg.workers, rank)
             ctx = Context(world_size=cfg.workers, local_ranks=(rank,), transport=transport, oracle=r.oracle,
                           stragglers=r.ctx.stragglers, clock=SimClock(), seed=cfg.seed,
-                          param_shapes=r.ctx.param_shapes)
+                          param_shapes=r.ctx.param_shapes, param_roles=r.ctx.param_roles)
             alg = ALGORITHMS.build(cfg.algorithm)
             alg.setup(ctx, r.model.flatten(), OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov),
                       CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback,

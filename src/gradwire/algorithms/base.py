@@ -79,6 +79,7 @@ class Context:
     outer_state: str = "device"  # DiLoCo family: its outer state on the device, or in (pinned) cpu memory
     inject_delays: bool = False  # real backends: sleep each straggler draw before computing
     param_shapes: tuple[torch.Size, ...] = ()  # the model's tensors, in the flat vector's order (PowerSGD)
+    param_roles: tuple[str, ...] = ()  # each tensor's part: hidden, output, embedding, vector (tasks.oracle)
     backward_collectives: bool = False  # the backward pass runs collectives itself (tensor parallelism)
     gradient_counts: dict = field(default_factory=dict)
     timeline: Timeline = NULL_TIMELINE  # per-worker intervals (report/timeline.py); the run sets it

@@ -16,9 +16,10 @@ The iteration is most of Muon's cost (docs/time_to_accuracy.md, fourth pass): ``
 many (default 5; three kept MuLoCo's quality on the time-to-quality benchmark), ``ns_coefficients``
 whether each uses Jordan's (a, b, c) or the per-iteration ones of Polar Express (Amsel et al. 2025).
 
-The other tensors (biases, 1-D parameters) take AdamW at ``--lr``. Deviation: Muon's authors keep
-embeddings and the output layer on AdamW too; here every 2-D tensor takes Muon (the flat model
-does not say which matrix is an embedding). The
+The other tensors (biases, 1-D parameters) take AdamW at ``--lr``. Muon's authors keep embeddings and
+the output layer on AdamW too (``matrices=hidden``: the model's roles, ``tasks.oracle.parameter_roles``);
+by default (``matrices=all``, the setting every table before 2026-11-30 measured) every 2-D tensor
+takes Muon. The
 model's tensor shapes come from the task (``ctx.param_shapes``); each tensor is a contiguous range
 of the flat vector, and ``MuonAdamW`` updates the matrices of one shape as one batch and the other
 tensors as one AdamW, on copies gathered from those ranges.
@@ -72,6 +73,7 @@ POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
                  (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
                  (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
 NS_SCHEDULES = {"jordan": 1.0, "polar-express": 1.02}  # name -> the input's extra scale (safety factor)
+MUON_MATRICES = ("all", "hidden")  # MuLoCo's matrices=: every 2-D tensor, or the hidden layers' weights
 
 
 def ns_coefficients_of(name: str, steps: int) -> tuple[tuple[float, float, float], ...]:
@@ -196,7 +198,8 @@ class _Gathered:
 
 
 class MuonAdamW:
-    """Muon on every 2-D tensor of a flat vector, AdamW on the others; ``apply`` takes the flat gradient.
+    """Muon on every 2-D tensor of a flat vector (or on those ``on_muon`` marks, one flag a tensor),
+    AdamW on the others; ``apply`` takes the flat gradient.
 
     On a small model an update's cost is mostly per call, not per flop, so the work is batched: the
     matrices of one shape are one Muon on a (k, m, n) copy (one momentum update, one Newton-Schulz
@@ -205,15 +208,18 @@ class MuonAdamW:
     its tensors are adjacent). The arithmetic is elementwise or per matrix, so batching changes no
     result beyond float rounding; ``state_dict`` keeps one entry per tensor of ``shapes``."""
 
-    def __init__(self, x: torch.Tensor, shapes, *, muon, adamw):
+    def __init__(self, x: torch.Tensor, shapes, *, muon, adamw, on_muon=None):
         spans, start = [], 0
         for shape in shapes:
             spans.append((start, math.prod(shape), tuple(shape)))
             start += math.prod(shape)
         require(start == x.numel(), f"the model's tensor shapes cover {start} of its {x.numel()} parameters")
+        on_muon = [len(shape) == 2 for shape in shapes] if on_muon is None else list(on_muon)
+        require(len(on_muon) == len(spans) and all(len(spans[i][2]) == 2 for i, m in enumerate(on_muon) if m),
+                f"Muon's tensors must be matrices among the model's {len(spans)} tensors, got {on_muon}")
         groups: dict[tuple, list[int]] = {}
         for i, (_, _, shape) in enumerate(spans):
-            groups.setdefault(shape if len(shape) == 2 else (), []).append(i)
+            groups.setdefault(shape if on_muon[i] else (), []).append(i)
         others = groups.pop((), [])
         self.spans = spans
         # (tensor indices, their gathered copy, the Muon updating it) per shape
@@ -268,10 +274,11 @@ class MuonAdamW:
 
 
 def muon_adamw(shapes, optim, *, muon_rate: dict, momentum: float, nesterov: bool, ns_steps: int,
-               ns_coefficients: str, betas: tuple[float, float], eps: float, weight_decay: float):
+               ns_coefficients: str, betas: tuple[float, float], eps: float, weight_decay: float, on_muon=None):
     """The builder of a flat vector's ``MuonAdamW``: Muon at ``muon_rate`` (its ``lr`` and, where
-    scheduled, ``lr_schedule`` and ``horizon``) on the matrices, AdamW at ``optim``'s --lr and schedule
-    on the rest, both decayed by ``weight_decay``. MuLoCo's inner optimizer and ``--optimizer muon``."""
+    scheduled, ``lr_schedule`` and ``horizon``) on the matrices (or on those ``on_muon`` marks), AdamW at
+    ``optim``'s --lr and schedule on the rest, both decayed by ``weight_decay``. MuLoCo's inner optimizer
+    and ``--optimizer muon``."""
 
     def muon(w):
         return Muon(w, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps,
@@ -281,7 +288,7 @@ def muon_adamw(shapes, optim, *, muon_rate: dict, momentum: float, nesterov: boo
         return AdamW(v, lr=optim.lr, betas=betas, eps=eps, weight_decay=weight_decay, l1=optim.l1,
                      lr_schedule=optim.lr_schedule, horizon=optim.horizon)
 
-    return lambda x: MuonAdamW(x, shapes, muon=muon, adamw=adamw)
+    return lambda x: MuonAdamW(x, shapes, muon=muon, adamw=adamw, on_muon=on_muon)
 
 
 MULOCO_PARAMS = {
@@ -294,6 +301,9 @@ MULOCO_PARAMS = {
                      "(0: muon_lr, constant)",
     "muon_momentum": "Muon's momentum μ (Muon's authors: 0.95; the default 0.9: docs/defaults.md)",
     "nesterov": "Muon's Nesterov form U = G + μ B (Muon's authors: true)",
+    "matrices": "which matrices take Muon: all (every 2-D tensor: embeddings and the output layer too) or hidden "
+                "(the hidden layers' weights; embeddings and the output layer take AdamW at --lr, as Muon's and "
+                "MuLoCo's authors do)",
     "ns_steps": "K >= 1: Newton-Schulz iterations per Muon update (Muon's authors: 5); the iteration is most of "
                 "Muon's cost",
     "ns_coefficients": "jordan: Muon's authors' (3.4445, -4.7750, 2.0315) at every iteration; polar-express: "
@@ -317,7 +327,7 @@ class MuLoCo(DiLoCo):
 
     def __init__(self, *, inner_steps: int = 20, outer_lr: float = 0.7, outer_momentum: float = 0.7,
                  outer_warmup: int = OUTER_WARMUP, muon_lr: float = 0.02, muon_lr_ratio: float = 0.0,
-                 muon_momentum: float = 0.9, nesterov: bool = True, ns_steps: int = 5,
+                 muon_momentum: float = 0.9, nesterov: bool = True, matrices: str = "all", ns_steps: int = 5,
                  ns_coefficients: str = "jordan", beta1: float = 0.9, beta2: float = 0.99, eps: float = 1e-8,
                  weight_decay: float = 0.0, overlap: int = 0, alpha: float = 0.0, eager: bool = False,
                  merge: str = "mix"):
@@ -335,10 +345,17 @@ class MuLoCo(DiLoCo):
             nesterov
         ns_coefficients_of(ns_coefficients, ns_steps)  # validates
         self.ns_steps, self.ns_coefficients = ns_steps, ns_coefficients
+        require(matrices in MUON_MATRICES, f"matrices must be one of {', '.join(MUON_MATRICES)}, got {matrices!r}")
+        self.matrices = matrices
 
     def setup(self, ctx, params, optim, codec):
         require(bool(ctx.param_shapes), f"{self.name} needs the model's tensor shapes (Muon works on matrices)")
         self.shapes = ctx.param_shapes
+        self.on_muon = None  # every 2-D tensor
+        if self.matrices == "hidden":
+            require(len(ctx.param_roles) == len(self.shapes), f"{self.name}:matrices=hidden needs the model's "
+                    "tensor roles (which matrix is an embedding or the output layer)")
+            self.on_muon = [role == "hidden" for role in ctx.param_roles]
         # the paper's error feedback on the outer deltas: e + Δ compressed as it is, not scaled by
         # 1/(1+ω) as gradwire's generic rule does for an unbiased codec with ω >= 1 (0.30 for the
         # 2-bit blocks of 32): that scaling sent 30 % of each delta and left the rest to the
@@ -361,4 +378,4 @@ class MuLoCo(DiLoCo):
             if scheduled else dict(lr=self.muon_lr)
         return muon_adamw(self.shapes, optim, muon_rate=rate, momentum=self.muon_momentum, nesterov=self.nesterov,
                           ns_steps=self.ns_steps, ns_coefficients=self.ns_coefficients, betas=self.betas, eps=self.eps,
-                          weight_decay=self.weight_decay)
+                          weight_decay=self.weight_decay, on_muon=self.on_muon)

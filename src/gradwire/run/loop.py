@@ -166,7 +166,8 @@ class Run:
                            device=self.device,
                            shared_data=cfg.partition == "shared" and self.task.worker_indices is None,
                            inject_delays=cfg.backend != "sim" and not cfg.stragglers.startswith("none"),
-                           param_shapes=tuple(self.model.shapes), outer_state=cfg.outer_state,
+                           param_shapes=tuple(self.model.shapes), param_roles=self.model.roles,
+                           outer_state=cfg.outer_state,
                            backward_collectives=bool(self.tensor_parallel))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
                             l1=self.task.l1, optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, horizon=cfg.steps,

@@ -21,8 +21,21 @@ from gradwire.seeding import hash_seed
 GradientReady = Callable[[int, torch.Tensor], None]  # (tensor index, its gradient) during backward
 
 
+def parameter_roles(module: nn.Module) -> tuple[str, ...]:
+    """Each parameter's part in ``module``, in ``module.parameters()`` order, as Muon's authors divide a
+    network (Jordan et al. 2024: Muon for the hidden layers, AdamW for the input embedding, the output
+    layer, gains and biases): ``hidden``, the weight of a linear or convolutional layer other than the
+    last one registered; ``output``, that last layer's weight (a classifier's or an LM's head);
+    ``embedding``, any other parameter of two dimensions or more (an ``nn.Embedding``'s table, a learnt
+    position table); ``vector``, the rest (biases, a norm's gain)."""
+    layers = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
+    weights = {id(m.weight): "output" if m is layers[-1] else "hidden" for m in layers}
+    return tuple(weights.get(id(p), "embedding" if p.dim() >= 2 else "vector") for p in module.parameters())
+
+
 class FlatModel:
-    """``module`` as a function of one flat parameter vector."""
+    """``module`` as a function of one flat parameter vector; ``roles``: each tensor's part in it
+    (``parameter_roles``)."""
 
     def __init__(self, module: nn.Module):
         if list(module.buffers()):
@@ -30,6 +43,7 @@ class FlatModel:
         self.module = module
         params = list(module.parameters())
         self.shapes = [p.shape for p in params]
+        self.roles = parameter_roles(module)
         self.numels = [p.numel() for p in params]
         self.numel = sum(self.numels)
         self.dtype = params[0].dtype
