@@ -203,10 +203,11 @@ class MuonAdamW:
 
     On a small model an update's cost is mostly per call, not per flop, so the work is batched: the
     matrices of one shape are one Muon on a (k, m, n) copy (one momentum update, one Newton-Schulz
-    iteration, one step for all k), and the other tensors one AdamW on a contiguous copy; each copy is
-    gathered from the flat vector before its update and scattered back after it (or is a view, where
-    its tensors are adjacent). The arithmetic is elementwise or per matrix, so batching changes no
-    result beyond float rounding; ``state_dict`` keeps one entry per tensor of ``shapes``."""
+    iteration, one step for all k; shapes that are each other's transpose share one Newton-Schulz
+    batch), and the other tensors one AdamW on a contiguous copy; each copy is gathered from the flat
+    vector before its update and scattered back after it (or is a view, where its tensors are adjacent).
+    The arithmetic is elementwise or per matrix, so batching changes no result beyond float rounding;
+    ``state_dict`` keeps one entry per tensor of ``shapes``."""
 
     def __init__(self, x: torch.Tensor, shapes, *, muon, adamw, on_muon=None):
         spans, start = [], 0
@@ -227,6 +228,12 @@ class MuonAdamW:
         for shape, members in groups.items():
             gathered = _Gathered(x, [spans[i][:2] for i in members], (len(members), *shape))
             self.groups.append((members, gathered, muon(gathered.value)))
+        # the groups whose matrices Newton-Schulz iterates as one wide shape, with one setting: one batch each
+        batches: dict[tuple, list[int]] = {}
+        for g, (_, gathered, rule) in enumerate(self.groups):
+            m, n = gathered.value.shape[-2:]
+            batches.setdefault((min(m, n), max(m, n), rule.ns), []).append(g)
+        self.ns_batches = list(batches.values())
         self.others = others
         self.other = _Gathered(x, [spans[i][:2] for i in others], (sum(spans[i][1] for i in others),)) \
             if others else None
@@ -241,12 +248,28 @@ class MuonAdamW:
             self.other.gather()
             self.adamw.apply(self.other.of(grad))
             self.other.scatter()
-        for _, gathered, rule in self.groups:
-            steps, coefficients = rule.ns
-            orthogonal = newton_schulz(rule.momentum_update(gathered.of(grad)), steps, coefficients=coefficients)
+        updates = [rule.momentum_update(gathered.of(grad)) for _, gathered, rule in self.groups]
+        for (_, gathered, rule), orthogonal in zip(self.groups, self._orthogonalised(updates)):
             gathered.gather()
             rule.step(orthogonal)
             gathered.scatter()
+
+    def _orthogonalised(self, updates: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each group's update through Newton-Schulz, the groups whose matrices are one shape up to a
+        transpose in one batch: the iteration runs on the wide side, so a (256, 64) and a (64, 256) are
+        both iterated as 64 x 256 (each matrix scaled by its own norm, as in a batch of one shape)."""
+        out: list[torch.Tensor | None] = [None] * len(updates)
+        for members in self.ns_batches:
+            steps, coefficients = self.groups[members[0]][2].ns
+            if len(members) == 1:
+                out[members[0]] = newton_schulz(updates[members[0]], steps, coefficients=coefficients)
+                continue
+            tall = [updates[i].shape[-2] > updates[i].shape[-1] for i in members]
+            wide = torch.cat([u.mT if t else u for u, t in zip((updates[i] for i in members), tall)])
+            parts = newton_schulz(wide, steps, coefficients=coefficients).split([len(updates[i]) for i in members])
+            for i, part, t in zip(members, parts, tall):
+                out[i] = part.mT if t else part
+        return out
 
     def _entries(self):
         """(index in ``shapes``, its state's views): one entry per tensor, as the checkpoint stores it."""
