@@ -51,13 +51,16 @@ class _ReferenceMuon:
     buffer B <- μB + G, Nesterov U = G + μB, decoupled decay, W <- W - η·sqrt(max(1, rows/cols))·NS5(U)),
     torch.optim.AdamW (β 0.9/0.95) on the rest: the reference for ``--optimizer muon``."""
 
-    def __init__(self, params, *, lr, ratio, decay, mu=0.95):
+    def __init__(self, params, *, lr, ratio, decay, mu=0.95, last_on_adamw=False):
         params = list(params)
         self.matrices = [p for p in params if p.dim() == 2]
+        if last_on_adamw:  # the output layer's weight too on AdamW (muon:matrices=hidden)
+            self.matrices = self.matrices[:-1]
         self.buffers = [torch.zeros_like(p) for p in self.matrices]
         self.eta, self.decay, self.mu = ratio * lr, decay, mu
-        self.adamw = torch.optim.AdamW([p for p in params if p.dim() != 2], lr=lr, betas=(0.9, 0.95), eps=1e-8,
-                                       weight_decay=decay)
+        on_muon = {id(p) for p in self.matrices}
+        self.adamw = torch.optim.AdamW([p for p in params if id(p) not in on_muon], lr=lr, betas=(0.9, 0.95),
+                                       eps=1e-8, weight_decay=decay)
 
     def step(self):
         from tests.algorithms.test_muloco import reference_orthogonalise
@@ -80,6 +83,21 @@ def test_muon_on_the_mean_gradient_equals_the_reference(make_config, algorithm):
     for _ in range(6):
         r.train_step()
     torch.testing.assert_close(r.algorithm.eval_params(), reference, rtol=1e-4, atol=1e-5)
+
+
+def test_muon_matrices_hidden_puts_the_output_layer_on_adamw(make_config):
+    """``muon:matrices=hidden`` on digits-mlp: its first weight (hidden) on Muon, its last (the output
+    layer) on AdamW with the biases, equal to the reference so divided; an unknown value is refused."""
+    r = Run(make_config(MUON, task="digits-mlp", optimizer="muon:lr_ratio=5,matrices=hidden", workers=3, steps=6))
+    assert r.model.roles == ("hidden", "vector", "output", "vector")
+    assert [members for members, *_ in r.algorithm.opt.groups] == [[0]] and r.algorithm.opt.others == [1, 2, 3]
+    reference = torch_on_mean_gradient(r, 6, lambda p: _ReferenceMuon(p, lr=0.004, ratio=5, decay=0.1,
+                                                                      last_on_adamw=True))
+    for _ in range(6):
+        r.train_step()
+    torch.testing.assert_close(r.algorithm.eval_params(), reference, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ConfigError, match=r"matrices must be one of all, hidden, got 'some'"):
+        Run(make_config(MUON, task="digits-mlp", optimizer="muon:matrices=some"))
 
 
 def test_muon_options_reach_every_matrix(make_config):

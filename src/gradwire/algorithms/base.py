@@ -50,6 +50,7 @@ class OptimConfig:
     lr_schedule: str = "constant"  # how lr changes over the updates (optim.py LR_SCHEDULES): constant, cosine, linear
     horizon: int = 0             # the updates a schedule spans (the run's --steps); unused by constant
     shapes: tuple = ()           # the model's tensors in the flat vector's order (muon finds the matrices)
+    roles: tuple = ()            # each tensor's part: hidden, output, embedding, vector (muon:matrices=hidden)
 
 
 @dataclass(frozen=True)

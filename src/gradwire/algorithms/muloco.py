@@ -296,6 +296,16 @@ class MuonAdamW:
             rule.steps = int(entry.get("steps", 0))
 
 
+def muon_matrices(matrices: str, shapes, roles, who: str) -> list[bool] | None:
+    """Which of the model's tensors take Muon: None for ``all`` (every 2-D tensor), or a flag a tensor for
+    ``hidden`` (the hidden layers' weights: ``roles``, tasks.oracle.parameter_roles)."""
+    if matrices == "all":
+        return None
+    require(len(roles) == len(shapes), f"{who}: matrices=hidden needs the model's tensor roles (which matrix is an "
+                                       "embedding or the output layer)")
+    return [role == "hidden" for role in roles]
+
+
 def muon_adamw(shapes, optim, *, muon_rate: dict, momentum: float, nesterov: bool, ns_steps: int,
                ns_coefficients: str, betas: tuple[float, float], eps: float, weight_decay: float, on_muon=None):
     """The builder of a flat vector's ``MuonAdamW``: Muon at ``muon_rate`` (its ``lr`` and, where
@@ -374,11 +384,7 @@ class MuLoCo(DiLoCo):
     def setup(self, ctx, params, optim, codec):
         require(bool(ctx.param_shapes), f"{self.name} needs the model's tensor shapes (Muon works on matrices)")
         self.shapes = ctx.param_shapes
-        self.on_muon = None  # every 2-D tensor
-        if self.matrices == "hidden":
-            require(len(ctx.param_roles) == len(self.shapes), f"{self.name}:matrices=hidden needs the model's "
-                    "tensor roles (which matrix is an embedding or the output layer)")
-            self.on_muon = [role == "hidden" for role in ctx.param_roles]
+        self.on_muon = muon_matrices(self.matrices, self.shapes, ctx.param_roles, self.name)
         # the paper's error feedback on the outer deltas: e + Δ compressed as it is, not scaled by
         # 1/(1+ω) as gradwire's generic rule does for an unbiased codec with ω >= 1 (0.30 for the
         # 2-bit blocks of 32): that scaling sent 30 % of each delta and left the rest to the

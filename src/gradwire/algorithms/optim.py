@@ -224,27 +224,34 @@ class AdamWRule:
                              "nesterov": "Muon's Nesterov form U = G + μ B (Muon's authors: true)",
                              "ns_steps": "K >= 1: Newton-Schulz iterations per update (Muon's authors: 5)",
                              "ns_coefficients": "jordan or polar-express (muloco's ns_coefficients)",
+                             "matrices": "all (every 2-D tensor) or hidden (embeddings and the output layer on "
+                             "AdamW: muloco's matrices)",
                              "beta1": "AdamW β1 of the non-matrix tensors", "beta2": "AdamW β2 of the non-matrix "
                              "tensors", "eps": "AdamW ε"})
 class MuonRule:
     def __init__(self, *, lr_ratio: float = 10.0, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
-                 ns_coefficients: str = "jordan", beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8):
-        from gradwire.algorithms.muloco import ns_coefficients_of
+                 ns_coefficients: str = "jordan", matrices: str = "all", beta1: float = 0.9, beta2: float = 0.95,
+                 eps: float = 1e-8):
+        from gradwire.algorithms.muloco import MUON_MATRICES, ns_coefficients_of
 
         require(math.isfinite(lr_ratio) and lr_ratio > 0, f"lr_ratio={lr_ratio} must be a finite number > 0")
         require(0 <= momentum < 1, f"momentum={momentum} must be in [0, 1)")
         ns_coefficients_of(ns_coefficients, ns_steps)  # validates
+        require(matrices in MUON_MATRICES, f"matrices must be one of {', '.join(MUON_MATRICES)}, got {matrices!r}")
+        self.matrices = matrices
         AdamWRule(beta1=beta1, beta2=beta2, eps=eps)  # the same checks
         self.lr_ratio = lr_ratio
         self.settings = dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_coefficients=ns_coefficients,
                              betas=(beta1, beta2), eps=eps)
 
     def make(self, x: torch.Tensor, optim: OptimConfig):
-        from gradwire.algorithms.muloco import muon_adamw  # (muloco builds on this module)
+        from gradwire.algorithms.muloco import muon_adamw, muon_matrices  # (muloco builds on this module)
 
         require(bool(optim.shapes), "--optimizer muon needs the model's tensor shapes (Muon works on its matrices)")
         rate = dict(lr=self.lr_ratio * optim.lr, lr_schedule=optim.lr_schedule, horizon=optim.horizon)
-        return muon_adamw(optim.shapes, optim, muon_rate=rate, weight_decay=optim.weight_decay, **self.settings)(x)
+        return muon_adamw(optim.shapes, optim, muon_rate=rate, weight_decay=optim.weight_decay,
+                          on_muon=muon_matrices(self.matrices, optim.shapes, optim.roles, "--optimizer muon"),
+                          **self.settings)(x)
 
 
 def make_optimizer(x: torch.Tensor, optim: OptimConfig) -> HeavyBall | AdamW:

@@ -171,7 +171,7 @@ class Run:
                            backward_collectives=bool(self.tensor_parallel))
         optim = OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay,
                             l1=self.task.l1, optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, horizon=cfg.steps,
-                            shapes=tuple(self.model.shapes))
+                            shapes=tuple(self.model.shapes), roles=self.model.roles)
         self.optim_config = optim
         self.codec_config = CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback,
                                         compressed_mean=cfg.compressed_mean)
