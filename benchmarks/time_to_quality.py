@@ -280,8 +280,8 @@ ROWS = [
                  "mean by chunk owners", 3, "sign:scaled=true",
                  f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry,matrices=hidden{keys}",
                  inner=MULOCO_DEFAULTS, mean="scatter")
-      for tau in (1, 2) for ns, label, keys in (("", "", ""), ("-pe3", ", 3 Polar Express steps",
-                                                              ",ns_steps=3,ns_coefficients=polar-express"))],
+      for tau in (1, 2, 3) for ns, label, keys in (("", "", ""), ("-pe3", ", 3 Polar Express steps",
+                                                                 ",ns_steps=3,ns_coefficients=polar-express"))],
     # ... and the whole 10 Mbit/s round hidden at batch 32 (about 225 ms against 33 ms a step), screened there
     *[muloco_row(f"muloco-sign-h{h}-tau{h}-carry-mu0.9", f"MuLoCo H={h} 1-bit sign + EF, τ={h} carried, Muon μ 0.9, "
                  "β2 0.99", h, "sign:scaled=true", f"outer_lr=1,outer_momentum=0,overlap={h},merge=carry",
