@@ -291,7 +291,8 @@ def test_muon_adamw_updates_same_shaped_matrices_and_the_other_tensors_as_batche
     ours = build(x)
     assert [members for members, *_ in ours.groups] == [[0, 2], [3]] and ours.others == [1, 4]
     assert ours.ns_batches == [[0, 1]]  # the 6x4 pair and the 4x6: one Newton-Schulz batch, iterated as 4x6
-    assert ours.groups[0][1].views is not None and ours.groups[1][1].views is None  # gathered; a view
+    assert ours.groups[0][1].views is not None and ours.groups[1][1].views is None  # apart; a view
+    assert ours.groups[0][1].value is None and isinstance(ours.groups[0][2].w, list)  # stepped where they lie
     copies = [(Muon if len(s) == 2 else AdamW)(t.clone().view(s), **(settings if len(s) == 2 else adamw_settings))
               for t, s in zip(x.split(sizes), shapes)]
     def own(rule):  # the tensor a per-tensor copy updates

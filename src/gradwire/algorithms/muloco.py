@@ -21,8 +21,8 @@ the output layer on AdamW too (``matrices=hidden``: the model's roles, ``tasks.o
 by default (``matrices=all``, the setting every table before 2026-11-30 measured) every 2-D tensor
 takes Muon. The
 model's tensor shapes come from the task (``ctx.param_shapes``); each tensor is a contiguous range
-of the flat vector, and ``MuonAdamW`` updates the matrices of one shape as one batch and the other
-tensors as one AdamW, on copies gathered from those ranges.
+of the flat vector, and ``MuonAdamW`` updates the matrices of one shape as one batch, each in place, and
+the other tensors as one AdamW, on a copy gathered from their ranges.
 
 The outer deltas go through the averager with error feedback, residuals kept per replica
 (``--error-feedback`` is implied; another ``--compressor`` may be named), as the paper writes it:
@@ -128,17 +128,19 @@ class Muon:
     """Muon on one matrix (m, n), or on a batch (k, m, n) of same-shaped matrices updated together
     (state: the momentum buffer and the update count, which a scheduled η (``lr_schedule``, as
     ``ScheduledRate``) is indexed by). An update is ``momentum_update`` (the matrices to orthogonalise),
-    ``newton_schulz``, then ``step``."""
+    ``newton_schulz``, then ``step``. ``w``: the matrix or batch, or a list of same-shaped matrices
+    (views of a flat vector, where they lie), stepped in place as a batch."""
 
-    def __init__(self, w: torch.Tensor, *, lr: float, momentum: float, nesterov: bool, weight_decay: float,
-                 lr_schedule: str = "constant", horizon: int = 0, ns_steps: int = 5,
+    def __init__(self, w: torch.Tensor | list[torch.Tensor], *, lr: float, momentum: float, nesterov: bool,
+                 weight_decay: float, lr_schedule: str = "constant", horizon: int = 0, ns_steps: int = 5,
                  ns_coefficients: str = "jordan"):
         self.w, self.momentum, self.nesterov, self.weight_decay = w, momentum, nesterov, weight_decay
         self.rate = ScheduledRate(lr, lr_schedule, horizon)  # η of each update
         ns_coefficients_of(ns_coefficients, ns_steps)  # validates
         self.ns = (ns_steps, ns_coefficients)  # Newton-Schulz: iterations, coefficients
-        self.buffer = torch.zeros_like(w)
-        self.scale = math.sqrt(max(1.0, w.shape[-2] / w.shape[-1]))
+        like = w[0] if isinstance(w, list) else w
+        self.buffer = like.new_zeros((len(w), *like.shape)) if isinstance(w, list) else torch.zeros_like(w)
+        self.scale = math.sqrt(max(1.0, like.shape[-2] / like.shape[-1]))
         self.steps = 0
 
     def momentum_update(self, grad: torch.Tensor) -> torch.Tensor:
@@ -150,6 +152,11 @@ class Muon:
         """W <- (1 - ηλ) W - η max(1, rows/cols)^½ O, at this update's η."""
         lr = self.rate.at(self.steps)
         self.steps += 1
+        if isinstance(self.w, list):  # each matrix where it lies: nothing gathered or scattered back
+            if self.weight_decay:
+                torch._foreach_mul_(self.w, 1 - lr * self.weight_decay)
+            torch._foreach_add_(self.w, orthogonal.unbind(0), alpha=-lr * self.scale)
+            return
         if self.weight_decay:
             self.w.mul_(1 - lr * self.weight_decay)
         self.w.add_(orthogonal, alpha=-lr * self.scale)
@@ -170,23 +177,24 @@ class _Gathered:
     """Tensors at scattered ranges of a flat vector, worked on as one contiguous copy ``value``
     (viewed as ``shape``): ``gather`` copies them in, ``scatter`` back, ``of`` takes the same ranges of
     another vector (the gradient). Where the ranges are one run, ``value`` is a view and there is
-    nothing to copy. (Copies of slices: ``index_select`` with a position per element was as slow as the
-    per-tensor updates it replaced, on the CPU.)"""
+    nothing to copy. ``copy=False``: no copy is kept (``value`` None where the ranges are apart), for an
+    update that writes into the tensors where they lie (``views``). (Copies of slices: ``index_select``
+    with a position per element was as slow as the per-tensor updates it replaced, on the CPU.)"""
 
-    def __init__(self, x: torch.Tensor, ranges: list[tuple[int, int]], shape: tuple[int, ...]):
-        self.ranges, self.sizes = ranges, [n for _, n in ranges]
+    def __init__(self, x: torch.Tensor, ranges: list[tuple[int, int]], shape: tuple[int, ...], copy: bool = True):
+        self.ranges, self.sizes, self.shape = ranges, [n for _, n in ranges], shape
         if all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:])):
             self.run = slice(ranges[0][0], ranges[0][0] + sum(self.sizes))  # one run: a view, no copies
             self.views = None
             self.value = x[self.run].view(shape)
         else:
             self.views = [x[a: a + n] for a, n in ranges]
-            self.value = x.new_empty(shape)
+            self.value = x.new_empty(shape) if copy else None
 
     def of(self, v: torch.Tensor) -> torch.Tensor:
         if self.views is None:
-            return v[self.run].view(self.value.shape)
-        return torch.cat([v[a: a + n] for a, n in self.ranges]).view(self.value.shape)
+            return v[self.run].view(self.shape)
+        return torch.cat([v[a: a + n] for a, n in self.ranges]).view(self.shape)
 
     def gather(self) -> None:
         if self.views is not None:
@@ -204,8 +212,9 @@ class MuonAdamW:
     On a small model an update's cost is mostly per call, not per flop, so the work is batched: the
     matrices of one shape are one Muon on a (k, m, n) copy (one momentum update, one Newton-Schulz
     iteration, one step for all k; shapes that are each other's transpose share one Newton-Schulz
-    batch), and the other tensors one AdamW on a contiguous copy; each copy is gathered from the flat
-    vector before its update and scattered back after it (or is a view, where its tensors are adjacent).
+    batch), each matrix stepped where it lies in the flat vector; and the other tensors one AdamW on a
+    contiguous copy, gathered from the flat vector before its update and scattered back after it (or a
+    view, where its tensors are adjacent); the gradient's matrices are gathered into one batch.
     The arithmetic is elementwise or per matrix, so batching changes no result beyond float rounding;
     ``state_dict`` keeps one entry per tensor of ``shapes``."""
 
@@ -226,12 +235,13 @@ class MuonAdamW:
         # (tensor indices, their gathered copy, the Muon updating it) per shape
         self.groups = []
         for shape, members in groups.items():
-            gathered = _Gathered(x, [spans[i][:2] for i in members], (len(members), *shape))
-            self.groups.append((members, gathered, muon(gathered.value)))
+            gathered = _Gathered(x, [spans[i][:2] for i in members], (len(members), *shape), copy=False)
+            target = gathered.value if gathered.views is None else [v.view(shape) for v in gathered.views]
+            self.groups.append((members, gathered, muon(target)))
         # the groups whose matrices Newton-Schulz iterates as one wide shape, with one setting: one batch each
         batches: dict[tuple, list[int]] = {}
         for g, (_, gathered, rule) in enumerate(self.groups):
-            m, n = gathered.value.shape[-2:]
+            m, n = gathered.shape[-2:]
             batches.setdefault((min(m, n), max(m, n), rule.ns), []).append(g)
         self.ns_batches = list(batches.values())
         self.others = others
@@ -249,10 +259,8 @@ class MuonAdamW:
             self.adamw.apply(self.other.of(grad))
             self.other.scatter()
         updates = [rule.momentum_update(gathered.of(grad)) for _, gathered, rule in self.groups]
-        for (_, gathered, rule), orthogonal in zip(self.groups, self._orthogonalised(updates)):
-            gathered.gather()
+        for (_, _, rule), orthogonal in zip(self.groups, self._orthogonalised(updates)):
             rule.step(orthogonal)
-            gathered.scatter()
 
     def _orthogonalised(self, updates: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each group's update through Newton-Schulz, the groups whose matrices are one shape up to a
