@@ -232,7 +232,7 @@ class MuonAdamW:
             groups.setdefault(shape if on_muon[i] else (), []).append(i)
         others = groups.pop((), [])
         self.spans = spans
-        # (tensor indices, their gathered copy, the Muon updating it) per shape
+        # (tensor indices, their ranges (the gradient gathered from them), the Muon stepping them) per shape
         self.groups = []
         for shape, members in groups.items():
             gathered = _Gathered(x, [spans[i][:2] for i in members], (len(members), *shape), copy=False)
