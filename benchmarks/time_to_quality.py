@@ -471,7 +471,9 @@ def collective_seconds(kind: str, payload_bytes: float, workers: int, mbps: floa
     collective. ``halving-doubling`` (HalvingDoublingNetwork): the same bytes in 2·log2 n rounds (an
     allreduce, n a power of two; two more otherwise) or ceil(log2 n) (an allgather). ``scatter`` (the
     compressed mean's scatter route): two all-to-alls of one n-th of the message each, every message
-    posted at once, 2·(latency + (n-1)·B/(n·bw)) on either network (``Network.alltoall``)."""
+    posted at once, 2·(latency + (n-1)·B/(n·bw)) on either network (``Network.alltoall``); with the
+    owners' messages in a codec of their own, B is the mean of the two (the ledger's count over
+    ``ledger_divisor``: a link's time is linear in its slot, so the sum of the two is exact)."""
     from gradwire.transports.network import NETWORKS
 
     if workers <= 1:
@@ -1034,7 +1036,7 @@ SCATTER_WORKERS = (1, 4, 16, 64)  # the worker counts a scatter round's averagin
 
 def scatter_round_seconds(averager, numel: int, workers: int, repeats: int = DECODE_REPEATS) -> float:
     """The CPU seconds of one worker's share of a scatter round among ``workers``, in
-    ``averager``'s settings (its compressor and error feedback): its vector encoded in n chunks, the
+    ``averager``'s settings (its compressor, error feedback and owners' codec): its vector encoded in n chunks, the
     n messages of the chunk it owns decoded, averaged and encoded again, the n owners' chunks decoded
     into the mean; the fastest of ``repeats`` (interference only adds time). The messages decoded are
     its own, as every worker's are alike in size and work."""
@@ -1045,7 +1047,8 @@ def scatter_round_seconds(averager, numel: int, workers: int, repeats: int = DEC
     scaled = next(iter(averager.ef.values())).scaled if averager.ef else True  # MuLoCo's: unscaled
     mean = CompressedMean(averager.compressor, {0: torch.Generator().manual_seed(0)},
                           error_feedback=averager.ef is not None, route="scatter", world_size=workers,
-                          owner_generator=lambda r: torch.Generator().manual_seed(1), scaled_error_feedback=scaled)
+                          owner_generator=lambda r: torch.Generator().manual_seed(1), scaled_error_feedback=scaled,
+                          owner_compressor=averager.owned.inner)
     x, like = torch.randn(numel, generator=torch.Generator().manual_seed(2)), torch.zeros(numel)
     slot, _ = mean.slot_size(numel, like.dtype)
     times = []
@@ -1053,7 +1056,7 @@ def scatter_round_seconds(averager, numel: int, workers: int, repeats: int = DEC
         start = time.process_time()
         payload = mean.payloads({0: x})[0]
         owned = mean.reduce_chunk(0, dict.fromkeys(range(workers), payload[:slot]), like, "grad")
-        mean.assemble({r: owned if r == 0 else payload[r * slot:(r + 1) * slot] for r in range(workers)}, like, "grad")
+        mean.assemble(dict.fromkeys(range(workers), owned), like, "grad")  # n owners' chunks, in the owners' codec
         times.append(time.process_time() - start)
     return min(times)
 

@@ -36,13 +36,14 @@ from gradwire.spec import parse_spec
 
 FORMAT = 2  # 2: with the sha256 digest (format 1 had none)
 # Keys that must agree between the run that wrote a checkpoint and the run that resumes it.
-MUST_MATCH = ("task", "workers", "algorithm", "compressor", "error_feedback", "compressed_mean", "partition",
+MUST_MATCH = ("task", "workers", "algorithm", "compressor", "error_feedback", "compressed_mean", "owner_compressor",
+              "partition",
               "stragglers", "network", "backend", "batch_size", "lr", "optimizer", "lr_schedule", "momentum",
               "nesterov", "weight_decay", "dtype", "seed", "tensor_parallel")
 # keys added after checkpoints were already written: what an older checkpoint that lacks them meant
 # (--device is not here: a checkpoint resumes on either device; tensor_parallel: each process's state
 # is its shard, whose size and meaning the layout decides, and 1d:p=4 and 2d:q=2 have as many files)
-ADDED_KEYS = {"compressed_mean": "gather",
+ADDED_KEYS = {"compressed_mean": "gather", "owner_compressor": "",
               "nesterov": False, "optimizer": "sgd", "lr_schedule": "constant", "tensor_parallel": ""}
 
 

@@ -42,6 +42,8 @@ class RunConfig:
                                               # averages chunk j of all and sends it on compressed again (1-bit
                                               # Adam's compressed allreduce: 2(n-1)/n messages a link, not n-1;
                                               # compressed twice, which can cost quality: docs/compressors.md)
+    owner_compressor: str = ""                # scatter: the codec the owners' chunk means travel in ("" for
+                                              # --compressor's), e.g. more bits for the message all receive
     partition: str = "iid"                    # how the training data is split among workers
     stragglers: str = "none"                  # per-worker compute-time model (simulated seconds)
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost
@@ -85,7 +87,8 @@ class RunConfig:
         text = self.algorithm
         if self.compressor != "none":
             text += f" + {self.compressor}" + (" + EF" if self.error_feedback else "")
-            text += " (scatter)" if self.compressed_mean == "scatter" else ""
+            text += (f" (scatter, owners {self.owner_compressor})" if self.owner_compressor else " (scatter)") \
+                if self.compressed_mean == "scatter" else ""
         return text
 
     def with_defaults(self, *, default_lr: float, default_momentum: float, default_lr_schedule: str) -> RunConfig:
@@ -136,6 +139,16 @@ class RunConfig:
         if self.compressed_mean not in COMPRESSED_MEANS:
             raise ConfigError(f"compressed_mean={self.compressed_mean!r}: valid choices are "
                               f"{', '.join(COMPRESSED_MEANS)} (--compressed-mean)")
+        if self.owner_compressor:
+            if self.compressed_mean != "scatter":
+                raise ConfigError(f"owner_compressor={self.owner_compressor!r} is the codec of the chunk owners' "
+                                  "messages, which only --compressed-mean scatter sends (--owner-compressor)")
+            with naming_flag("owner_compressor"):
+                ref = registry_for("compressor", self.owner_compressor)
+                if ref.group != "compressors":
+                    raise ConfigError(f"owner_compressor={self.owner_compressor!r}: the owners' messages are a "
+                                      "byte compressor's (gradwire list compressors), not an averager's")
+                ref.registry.build(self.owner_compressor)
         if self.outer_state not in OUTER_STATES:
             raise ConfigError(f"outer_state={self.outer_state!r}: valid choices are {', '.join(OUTER_STATES)} "
                               "(--outer-state)")

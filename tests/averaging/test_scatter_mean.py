@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def scatter_mean(n: int, compressor: str = "sign:scaled=true", error_feedback: bool = True,
-                 device: torch.device | str = "cpu") -> CompressedMean:
+                 device: torch.device | str = "cpu", owner: str = "") -> CompressedMean:
     return CompressedMean(build(compressor), {r: torch.Generator(device=device).manual_seed(r) for r in range(n)},
                           error_feedback=error_feedback, route="scatter", world_size=n,
-                          owner_generator=lambda r: torch.Generator(device=device).manual_seed(100 + r))
+                          owner_generator=lambda r: torch.Generator(device=device).manual_seed(100 + r),
+                          owner_compressor=build(owner) if owner else None)
 
 
 def scaled_sign(v: torch.Tensor) -> torch.Tensor:
@@ -39,10 +40,10 @@ def scaled_sign(v: torch.Tensor) -> torch.Tensor:
     return torch.where(v >= 0, 1.0, -1.0) * v.abs().mean()
 
 
-def reference_rounds(xs: list[dict[int, torch.Tensor]], n: int) -> list[torch.Tensor]:
+def reference_rounds(xs: list[dict[int, torch.Tensor]], n: int, owner=scaled_sign) -> list[torch.Tensor]:
     """The rule written from the papers, chunk by chunk (tensor_split's chunks): each worker sends
-    C(x_j + e_j) of chunk j and keeps e_j the rest; owner j averages the n messages, sends C(m + f),
-    keeps f the rest; the mean is the owners' messages, concatenated."""
+    C(x_j + e_j) of chunk j and keeps e_j the rest; owner j averages the n messages, sends C'(m + f)
+    (``owner``: C' = C by default), keeps f the rest; the mean is the owners' messages, concatenated."""
     numel = next(iter(xs[0].values())).numel()
     chunks = [(int(c[0]), int(c[-1]) + 1) for c in torch.arange(numel).tensor_split(n)]
     device = next(iter(xs[0].values())).device
@@ -61,7 +62,7 @@ def reference_rounds(xs: list[dict[int, torch.Tensor]], n: int) -> list[torch.Te
             for s in sent[1:]:
                 total += s
             corrected = total / n + owner_res[j]
-            parts.append(scaled_sign(corrected))
+            parts.append(owner(corrected))
             owner_res[j] = corrected - parts[-1]
         out.append(torch.cat(parts))
     return out
@@ -78,6 +79,31 @@ def test_the_mean_is_the_papers_two_sided_error_feedback_rule(n, numel, device):
     assert all(m.device == xs[0][0].device for m in got)
     for k, (mine, theirs) in enumerate(zip(got, reference_rounds(xs, n), strict=True)):
         torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"round {k}: {m}")
+
+
+@pytest.mark.parametrize("owner, rule", [("fp16", lambda v: v.half().float()), ("none", lambda v: v)])
+def test_the_owners_codec_is_theirs_and_sets_the_second_exchange_s_slot(owner, rule):
+    """``--owner-compressor``: the owners' chunk means travel in their own codec (a float16 cast, or
+    exactly), the rule otherwise the papers'; the second all-to-all's slots are that codec's (251
+    elements: 502 bytes in float16, 1004 in float32), counted by the ledger and timed after the first."""
+    n, numel = 4, 1003
+    g = torch.Generator().manual_seed(5)
+    xs = [{r: torch.randn(numel, generator=g) for r in range(n)} for _ in range(4)]
+    averager = scatter_mean(n, owner=owner)
+    network = RingNetwork(mbps=10, latency_ms=1)
+    transport = SimTransport(n, network, SimClock())
+    got = [averager.mean(transport, x) for x in xs]
+    # the chunks' scales are summed in another order than the reference's, a last float32 bit apart, which
+    # can round an owner's float16 the other way: one float16 step (2^-10 of a value, 2^-17 near 0.01)
+    # (sent exactly, the owners' means keep those bits where a 1-bit owner's sign absorbs them)
+    tolerance = dict(rtol=2e-3, atol=1e-5) if owner == "fp16" else dict(rtol=1e-5, atol=1e-6)
+    for k, (mine, theirs) in enumerate(zip(got, reference_rounds(xs, n, owner=rule), strict=True)):
+        torch.testing.assert_close(mine, theirs, **tolerance, msg=lambda m, k=k: f"round {k}: {m}")
+    second = {"fp16": 502, "none": 1004}[owner]
+    assert averager.owned.slot_size(numel, torch.float32) == (second, False)
+    assert transport.bytes_sent == 4 * (ledger.alltoall(36, n) + ledger.alltoall(second, n))
+    one_round = network.alltoall(36, n).time_s + network.alltoall(second, n).time_s
+    assert transport.clock.now == pytest.approx(4 * one_round, rel=1e-12)
 
 
 def test_the_owners_error_feedback_makes_the_mean_of_rounds_converge():
@@ -165,6 +191,8 @@ def test_a_bounded_codec_travels_framed_and_a_stochastic_one_repeats_after_a_res
     ("muloco:inner_steps=4,overlap=2,merge=carry", {}),  # a round in flight at the checkpoint
     ("streaming-diloco:inner_steps=4,fragments=2,overlap=2", dict(compressor="qsgd:levels=8,bucket=64",
                                                                   error_feedback=True)),
+    # the owners' own stochastic codec, a round in flight at the checkpoint
+    ("muloco:inner_steps=4,overlap=2,merge=carry", dict(owner_compressor="pquant:p=inf,block=32")),
 ])
 def test_resume_mid_run_equals_never_stopping(make_config, spec, extra):
     extra |= dict(compressed_mean="scatter", network="ring:mbps=10,latency_ms=1")
@@ -175,6 +203,7 @@ def test_resume_mid_run_equals_never_stopping(make_config, spec, extra):
 
 
 @pytest.mark.parametrize("spec, extra", [("muloco:inner_steps=3", dict(task="digits-mlp")),
+                                         ("muloco:inner_steps=3", dict(task="digits-mlp", owner_compressor="qsgd")),
                                          ("sync", dict(compressor="sign:scaled=true", error_feedback=True))])
 def test_one_thread_per_rank_matches_the_simulator(make_config, spec, extra):
     cfg = make_config(algorithm=spec, lr=0.01, workers=3, compressed_mean="scatter", **extra)
@@ -207,6 +236,10 @@ def test_the_run_learns_and_its_bytes_are_the_ledger_s(make_config):
     (dict(compressor="powersgd:rank=2"), "averages by allreduce itself"),
     (dict(compressor="threshold:tau=0.1"), "known size or bound"),
     (dict(compressor="sign", fault_tolerance="torchft:min_replicas=1", backend="torch"), "--fault-tolerance"),
+    (dict(compressor="sign", compressed_mean="gather", owner_compressor="fp16"), "only --compressed-mean scatter"),
+    (dict(compressor="sign", owner_compressor="threshold:tau=0.1"), "--owner-compressor threshold"),
+    (dict(compressor="sign", owner_compressor="powersgd:rank=2"), "not an averager's"),
+    (dict(compressor="sign", owner_compressor="sgn"), "unknown compressor 'sgn'"),
 ])
 def test_what_the_scatter_route_refuses_is_one_line_naming_it(make_config, overrides, words):
     cfg = make_config(**({"compressed_mean": "scatter", "algorithm": "sync"} | overrides))
@@ -217,9 +250,10 @@ def test_what_the_scatter_route_refuses_is_one_line_naming_it(make_config, overr
 
 
 def test_the_ablation_s_exact_owner_is_the_all_gather_of_chunked_messages(tmp_path, data_dir):
-    """benchmarks/scatter_mean_ablation.py: the scatter route with the owners' mean taken exactly and the
-    all-gather of messages cut in n chunks compute the same mean in the same order, so their runs end
-    equal, bit for bit; the route as shipped (the owners' second compression) ends elsewhere."""
+    """benchmarks/scatter_mean_ablation.py: the scatter route with the owners' mean sent exactly
+    (``--owner-compressor none``) and the all-gather of messages cut in n chunks compute the same mean in
+    the same order, so their runs end equal, bit for bit; the route as shipped (the owners' second
+    compression) ends elsewhere, and each owners' codec carries its own bytes."""
     from tests.helpers import load_script
 
     ablation = load_script(ROOT / "benchmarks" / "scatter_mean_ablation.py", "scatter_mean_ablation")
@@ -231,7 +265,13 @@ def test_the_ablation_s_exact_owner_is_the_all_gather_of_chunked_messages(tmp_pa
     assert torch.equal(theta["exact-owner"], theta["chunked-gather"])
     assert not torch.equal(theta["exact-owner"], theta["scatter"])
     assert not torch.equal(theta["owner=qsgd:levels=7,bucket=32"], theta["scatter"])
-    assert runs["scatter"].transport.bytes_sent == runs["exact-owner"].transport.bytes_sent  # values, not bytes
+    numel = runs["scatter"].algorithm.theta.numel()
+    for v, owner in (("scatter", "sign:scaled=true"), ("exact-owner", "none"), ("owner=qsgd:levels=7,bucket=32",
+                                                                                 "qsgd:levels=7,bucket=32")):
+        averager = runs[v].algorithm.averager
+        assert averager.owned.inner.spec() == build(owner).spec(), v
+        first, second = averager.slot_size(numel, torch.float32)[0], averager.owned.slot_size(numel, torch.float32)[0]
+        assert runs[v].transport.bytes_sent == 2 * (ledger.alltoall(first, 4) + ledger.alltoall(second, 4)), v
 
 
 def test_the_ablation_command_prints_a_row_a_run_and_refuses_an_unknown_variant(tmp_path, data_dir, capsys):

@@ -22,7 +22,7 @@ def run_one_worker_per_thread(cfg: RunConfig, steps: int) -> dict[int, dict]:
     def worker(rank: int) -> None:
         try:
             # data, model and straggler model; its own algorithm below
-            r = Run(cfg.replace(algorithm="sync", compressed_mean="gather"))
+            r = Run(cfg.replace(algorithm="sync", compressed_mean="gather", owner_compressor=""))
             transport = ThreadTransport(hub, cfg.workers, rank)
             ctx = Context(world_size=cfg.workers, local_ranks=(rank,), transport=transport, oracle=r.oracle,
                           stragglers=r.ctx.stragglers, clock=SimClock(), seed=cfg.seed,
@@ -30,7 +30,7 @@ def run_one_worker_per_thread(cfg: RunConfig, steps: int) -> dict[int, dict]:
             alg = ALGORITHMS.build(cfg.algorithm)
             alg.setup(ctx, r.model.flatten(), OptimConfig(lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov),
                       CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback,
-                                  compressed_mean=cfg.compressed_mean))
+                                  compressed_mean=cfg.compressed_mean, owner_compressor=cfg.owner_compressor))
             infos = []
             for t in range(1, steps + 1):
                 r.oracle.step = t

@@ -61,6 +61,7 @@ class CodecConfig:
     # False: unscaled, for a method whose paper specifies it so (MuLoCo)
     scaled_error_feedback: bool = True
     compressed_mean: str = "gather"  # the compressed mean's route (averaging/compressed.py): gather or scatter
+    owner_compressor: str = ""  # scatter: the owners' codec ("" for compressor's)
 
 
 @dataclass
@@ -146,7 +147,8 @@ def make_averager(ctx: Context, cfg: CodecConfig, *, default: str = "none", mean
                           error_feedback=cfg.error_feedback, generator=lambda r: ctx.generator(r, "compress"),
                           payloads=not mean_only, scaled_error_feedback=cfg.scaled_error_feedback,
                           route=cfg.compressed_mean, world_size=ctx.world_size,
-                          owner_generator=lambda r: ctx.generator(r, "compress-owner"))
+                          owner_generator=lambda r: ctx.generator(r, "compress-owner"),
+                          owner_compressor=cfg.owner_compressor)
 
 
 def nested(key: str, component) -> tuple[str, ...]:

@@ -43,15 +43,17 @@ def build_averager(spec: str, *, workers: Sequence[int], seed: int, shapes: Sequ
                    error_feedback: bool, generator: Callable[[int], torch.Generator],
                    payloads: bool, keys: Sequence[str] | None = None,
                    scaled_error_feedback: bool = True, route: str = "gather", world_size: int = 0,
-                   owner_generator: Callable[[int], torch.Generator] | None = None) -> Averager:
+                   owner_generator: Callable[[int], torch.Generator] | None = None,
+                   owner_compressor: str = "") -> Averager:
     """The averager of ``spec`` for the local ``workers``, for the run's algorithms and the DDP hook
     alike. ``payloads``: the caller also handles compressed payloads itself (sends them to a server,
     keeps them in flight), which only a byte compressor makes, so PowerSGD is refused; ``shapes``:
     the model's tensors in the flat vector's order (PowerSGD works per matrix), ``keys`` their names
     where the averager's memory should be keyed by name (default: by position); ``generator(rank)``:
     worker ``rank``'s compression stream; ``scaled_error_feedback``: see ``ErrorFeedback``'s ``scaled``;
-    ``route``, ``world_size``, ``owner_generator``: a compressed mean's route (gather or scatter) and
-    what the scatter route needs (``CompressedMean``)."""
+    ``route``, ``world_size``, ``owner_generator``, ``owner_compressor``: a compressed mean's route
+    (gather or scatter) and what the scatter route needs or takes (``CompressedMean``; the owners'
+    codec as a spec, "" for ``spec``'s)."""
     if _averages_itself(spec):
         if route != "gather":
             raise ConfigError(f"compressed_mean={route}: --compressor {spec} averages by allreduce itself; "
@@ -66,4 +68,5 @@ def build_averager(spec: str, *, workers: Sequence[int], seed: int, shapes: Sequ
         return averager
     return CompressedMean(build_compressor(spec), {r: generator(r) for r in workers}, error_feedback=error_feedback,
                           identity=spec == "none", scaled_error_feedback=scaled_error_feedback, route=route,
-                          world_size=world_size, owner_generator=owner_generator)
+                          world_size=world_size, owner_generator=owner_generator,
+                          owner_compressor=build_compressor(owner_compressor) if owner_compressor else None)

@@ -12,12 +12,14 @@ Two routes (``--compressed-mean``):
   vector in n chunks (chunk j with its own residual, when error feedback is on) and sends chunk j to
   the j-th worker (an all-to-all); worker j decodes the n messages of its chunk, averages them in
   rank order, and encodes that mean again with an error feedback of its own (always on: what its
-  second compression drops goes into its next round); every worker's chunk then goes to every other
-  (an all-gather by direct exchange) and each decodes the n chunks into the mean. Each link carries
-  2·(n - 1)/n·b bytes a round instead of (n - 1)·b (at 16 workers 7.5 times fewer), in two
-  exchanges of one latency each; the mean is the messages' mean compressed once more, not that mean
-  exactly. The chunk owner's residual is kept when the round is delivered (``wait``), so a round
-  restarted after a resume (``Transport.restart``) repeats it exactly.
+  second compression drops goes into its next round), in the same codec or in the owners' own
+  (``--owner-compressor``: e.g. more bits for the one message that every worker receives); every
+  worker's chunk then goes to every other (an all-gather by direct exchange) and each decodes the n
+  chunks into the mean. Each link carries 2·(n - 1)/n·b bytes a round instead of (n - 1)·b (at 16
+  workers 7.5 times fewer; (n - 1)/n·(b + b') with an owners' message of b'), in two exchanges of
+  one latency each; the mean is the messages' mean compressed once more, not that mean exactly. The
+  chunk owner's residual is kept when the round is delivered (``wait``), so a round restarted after a
+  resume (``Transport.restart``) repeats it exactly.
 """
 
 from __future__ import annotations
@@ -131,10 +133,12 @@ class CompressedMean(Averager):
 
     def __init__(self, compressor: Compressor, generators: dict[int, torch.Generator], *, error_feedback: bool,
                  identity: bool = False, scaled_error_feedback: bool = True, route: str = "gather",
-                 world_size: int = 0, owner_generator: Callable[[int], torch.Generator] | None = None):
+                 world_size: int = 0, owner_generator: Callable[[int], torch.Generator] | None = None,
+                 owner_compressor: Compressor | None = None):
         """``route``: ``gather`` or ``scatter`` (module docstring); ``scatter`` needs ``world_size``
         (the chunks, one per worker) and ``owner_generator(rank)``, the random stream of the chunk
-        that worker ``rank`` owns (its second encode)."""
+        that worker ``rank`` owns (its second encode), and takes ``owner_compressor``, the codec of
+        that second encode (default: ``compressor``)."""
         self.compressor = compressor
         self.identity = identity  # the spec asked for no compression ("none")
         # what a worker's message is: the compressor's packet, or on the scatter route its n chunks' slots
@@ -156,8 +160,14 @@ class CompressedMean(Averager):
                                   f"{compressor.spec()} has neither (--compressed-mean gather)")
             require(world_size > 0 and owner_generator is not None,
                     "compressed_mean=scatter needs the world size and the owners' random streams")
+            owner_compressor = owner_compressor or compressor
+            if owner_compressor.max_nbytes(1024, torch.float32) is None:
+                raise ConfigError(f"--owner-compressor {owner_compressor.spec()}: the owners' messages need a known "
+                                  "size or bound (a fixed-size codec, or top-k)")
             self.world_size = world_size
-            self.owner_ef = {r: ErrorFeedback(compressor, scaled=scaled_error_feedback) for r in generators}
+            # what an owner sends: its chunk's mean in the owners' codec, in a slot of its own size
+            self.owned = ChunkSlots(owner_compressor, world_size)
+            self.owner_ef = {r: ErrorFeedback(owner_compressor, scaled=scaled_error_feedback) for r in generators}
             self.owner_gen = {r: owner_generator(r) for r in generators}
             # (owner rank, key) -> (its new residual, its generator's new state): kept at delivery
             self.pending: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -290,8 +300,10 @@ class CompressedMean(Averager):
                 raise ConfigError(f"compressed_mean=scatter needs every worker in every round (a chunk each); "
                                   f"this round has {len(ranks)} of {self.world_size} (--compressed-mean gather)")
             slot, framed = self.slot_size(like.numel(), like.dtype)
+            owned_slot, _ = self.owned.slot_size(like.numel(), like.dtype)
             handle = transport.exchange_reduce_start(
-                payloads, lambda r, got: self.reduce_chunk(r, got, like, key), ranks, size=slot)
+                payloads, lambda r, got: self.reduce_chunk(r, got, like, key), ranks, size=slot,
+                reduced_size=owned_slot)
             return Finished(handle, lambda owned: self.assemble(owned, like, key))
         if self.allreduced():
             return Finished(transport.allreduce_mean_start(payloads, ranks), lambda mean: mean.to(like.dtype))
@@ -341,7 +353,7 @@ class CompressedMean(Averager):
         """What the owner ``rank`` sends on: the mean of its chunk's n messages (decoded, summed in rank
         order), encoded again with its own error feedback (the residual kept at delivery: ``assemble``)."""
         a, b = self.chunks(like.numel())[sorted(received).index(rank)]
-        slot, framed = self.slot_size(like.numel(), like.dtype)
+        _, framed = self.slot_size(like.numel(), like.dtype)
         order = sorted(received)
         decoded = self.sent.decode_slots([received[r] for r in order], b - a, like.dtype, framed)
         total = decoded[0].clone()
@@ -351,12 +363,12 @@ class CompressedMean(Averager):
         gen.set_state(self.owner_gen[rank].get_state())
         packet, residual = self.owner_ef[rank].encode_pending(total.div_(len(order)), key=key, generator=gen)
         self.pending[(rank, key)] = residual, gen.get_state()
-        return self.sent.to_slot(packet.buffer, slot, framed)
+        return self.owned.to_slot(packet.buffer, *self.owned.slot_size(like.numel(), like.dtype))
 
     def assemble(self, owned: dict[int, torch.Tensor], like: torch.Tensor, key: str) -> torch.Tensor:
         """The mean from the owners' chunks (keyed by owner rank), and each local owner's residual and
         random stream kept: the round has been delivered."""
-        mean = self.sent.decode(Packet(torch.cat([owned[r] for r in sorted(owned)]), like.shape, like.dtype))
+        mean = self.owned.decode(Packet(torch.cat([owned[r] for r in sorted(owned)]), like.shape, like.dtype))
         for r in self.owner_ef:
             residual, gen_state = self.pending.pop((r, key))
             self.owner_ef[r].commit(key, residual)

@@ -174,7 +174,8 @@ class Run:
                             shapes=tuple(self.model.shapes), roles=self.model.roles)
         self.optim_config = optim
         self.codec_config = CodecConfig(compressor=cfg.compressor, error_feedback=cfg.error_feedback,
-                                        compressed_mean=cfg.compressed_mean)
+                                        compressed_mean=cfg.compressed_mean,
+                                        owner_compressor=cfg.owner_compressor)
         try:
             self.algorithm.setup(self.ctx, self.model.flatten(), optim, self.codec_config)
         except ValueError as e:

@@ -213,20 +213,22 @@ class Transport(ABC):
 
     def exchange_reduce_start(self, buffers: dict[int, torch.Tensor],
                               reduce: Callable[[int, dict[int, torch.Tensor]], torch.Tensor],
-                              ranks: Sequence[int] | None = None, *, size: int) -> Handle:
+                              ranks: Sequence[int] | None = None, *, size: int,
+                              reduced_size: int | None = None) -> Handle:
         """Start a reduction done by its owners (1-bit Adam's compressed allreduce, Tang et al. 2021):
         slot j of each participant's buffer goes to the j-th participant (:meth:`alltoall`), which
-        turns what it received into one buffer of ``size`` bytes, ``reduce(its rank, {sender:
-        slot})``; then every owner's buffer goes to every other participant (an all-gather by direct
-        exchange: an all-to-all with that buffer in every slot, one latency instead of the ring's
-        n - 1). ``wait()`` gives the owners' buffers keyed by rank, the same at every participant.
-        ``reduce`` runs once per local participant and round (again after :meth:`restart`). This
-        default runs both exchanges at the call, blocking (the threads backend); the simulator prices
-        them one after the other from the call, and the torch backend runs them on a thread of its own."""
+        turns what it received into one buffer of ``reduced_size`` bytes (default ``size``: the owners
+        may encode in another codec), ``reduce(its rank, {sender: slot})``; then every owner's buffer
+        goes to every other participant (an all-gather by direct exchange: an all-to-all with that
+        buffer in every slot, one latency instead of the ring's n - 1). ``wait()`` gives the owners'
+        buffers keyed by rank, the same at every participant. ``reduce`` runs once per local
+        participant and round (again after :meth:`restart`). This default runs both exchanges at the
+        call, blocking (the threads backend); the simulator prices them one after the other from the
+        call, and the torch backend runs them on a thread of its own."""
         n = len(self.participants(ranks))
         received = self.alltoall(buffers, ranks, size=size)
         owned = {r: reduce(r, got) for r, got in received.items()}
-        gathered = self.alltoall({r: b.repeat(n) for r, b in owned.items()}, ranks, size=size)
+        gathered = self.alltoall({r: b.repeat(n) for r, b in owned.items()}, ranks, size=reduced_size or size)
         return Handle(next(iter(gathered.values())))
 
     @abstractmethod

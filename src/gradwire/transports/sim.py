@@ -116,15 +116,15 @@ class SimTransport(Transport):
         self._charge(self.network.alltoall(size, len(ranks)), ranks=ranks)
         return out
 
-    def exchange_reduce_start(self, buffers, reduce, ranks=None, *, size):
+    def exchange_reduce_start(self, buffers, reduce, ranks=None, *, size, reduced_size=None):
         """Both exchanges computed and priced at the call, the second from the first's finish; the
         clock is paid only by ``wait()``, as for ``allgather_start``."""
         ranks = self.participants(ranks)
-        n = len(ranks)
+        n, reduced_size = len(ranks), reduced_size or size
         owned = {r: reduce(r, got) for r, got in self._exchange(buffers, ranks, size).items()}
-        gathered = self._exchange({r: b.repeat(n) for r, b in owned.items()}, ranks, size)[ranks[0]]
+        gathered = self._exchange({r: b.repeat(n) for r, b in owned.items()}, ranks, reduced_size)[ranks[0]]
         first = self._charge(self.network.alltoall(size, n), advance=False, ranks=ranks)
-        second = self._charge(self.network.alltoall(size, n), advance=False, ranks=ranks, after_s=first)
+        second = self._charge(self.network.alltoall(reduced_size, n), advance=False, ranks=ranks, after_s=first)
         return SimHandle(gathered, self.clock.now + first + second, self.clock)
 
     def send(self, buffer, src, dst, *, tag=0):

@@ -329,7 +329,7 @@ class TorchTransport(Transport):
         self.bytes_sent += ledger.alltoall(size, len(ranks))
         return {self.rank: got}
 
-    def exchange_reduce_start(self, buffers, reduce, ranks=None, *, size):
+    def exchange_reduce_start(self, buffers, reduce, ranks=None, *, size, reduced_size=None):
         """Both all-to-alls and the reduction between them run on this transport's own thread and
         process group (made at the first call, in the same order in every process), so that the
         caller computes meanwhile and its own collectives never interleave with them."""
@@ -339,13 +339,13 @@ class TorchTransport(Transport):
                                 "creating the exchange group", kind=None)
             self._chain = group, ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradwire-exchange")
         group, executor = self._chain
-        mine, n = buffers[self.rank].clone(), len(ranks)
+        mine, n, reduced_size = buffers[self.rank].clone(), len(ranks), reduced_size or size
 
         def chain():
             owned = reduce(self.rank, self._exchange_slots(mine, ranks, size, group))
-            return self._exchange_slots(owned.repeat(n), ranks, size, group)
+            return self._exchange_slots(owned.repeat(n), ranks, reduced_size, group)
 
-        self.bytes_sent += 2 * ledger.alltoall(size, n)
+        self.bytes_sent += ledger.alltoall(size, n) + ledger.alltoall(reduced_size, n)
         work = _FutureWork(executor.submit(chain), 2 * self.timeout_s)
         return _TorchHandle(work, lambda: work.result, self, "exchange and reduce")
 
