@@ -1130,7 +1130,10 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
     Also one micro-batch's backward pass (what a DDP-style overlap can hide communication behind),
     the same way; the gradient's buckets (``bucket_shares``) for the rows that overlap it; and each
     row's wire (``wire_costs``). DDP is always measured with the rows asked for, and every entry
-    keeps its session and the DDP beside it (``row_cost`` prices a row by its ratio to that DDP)."""
+    keeps its session and the DDP beside it (``row_cost`` prices a row by its ratio to that DDP),
+    DDP's blocks of that session, and the median over blocks of the row's block over the DDP block
+    measured right after it (``paired_ratio``: what ``estimator_check`` holds the fastest-block
+    ratio against)."""
     import torch
 
     torch.set_num_threads(1)
@@ -1162,6 +1165,8 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
             result[row.key] = {"compute_s": min(means[row.key]), "blocks_s": means[row.key],
                                "backward_s": min(backwards), "steps": COMPUTE_STEPS, "blocks": blocks,
                                "session": session, "ddp_compute_s": min(means["ddp"]),
+                               "ddp_blocks_s": means["ddp"],
+                               "paired_ratio": statistics.median(a / b for a, b in zip(means[row.key], means["ddp"])),
                                "bucket_shares": shares if row.overlap == "backward" else [1.0],
                                **wire_costs(row, lrs.get(row.key, FIRST_TRIALS[0]), n_steps,
                                             Path(tmp) / f"{row.key}-bytes")}
@@ -1176,6 +1181,26 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
                 _KEPT_GROUPS.append(dist.group.WORLD)
                 dist.destroy_process_group()
     return result
+
+
+ESTIMATOR_TOLERANCE = 0.05  # estimator_check: how far the two ratios to DDP may differ
+
+
+def estimator_check(compute: dict, tolerance: float = ESTIMATOR_TOLERANCE) -> list[str]:
+    """A line for each row whose priced ratio to DDP (its fastest block over DDP's fastest, what
+    ``row_cost`` uses) differs by more than ``tolerance`` from the median of its paired blocks'
+    ratios (``paired_ratio``): one unusually fast block (a boost of the clock, not the code) moved its
+    price. Rows measured before the pairing was recorded are not checked."""
+    lines = []
+    for key, cost in compute.items():
+        if key == "ddp" or "paired_ratio" not in cost:
+            continue
+        fastest = cost["compute_s"] / cost["ddp_compute_s"]
+        if abs(fastest / cost["paired_ratio"] - 1) > tolerance:
+            lines.append(f"{key}: priced at {fastest:.2f}x DDP's step (fastest blocks), but its blocks over DDP's "
+                         f"beside them give {cost['paired_ratio']:.2f}x (median): measure it again "
+                         f"(`compute --rows {key}`)")
+    return lines
 
 
 def step_time_table(compute: dict, network: str = "ring") -> str:

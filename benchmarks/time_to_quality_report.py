@@ -13,6 +13,7 @@ from time_to_quality import (
     LRS,
     RATES_MBPS,
     ROWS,
+    estimator_check,
     evaluation_noise,
     late_losses,
     markdown,
@@ -187,6 +188,9 @@ def write_report(out: Path, workers: list[int], seeds: list[int], lrs: dict, n_s
     if "ddp" in compute:
         text.append("\n### The time model alone: step time / DDP's step on a network of zero cost\n\n"
                     + step_time_table(compute, network))
+        suspect = estimator_check(compute)
+        if suspect:
+            text.append("\n### Compute measurements to repeat\n\n" + "".join(f"- {line}\n" for line in suspect))
     name = "results" if network == "ring" else f"results-{network}"
     (out / f"{name}.md").write_text("".join(text))
     (out / f"{name}.json").write_text(json.dumps(everything, indent=1, default=str) + "\n")

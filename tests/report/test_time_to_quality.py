@@ -457,6 +457,7 @@ def test_compute_measures_ddp_beside_the_rows_and_their_wire(ttq, tmp_path):
     decoded at a cost, and framed at its codec's bound (so no exchange of sizes is priced: chunked
     top-k's size depends on the data, within the bound); DDP's 0.52 MiB gradient one bucket."""
     import json
+    import statistics
 
     from gradwire.compress import build
 
@@ -468,6 +469,36 @@ def test_compute_measures_ddp_beside_the_rows_and_their_wire(ttq, tmp_path):
     assert row["payload_bytes"] == 4 + build(ttq.MESSAGE_K96).max_nbytes(137_216)
     assert row["decode_s"] > 0 and ddp["decode_s"] == 0.0
     assert ddp["bucket_shares"] == [1.0] and ddp["payload_bytes"] == 4 * 137_216
+    # each row keeps DDP's blocks of its session and the median of its blocks over them
+    assert row["ddp_blocks_s"] == ddp["blocks_s"] and len(row["blocks_s"]) == len(ddp["blocks_s"])
+    assert row["paired_ratio"] == statistics.median(a / b for a, b in zip(row["blocks_s"], ddp["blocks_s"])) > 0
+
+
+def test_the_estimator_check_names_a_row_priced_by_one_unusually_fast_block(ttq, tmp_path):
+    """The eighteenth pass's first compute session, as measured: its τ = 2 row's fastest block (10.27 ms
+    against nine of 12.9-14.7) priced it at 1.19x DDP's step where its blocks over DDP's beside them
+    give 1.50x; the check names that row and the command that measures it again, and passes the τ = 1
+    row of the same session and the second session's rows; the report lists what it names."""
+    import json
+    import statistics
+
+    ddp = [8.67, 8.95, 9.28, 9.22, 9.06, 9.18, 9.17, 9.28, 9.18, 9.38]
+    rows = {"tau1": [13.55, 13.75, 14.08, 13.83, 13.5, 13.33, 14.34, 13.68, 14.27, 13.07],
+            "tau2": [13.49, 13.18, 14.65, 14.29, 12.92, 13.45, 14.28, 13.57, 13.94, 10.27]}
+    compute = {"ddp": {"compute_s": min(ddp), "blocks_s": ddp, "ddp_compute_s": min(ddp)}}
+    for key, blocks in rows.items():
+        compute[key] = {"compute_s": min(blocks), "ddp_compute_s": min(ddp), "blocks_s": blocks,
+                        "paired_ratio": statistics.median(a / b for a, b in zip(blocks, ddp))}
+    lines = ttq.estimator_check(compute)
+    assert len(lines) == 1 and lines[0].startswith("tau2: priced at 1.18x DDP's step") and "1.50x" in lines[0]
+    assert "`compute --rows tau2`" in lines[0]
+    del compute["tau2"]["paired_ratio"]  # measured before the pairing was kept: not checked
+    assert ttq.estimator_check(compute) == []
+    second = json.loads((BENCH.parents[1] / "runs" / "ttq-w16-b8-v18" / "compute.json").read_text())
+    for key, cost in second.items():
+        if key != "ddp":
+            cost["paired_ratio"] = statistics.median(a / b for a, b in zip(cost["blocks_s"], second["ddp"]["blocks_s"]))
+    assert ttq.estimator_check(second) == []
 
 
 def test_a_decode_timed_while_the_machine_was_busy_does_not_count(ttq, tmp_path, monkeypatch):
