@@ -1131,9 +1131,8 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
     the same way; the gradient's buckets (``bucket_shares``) for the rows that overlap it; and each
     row's wire (``wire_costs``). DDP is always measured with the rows asked for, and every entry
     keeps its session and the DDP beside it (``row_cost`` prices a row by its ratio to that DDP),
-    DDP's blocks of that session, and the median over blocks of the row's block over the DDP block
-    measured right after it (``paired_ratio``: what ``estimator_check`` holds the fastest-block
-    ratio against)."""
+    DDP's blocks of that session, and the median over blocks of the row's block over DDP's block of
+    the same turn (``paired_ratio``: what ``estimator_check`` holds the fastest-block ratio against)."""
     import torch
 
     torch.set_num_threads(1)

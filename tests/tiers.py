@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import multiprocessing.process
+import os
 import subprocess
 import types
 
@@ -84,9 +85,13 @@ def mark_multiprocess(items) -> None:
 
 
 def longest_first(items) -> None:
-    """Put the long tests first (marked ``slow``, then ``multiprocess``), each group in its collected
-    order: xdist hands tests out in this order, so the 30-70 s ones start while every worker is busy
-    instead of one of them finishing the run alone while the others wait."""
+    """Under xdist (whose workers collect, and hand tests out in the order collected), put the long
+    tests first (marked ``slow``, then ``multiprocess``), each group in its collected order, so that the
+    30-70 s ones start while every worker is busy instead of one of them finishing the run alone while
+    the others wait. A plain ``pytest`` keeps the modules' order (and their module-scoped fixtures)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+
     def rank(item) -> int:
         return 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker(MARK) else 2
     items.sort(key=rank)  # stable: the collected order within each group

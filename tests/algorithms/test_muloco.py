@@ -425,6 +425,19 @@ def test_parameter_roles_divide_a_network_as_muon_s_authors_do():
     assert parameter_roles(mlp) == ("hidden", "vector", "hidden", "vector", "output", "vector")
     assert FlatModel(mlp).roles == parameter_roles(mlp)
 
+    class Attending(torch.nn.Module):  # torch's attention packs its input projections in one parameter
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(10, 8)
+            self.attention = torch.nn.MultiheadAttention(8, 2)
+            self.head = torch.nn.Linear(8, 10)
+
+    attending = Attending()
+    roles = dict(zip((name for name, _ in attending.named_parameters()), parameter_roles(attending)))
+    assert roles == {"table.weight": "embedding", "attention.in_proj_weight": "hidden",
+                     "attention.in_proj_bias": "vector", "attention.out_proj.weight": "hidden",
+                     "attention.out_proj.bias": "vector", "head.weight": "output", "head.bias": "vector"}
+
 
 def test_muloco_matrices_hidden_puts_embeddings_and_the_output_layer_on_adamw(make_config):
     """``matrices=hidden``: on the transformer, Muon updates only the hidden weights and AdamW the

@@ -100,6 +100,14 @@ def test_muon_matrices_hidden_puts_the_output_layer_on_adamw(make_config):
         Run(make_config(MUON, task="digits-mlp", optimizer="muon:matrices=some"))
 
 
+@pytest.mark.parametrize("task", ["mnist1d-cnn", "digits-logreg"])
+def test_muon_matrices_hidden_refuses_a_model_that_leaves_it_no_matrix(make_config, task):
+    """The CNN's hidden weights are convolutions (not matrices) and its one Linear is the output layer;
+    logistic regression's one weight is the output layer: Muon would update nothing, so one line says so."""
+    with pytest.raises(ConfigError, match=r"matrices=hidden leaves Muon no matrix on this model.*matrices=all"):
+        Run(make_config(MUON, task=task, optimizer="muon:matrices=hidden"))
+
+
 def test_muon_options_reach_every_matrix(make_config):
     from gradwire.algorithms.muloco import Muon
 

@@ -82,14 +82,14 @@ def test_the_mean_is_the_papers_two_sided_error_feedback_rule(n, numel, device):
 
 
 @pytest.mark.parametrize("owner, rule", [("fp16", lambda v: v.half().float()), ("none", lambda v: v)])
-def test_the_owners_codec_is_theirs_and_sets_the_second_exchange_s_slot(owner, rule):
+def test_the_owners_codec_is_theirs_and_sets_the_second_exchange_s_slot(owner, rule, device):
     """``--owner-compressor``: the owners' chunk means travel in their own codec (a float16 cast, or
     exactly), the rule otherwise the papers'; the second all-to-all's slots are that codec's (251
     elements: 502 bytes in float16, 1004 in float32), counted by the ledger and timed after the first."""
     n, numel = 4, 1003
-    g = torch.Generator().manual_seed(5)
-    xs = [{r: torch.randn(numel, generator=g) for r in range(n)} for _ in range(4)]
-    averager = scatter_mean(n, owner=owner)
+    g = torch.Generator(device=device).manual_seed(5)
+    xs = [{r: torch.randn(numel, generator=g, device=device) for r in range(n)} for _ in range(4)]
+    averager = scatter_mean(n, owner=owner, device=device)
     network = RingNetwork(mbps=10, latency_ms=1)
     transport = SimTransport(n, network, SimClock())
     got = [averager.mean(transport, x) for x in xs]
@@ -104,6 +104,23 @@ def test_the_owners_codec_is_theirs_and_sets_the_second_exchange_s_slot(owner, r
     assert transport.bytes_sent == 4 * (ledger.alltoall(36, n) + ledger.alltoall(second, n))
     one_round = network.alltoall(36, n).time_s + network.alltoall(second, n).time_s
     assert transport.clock.now == pytest.approx(4 * one_round, rel=1e-12)
+
+
+def test_an_owners_codec_of_a_bound_travels_framed_at_its_own_slot():
+    """A top-k owners' codec (a bound, not a size) travels framed at its bound in the second exchange
+    while the workers' 1-bit slots stay unframed; top-k of every element sends the mean exactly, so its
+    rounds equal the exact owners' (``none``), bit for bit."""
+    n, numel = 3, 300
+    x = [{r: torch.randn(numel, generator=torch.Generator().manual_seed(10 * k + r)) for r in range(n)}
+         for k in range(3)]
+    framed, exact = scatter_mean(n, owner="topk:ratio=1"), scatter_mean(n, owner="none")
+    assert framed.slot_size(numel, torch.float32)[1] is False and framed.owned.slot_size(numel, torch.float32)[1]
+    t1, t2 = SimTransport(n, RingNetwork(), SimClock()), SimTransport(n, RingNetwork(), SimClock())
+    for xk in x:
+        assert torch.equal(framed.mean(t1, xk), exact.mean(t2, xk))
+    second = framed.owned.slot_size(numel, torch.float32)[0]
+    assert t1.bytes_sent == 3 * (ledger.alltoall(framed.slot_size(numel, torch.float32)[0], n)
+                                 + ledger.alltoall(second, n))
 
 
 def test_the_owners_error_feedback_makes_the_mean_of_rounds_converge():

@@ -474,12 +474,11 @@ def test_compute_measures_ddp_beside_the_rows_and_their_wire(ttq, tmp_path):
     assert row["paired_ratio"] == statistics.median(a / b for a, b in zip(row["blocks_s"], ddp["blocks_s"])) > 0
 
 
-def test_the_estimator_check_names_a_row_priced_by_one_unusually_fast_block(ttq, tmp_path):
+def test_the_estimator_check_names_a_row_priced_by_one_unusually_fast_block(ttq):
     """The eighteenth pass's first compute session, as measured: its τ = 2 row's fastest block (10.27 ms
-    against nine of 12.9-14.7) priced it at 1.19x DDP's step where its blocks over DDP's beside them
+    against nine of 12.9-14.7) priced it at 1.18x DDP's step where its blocks over DDP's beside them
     give 1.50x; the check names that row and the command that measures it again, and passes the τ = 1
-    row of the same session and the second session's rows; the report lists what it names."""
-    import json
+    row of the same session; a row measured before the pairing was kept is not checked."""
     import statistics
 
     ddp = [8.67, 8.95, 9.28, 9.22, 9.06, 9.18, 9.17, 9.28, 9.18, 9.38]
@@ -494,11 +493,6 @@ def test_the_estimator_check_names_a_row_priced_by_one_unusually_fast_block(ttq,
     assert "`compute --rows tau2`" in lines[0]
     del compute["tau2"]["paired_ratio"]  # measured before the pairing was kept: not checked
     assert ttq.estimator_check(compute) == []
-    second = json.loads((BENCH.parents[1] / "runs" / "ttq-w16-b8-v18" / "compute.json").read_text())
-    for key, cost in second.items():
-        if key != "ddp":
-            cost["paired_ratio"] = statistics.median(a / b for a, b in zip(cost["blocks_s"], second["ddp"]["blocks_s"]))
-    assert ttq.estimator_check(second) == []
 
 
 def test_a_decode_timed_while_the_machine_was_busy_does_not_count(ttq, tmp_path, monkeypatch):

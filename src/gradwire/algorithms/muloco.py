@@ -197,10 +197,12 @@ class _Gathered:
         return torch.cat([v[a: a + n] for a, n in self.ranges]).view(self.shape)
 
     def gather(self) -> None:
+        require(self.value is not None, "a _Gathered made with copy=False keeps no copy to gather into")
         if self.views is not None:
             torch.cat(self.views, out=self.value.view(-1))
 
     def scatter(self) -> None:
+        require(self.value is not None, "a _Gathered made with copy=False keeps no copy to scatter from")
         if self.views is not None:
             torch._foreach_copy_(self.views, self.value.view(-1).split(self.sizes))
 
@@ -210,7 +212,7 @@ class MuonAdamW:
     AdamW on the others; ``apply`` takes the flat gradient.
 
     On a small model an update's cost is mostly per call, not per flop, so the work is batched: the
-    matrices of one shape are one Muon on a (k, m, n) copy (one momentum update, one Newton-Schulz
+    matrices of one shape are one Muon on a (k, m, n) batch (one momentum update, one Newton-Schulz
     iteration, one step for all k; shapes that are each other's transpose share one Newton-Schulz
     batch), each matrix stepped where it lies in the flat vector; and the other tensors one AdamW on a
     contiguous copy, gathered from the flat vector before its update and scattered back after it (or a
@@ -306,12 +308,16 @@ class MuonAdamW:
 
 def muon_matrices(matrices: str, shapes, roles, who: str) -> list[bool] | None:
     """Which of the model's tensors take Muon: None for ``all`` (every 2-D tensor), or a flag a tensor for
-    ``hidden`` (the hidden layers' weights: ``roles``, tasks.oracle.parameter_roles)."""
+    ``hidden`` (the hidden layers' 2-D weights: ``roles``, tasks.oracle.parameter_roles; a convolution's
+    are not matrices). A model with none is refused: Muon would update nothing."""
     if matrices == "all":
         return None
     require(len(roles) == len(shapes), f"{who}: matrices=hidden needs the model's tensor roles (which matrix is an "
                                        "embedding or the output layer)")
-    return [role == "hidden" for role in roles]
+    on_muon = [role == "hidden" and len(shape) == 2 for role, shape in zip(roles, shapes)]
+    require(any(on_muon), f"{who}: matrices=hidden leaves Muon no matrix on this model (its 2-D weights are "
+                          "embeddings or the output layer, or it has none); use matrices=all")
+    return on_muon
 
 
 def muon_adamw(shapes, optim, *, muon_rate: dict, momentum: float, nesterov: bool, ns_steps: int,

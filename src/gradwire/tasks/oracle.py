@@ -25,11 +25,16 @@ def parameter_roles(module: nn.Module) -> tuple[str, ...]:
     """Each parameter's part in ``module``, in ``module.parameters()`` order, as Muon's authors divide a
     network (Jordan et al. 2024: Muon for the hidden layers, AdamW for the input embedding, the output
     layer, gains and biases): ``hidden``, the weight of a linear or convolutional layer other than the
-    last one registered; ``output``, that last layer's weight (a classifier's or an LM's head);
-    ``embedding``, any other parameter of two dimensions or more (an ``nn.Embedding``'s table, a learnt
-    position table); ``vector``, the rest (biases, a norm's gain)."""
+    last one registered (and ``nn.MultiheadAttention``'s packed input projections); ``output``, that
+    last layer's weight (a classifier's or an LM's head: the last registered, which is the last applied
+    in every model of gradwire's tasks); ``embedding``, any other parameter of two dimensions or more
+    (an ``nn.Embedding``'s table, a learnt position table); ``vector``, the rest (biases, a norm's gain)."""
     layers = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
     weights = {id(m.weight): "output" if m is layers[-1] else "hidden" for m in layers}
+    for m in module.modules():
+        if isinstance(m, nn.MultiheadAttention):
+            weights.update({id(w): "hidden" for w in (m.in_proj_weight, m.q_proj_weight, m.k_proj_weight,
+                                                        m.v_proj_weight) if w is not None})
     return tuple(weights.get(id(p), "embedding" if p.dim() >= 2 else "vector") for p in module.parameters())
 
 
