@@ -42,8 +42,8 @@ class RunConfig:
                                               # averages chunk j of all and sends it on compressed again (1-bit
                                               # Adam's compressed allreduce: 2(n-1)/n messages a link, not n-1;
                                               # compressed twice, which can cost quality: docs/compressors.md)
-    owner_compressor: str = ""                # scatter: the codec the owners' chunk means travel in ("" for
-                                              # --compressor's), e.g. more bits for the message all receive
+    owner_compressor: str = ""                # scatter: the codec the owners' chunk means travel in, e.g. more
+                                              # bits for the one message every worker receives
     partition: str = "iid"                    # how the training data is split among workers
     stragglers: str = "none"                  # per-worker compute-time model (simulated seconds)
     network: str = "ps:mbps=100,latency_ms=1" # network model: who sends what, at what cost

@@ -98,7 +98,8 @@ def field_help() -> dict[str, str]:
 SHOWN_DEFAULTS = {"out": "a fresh runs/<label>-<YYYYmmdd-HHMMSS>",
                   "lr": "the algorithm's", "momentum": "the algorithm's",
                   "lr_schedule": "the algorithm's, constant for most", "name": "algorithm + compressor",
-                  "tensor_parallel": "none: each worker holds the whole model"}
+                  "tensor_parallel": "none: each worker holds the whole model",
+                  "owner_compressor": "--compressor's"}
 
 
 # the flag of a swept key where its plural reads better (as ``gradwire compare --seeds``)
