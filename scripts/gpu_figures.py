@@ -31,7 +31,8 @@ PY = sys.executable
 # so pytest runs them on 4 processes
 COMMANDS = [
     ("tests", 420, [PY, "-m", "pytest", "-q", "-n", "4", "tests/compress", "tests/kernels",
-                    "tests/backends/test_devices.py", "tests/ddp", "tests/algorithms/test_outer_state.py"]),
+                    "tests/backends/test_devices.py", "tests/ddp", "tests/algorithms/test_outer_state.py",
+                    "tests/averaging/test_scatter_mean.py", "tests/algorithms/test_muloco.py"]),
     ("benchmarks", 120, [PY, "benchmarks/gpu_codecs.py"]),
     ("benchmarks", 90, [PY, "benchmarks/gpu_codecs.py", "--dtype", "bfloat16", "--spec", "sign", "--spec", "bf16",
                         "--spec", "qsgd"]),

@@ -66,6 +66,10 @@ def test_more_local_ranks_than_gpus_is_a_clear_error(monkeypatch):
     ["--algorithm", "sync", "--compressor", "topk:ratio=0.1", "--error-feedback"],
     ["--algorithm", "sync", "--compressor", "sign:scaled=true", "--error-feedback"],
     ["--algorithm", "local-sgd:local_steps=2"],
+    # the mean by chunk owners, the owners' codec a cast; Muon's batched Newton-Schulz and in-place step
+    ["--algorithm", "sync", "--compressor", "sign:scaled=true", "--error-feedback", "--compressed-mean", "scatter",
+     "--owner-compressor", "fp16"],
+    ["--algorithm", "muloco:inner_steps=2", "--lr", "0.003", "--compressed-mean", "scatter"],
 ])
 @NEEDS_CUDA
 def test_simulator_on_cuda_follows_the_cpu_run(tmp_path, data_dir, extra):
@@ -83,10 +87,15 @@ def test_simulator_on_cuda_follows_the_cpu_run(tmp_path, data_dir, extra):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("extra", [
+    ["--algorithm", "sync", "--compressor", "qsgd:levels=4,bucket=128", "--network", "ring:mbps=100"],
+    # the scatter route's all-to-alls on NCCL, from the transport's own thread and group
+    ["--algorithm", "sync", "--compressor", "sign:scaled=true", "--error-feedback", "--compressed-mean", "scatter",
+     "--owner-compressor", "pquant:p=inf,block=32", "--network", "ring:mbps=100"],
+])
 @NEEDS_CUDA
-def test_torch_backend_on_cuda_uses_nccl_and_matches_the_simulator(tmp_path, data_dir):
+def test_torch_backend_on_cuda_uses_nccl_and_matches_the_simulator(tmp_path, data_dir, extra):
     nproc = min(2, torch.cuda.device_count())
-    extra = ["--algorithm", "sync", "--compressor", "qsgd:levels=4,bucket=128", "--network", "ring:mbps=100"]
     p = launch(nproc, [*COMMON, *extra, "--device", "cuda"], tmp_path / "torch", data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     assert main(["run", *COMMON, *extra, "--workers", str(nproc), "--device", "cuda",
