@@ -1130,9 +1130,8 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
     Also one micro-batch's backward pass (what a DDP-style overlap can hide communication behind),
     the same way; the gradient's buckets (``bucket_shares``) for the rows that overlap it; and each
     row's wire (``wire_costs``). DDP is always measured with the rows asked for, and every entry
-    keeps its session and the DDP beside it (``row_cost`` prices a row by its ratio to that DDP),
-    DDP's blocks of that session, and the median over blocks of the row's block over DDP's block of
-    the same turn (``paired_ratio``: what ``estimator_check`` holds the fastest-block ratio against)."""
+    keeps its session and the DDP beside it (``row_cost`` prices a row by its ratio to that DDP) and
+    DDP's blocks of that session (``ddp_blocks_s``: ``paired_ratio`` pairs them with the row's)."""
     import torch
 
     torch.set_num_threads(1)
@@ -1165,7 +1164,6 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
                                "backward_s": min(backwards), "steps": COMPUTE_STEPS, "blocks": blocks,
                                "session": session, "ddp_compute_s": min(means["ddp"]),
                                "ddp_blocks_s": means["ddp"],
-                               "paired_ratio": statistics.median(a / b for a, b in zip(means[row.key], means["ddp"])),
                                "bucket_shares": shares if row.overlap == "backward" else [1.0],
                                **wire_costs(row, lrs.get(row.key, FIRST_TRIALS[0]), n_steps,
                                             Path(tmp) / f"{row.key}-bytes")}
@@ -1185,20 +1183,31 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
 ESTIMATOR_TOLERANCE = 0.05  # estimator_check: how far the two ratios to DDP may differ
 
 
+def paired_ratio(compute: dict, key: str) -> float | None:
+    """The median over blocks of row ``key``'s block over DDP's block of the same turn: DDP's blocks
+    of the row's session as the row keeps them (``ddp_blocks_s``), or DDP's own where DDP was last
+    measured in that session; None where neither is known."""
+    cost, ddp = compute[key], compute["ddp"]
+    beside = cost.get("ddp_blocks_s") or (ddp.get("blocks_s") if cost.get("session") == ddp.get("session") else None)
+    if not beside or len(beside) != len(cost.get("blocks_s", ())):
+        return None
+    return statistics.median(a / b for a, b in zip(cost["blocks_s"], beside))
+
+
 def estimator_check(compute: dict, tolerance: float = ESTIMATOR_TOLERANCE) -> list[str]:
     """A line for each row whose priced ratio to DDP (its fastest block over DDP's fastest, what
-    ``row_cost`` uses) differs by more than ``tolerance`` from the median of its paired blocks'
-    ratios (``paired_ratio``): one unusually fast block (a boost of the clock, not the code) moved its
-    price. Rows measured before the pairing was recorded are not checked."""
+    ``row_cost`` uses) differs by more than ``tolerance`` from its ``paired_ratio``: one unusually
+    fast block (a boost of the clock, not the code) moved its price. Rows whose DDP blocks are not
+    known are not checked."""
     lines = []
     for key, cost in compute.items():
-        if key == "ddp" or "paired_ratio" not in cost:
+        paired = None if key == "ddp" or "ddp_compute_s" not in cost else paired_ratio(compute, key)
+        if paired is None:
             continue
         fastest = cost["compute_s"] / cost["ddp_compute_s"]
-        if abs(fastest / cost["paired_ratio"] - 1) > tolerance:
+        if abs(fastest / paired - 1) > tolerance:
             lines.append(f"{key}: priced at {fastest:.2f}x DDP's step (fastest blocks), but its blocks over DDP's "
-                         f"beside them give {cost['paired_ratio']:.2f}x (median): measure it again "
-                         f"(`compute --rows {key}`)")
+                         f"beside them give {paired:.2f}x (median): measure it again (`compute --rows {key}`)")
     return lines
 
 

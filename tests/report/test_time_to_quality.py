@@ -469,31 +469,33 @@ def test_compute_measures_ddp_beside_the_rows_and_their_wire(ttq, tmp_path):
     assert row["payload_bytes"] == 4 + build(ttq.MESSAGE_K96).max_nbytes(137_216)
     assert row["decode_s"] > 0 and ddp["decode_s"] == 0.0
     assert ddp["bucket_shares"] == [1.0] and ddp["payload_bytes"] == 4 * 137_216
-    # each row keeps DDP's blocks of its session and the median of its blocks over them
+    # each row keeps DDP's blocks of its session, which its paired ratio divides its own by, turn by turn
     assert row["ddp_blocks_s"] == ddp["blocks_s"] and len(row["blocks_s"]) == len(ddp["blocks_s"])
-    assert row["paired_ratio"] == statistics.median(a / b for a, b in zip(row["blocks_s"], ddp["blocks_s"])) > 0
+    ddp["blocks_s"] = [2 * b for b in ddp["blocks_s"]]  # DDP measured again later: the row keeps its own
+    assert ttq.paired_ratio(compute, "muloco-k96-h3") == statistics.median(
+        a / b for a, b in zip(row["blocks_s"], row["ddp_blocks_s"]))
 
 
 def test_the_estimator_check_names_a_row_priced_by_one_unusually_fast_block(ttq):
     """The eighteenth pass's first compute session, as measured: its τ = 2 row's fastest block (10.27 ms
     against nine of 12.9-14.7) priced it at 1.18x DDP's step where its blocks over DDP's beside them
     give 1.50x; the check names that row and the command that measures it again, and passes the τ = 1
-    row of the same session; a row measured before the pairing was kept is not checked."""
-    import statistics
-
+    row of the same session. DDP's blocks are the row's own copy, or DDP's where DDP was measured in
+    the row's session; a row of another session without its copy is not checked."""
     ddp = [8.67, 8.95, 9.28, 9.22, 9.06, 9.18, 9.17, 9.28, 9.18, 9.38]
     rows = {"tau1": [13.55, 13.75, 14.08, 13.83, 13.5, 13.33, 14.34, 13.68, 14.27, 13.07],
             "tau2": [13.49, 13.18, 14.65, 14.29, 12.92, 13.45, 14.28, 13.57, 13.94, 10.27]}
-    compute = {"ddp": {"compute_s": min(ddp), "blocks_s": ddp, "ddp_compute_s": min(ddp)}}
+    compute = {"ddp": {"compute_s": min(ddp), "blocks_s": ddp, "ddp_compute_s": min(ddp), "session": "s1"}}
     for key, blocks in rows.items():
-        compute[key] = {"compute_s": min(blocks), "ddp_compute_s": min(ddp), "blocks_s": blocks,
-                        "paired_ratio": statistics.median(a / b for a, b in zip(blocks, ddp))}
+        compute[key] = {"compute_s": min(blocks), "ddp_compute_s": min(ddp), "blocks_s": blocks, "session": "s1",
+                        "ddp_blocks_s": ddp}
     lines = ttq.estimator_check(compute)
     assert len(lines) == 1 and lines[0].startswith("tau2: priced at 1.18x DDP's step") and "1.50x" in lines[0]
     assert "`compute --rows tau2`" in lines[0]
-    del compute["tau2"]["paired_ratio"]  # measured before the pairing was kept: not checked
+    del compute["tau2"]["ddp_blocks_s"]  # written before rows kept a copy: DDP's own blocks, same session
+    assert ttq.estimator_check(compute) == lines
+    compute["tau2"]["session"] = "s0"  # another session, DDP's blocks of it unknown: not checked
     assert ttq.estimator_check(compute) == []
-
 
 def test_a_decode_timed_while_the_machine_was_busy_does_not_count(ttq, tmp_path, monkeypatch):
     """``decode_s`` is the fastest of several timings of one round's decode: a slow call (a busy
