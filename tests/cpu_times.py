@@ -6,7 +6,10 @@ where wall times measure the neighbours:
     .venv/bin/python -m tests.cpu_times cpu.jsonl          # the 25 costliest tests and files
 
 Each line of the file is {"test", "cpu_s", "self_s", "children_s", "wall_s"}; xdist's workers append
-to the same file (one short write each)."""
+to the same file (one short write each). A process forked from ``tests.forked``'s server is that
+server's child, not the test's: its CPU is not in the test's line (the server's shows in nobody's).
+The whole suite's CPU, forked processes included, is the machine's: ``/proc/stat`` before and after
+on an otherwise idle machine."""
 
 from __future__ import annotations
 

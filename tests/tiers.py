@@ -23,7 +23,8 @@ import pytest
 # process is started (``subprocess.run``, ``mp.get_context``).
 SPAWNERS = {
     "tests.helpers": {"gw"},
-    "tests.backends.processes": {"launch", "sim_and_torch", "spawn"},
+    "tests.backends.processes": {"launch", "ranks", "sim_and_torch", "spawn"},
+    "tests.forked": {"Forked", "gradwire", "start_replica"},
     "tests.parallel.spawn": {"run_scenario"},
     "tests.ddp.ddp_harness": {"launch"},
 }

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gradwire.cli import main
-from tests.backends.processes import launch
+from tests.backends.processes import ranks
 from tests.helpers import read_jsonl
 
 COMMON = ["--task", "digits-mlp", "--steps", "6", "--eval-every", "1", "--batch-size", "16", "--lr", "0.1",
@@ -22,7 +22,7 @@ COMMON = ["--task", "digits-mlp", "--steps", "6", "--eval-every", "1", "--batch-
     (3, ["--algorithm", "dqsgd:bits_budget=3"]),
 ])
 def test_torch_backend_matches_the_simulator(tmp_path, data_dir, nproc, extra):
-    p = launch(nproc, [*COMMON, *extra], tmp_path / "torch", data_dir, timeout=240)
+    p = ranks(nproc, [*COMMON, *extra], tmp_path / "torch", data_dir, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     assert main(["run", *COMMON, *extra, "--workers", str(nproc), "--out", str(tmp_path / "sim"),
                  "--data-dir", str(data_dir)]) == 0

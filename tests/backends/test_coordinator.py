@@ -12,7 +12,7 @@ from gradwire.algorithms.protocol import HEADER_BYTES, REPORT, Message
 from gradwire.config import RunConfig
 from gradwire.errors import ConfigError
 from gradwire.run.loop import Run
-from tests.backends.processes import launch, spawn
+from tests.backends.processes import launch, ranks, spawn
 from tests.helpers import read_jsonl
 
 BASE = ["--task", "digits-logreg", "--batch-size", "16", "--lr", "0.2", "--eval-every", "5", "--seed", "5",
@@ -36,7 +36,7 @@ def lsgd_bytes(summary, log, workers_said_bye):
 @pytest.mark.timeout(300)
 def test_async_easgd_on_real_processes(tmp_path, data_dir):
     out = tmp_path / "easgd"
-    p = launch(4, BASE + SLOW + ["--algorithm", "easgd:async=true,period=3"], out, data_dir)  # coordinator + 3
+    p = ranks(4, BASE + SLOW + ["--algorithm", "easgd:async=true,period=3"], out, data_dir)  # coordinator + 3
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     steps = {int(w): n for w, n in summary["local_steps"].items()}
@@ -53,7 +53,7 @@ def test_async_easgd_on_real_processes(tmp_path, data_dir):
 @pytest.mark.timeout(300)
 def test_async_lsgd_on_real_processes(tmp_path, data_dir):
     out = tmp_path / "lsgd"
-    p = launch(4, BASE + SLOW + ["--algorithm", "lsgd:async=true,period=2,pull=0.5"], out, data_dir)
+    p = ranks(4, BASE + SLOW + ["--algorithm", "lsgd:async=true,period=2,pull=0.5"], out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     summary, log = json.loads((out / "summary.json").read_text()), read_jsonl(out / "steps.jsonl")
     steps = {int(w): n for w, n in summary["local_steps"].items()}
@@ -70,7 +70,7 @@ def test_async_lsgd_on_real_processes(tmp_path, data_dir):
 def test_async_multi_leader_on_real_processes(tmp_path, data_dir):
     out = tmp_path / "multi"
     spec = "lsgd:async=true,groups=2,period=1,pull=0.5,global_period=3,global_pull=0.5"
-    p = launch(5, BASE + ["--algorithm", spec, "--stragglers", "lognormal:sigma=0.5,compute_s=0.005"],
+    p = ranks(5, BASE + ["--algorithm", spec, "--stragglers", "lognormal:sigma=0.5,compute_s=0.005"],
                out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     summary, log = json.loads((out / "summary.json").read_text()), read_jsonl(out / "steps.jsonl")
@@ -110,7 +110,7 @@ def test_checkpoint_is_a_consistent_cut_and_resumes(tmp_path, data_dir):
     out = tmp_path / "ckpt"
     args = [a if a != "20" else "10" for a in BASE] + SLOW + ["--algorithm", "easgd:async=true,period=3",
                                                                "--checkpoint-every", "5", "--resume-or-start"]
-    p = launch(4, args, out, data_dir)
+    p = ranks(4, args, out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
     assert latest.name == "step-00000010"
@@ -127,7 +127,7 @@ def test_checkpoint_is_a_consistent_cut_and_resumes(tmp_path, data_dir):
         assert held["body"].numel() == (MODEL if count % 3 == 0 else 0)  # x_i travels with every 3rd
     assert sum(coord["server"]["counts"].values()) == 30 - 3 + 3  # 30 reports processed, 3 held
 
-    p = launch(4, BASE + SLOW + ["--algorithm", "easgd:async=true,period=3", "--checkpoint-every", "5",
+    p = ranks(4, BASE + SLOW + ["--algorithm", "easgd:async=true,period=3", "--checkpoint-every", "5",
                                  "--resume"], out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -198,12 +198,12 @@ def test_async_lsgd_restarts_from_its_checkpoint_after_a_crash(tmp_path, data_di
 def test_worker_missing_from_checkpoint_rejoins_from_the_center(tmp_path, data_dir):
     out = tmp_path / "rejoin"
     args = SLOW + ["--algorithm", "easgd:async=true,period=3", "--checkpoint-every", "5", "--resume-or-start"]
-    p = launch(4, [a if a != "20" else "10" for a in BASE] + args, out, data_dir)
+    p = ranks(4, [a if a != "20" else "10" for a in BASE] + args, out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
     before = torch.load(latest / "rank0.pt", weights_only=True)["state"]["server"]["counts"]["1"]
     (latest / "rank2.pt").unlink()  # as if worker 1 had been lost before this checkpoint
-    p = launch(4, BASE + args, out, data_dir)
+    p = ranks(4, BASE + args, out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []

@@ -42,11 +42,11 @@ def test_quantised_outer_gradients_travel_while_the_next_steps_compute(tmp_path,
     (OVERLAP, recorded only by a collective left running) across a whole inner step's compute. (That
     its bytes travel before the wait, not only that it is left running, is test_torch_allgather.py's.)"""
     from gradwire.report.timeline import COMPUTE, OVERLAP, read_timeline
-    from tests.backends.processes import launch
+    from tests.backends.processes import ranks
 
     args = COMMON + ["--task", "digits-mlp", "--algorithm", "streaming-diloco:inner_steps=4,fragments=2,overlap=2",
                      "--compressor", "qsgd:levels=8,bucket=128"]
-    p = launch(2, args, tmp_path / "run", data_dir)
+    p = ranks(2, args, tmp_path / "run", data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     recs, _ = read_timeline(tmp_path / "run", overlapped=False)
     for worker in (0, 1):

@@ -9,7 +9,7 @@ import torch
 
 from gradwire.cli import main
 from gradwire.run.loop import Run
-from tests.backends.processes import launch, sim_and_torch
+from tests.backends.processes import ranks, sim_and_torch
 from tests.backends.threads import run_one_worker_per_thread
 from tests.helpers import read_jsonl
 
@@ -59,7 +59,7 @@ def test_server_mode_diloco_runs_its_protocol_on_gloo_processes(tmp_path, data_d
     spec, _, compressor = spec.partition("|")
     args = COMMON + ["--algorithm", spec, "--steps", "4", "--eval-every", "2"] + (
         ["--compressor", compressor] if compressor else [])
-    p = launch(2, args, tmp_path / "torch", data_dir)  # 2 processes: the server and one replica
+    p = ranks(2, args, tmp_path / "torch", data_dir)  # 2 processes: the server and one replica
     assert p.returncode == 0, p.stderr[-3000:]
     assert main(["run", *args, "--workers", "1", "--out", str(tmp_path / "sim"), "--data-dir", str(data_dir)]) == 0
     real, sim = read_jsonl(tmp_path / "torch" / "metrics.jsonl"), read_jsonl(tmp_path / "sim" / "metrics.jsonl")

@@ -7,7 +7,7 @@ import torch
 
 from gradwire.cli import main
 from gradwire.run.loop import Run
-from tests.backends.processes import launch
+from tests.backends.processes import ranks
 from tests.backends.threads import run_one_worker_per_thread
 from tests.helpers import LOCAL_UPDATES, read_jsonl
 
@@ -56,7 +56,7 @@ TORCH_COMMON = ["--task", "digits-logreg", "--steps", "8", "--eval-every", "2", 
                                              "prox=0.5,global_prox=0.4,eval=each")])
 def test_torch_backend_matches_the_simulator(tmp_path, data_dir, nproc, spec):
     common = [*TORCH_COMMON, "--nesterov", "--weight-decay", "0.0001"]
-    p = launch(nproc, [*common, "--algorithm", spec], tmp_path / "torch", data_dir, timeout=300)
+    p = ranks(nproc, [*common, "--algorithm", spec], tmp_path / "torch", data_dir, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert main(["run", *common, "--algorithm", spec, "--workers", str(nproc), "--out", str(tmp_path / "sim"),
                  "--data-dir", str(data_dir)]) == 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradwire.cli import main
-from tests.backends.processes import launch
+from tests.backends.processes import ranks
 from tests.helpers import read_jsonl
 
 COMMON = ["--task", "digits-mlp", "--steps", "12", "--eval-every", "1", "--batch-size", "16", "--lr", "0.1",
@@ -16,7 +16,7 @@ COMMON = ["--task", "digits-mlp", "--steps", "12", "--eval-every", "1", "--batch
 
 @pytest.mark.timeout(300)
 def test_sim_and_torch_backends_agree(tmp_path, data_dir):
-    p = launch(2, COMMON, tmp_path / "torch", data_dir)
+    p = ranks(2, COMMON, tmp_path / "torch", data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     real = read_jsonl(tmp_path / "torch" / "metrics.jsonl")
     assert main(["run", *COMMON, "--workers", "2", "--out", str(tmp_path / "sim"), "--data-dir", str(data_dir)]) == 0
@@ -36,7 +36,7 @@ def test_fp16_factors_agree_across_backends(tmp_path, data_dir):
     nothing; two ranks' sum of two fp16 numbers is exact in fp32, so only the final rounding of the
     mean differs: the losses agree closely, the bytes exactly (2 bytes a float)."""
     args = [*COMMON[:-1], "powersgd:rank=2,dtype=fp16"]
-    p = launch(2, args, tmp_path / "torch", data_dir)
+    p = ranks(2, args, tmp_path / "torch", data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     real = read_jsonl(tmp_path / "torch" / "metrics.jsonl")
     assert main(["run", *args, "--workers", "2", "--out", str(tmp_path / "sim"), "--data-dir", str(data_dir)]) == 0
@@ -53,7 +53,7 @@ def test_overlapped_buckets_on_gloo_agree_with_the_simulator(tmp_path, data_dir)
     the bit, and same bytes as the simulator without overlap."""
     args = [*COMMON[:-4], "--algorithm", f"sync:overlap=true,bucket_mb={700 * 4 / 2**20}", "--compressor",
             "powersgd:rank=2,start_step=2"]
-    p = launch(2, args, tmp_path / "torch", data_dir)
+    p = ranks(2, args, tmp_path / "torch", data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     real = read_jsonl(tmp_path / "torch" / "metrics.jsonl")
     plain = [*COMMON[:-1], "powersgd:rank=2,start_step=2"]

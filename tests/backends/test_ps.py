@@ -10,7 +10,7 @@ import torch
 from gradwire.algorithms.protocol import Message
 from gradwire.config import RunConfig
 from gradwire.run.loop import Run
-from tests.backends.processes import launch, spawn
+from tests.backends.processes import launch, ranks, spawn
 from tests.helpers import read_jsonl
 
 BASE = ["--task", "digits-logreg", "--batch-size", "16", "--lr", "0.2", "--eval-every", "1", "--seed", "5"]
@@ -21,7 +21,7 @@ def test_backups_drop_exactly_the_late_gradients(tmp_path, data_dir):
     steps = 15
     args = BASE + ["--steps", str(steps), "--algorithm", "sync:backups=1",
                    "--stragglers", "tail:p=0.3,slowdown=30,compute_s=0.004"]
-    p = launch(4, args, tmp_path / "ps", data_dir)  # server + 3 workers
+    p = ranks(4, args, tmp_path / "ps", data_dir)  # server + 3 workers
     assert p.returncode == 0, p.stderr[-3000:]
     log = read_jsonl(tmp_path / "ps" / "steps.jsonl")
     metrics = read_jsonl(tmp_path / "ps" / "metrics.jsonl")
@@ -75,7 +75,7 @@ def test_worker_killed_mid_run_is_survived_with_backups(tmp_path, data_dir):
 def test_async_on_real_processes(tmp_path, data_dir):
     args = BASE + ["--steps", "12", "--algorithm", "async", "--lr", "0.05",
                    "--stragglers", "lognormal:sigma=1.0,compute_s=0.01"]
-    p = launch(3, args, tmp_path / "async", data_dir)  # server + 2 workers
+    p = ranks(3, args, tmp_path / "async", data_dir)  # server + 2 workers
     assert p.returncode == 0, p.stderr[-3000:]
     log = read_jsonl(tmp_path / "async" / "steps.jsonl")
     assert len(log) == 12 and max(s["staleness_max"] for s in log) >= 1
@@ -126,12 +126,12 @@ def test_worker_missing_from_checkpoint_rejoins(tmp_path, data_dir):
     out = tmp_path / "rejoin"
     args = BASE + ["--algorithm", "sync:backups=1", "--checkpoint-every", "5", "--resume-or-start",
                    "--stragglers", "lognormal:sigma=0.2,compute_s=0.01"]
-    p = launch(4, args + ["--steps", "12"], out, data_dir)
+    p = ranks(4, args + ["--steps", "12"], out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     latest = out / "checkpoint" / (out / "checkpoint" / "latest").read_text().strip()
     assert latest.name == "step-00000010"
     (latest / "rank2.pt").unlink()  # as if worker 1 had been lost before this checkpoint
-    p = launch(4, args + ["--steps", "20"], out, data_dir)
+    p = ranks(4, args + ["--steps", "20"], out, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed"] and summary["steps"] == 20 and summary["lost_workers"] == []

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from tests.backends.processes import launch
+from tests.backends.processes import ranks
 from tests.helpers import read_jsonl
 
 COMMON = ["--task", "digits-mlp", "--steps", "12", "--eval-every", "1", "--batch-size", "16", "--lr", "0.05",
@@ -63,11 +63,11 @@ def _equal(a, b) -> bool:
 ], ids=["powersgd", "streaming-diloco", "streaming-diloco-scatter"])
 def test_resumed_run_on_gloo_equals_the_run_that_never_stopped(tmp_path, data_dir, extra):
     whole, split = tmp_path / "whole", tmp_path / "split"
-    p = launch(2, COMMON + extra, whole, data_dir)
+    p = ranks(2, COMMON + extra, whole, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
-    p = launch(2, [*COMMON, *extra, "--steps", "7"], split, data_dir)  # "crashes" after step 7
+    p = ranks(2, [*COMMON, *extra, "--steps", "7"], split, data_dir)  # "crashes" after step 7
     assert p.returncode == 0, p.stderr[-3000:]
-    p = launch(2, [*COMMON, *extra, "--resume"], split, data_dir)
+    p = ranks(2, [*COMMON, *extra, "--resume"], split, data_dir)
     assert p.returncode == 0, p.stderr[-3000:]
     assert read_jsonl(split / "metrics.jsonl")[-1]["step"] == 12
     assert json.loads((split / "summary.json").read_text())["resumed"]

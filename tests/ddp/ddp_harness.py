@@ -1,10 +1,11 @@
 """Run a function on 2 gloo processes and bring their results back to the test.
 
-``launch(scenario, tmp_path, *args)`` spawns one process per rank (start method ``spawn``), joined
+``launch(scenario, tmp_path, *args)`` starts one process per rank (forked from ``tests.forked``'s
+preloaded server; a fresh interpreter for NCCL), joined
 through a FileStore in ``tmp_path`` (no port at all). Each child calls ``scenario(rank, world_size,
 *args)`` and saves what it returns to ``tmp_path/result-<rank>.pt``; ``launch`` joins every child
 with a timeout, checks every exit code and loads the results (``weights_only=True``), so that the
-parent does the comparing. Scenarios must be module-level functions (spawn pickles them by name).
+parent does the comparing. Scenarios must be module-level functions (pickled by name).
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def _child(scenario, rank: int, world_size: int, folder: str, args: tuple, backe
 
 def launch(scenario, tmp_path: Path, *args, world_size: int = 2, timeout_s: float = 60.0,
            backend: str = "gloo") -> list:
-    ctx = mp.get_context("spawn")
+    from tests.forked import CONTEXT
+
+    # gloo: forked from the tests' server, which imported torch once; NCCL: a fresh interpreter per
+    # rank (CUDA is initialised by the rank, never in a process it was forked from)
+    ctx = mp.get_context("spawn") if backend == "nccl" else CONTEXT
     procs = [ctx.Process(target=_child, args=(scenario, rank, world_size, str(tmp_path), args, backend))
              for rank in range(world_size)]
     hung = []

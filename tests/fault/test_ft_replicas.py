@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gradwire import checkpoint
+from tests.forked import start_replica
 from tests.helpers import read_jsonl
 
 pytest.importorskip("torchft")
@@ -53,7 +54,7 @@ def replicas_run(out, data_dir, args, away_env: dict):
     rs = ReplicaSet(out, [*args, "--steps", str(STEPS), "--eval-every", str(STEPS), "--checkpoint-every",
                           str(STEPS), "--batch-size", str(BATCH), "--data-dir", str(data_dir), "--no-curves"],
                     replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
-                    heartbeat_timeout_ms=HEARTBEAT_MS, env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+                    heartbeat_timeout_ms=HEARTBEAT_MS, env={"GRADWIRE_FT_FULL_AT": str(BACK)}, start=start_replica)
     try:
         rs.start_all({2: away_env})
         code = rs.wait(2, WAIT_S)
@@ -228,7 +229,7 @@ def test_sigstop_hang_survivors_time_out_and_go_on_woken_replica_heals(tmp_path,
             "--batch-size", str(BATCH), "--data-dir", str(data_dir), "--no-curves"]
     rs = ReplicaSet(tmp_path / "stop", args, replicas=3, min_replicas=2, timeout_s=3, join_timeout_ms=JOIN_MS,
                     heartbeat_timeout_ms=HEARTBEAT_MS,
-                    env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+                    env={"GRADWIRE_FT_FULL_AT": str(BACK)}, start=start_replica)
     try:
         rs.start_all()
         rs.wait_for_step(0, KILL, WAIT_S)
@@ -275,7 +276,7 @@ def test_lighthouse_restart_replicas_wait_and_go_on(tmp_path, data_dir):
             "--stragglers", "tail:p=0,compute_s=0.2", "--no-curves"]  # paced, so that the restart falls mid-run
     rs = ReplicaSet(tmp_path / "lighthouse", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
                     heartbeat_timeout_ms=HEARTBEAT_MS,
-                    env={"GRADWIRE_FT_FULL_AT": str(STEPS)})
+                    env={"GRADWIRE_FT_FULL_AT": str(STEPS)}, start=start_replica)
     try:
         rs.start_all()
         rs.wait_for_step(0, KILL, WAIT_S)
@@ -307,7 +308,7 @@ def test_replica_added_mid_run_heals_and_takes_part(tmp_path, data_dir):
             "--batch-size", str(BATCH), "--data-dir", str(data_dir), "--no-curves"]
     rs = ReplicaSet(tmp_path / "added", args, replicas=3, min_replicas=2, join_timeout_ms=JOIN_MS,
                     heartbeat_timeout_ms=HEARTBEAT_MS,
-                    env={"GRADWIRE_FT_FULL_AT": str(BACK)})
+                    env={"GRADWIRE_FT_FULL_AT": str(BACK)}, start=start_replica)
     rs.spec += ",start_replicas=2"
     try:
         rs.start(0)

@@ -5,12 +5,11 @@ again in each, several seconds apiece on 2 cores), a FileStore, every exit code 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import time
 from pathlib import Path
 
-_ctx = mp.get_context("forkserver")
-_ctx.set_forkserver_preload(["tests.parallel.harness"])
+from tests.forked import CONTEXT as _ctx  # its server imported torch, gradwire and harness.py
+
 _clock = time.monotonic  # the deadline's clock (a test replaces it)
 
 

@@ -29,7 +29,11 @@ from pathlib import Path
 class ReplicaSet:
     def __init__(self, out: Path, run_args: list[str], *, replicas: int, min_replicas: int, timeout_s: float = 10.0,
                  quorum_timeout_s: float = 180.0, heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 3000,
-                 env: dict | None = None, link=None, sides: dict[int, str] | None = None):
+                 env: dict | None = None, link=None, sides: dict[int, str] | None = None, start=None):
+        """``start(argv, env, log)``, when given, starts a replica outside a namespace (``gradwire
+        ARGV`` with environment ``env``, stdout and stderr appended to the file ``log``) and returns
+        an object with ``subprocess.Popen``'s ``pid``, ``poll``, ``wait``, ``kill``, ``send_signal``
+        and ``returncode``; by default each replica is a fresh interpreter (``python -m gradwire``)."""
         from torchft.coordination import LighthouseServer
 
         self.out, self.run_args, self.replicas = Path(out), list(run_args), replicas
@@ -55,6 +59,7 @@ class ReplicaSet:
         self.env = dict(os.environ, OMP_NUM_THREADS="1", RUST_LOG="warn") | (env or {})
         self.procs: dict[int, subprocess.Popen] = {}
         self.started: dict[int, float] = {}
+        self._start = start
 
     def _start_lighthouse_in(self, link, host: str) -> str:
         """``python -m gradwire.fault.lighthouse`` in side a of ``link``; its address."""
@@ -95,12 +100,15 @@ class ReplicaSet:
             side = self.sides.get(k, "a")
             prefix, spec = self.link.prefix(side), f"{spec},host={self.link.address(side)}"
             placed = {"GLOO_SOCKET_IFNAME": self.link.device(side)}
-        cmd = [*prefix, sys.executable, "-m", "gradwire", "run", "--backend", "torch", "--workers",
-               str(self.replicas), *self.run_args, "--fault-tolerance", spec, "--out", str(self.folder(k)),
-               "--overwrite", "--timeout-s", "60"]
+        argv = ["run", "--backend", "torch", "--workers", str(self.replicas), *self.run_args, "--fault-tolerance",
+                spec, "--out", str(self.folder(k)), "--overwrite", "--timeout-s", "60"]
         self.started[k] = time.time()
-        self.procs[k] = subprocess.Popen(cmd, env=self.env | placed | (env or {}), stdout=log,
-                                         stderr=subprocess.STDOUT)
+        if self._start is not None and not prefix:
+            log.close()
+            self.procs[k] = self._start(argv, self.env | placed | (env or {}), self.out / f"replica-{k}.log")
+            return self.procs[k]
+        self.procs[k] = subprocess.Popen([*prefix, sys.executable, "-m", "gradwire", *argv],
+                                         env=self.env | placed | (env or {}), stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return self.procs[k]
 
