@@ -35,7 +35,9 @@ costly part, ``curves``, can be stopped and run again by the same command.
    every rate.
 2. *Compute* (``compute``): each row's CPU seconds per step, measured alone on one core
    (``torch.set_num_threads(1)``, ``time.process_time``: forward, backward, optimizer and codec of
-   one worker), in blocks that the rows take in turn, the fastest block's mean (``measure_compute``).
+   one worker), in blocks that the rows take in turn, DDP among them (``measure_compute``); a row's
+   step is the median over blocks of its block over DDP's of the same turn, times DDP's fastest
+   block (``compute_ratio``).
    CPU time, not wall time, because the machine is shared: wall time there measures the
    neighbours. The backward pass's share is measured too (the part a DDP-style overlap can hide
    communication behind).
@@ -539,20 +541,42 @@ def ledger_divisor(kind: str, workers: int) -> int:
     return 2 * (workers - 1) if kind == "allreduce" else (workers - 1) * workers
 
 
+def compute_ratio(compute: dict, key: str) -> tuple[float, str]:
+    """Row ``key``'s step over DDP's and how it was obtained: the median over blocks of the row's
+    block over DDP's of the same turn (``paired_ratio``, "paired") wherever DDP's blocks of the row's
+    session are known; else its fastest block over the fastest block of the DDP measured beside it
+    ("fastest", the estimator of compute.json files written before rows kept DDP's blocks).
+
+    Why the median of pairs: a machine's clock moves by ±5-10 % within minutes, and the fastest
+    block of either side can be one such moment; the eighteenth pass's τ = 2 row was priced at 1.18x
+    DDP's step by one block 25 % faster than its nine others, where its blocks over DDP's beside
+    them give 1.50x. The pairs share the moment, and the median ignores a lone outlier."""
+    if key == "ddp":
+        return 1.0, "paired"
+    paired = paired_ratio(compute, key)
+    if paired is not None:
+        return paired, "paired"
+    cost = compute[key]
+    return cost["compute_s"] / cost["ddp_compute_s"], "fastest"
+
+
 def row_cost(compute: dict, key: str) -> dict:
     """Row ``key``'s measured costs (compute.json) for the time model, in the reference DDP's terms:
-    its compute and decode times scaled by DDP's compute over the DDP measured beside it in the same
-    ``compute`` invocation (every invocation measures ddp with the rows it is asked for), so that a
-    row measured on a faster or busier day keeps its ratio to DDP, not its seconds; the backward pass
-    is the reference session's. A figure from before sessions were recorded is refused."""
+    its compute is its ratio to the DDP measured beside it in the same ``compute`` invocation (every
+    invocation measures ddp with the rows it is asked for; ``compute_ratio``) times the reference
+    DDP's step, so that a row measured on a faster or busier day keeps its ratio to DDP, not its
+    seconds; its decode times are scaled by the two DDPs' fastest blocks; the backward pass is the
+    reference session's. ``priced_by`` says which ratio ("paired" or "fastest"). A figure from before
+    sessions were recorded is refused."""
     cost, ddp = compute[key], compute["ddp"]
     missing = [k for k in ("session", "ddp_compute_s", "decode_s", "size_exchanges", "bucket_shares") if k not in cost]
     if missing:
         raise SystemExit(f"compute.json: row {key!r} was measured without {', '.join(missing)} (before the time "
                          f"model priced them): run `compute --rows {key}` again")
     scale = ddp["compute_s"] / cost["ddp_compute_s"]
-    scaled = {"compute_s": cost["compute_s"] * scale, "decode_s": cost["decode_s"] * scale,
-              "backward_s": ddp["backward_s"]}
+    ratio, priced_by = compute_ratio(compute, key)
+    scaled = {"compute_s": ratio * ddp["compute_s"], "decode_s": cost["decode_s"] * scale,
+              "backward_s": ddp["backward_s"], "priced_by": priced_by}
     if "scatter_round_s" in cost:
         scaled["scatter_round_s"] = {n: s * scale for n, s in cost["scatter_round_s"].items()}
     return cost | scaled
@@ -1126,7 +1150,8 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
     """Each row's CPU seconds per step of one worker on one core (``time.process_time``: the
     process's CPU, which includes any thread PyTorch's hook callbacks run on): ``blocks`` blocks of
     COMPUTE_STEPS steps, the rows taking turns block by block, so that a neighbour's load falls on
-    every row alike; the row's time is its fastest block's mean (interference only adds time).
+    every row alike; each block's mean is kept (``blocks_s``), and ``compute_s`` is the fastest
+    (interference only adds time; the time model prices a row by ``compute_ratio``).
     Also one micro-batch's backward pass (what a DDP-style overlap can hide communication behind),
     the same way; the gradient's buckets (``bucket_shares``) for the rows that overlap it; and each
     row's wire (``wire_costs``). DDP is always measured with the rows asked for, and every entry
@@ -1180,9 +1205,6 @@ def measure_compute(rows: list[Row], lrs: dict, n_steps: int, blocks: int = COMP
     return result
 
 
-ESTIMATOR_TOLERANCE = 0.05  # estimator_check: how far the two ratios to DDP may differ
-
-
 def paired_ratio(compute: dict, key: str) -> float | None:
     """The median over blocks of row ``key``'s block over DDP's block of the same turn: DDP's blocks
     of the row's session as the row keeps them (``ddp_blocks_s``), or DDP's own where DDP was last
@@ -1194,20 +1216,15 @@ def paired_ratio(compute: dict, key: str) -> float | None:
     return statistics.median(a / b for a, b in zip(cost["blocks_s"], beside))
 
 
-def estimator_check(compute: dict, tolerance: float = ESTIMATOR_TOLERANCE) -> list[str]:
-    """A line for each row whose priced ratio to DDP (its fastest block over DDP's fastest, what
-    ``row_cost`` uses) differs by more than ``tolerance`` from its ``paired_ratio``: one unusually
-    fast block (a boost of the clock, not the code) moved its price. Rows whose DDP blocks are not
-    known are not checked."""
+def fastest_priced(compute: dict, keys=None) -> list[str]:
+    """The rows (of ``keys``, default all) that ``row_cost`` can only price by their fastest block
+    (``compute_ratio``'s "fastest": DDP's blocks of their session unknown), each with its ratio."""
     lines = []
-    for key, cost in compute.items():
-        paired = None if key == "ddp" or "ddp_compute_s" not in cost else paired_ratio(compute, key)
-        if paired is None:
-            continue
-        fastest = cost["compute_s"] / cost["ddp_compute_s"]
-        if abs(fastest / paired - 1) > tolerance:
-            lines.append(f"{key}: priced at {fastest:.2f}x DDP's step (fastest blocks), but its blocks over DDP's "
-                         f"beside them give {paired:.2f}x (median): measure it again (`compute --rows {key}`)")
+    for key in keys if keys is not None else compute:
+        if key in compute and "ddp_compute_s" in compute[key]:
+            ratio, how = compute_ratio(compute, key)
+            if how == "fastest":
+                lines.append(f"{key} ({ratio:.2f}x)")
     return lines
 
 

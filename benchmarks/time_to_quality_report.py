@@ -13,8 +13,8 @@ from time_to_quality import (
     LRS,
     RATES_MBPS,
     ROWS,
-    estimator_check,
     evaluation_noise,
+    fastest_priced,
     late_losses,
     markdown,
     quality_at_rate,
@@ -188,9 +188,12 @@ def write_report(out: Path, workers: list[int], seeds: list[int], lrs: dict, n_s
     if "ddp" in compute:
         text.append("\n### The time model alone: step time / DDP's step on a network of zero cost\n\n"
                     + step_time_table(compute, network))
-        suspect = estimator_check(compute)
-        if suspect:
-            text.append("\n### Compute measurements to repeat\n\n" + "".join(f"- {line}\n" for line in suspect))
+        shown = [row.key for row in ROWS if row.key in compute]
+        unpaired = fastest_priced(compute, shown)
+        text.append("\nEach row's step is its median ratio to the DDP measured beside it, block by block, times "
+                    "DDP's step (`compute_ratio`)"
+                    + (f"; priced by their fastest block instead (no DDP blocks of their session kept; "
+                       f"`compute --rows` measures them again): {', '.join(unpaired)}.\n" if unpaired else ".\n"))
     name = "results" if network == "ring" else f"results-{network}"
     (out / f"{name}.md").write_text("".join(text))
     (out / f"{name}.json").write_text(json.dumps(everything, indent=1, default=str) + "\n")

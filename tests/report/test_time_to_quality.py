@@ -399,6 +399,9 @@ def test_the_report_stage_writes_each_pricing_beside_the_other(ttq, tmp_path):
     assert row["steps"] == row_hd["steps"] and row_hd["t@100.0"][0] < row["t@100.0"][0]
     assert "collectives priced as halving-doubling" in (tmp_path / "results-halving-doubling.md").read_text()
     assert f"| 100 Mbit/s | {ttq.ROW['diloco'].label} |" in (tmp_path / "results.md").read_text()
+    # no DDP blocks in these entries: the report names the rows priced by their fastest block
+    assert "priced by their fastest block instead (no DDP blocks of their session kept; `compute --rows` " \
+           "measures them again): diloco (1.00x)." in (tmp_path / "results.md").read_text()
     for suffix in ("", "_halving-doubling"):
         assert (tmp_path / f"quality_vs_time_w16{suffix}.png").stat().st_size > 0
 
@@ -476,26 +479,33 @@ def test_compute_measures_ddp_beside_the_rows_and_their_wire(ttq, tmp_path):
         a / b for a, b in zip(row["blocks_s"], row["ddp_blocks_s"]))
 
 
-def test_the_estimator_check_names_a_row_priced_by_one_unusually_fast_block(ttq):
+def test_a_row_is_priced_by_the_median_of_its_blocks_over_ddps_not_by_one_unusually_fast_block(ttq):
     """The eighteenth pass's first compute session, as measured: its τ = 2 row's fastest block (10.27 ms
-    against nine of 12.9-14.7) priced it at 1.18x DDP's step where its blocks over DDP's beside them
-    give 1.50x; the check names that row and the command that measures it again, and passes the τ = 1
-    row of the same session. DDP's blocks are the row's own copy, or DDP's where DDP was measured in
-    the row's session; a row of another session without its copy is not checked."""
+    against nine of 12.9-14.7) would price it at 1.18x DDP's step; its blocks over DDP's beside them
+    give 1.50x (the median), and that is its price, at the reference DDP's step. DDP's blocks are the
+    row's own copy, or DDP's where DDP was measured in the row's session; a row of another session
+    without its copy falls back to its fastest block over its session's DDP's, and is listed."""
     ddp = [8.67, 8.95, 9.28, 9.22, 9.06, 9.18, 9.17, 9.28, 9.18, 9.38]
     rows = {"tau1": [13.55, 13.75, 14.08, 13.83, 13.5, 13.33, 14.34, 13.68, 14.27, 13.07],
             "tau2": [13.49, 13.18, 14.65, 14.29, 12.92, 13.45, 14.28, 13.57, 13.94, 10.27]}
-    compute = {"ddp": {"compute_s": min(ddp), "blocks_s": ddp, "ddp_compute_s": min(ddp), "session": "s1"}}
+    compute = {"ddp": measured(min(ddp), 0.005) | {"blocks_s": ddp, "session": "s1"}}
     for key, blocks in rows.items():
-        compute[key] = {"compute_s": min(blocks), "ddp_compute_s": min(ddp), "blocks_s": blocks, "session": "s1",
-                        "ddp_blocks_s": ddp}
-    lines = ttq.estimator_check(compute)
-    assert len(lines) == 1 and lines[0].startswith("tau2: priced at 1.18x DDP's step") and "1.50x" in lines[0]
-    assert "`compute --rows tau2`" in lines[0]
+        compute[key] = measured(min(blocks), 0.004, ddp_compute_s=min(ddp)) | {
+            "blocks_s": blocks, "session": "s1", "ddp_blocks_s": ddp}
+    pairs = sorted(a / b for a, b in zip(rows["tau2"], ddp))
+    assert ttq.compute_ratio(compute, "tau2") == (pytest.approx((pairs[4] + pairs[5]) / 2), "paired")
+    assert ttq.compute_ratio(compute, "tau2")[0] == pytest.approx(1.50, abs=0.005)
+    cost = ttq.row_cost(compute, "tau2")
+    assert cost["compute_s"] == pytest.approx(1.50 * min(ddp), rel=4e-3) and cost["priced_by"] == "paired"
+    assert ttq.row_cost(compute, "ddp")["compute_s"] == min(ddp)  # the reference: its own fastest block
+    assert ttq.fastest_priced(compute) == []
     del compute["tau2"]["ddp_blocks_s"]  # written before rows kept a copy: DDP's own blocks, same session
-    assert ttq.estimator_check(compute) == lines
-    compute["tau2"]["session"] = "s0"  # another session, DDP's blocks of it unknown: not checked
-    assert ttq.estimator_check(compute) == []
+    assert ttq.row_cost(compute, "tau2")["compute_s"] == pytest.approx(cost["compute_s"])
+    compute["tau2"]["session"] = "s0"  # another session, DDP's blocks of it unknown: its fastest block
+    assert ttq.compute_ratio(compute, "tau2") == (pytest.approx(10.27 / 8.67), "fastest")
+    assert ttq.row_cost(compute, "tau2")["priced_by"] == "fastest"
+    assert ttq.fastest_priced(compute) == ["tau2 (1.18x)"] and ttq.fastest_priced(compute, ["tau1"]) == []
+
 
 def test_a_decode_timed_while_the_machine_was_busy_does_not_count(ttq, tmp_path, monkeypatch):
     """``decode_s`` is the fastest of several timings of one round's decode: a slow call (a busy
