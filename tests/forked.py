@@ -11,10 +11,9 @@ pool exists to be lost in the fork; the children start theirs.
 
 :class:`Forked` is a ``gradwire`` command in such a process with ``subprocess.Popen``'s interface
 (``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill``, ``returncode``), its stdout and
-stderr in files; :func:`gradwire` runs one to the end like ``subprocess.run``. What a forked command
-does not go through is the interpreter's start: tests whose subject is that (the imports a typo
-waits for, ``python -m gradwire`` itself, torchrun's launcher) start real interpreters
-(``tests.helpers.gw``).
+stderr in files. What a forked command does not go through is the interpreter's start: tests whose
+subject is that (the imports a typo waits for, ``python -m gradwire`` itself, torchrun's launcher)
+start real interpreters (``tests.helpers.gw``).
 """
 
 from __future__ import annotations
@@ -41,13 +40,10 @@ def _gradwire_main(argv: list[str], env: dict, cwd: str, out: str, err: str | No
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    if err is None:
-        target = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, 1)
-        os.dup2(target, 2)
-        os.close(target)
-    for fd, path in ((1, out), (2, err)) if err is not None else ():
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    streams = {1: out, 2: out} if err is None else {1: out, 2: err}
+    mode = os.O_APPEND if err is None else os.O_TRUNC  # a log is appended to, across restarts
+    for fd, path in streams.items():
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o644)
         os.dup2(target, fd)
         os.close(target)
     sys.stdout.reconfigure(line_buffering=True)  # as ``python -u``: a killed process's lines are kept
@@ -66,7 +62,7 @@ class Forked:
     def __init__(self, argv: list[str], env: dict | None = None, cwd: str | os.PathLike | None = None,
                  log: str | os.PathLike | None = None):
         self.args = ["gradwire", *argv]
-        self._dir = Path(tempfile.mkdtemp(prefix="gradwire-forked-"))
+        self._dir = None if log else Path(tempfile.mkdtemp(prefix="gradwire-forked-"))
         self._out, self._err = (Path(log), None) if log else (self._dir / "stdout", self._dir / "stderr")
         self._process = CONTEXT.Process(target=_gradwire_main, daemon=False,
                                         args=(list(argv), dict(os.environ if env is None else env),
@@ -90,7 +86,9 @@ class Forked:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         self.wait(timeout)
-        texts = ("", "") if self._err is None else (self._read(self._out), self._read(self._err))
+        if self._dir is None:
+            return "", ""
+        texts = self._read(self._out), self._read(self._err)
         shutil.rmtree(self._dir, ignore_errors=True)
         return texts
 
@@ -107,19 +105,6 @@ class Forked:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-
-def gradwire(*argv: str, env: dict | None = None, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
-    """``gradwire ARGV`` to its end in a forked process, as ``subprocess.run(..., capture_output=True,
-    text=True, timeout=timeout)`` would give it (killed, then TimeoutExpired, past ``timeout``)."""
-    p = Forked(list(argv), env=env, cwd=cwd)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(30)
-        raise
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def start_replica(argv: list[str], env: dict, log: Path) -> Forked:

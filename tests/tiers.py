@@ -24,7 +24,7 @@ import pytest
 SPAWNERS = {
     "tests.helpers": {"gw"},
     "tests.backends.processes": {"launch", "ranks", "sim_and_torch", "spawn"},
-    "tests.forked": {"Forked", "gradwire", "start_replica"},
+    "tests.forked": {"Forked", "start_replica"},
     "tests.parallel.spawn": {"run_scenario"},
     "tests.ddp.ddp_harness": {"launch"},
 }
