@@ -1279,18 +1279,26 @@ def tune(row: Row, n_steps: int, workers: int, out: Path) -> dict:
 
 def screen(row: Row, lrs: list[float], n_steps: int, workers: int, out: Path) -> dict:
     """Trials of ``row`` at the given rates only, outside the walk (``tune``): the settings screened
-    at one inner rate. Recorded in out/screening/<row>.json, never as the row's chosen rate."""
+    at one inner rate. Recorded in out/screening/<row>.json, never as the row's chosen rate: merged
+    into what the file holds when they are written, under a lock, so that screens of one row run as
+    separate processes at once (one rate each) keep each other's trials."""
+    import fcntl
+
     horizon = schedule(row, n_steps)[1]
     evaluate_from = (n_steps - LAST * EVAL_EVERY) // row.batches_per_step
-    path = out / "screening" / f"{row.key}.json"
-    result = json.loads(path.read_text()) if path.exists() else {"row": row.key, "algorithm": row.algorithm,
-                                                                 "trials": {}}
+    trials = {}
     for lr in lrs:
         c = train(row, lr, TUNING_SEED, workers, n_steps, horizon, out, evaluate_from=evaluate_from)
         finite = c["status"] != "diverged" and all(math.isfinite(v) for v in c["losses"])
-        result["trials"][f"{lr:g}"] = target_quality(c["steps"], c["losses"], horizon) if finite else float("nan")
+        trials[f"{lr:g}"] = target_quality(c["steps"], c["losses"], horizon) if finite else float("nan")
+    path = out / "screening" / f"{row.key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = json.loads(path.read_text()) if path.exists() else {"row": row.key, "algorithm": row.algorithm,
+                                                                     "trials": {}}
+        result["trials"] |= trials
+        path.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 

@@ -313,6 +313,34 @@ def test_tune_with_lrs_screens_those_rates_only_and_never_chooses_one(ttq, tmp_p
     assert ttq.load_tuning(out)["ddp"] == float(best) and "not walked" in ttq.load_tuning(out)["ddp:note"]
 
 
+def test_screens_of_one_row_run_at_once_keep_each_others_trials(ttq, tmp_path, monkeypatch):
+    """Two screens of one row at once, one rate each (the 64-worker pass ran them as two processes):
+    the first finishes its trial after the second has written its own, and the file keeps both (it
+    kept only the last writer's, which read the file before the other's trial was there)."""
+    import json
+    import threading
+
+    first_training, second_wrote, losses = threading.Event(), threading.Event(), {0.004: 1.44, 0.008: 1.43}
+
+    def train(row, lr, *args, **kwargs):
+        if lr == 0.004:  # the first screen's trial ends only once the second screen has written
+            first_training.set()
+            assert second_wrote.wait(30)
+        return {"status": "finished", "steps": [1000], "losses": [losses[lr]]}
+
+    monkeypatch.setattr(ttq, "train", train)
+    monkeypatch.setattr(ttq, "target_quality", lambda steps, losses_, horizon: losses_[-1])
+    row = ttq.ROW["ddp"]
+    first = threading.Thread(target=ttq.screen, args=(row, [0.004], 1000, 64, tmp_path))
+    first.start()
+    assert first_training.wait(30)  # the second screen starts while the first one trains
+    ttq.screen(row, [0.008], 1000, 64, tmp_path)
+    second_wrote.set()
+    first.join(30)
+    assert json.loads((tmp_path / "screening" / "ddp.json").read_text())["trials"] == {"0.008": 1.43, "0.004": 1.44}
+    assert ttq.pick_screened(row, 64, tmp_path)["ddp"] == 0.008
+
+
 def test_pick_makes_the_best_screened_rate_the_chosen_one_and_says_it_was_not_walked(ttq, tmp_path):
     """``tune --lrs A,B --pick`` (the reduced protocol the 64-worker pass used): the best finite screened
     trial becomes the row's rate in tuning/<row>.json, with every trial and a note; a diverged trial never
