@@ -38,7 +38,7 @@ def ranks(nproc: int, args: list[str], out, data_dir, timeout=180, extra_env=Non
     ns = build_parser().parse_args(["launch", "--nproc-per-node", str(nproc), "--", "run", *args, "--no-curves",
                                     "--out", str(out), "--data-dir", str(data_dir), "--timeout-s", "60"])
     argv = torchrun_argv(ns)
-    command = argv[argv.index("gradwire") + 1:]  # ... python -u -m gradwire run ARGS
+    command = argv[len(argv) - argv[::-1].index("gradwire"):]  # after the last "gradwire": ... -m gradwire run ARGS
     port = str(free_port())
     base = dict(os.environ, OMP_NUM_THREADS="1", WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_RESTART_COUNT="0",
