@@ -274,7 +274,15 @@ ROWS = [
                  "mean by chunk owners", 3, "sign:scaled=true", f"outer_lr=1,outer_momentum=0{keys}",
                  inner=MULOCO_DEFAULTS, mean="scatter")
       for name, label, keys in (("", "", ""), ("-tau1-carry", ", τ=1 carried", ",overlap=1,merge=carry"),
-                                ("-tau2-carry", ", τ=2 carried", ",overlap=2,merge=carry"))],
+                                ("-tau2-carry", ", τ=2 carried", ",overlap=2,merge=carry"),
+                                ("-tau3-carry", ", τ=3 carried", ",overlap=3,merge=carry"))],
+    # ... with the signs of a random subset of each chunk only (rand-k then sign, Qsparse-local-SGD: Basu et al.
+    # 2019): under 1 bit a parameter, so that the 16-worker 10 Mbit/s round (28 ms at 1 bit) hides behind two
+    # steps of a faster CPU (twentieth pass)
+    *[muloco_row(f"muloco-sign{r}-h3-tau{tau}-carry-mu0.9-scatter", f"MuLoCo H=3 sign of {r} of the elements + EF, "
+                 f"τ={tau} carried, Muon μ 0.9, β2 0.99, mean by chunk owners", 3, f"sign:scaled=true,ratio={r}",
+                 f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry", inner=MULOCO_DEFAULTS, mean="scatter")
+      for r in (0.5, 0.75) for tau in (2,)],
     # ... with Muon on the hidden layers' weights only, the embeddings and the head on AdamW (matrices=hidden, as
     # Muon's and MuLoCo's authors do; eighteenth pass), with 5 Newton-Schulz iterations or Polar Express's first 3
     *[muloco_row(f"muloco-sign-h3-tau{tau}-carry-mu0.9-scatter-hidden{ns}",

@@ -12,7 +12,7 @@ SPECS = [
     "qsgd", "qsgd:levels=1,bucket=4", "qsgd:levels=2,bucket=7", "qsgd:levels=127,bucket=3",
     "qsgd:levels=4,bucket=9", "qsgd:levels=16,bucket=5", "qsgd:levels=4,bucket=7,format=1",
     "terngrad", "terngrad:clip=0",
-    "sign", "sign:scaled=true",
+    "sign", "sign:scaled=true", "sign:scaled=true,ratio=0.5", "sign:ratio=0.3",
     "topk:ratio=0.1", "topk:ratio=1",
     "randk:ratio=0.3", "randk:ratio=1",
     "pquant:p=1,block=5", "pquant:p=2", "pquant:p=inf,block=8",
@@ -87,8 +87,9 @@ def expected_nbytes(spec: str, n: int, dtype: torch.dtype, kept: list[int] | Non
         return 4 + ceil_div(n, 5)
     if name == "pquant":
         return 4 * ceil_div(n, int(kw.get("block", 512))) + ceil_div(n, 5)
-    if name == "sign":
-        return ceil_div(n, 8) + (4 if kw.get("scaled") == "true" else 0)
+    if name == "sign":  # a random subset: its 64-bit seed, then the scale, then k sign bits
+        head = 4 if kw.get("scaled") == "true" else 0
+        return 8 + head + ceil_div(keep(kw, n), 8) if "ratio" in kw else ceil_div(n, 8) + head
     if name == "topk":
         assert len(kept) == keep(kw, n)
         return len(kept) * size + positions(n, kept)
