@@ -1,9 +1,10 @@
-"""The sign of a random subset (``sign:ratio=r``): rand-k's shared-seed subset, then its signs.
+"""The signs of a random subset (``sign:ratio=r``): a subset named by a seed that travels, then its signs.
 
-Rand-k composed with a 1-bit quantiser is one of Qsparse-local-SGD's operators (Basu, Data, Karakus,
-Diggavi 2019, NeurIPS), used there with error feedback: biased, so nothing here asks for the mean;
-what is asked is the subset's law (uniform, exactly k of n), the message (the subset's signs, times
-its mean magnitude when scaled) and its size in bits.
+A random subset composed with a 1-bit quantiser is one of Qsparse-local-SGD's operators (Basu, Data,
+Karakus, Diggavi 2019, NeurIPS), used there with error feedback: biased, so nothing here asks for the
+mean; what is asked is the subset's law (exactly k distinct of n, each element in it with probability
+k/n: systematic sampling), the message (the subset's signs, times its mean magnitude when scaled)
+and its size in bits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from gradwire.compress.sign import systematic_subset
 
 
 @pytest.mark.parametrize("ratio", [0.3, 0.5, 0.75])
-def test_the_kept_elements_are_a_uniform_subset_of_exactly_k(ratio):
+def test_every_element_is_kept_with_probability_k_over_n_and_exactly_k_are(ratio):
     n, draws = 40, 3000
     c, g = build(f"sign:scaled=true,ratio={ratio}"), torch.Generator().manual_seed(3)
     x = torch.linspace(-2, 2, n, dtype=torch.float64) + 0.01  # no zeros: a kept element decodes non-zero
@@ -32,6 +33,15 @@ def test_the_kept_elements_are_a_uniform_subset_of_exactly_k(ratio):
     # each element kept with probability k/n: 3000 draws put every count within 5 binomial sds
     sd = math.sqrt(draws * p * (1 - p))
     assert float((kept - draws * p).abs().max()) < 5 * sd
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 8576, 10_007])
+def test_the_subset_is_k_distinct_indices_in_range_whatever_the_offset(n):
+    for k in {1, max(1, n // 3), max(1, n // 2), max(1, n - 1)}:
+        for seed in (0, 1, 2**53 - 1, -1, 12345678901234):  # u = 0, the smallest, the largest below 1
+            index = systematic_subset(n, k, seed)
+            assert index.numel() == k and int(index.min()) >= 0 and int(index.max()) < n, (n, k, seed)
+            assert bool((index[1:] > index[:-1]).all()), (n, k, seed)  # increasing: distinct
 
 
 def test_the_message_is_the_subsets_signs_times_its_mean_magnitude():
