@@ -283,6 +283,12 @@ ROWS = [
                  f"τ={tau} carried, Muon μ 0.9, β2 0.99, mean by chunk owners", 3, f"sign:scaled=true,ratio={r}",
                  f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry", inner=MULOCO_DEFAULTS, mean="scatter")
       for r in (0.5, 0.75) for tau in (2,)],
+    # ... and a longer round, travelling more steps: H = 6, τ = 3 or 4 (three or four batch-8 steps of a faster CPU
+    # hide the 28 ms round at 16 workers; twentieth pass)
+    *[muloco_row(f"muloco-sign-h6-tau{tau}-carry-mu0.9-scatter", f"MuLoCo H=6 1-bit sign + EF, τ={tau} carried, "
+                 "Muon μ 0.9, β2 0.99, mean by chunk owners", 6, "sign:scaled=true",
+                 f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry", inner=MULOCO_DEFAULTS, mean="scatter")
+      for tau in (3, 4)],
     # ... with Muon on the hidden layers' weights only, the embeddings and the head on AdamW (matrices=hidden, as
     # Muon's and MuLoCo's authors do; eighteenth pass), with 5 Newton-Schulz iterations or Polar Express's first 3
     *[muloco_row(f"muloco-sign-h3-tau{tau}-carry-mu0.9-scatter-hidden{ns}",

@@ -717,4 +717,4 @@ def test_the_rows_named_for_muloco_s_defaults_run_them_and_the_others_the_measur
         settings = (float(spec["muon_momentum"]), float(spec["beta2"]))
         assert settings == ((0.9, 0.99) if "-mu0.9" in row.key else (0.95, 0.95)), row.key
     assert sum(row.key.endswith("-mu0.9") for row in muloco_rows) == 5
-    assert sum(row.key.endswith("-mu0.9-scatter") for row in muloco_rows) == 6  # τ 0-3, two sub-bit
+    assert sum(row.key.endswith("-mu0.9-scatter") for row in muloco_rows) == 8  # H 3 τ 0-3, two sub-bit, H 6 τ 3-4
