@@ -127,15 +127,7 @@ class Sign(Compressor):
         head = 4 if self.scaled else 0
         out = torch.empty(head + -(-n // 8), dtype=torch.uint8, device=xf.device)
         if n and self.scaled:
-            l1 = reduce_f64(xf, "l1")
-            if not math.isfinite(l1):  # non-finite input, or a float32 row sum that overflowed
-                if not bool(torch.isfinite(xf).all()):
-                    raise_non_finite(xf, self.name)
-                l1 = reduce_f64(xf, "l1", torch.float64)
-            scale = torch.tensor([l1 / n], dtype=torch.float64, device=xf.device).to(torch.float32)
-            if not bool(torch.isfinite(scale)):
-                raise ValueError(f"{self.name}: mean |x| = {l1 / n:g} exceeds the float32 range")
-            write(out[:4], scale)
+            write(out[:4], self._mean_magnitude(xf))
         elif n and not kernels.wanted(xf):  # (the fused kernel checks finiteness as it packs)
             lo, hi = torch.aminmax(xf)  # propagates NaN and shows +-inf: the finiteness check
             if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
@@ -151,6 +143,20 @@ class Sign(Compressor):
             pack_signs(xf, out[head:])
         return make_packet(out, x)
 
+    def _mean_magnitude(self, xf: torch.Tensor) -> torch.Tensor:
+        """mean |x| of the 1-D, non-empty ``xf`` as one float32 (the scaled variant's scale), summed in
+        float64; a non-finite element, or a mean past float32's range, is refused in one line."""
+        n = xf.numel()
+        l1 = reduce_f64(xf, "l1")
+        if not math.isfinite(l1):  # non-finite input, or a float32 row sum that overflowed
+            if not bool(torch.isfinite(xf).all()):
+                raise_non_finite(xf, self.name)
+            l1 = reduce_f64(xf, "l1", torch.float64)
+        scale = torch.tensor([l1 / n], dtype=torch.float64, device=xf.device).to(torch.float32)
+        if not bool(torch.isfinite(scale)):
+            raise ValueError(f"{self.name}: mean |x| = {l1 / n:g} exceeds the float32 range")
+        return scale
+
     def _encode_subset(self, x: torch.Tensor, generator: torch.Generator | None) -> Packet:
         xf = flat(x)
         n = xf.numel()
@@ -162,11 +168,7 @@ class Sign(Compressor):
         head = torch.empty(8 + (4 if self.scaled else 0), dtype=torch.uint8, device=xf.device)
         head[:8] = seed.to(xf.device).view(torch.uint8)
         if self.scaled:
-            l1 = reduce_f64(values, "l1", torch.float64) if k else 0.0
-            scale = torch.tensor([l1 / max(k, 1)], dtype=torch.float64, device=xf.device).to(torch.float32)
-            if not bool(torch.isfinite(scale)):
-                raise ValueError(f"{self.name}: mean |x| = {l1 / k:g} exceeds the float32 range")
-            write(head[8:12], scale)
+            write(head[8:12], self._mean_magnitude(values) if k else torch.zeros(1, device=xf.device))
         bits = torch.empty(-(-k // 8), dtype=torch.uint8, device=xf.device)
         if k:
             pack_signs(values.contiguous(), bits)
