@@ -13,11 +13,12 @@ from gradwire.compress import REGISTRY
 from gradwire.run.loop import run
 from tests.helpers import read_jsonl
 
-# Every compressor on its defaults, and the README's and `gradwire run --help`'s qsgd:levels=4 (the
-# other settings far from a contraction are covered per message in
-# tests/compress/test_error_feedback_stability.py). `none` is left out: sync refuses
+# Every compressor on its defaults, the README's and `gradwire run --help`'s qsgd:levels=4, and the
+# signs of half the elements (time-to-quality's sub-bit message); the other settings far from a
+# contraction are covered per message in
+# tests/compress/test_error_feedback_stability.py. `none` is left out: sync refuses
 # --error-feedback without a compressor (there is nothing to feed back).
-SPECS = [name for name in REGISTRY.names() if name != "none"] + ["qsgd:levels=4"]
+SPECS = [name for name in REGISTRY.names() if name != "none"] + ["qsgd:levels=4", "sign:scaled=true,ratio=0.5"]
 
 
 @pytest.mark.parametrize("spec", SPECS)
