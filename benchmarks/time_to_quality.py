@@ -279,10 +279,10 @@ ROWS = [
     # ... with the signs of a random subset of each chunk only (rand-k then sign, Qsparse-local-SGD: Basu et al.
     # 2019): under 1 bit a parameter, so that the 16-worker 10 Mbit/s round (28 ms at 1 bit) hides behind two
     # steps of a faster CPU (twentieth pass)
-    *[muloco_row(f"muloco-sign{r}-h3-tau{tau}-carry-mu0.9-scatter", f"MuLoCo H=3 sign of {r} of the elements + EF, "
-                 f"τ={tau} carried, Muon μ 0.9, β2 0.99, mean by chunk owners", 3, f"sign:scaled=true,ratio={r}",
-                 f"outer_lr=1,outer_momentum=0,overlap={tau},merge=carry", inner=MULOCO_DEFAULTS, mean="scatter")
-      for r in (0.5, 0.75) for tau in (2,)],
+    *[muloco_row(f"muloco-sign{r}-h3-tau2-carry-mu0.9-scatter", f"MuLoCo H=3 sign of {r} of the elements + EF, "
+                 "τ=2 carried, Muon μ 0.9, β2 0.99, mean by chunk owners", 3, f"sign:scaled=true,ratio={r}",
+                 "outer_lr=1,outer_momentum=0,overlap=2,merge=carry", inner=MULOCO_DEFAULTS, mean="scatter")
+      for r in (0.5, 0.75)],
     # ... and a longer round, travelling more steps: H = 6, τ = 3 or 4 (three or four batch-8 steps of a faster CPU
     # hide the 28 ms round at 16 workers; twentieth pass)
     *[muloco_row(f"muloco-sign-h6-tau{tau}-carry-mu0.9-scatter", f"MuLoCo H=6 1-bit sign + EF, τ={tau} carried, "
