@@ -74,7 +74,7 @@ def test_signsgd_refuses_a_momentum_flag_it_would_ignore(tmp_path, data_dir, cap
     code = main(["run", "--algorithm", "signsgd", "--momentum", "0.5", "--steps", "1", "--task", "digits-logreg",
                  "--out", str(tmp_path / "o"), "--data-dir", str(data_dir)])
     err = capsys.readouterr().err
-    assert code == 2 and "signsgd:momentum=β, 0.9 here): --momentum 0.5 does not apply" in err, err
+    assert code == 2 and "signsgd:momentum=β, 0.8 here): --momentum 0.5 does not apply" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 

@@ -276,7 +276,9 @@ def test_time_axis_is_named_by_backend(tmp_path, monkeypatch, backend, label):
 
 @pytest.mark.parametrize("args, resolved", [(["--algorithm", "diana"], "pquant:p=inf,block=64"),
                                             (["--compressor", "qsgd:levels=4"], "qsgd:levels=4,bucket=512,format=2"),
-                                            (["--algorithm", "signsgd", "--lr", "0.01"], "sign:scaled=false"),
+                                            (["--algorithm", "signsgd:down=vote", "--lr", "0.01"], "sign:scaled=false"),
+                                            (["--algorithm", "signsgd", "--lr", "0.01"],
+                                             "sign:scaled=false up, sign:scaled=true down (rank 0's error feedback)"),
                                             (["--compressor", "sign:ratio=0.5"], "sign:scaled=false,ratio=0.5"),
                                             ([], "none")])
 def test_config_json_names_the_compressor_that_ran(tmp_path, data_dir, args, resolved):
