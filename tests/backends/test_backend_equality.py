@@ -19,7 +19,7 @@ COMMON = ["--task", "digits-mlp", "--steps", "12", "--eval-every", "1", "--batch
     (3, ["--algorithm", "sync", "--compressor", "qsgd:levels=4,bucket=128", "--error-feedback",
          "--lr-schedule", "cosine:warmup=3,min_ratio=0.1"]),
     (2, ["--algorithm", "diana", "--compressor", "pquant:p=inf,block=64"]),
-    (3, ["--algorithm", "signsgd", "--lr", "0.01", "--momentum", "0"]),  # Signum's β is its spec's; rank 0's error-fed reply
+    (3, ["--algorithm", "signsgd", "--lr", "0.01", "--momentum", "0"]),  # β is its spec's; rank 0's error-fed reply
     (2, ["--algorithm", "signsgd:down=vote", "--lr", "0.01", "--momentum", "0"]),  # the majority's sign
 ])
 def test_sim_and_torch_backends_agree(tmp_path, data_dir, nproc, extra):

@@ -39,7 +39,6 @@ from gradwire.compress import build as build_compressor
 from gradwire.errors import ConfigError
 from gradwire.spec import require
 
-
 DOWN_CHOICES = ("ef", "vote")
 
 
