@@ -33,7 +33,7 @@ BAR = 0.9 * TUNED_SYNC  # the issue's bar: 90 % of tuned sync, 0.627
 # takes 10 too (its seed 0 at its rate of the sixth round, 1.6: 0.585 on the Xeon of the earlier rounds, 0.615
 # on the AMD EPYC of the sixth; the lower less 10). signSGD (since the tenth round rank 0's error-fed reply,
 # --lr 0.02 decayed linearly, β 0.8): its seed 0 0.639 on the AMD EPYC, less 5.
-FLOOR = {"sync": 0.64, "async": 0.60, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.48, "dagc": 0.59,
+FLOOR = {"sync": 0.64, "async": 0.60, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.48, "dagc": 0.60,
          "dqsgd": 0.57, "diana": 0.53, "dqgd": 0.56, "async-diloco": 0.61, "signsgd": 0.58, "diloco": 0.61,
          "streaming-diloco": 0.58, "backup-diloco": 0.59, "muloco": 0.56, "sparseloco": 0.56, "demo": 0.58}
 # those whose defaults clear BAR on seed 0 by at least 30 test samples, quantizing nothing at random,
@@ -107,7 +107,11 @@ def test_an_algorithms_own_rate_on_a_task_replaces_the_tasks_scale_there_only(tm
     assert resolved(RunConfig(algorithm="lsgd", task="mnist1d-cnn")).lr == 0.75 * lsgd.default_lr  # elsewhere: scaled
     assert resolved(RunConfig(algorithm="lsgd", lr=0.3)).lr == 0.3  # given: as given
     assert resolved(RunConfig(algorithm="lsgd", optimizer="adamw")).lr == lsgd.default_lr  # an SGD rate only
-    assert {name for name in ALGORITHMS.names() if ALGORITHMS.build(name).default_lr_on_task} == {"lsgd"}
+    # DAGC's and DIANA's (tenth round): their CNN rates would not hold the MLP's
+    assert {name: dict(ALGORITHMS.build(name).default_lr_on_task) for name in ALGORITHMS.names()
+            if ALGORITHMS.build(name).default_lr_on_task} == {"lsgd": {"mnist1d-mlp": 1.6},
+                                                              "dagc": {"mnist1d-mlp": 2.0},
+                                                              "diana": {"mnist1d-mlp": 1.2}}
     out = tmp_path / "run"
     run(RunConfig(algorithm="lsgd", workers=2, steps=2, out=str(out), data_dir=str(data_dir)), progress=False)
     assert json.loads((out / "config.json").read_text())["lr"] == 1.6
