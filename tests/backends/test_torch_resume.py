@@ -1,10 +1,11 @@
-"""Checkpoints resume exactly on real processes too: PowerSGD (Q memories, error buffers) and
-Streaming DiLoCo (replicas, outer momentum, a round in flight at the checkpoint, compressed outer
-gradients with error feedback, averaged by all-gather or by chunk owners) on 2 gloo processes
-(``gradwire launch``) stopped after step 7, then resumed from the checkpoint of step 5, give the
-same metrics, bit for bit, as the run that never stopped, and the same final checkpoint. A round in
-flight at the checkpoint is sent again after the resume and counted once (``Transport.restart``), as
-on the simulator (tests/algorithms/test_diloco.py): the same bytes as never stopping."""
+"""Checkpoints resume exactly on real processes too: PowerSGD (Q memories, error buffers), signSGD
+(rank 0's residual) and Streaming DiLoCo (replicas, outer momentum, a round in flight at the
+checkpoint, compressed outer gradients with error feedback, averaged by all-gather or by chunk
+owners) on 2 gloo processes (``gradwire launch``) stopped after step 7, then resumed from the
+checkpoint of step 5, give the same metrics, bit for bit, as the run that never stopped, and the same
+final checkpoint. A round in flight at the checkpoint is sent again after the resume and counted once
+(``Transport.restart``), as on the simulator (tests/algorithms/test_diloco.py): the same bytes as
+never stopping."""
 
 import json
 
@@ -60,7 +61,9 @@ def _equal(a, b) -> bool:
     # random streams kept at delivery only, so the resumed round repeats the one that never stopped
     ["--algorithm", "streaming-diloco:inner_steps=4,fragments=2,overlap=2,inner=sgd",
      "--compressor", "qsgd:levels=8,bucket=128", "--error-feedback", "--compressed-mean", "scatter"],
-], ids=["powersgd", "streaming-diloco", "streaming-diloco-scatter"])
+    # rank 0's residual of the error-fed reply, in rank 0's checkpoint only (the process that tallies the votes)
+    ["--algorithm", "signsgd", "--momentum", "0", "--lr", "0.01", "--lr-schedule", "constant"],
+], ids=["powersgd", "streaming-diloco", "streaming-diloco-scatter", "signsgd"])
 def test_resumed_run_on_gloo_equals_the_run_that_never_stopped(tmp_path, data_dir, extra):
     whole, split = tmp_path / "whole", tmp_path / "split"
     p = ranks(2, COMMON + extra, whole, data_dir)
@@ -75,6 +78,8 @@ def test_resumed_run_on_gloo_equals_the_run_that_never_stopped(tmp_path, data_di
     assert [r["step"] for r in a] == list(range(13)) and [r["step"] for r in b] == list(range(13))
     assert a == b  # steps 6-12 came from the checkpoint of step 5, steps 6-7 computed twice alike
     assert sent_a == sent_b  # every byte counted once, a round in flight at the checkpoint included
+    if extra[1] == "signsgd":
+        assert [("residual" in _final_state(whole, rank)["algorithm"]) for rank in (0, 1)] == [True, False]
     for rank in (0, 1):
         whole_state, split_state = _final_state(whole, rank), _final_state(split, rank)
         assert split_state["transport"].pop("bytes_sent") == whole_state["transport"].pop("bytes_sent")
