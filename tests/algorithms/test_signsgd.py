@@ -92,3 +92,12 @@ def test_the_residual_lives_with_rank_0_and_a_checkpoint_of_the_vote_is_refused_
     assert "residual" not in vote.algorithm.state_dict()
     with pytest.raises(ConfigError, match=r"written by signsgd:down=vote; resume it with --algorithm signsgd:down=vo"):
         ef.algorithm.load_state_dict(vote.algorithm.state_dict())
+
+
+def test_an_unknown_reply_is_refused_in_one_line_naming_the_choices():
+    from gradwire.algorithms import ALGORITHMS
+    from gradwire.errors import ConfigError
+
+    line = r"^algorithm spec 'signsgd:down=majority': down='majority': valid choices are ef, vote$"
+    with pytest.raises(ConfigError, match=line):
+        ALGORITHMS.build("signsgd:down=majority")
