@@ -6,8 +6,8 @@ defaults, on the default task (mnist1d-mlp, 8 workers, batch 32, 500 steps).
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --spec easgd:period=2 --spec easgd:beta=0.5 --seeds 3
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --task mnist1d-cnn --algorithms sync --lrs 0.8,1.6
     OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py table --seeds 0,1,2
-    OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --algorithms signsgd --lrs 0.006 --workers 1 \
-        --batch-size 256 --seeds 3,4
+    OMP_NUM_THREADS=1 python benchmarks/defaults_sweep.py sweep --spec signsgd:down=vote,momentum=0.9 --lrs 0.006 \
+        --workers 1 --batch-size 256 --seeds 3,4
 
 The tuning sweeps run on held-out seeds (3, 4) that the table does not use. ``--spec`` takes one
 algorithm spec with its keys (repeatable: a spec's own commas cannot share ``--algorithms``'s).
