@@ -107,7 +107,7 @@ def test_an_algorithms_own_rate_on_a_task_replaces_the_tasks_scale_there_only(tm
     assert resolved(RunConfig(algorithm="lsgd", task="mnist1d-cnn")).lr == 0.75 * lsgd.default_lr  # elsewhere: scaled
     assert resolved(RunConfig(algorithm="lsgd", lr=0.3)).lr == 0.3  # given: as given
     assert resolved(RunConfig(algorithm="lsgd", optimizer="adamw")).lr == lsgd.default_lr  # an SGD rate only
-    # DAGC's and DIANA's (tenth round): their CNN rates would not hold the MLP's
+    # DAGC's and DIANA's too (tenth round): the MLP learns more at a rate their CNN would not hold
     assert {name: dict(ALGORITHMS.build(name).default_lr_on_task) for name in ALGORITHMS.names()
             if ALGORITHMS.build(name).default_lr_on_task} == {"lsgd": {"mnist1d-mlp": 1.6},
                                                               "dagc": {"mnist1d-mlp": 2.0},

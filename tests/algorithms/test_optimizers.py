@@ -149,7 +149,7 @@ def test_checkpoint_names_a_changed_optimizer(make_config):
     (["--optimizer", "adamw", "--momentum", "0.9"], "momentum=0.9 applies to --optimizer sgd"),
     (["--optimizer", "adamw", "--algorithm", "diana"], "diana (heavy-ball momentum of its own on the master) "
                                                          "applies its own update rule"),
-    (["--optimizer", "adamw", "--algorithm", "signsgd"], "signsgd (x <- x - γ·majority vote) applies its own"),
+    (["--optimizer", "adamw", "--algorithm", "signsgd"], "signsgd (x <- x - γ·rank 0's reply) applies its own"),
     (["--optimizer", "adamw", "--algorithm", "diloco:inner_steps=1"], "its inner optimizer is the spec's inner="),
 ])
 def test_bad_optimizer_input_is_one_line(tmp_path, data_dir, capsys, flags, message):

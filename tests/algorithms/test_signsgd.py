@@ -54,7 +54,7 @@ def test_steps_match_the_papers_update(make_config, spec, beta, down, schedule, 
             u = e + total / 4
             vote = float(np.float32(np.abs(u).mean())) * np.where(u >= 0, 1.0, -1.0)
             e = u - vote
-            assert abs(np.abs(vote).max() - 1) > 1e-3  # the step is s, not the vote's 1
+            assert np.abs(e).max() > 0  # the reply left a remainder somewhere, kept for the next step
         x = x - rate[k] * (vote + weight_decay * x)
         np.testing.assert_allclose(alg.x.numpy(), x, rtol=0, atol=1e-12, err_msg=f"x after update {k}")
     assert ties > 0  # four workers tie somewhere, and the tie rule was exercised
@@ -80,7 +80,7 @@ def test_resume_continues_the_rate_the_momentum_and_the_residual(make_config, sp
     resume_matches(make_config(algorithm=spec, lr=0.01, steps=10, lr_schedule=schedule), 4, 6)
 
 
-def test_the_residual_lives_with_rank_0_and_a_checkpoint_of_the_vote_is_refused_in_one_line(make_config):
+def test_the_residual_is_in_the_checkpoint_and_a_checkpoint_of_the_vote_is_refused_in_one_line(make_config):
     from gradwire.errors import ConfigError
 
     ef = Run(make_config(algorithm="signsgd", lr=0.01, steps=4, workers=4))
@@ -90,7 +90,7 @@ def test_the_residual_lives_with_rank_0_and_a_checkpoint_of_the_vote_is_refused_
     assert state["residual"].abs().sum() > 0  # the reply left a remainder, kept for the next step
     vote = Run(make_config(algorithm="signsgd:down=vote", lr=0.01, steps=4, workers=4))
     assert "residual" not in vote.algorithm.state_dict()
-    with pytest.raises(ConfigError, match=r"written by signsgd:down=vote; resume it with --algorithm signsgd:down=vo"):
+    with pytest.raises(ConfigError, match=r"before down=ef was the default \(signsgd then meant down=vote,momentum=0"):
         ef.algorithm.load_state_dict(vote.algorithm.state_dict())
 
 
