@@ -35,7 +35,7 @@ BAR = 0.9 * TUNED_SYNC  # the issue's bar: 90 % of tuned sync, 0.627
 # --lr 0.02 decayed linearly, β 0.8): its seed 0 0.639 on the AMD EPYC, less 5.
 FLOOR = {"sync": 0.64, "async": 0.60, "local": 0.64, "dasgd": 0.64, "easgd": 0.61, "lsgd": 0.48, "dagc": 0.60,
          "dqsgd": 0.57, "diana": 0.53, "dqgd": 0.56, "async-diloco": 0.61, "signsgd": 0.58, "diloco": 0.61,
-         "streaming-diloco": 0.58, "backup-diloco": 0.59, "muloco": 0.56, "sparseloco": 0.56, "demo": 0.58}
+         "streaming-diloco": 0.58, "backup-diloco": 0.59, "muloco": 0.56, "sparseloco": 0.60, "demo": 0.58}
 # those whose defaults clear BAR on seed 0 by at least 30 test samples, quantizing nothing at random,
 # must clear it anywhere; the others are held to their floor
 MEETS_BAR = {"sync", "async", "local", "dasgd", "easgd", "diloco", "async-diloco"}

@@ -52,9 +52,10 @@ SPARSELOCO_PARAMS = {
 
 class SparseLoCo(DiLoCo):
     name = "sparseloco"
-    # the inner AdamW's --lr when not given (docs/defaults.md): twice DiLoCo's, perhaps because its outer
-    # step (α = 1, no momentum) does not amplify the inner change as DiLoCo's Nesterov step does
-    default_lr = 2e-2
+    # the inner AdamW's --lr when not given (docs/defaults.md): three times DiLoCo's, perhaps because its outer
+    # step (α = 1, no momentum) does not amplify the inner change as DiLoCo's Nesterov step does; 0.02 until the
+    # tenth round, where 0.03 learned 1.1 points more on 30 held-out runs and 3.8 more on the CNN
+    default_lr = 3e-2
 
     def __init__(self, *, inner_steps: int = 5, outer_lr: float = 1.0, decay: float = 0.95, chunk: int = 4096,
                  k: int = 128, values: str = "ternary", block: int = 64, inner: str = "adamw", beta1: float = 0.9,
