@@ -109,12 +109,12 @@ class SignSGD(Algorithm):
                 votes += self.sign.decode(Packet(at_server[r], self.x.shape, self.x.dtype))
             reply = self._reply(votes, len(at_server))
         reply = ctx.transport.broadcast(reply, src=0, size=self.reply.nbytes(self.x.numel(), self.x.dtype))
-        vote = self.reply.decode(Packet(reply, self.x.shape, self.x.dtype))
+        direction = self.reply.decode(Packet(reply, self.x.shape, self.x.dtype))  # the vote, or s·sign(u)
         lr = self.rate.at(self.updates)
         self.updates += 1
         if self.optim.weight_decay:
-            vote.add_(self.x, alpha=self.optim.weight_decay)
-        self.x.sub_(vote, alpha=lr)
+            direction.add_(self.x, alpha=self.optim.weight_decay)
+        self.x.sub_(direction, alpha=lr)
         soft_threshold_(self.x, lr * self.optim.l1)
         return {"loss": sum(losses.values()) / len(losses), "gradients": ctx.world_size}
 
