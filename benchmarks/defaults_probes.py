@@ -4,8 +4,8 @@ what each figure there came from, runnable (each line prints its settings and fi
     OMP_NUM_THREADS=1 python benchmarks/defaults_probes.py replies --reply mean --lrs 0.012,0.024 --seeds 3,4
     OMP_NUM_THREADS=1 python benchmarks/defaults_probes.py replies --reply ef-tensor --lrs 0.015 --momentum 0.8 \\
         --seeds 3,4,5,6,7,8
-    OMP_NUM_THREADS=1 python benchmarks/defaults_probes.py reply-scale --seed 3 --at 0,50,100,200,499
-    OMP_NUM_THREADS=1 python benchmarks/defaults_probes.py trace --algorithm dagc --lr 2.0 --seed 1 --steps 520 \\
+    OMP_NUM_THREADS=1 python benchmarks/defaults_probes.py reply-scale --seeds 3 --at 0,50,100,200,499
+    OMP_NUM_THREADS=1 python benchmarks/defaults_probes.py trace --algorithm dagc --lr 2.0 --seeds 1 --steps 520 \\
         --show 490-506      # (with ATEN_CPU_CAPABILITY=default for the run of the doc)
     OMP_NUM_THREADS=1 python benchmarks/defaults_probes.py lsgd-search --rng 1 --draws 30 --seeds 3,4,5,6
 
@@ -179,37 +179,33 @@ def lsgd_search(tmp: Path, ns, run_keys: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from gradwire.cli.flags import add_run_flags, parse_run_args
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("replies", "reply-scale", "trace", "lsgd-search"))
     parser.add_argument("--reply", choices=REPLIES, default="ef", help="replies: rank 0's reply")
     parser.add_argument("--lrs", default="0.02", help="replies: comma-separated --lr values")
-    parser.add_argument("--momentum", type=float, default=0.8, help="replies: Signum's β")
-    parser.add_argument("--lr-schedule", default="linear", help="replies: --lr-schedule")
     parser.add_argument("--block", type=int, default=64, help="replies ef-block: elements a scale")
     parser.add_argument("--floor", type=float, default=0.01, help="replies relative: the least RMS a tensor counts")
-    parser.add_argument("--seeds", default="3,4", help="replies, lsgd-search: comma-separated seeds")
-    parser.add_argument("--seed", type=int, default=3, help="reply-scale, trace: the run's seed")
     parser.add_argument("--at", default="0,50,100,200,499", help="reply-scale: the steps (0-based) to print s at")
-    parser.add_argument("--algorithm", default="dagc", help="trace: the algorithm")
-    parser.add_argument("--lr", type=float, default=2.0, help="trace: --lr")
     parser.add_argument("--show", default="490-506", help="trace: the steps to print, FIRST-LAST")
     parser.add_argument("--rng", type=int, default=1, help="lsgd-search: the draws' seed")
     parser.add_argument("--draws", type=int, default=30, help="lsgd-search: settings drawn")
-    parser.add_argument("--task", default="mnist1d-mlp")
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--data-dir", default=None)
-    ns = parser.parse_args(argv)
+    add_run_flags(parser, only=("algorithm", "lr", "momentum", "lr_schedule", "seed", "task", "steps", "workers",
+                                "data_dir"),
+                  defaults={"algorithm": "dagc", "lr": 2.0, "momentum": 0.8, "lr_schedule": "linear", "seed": [3]},
+                  sweep=("seed",),
+                  helps={"algorithm": "trace: the algorithm", "lr": "trace: --lr", "momentum": "replies: Signum's β",
+                         "lr_schedule": "replies: --lr-schedule",
+                         "seed": "the runs' seeds (reply-scale, trace: the first)"})
+    ns, _ = parse_run_args(parser, argv)
     ns.lrs = [float(x) for x in ns.lrs.split(",")]
-    ns.seeds = [int(x) for x in ns.seeds.split(",")]
+    ns.seed = ns.seeds[0]
     ns.at = [int(x) for x in ns.at.split(",")]
-    run_keys = {"task": ns.task, "steps": ns.steps, "workers": ns.workers}
-    if ns.data_dir:
-        run_keys["data_dir"] = ns.data_dir
+    run_keys = {"task": ns.task, "steps": ns.steps, "workers": ns.workers, "data_dir": ns.data_dir}
     with tempfile.TemporaryDirectory() as tmp:
         {"replies": replies, "reply-scale": reply_scale, "trace": trace, "lsgd-search": lsgd_search}[ns.what](
             Path(tmp), ns, run_keys)
-
 
 if __name__ == "__main__":
     main()

@@ -44,12 +44,12 @@ def test_the_patched_step_is_what_runs(probes, capsys, data_dir):
 
 
 def test_reply_scale_trace_and_the_leader_search(probes, capsys, data_dir):
-    probes.main(["reply-scale", "--seed", "3", "--at", "0,5", *SMALL, "--data-dir", str(data_dir)])
+    probes.main(["reply-scale", "--seeds", "3", "--at", "0,5", *SMALL, "--data-dir", str(data_dir)])
     scale = capsys.readouterr().out.strip()
     values = [float(v) for v in re.findall(r"\d+: ([0-9.]+)", scale)]
     assert scale.startswith("signsgd seed 3: s = mean |u| at step 0:") and len(values) == 2
     assert 0 < values[0] <= 1  # the first reply: the votes' mean magnitude, no residual yet
-    probes.main(["trace", "--algorithm", "sync", "--lr", "0.1", "--seed", "1", "--show", "2-4", *SMALL,
+    probes.main(["trace", "--algorithm", "sync", "--lr", "0.1", "--seeds", "1", "--show", "2-4", *SMALL,
                  "--data-dir", str(data_dir)])
     assert [line.split(": ")[0] for line in capsys.readouterr().out.splitlines()] == [
         f"sync --lr 0.1 seed 1 step {k}" for k in (2, 3, 4)]
