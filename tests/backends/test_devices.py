@@ -70,6 +70,8 @@ def test_more_local_ranks_than_gpus_is_a_clear_error(monkeypatch):
     ["--algorithm", "sync", "--compressor", "sign:scaled=true", "--error-feedback", "--compressed-mean", "scatter",
      "--owner-compressor", "fp16"],
     ["--algorithm", "muloco:inner_steps=2", "--lr", "0.003", "--compressed-mean", "scatter"],
+    # signSGD's votes up and rank 0's error-fed scaled sign down (its residual on the parameters' device)
+    ["--algorithm", "signsgd", "--lr", "0.01"],
 ])
 @NEEDS_CUDA
 def test_simulator_on_cuda_follows_the_cpu_run(tmp_path, data_dir, extra):
